@@ -1,0 +1,156 @@
+"""Config location, validation against the constructors' signatures, and instantiation.
+
+Only this module and the task files know Hydra. Every object is built with
+``hydra.utils.instantiate``; before that, each ``_target_`` node is checked against the
+signature of what it builds, so a typo or a wrong type fails with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.errors import InstantiationException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from litlab.errors import ConfigError, LitlabError
+
+
+def config_dir() -> str:
+    """The conf/ tree: packaged inside a wheel, or at the root of a source checkout."""
+    packaged = Path(__file__).parent / "conf"
+    return str(packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "conf")
+
+
+def _describe(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _matches(value: Any, hint: Any) -> bool | None:
+    """True/False when ``hint`` is a simple type we can check; None when we cannot tell."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        results = [_matches(value, a) for a in args]
+        return True if any(results) else (None if None in results else False)
+    if hint is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in args
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (Sequence, list, tuple, typing.Sequence) and args:
+        if not isinstance(value, ListConfig | list | tuple):
+            return False
+        results = [_matches(v, args[0]) for v in value]
+        return None if None in results else all(results)
+    return None
+
+
+def _hint_name(hint: Any) -> str:
+    text = str(hint).replace("typing.", "").replace("collections.abc.", "")
+    return getattr(hint, "__name__", text) if not typing.get_args(hint) else text
+
+
+def check_node(node: DictConfig, path: str) -> None:
+    """Check a ``_target_`` node's keys and simple value types against its target's signature."""
+    target = node.get("_target_")
+    try:
+        built = hydra.utils.get_object(target)
+    except Exception as e:
+        raise ConfigError(f"{path}._target_: cannot import {target!r} ({e})") from e
+    func = built.__init__ if inspect.isclass(built) else built
+    try:
+        params = inspect.signature(built).parameters
+        hints = typing.get_type_hints(func)
+    except (TypeError, ValueError, NameError):
+        return
+    open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    partial = bool(node.get("_partial_", False))
+    for key in node:
+        if str(key).startswith("_"):
+            continue
+        if key not in params and not open_kwargs:
+            known = ", ".join(
+                k for k, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+            )
+            raise ConfigError(f"{path}.{key} is not an option of {target}; known options: {known}")
+        value = node._get_node(key)
+        if isinstance(value, DictConfig) and "_target_" in value:
+            check_node(value, f"{path}.{key}")
+            continue
+        if key in hints and not OmegaConf.is_missing(node, key):
+            plain = (
+                OmegaConf.to_container(value, resolve=True)
+                if isinstance(value, DictConfig | ListConfig)
+                else node[key]
+            )
+            if _matches(plain, hints[key]) is False:
+                raise ConfigError(
+                    f"{path}.{key} must be {_hint_name(hints[key])}, got {_describe(plain)}"
+                )
+    if not partial:
+        for name, p in params.items():
+            if (
+                p.default is p.empty
+                and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+                and name not in node
+            ):
+                if name not in ("callbacks", "logger"):
+                    raise ConfigError(
+                        f"{path}.{name} is required by {target}; set it in the config"
+                    )
+            elif name in node and OmegaConf.is_missing(node, name):
+                raise ConfigError(
+                    f"{path}.{name} must be set (it is ??? in the config): add {path}.{name}=..."
+                )
+
+
+def check_all(cfg: DictConfig, path: str = "") -> None:
+    """Check every ``_target_`` node below ``cfg`` (outermost first)."""
+    try:
+        for key in cfg:
+            child = cfg._get_node(key)
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(child, DictConfig):
+                if "_target_" in child:
+                    check_node(child, where)
+                else:
+                    check_all(child, where)
+    except LitlabError:
+        raise
+    except OmegaConfBaseException as e:
+        raise ConfigError(
+            f"{getattr(e, 'full_key', '') or path}: {e.msg if hasattr(e, 'msg') else e}".strip()
+        ) from e
+
+
+def build(node: DictConfig, path: str, **kwargs: Any) -> Any:
+    """Instantiate one config node; a user error inside a constructor names the node."""
+    try:
+        return hydra.utils.instantiate(node, **kwargs)
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, LitlabError):
+            raise type(cause)(f"{path}: {cause}") from cause
+        raise
+
+
+def require(cfg: DictConfig, key: str, hint: str) -> Any:
+    """Read a mandatory top-level key, turning ??? into a one-line error."""
+    if OmegaConf.is_missing(cfg, key) or cfg.get(key) is None:
+        raise ConfigError(f"{key} is required: {hint}")
+    return cfg[key]

@@ -1,0 +1,140 @@
+"""The one image DataModule: splits, transforms, loaders and the image shape models read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+from litlab.data.sources import Source, fixed_split
+from litlab.data.transforms import BatchTransform
+from litlab.errors import ConfigError, DataError
+
+
+def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
+    if isinstance(dataset, TensorDataset):
+        return tuple(dataset.tensors[0].shape[1:])
+    return tuple(dataset[0][0].shape)
+
+
+def _class_count(dataset: Dataset) -> int:
+    """How many classes the labels need: max label + 1, or the folder count of an ImageFolder."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    if isinstance(dataset, TensorDataset):
+        return int(dataset.tensors[1].max()) + 1
+    return len(dataset.classes)
+
+
+class DataModule(L.LightningDataModule):
+    """Turns a Source into train/val/test loaders of normalized (and optionally augmented) images.
+
+    Images travel as uint8 and are converted, augmented and normalized per batch on the device
+    the batch lands on (``on_after_batch_transfer``): cheap for the host, and one code path.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        image_shape: Sequence[int],
+        num_classes: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        batch_size: int = 128,
+        eval_batch_size: int | None = None,
+        val_fraction: float = 0.1,
+        split_seed: int = 0,
+        hflip: bool = False,
+        translate: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = True,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size}")
+        if not 0.0 < val_fraction < 1.0:
+            raise ConfigError(f"val_fraction must lie strictly between 0 and 1, got {val_fraction}")
+        if len(image_shape) != 3 or len(mean) not in (1, image_shape[0]) or len(std) != len(mean):
+            raise ConfigError(
+                f"image_shape must be [C, H, W] with one mean and std (for all channels) or one per "
+                f"channel, got image_shape={list(image_shape)}, mean={list(mean)}, std={list(std)}"
+            )
+        if min(std) <= 0:
+            raise ConfigError(f"std must be positive, got {list(std)}")
+        if translate < 0 or num_workers < 0:
+            raise ConfigError("translate and num_workers must be >= 0")
+        self.source = source
+        self.image_shape = tuple(image_shape)
+        self.num_classes = num_classes
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.val_fraction = val_fraction
+        self.split_seed = split_seed
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.transform = BatchTransform(mean, std, hflip=hflip, translate=translate)
+        self.datasets: dict[str, Dataset] = {}
+
+    def prepare_data(self) -> None:
+        self.source.prepare()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        train_full = self.source.load("train")
+        self._check(train_full, "train")
+        # A fixed split seed keeps the validation set identical across runs and sweep trials.
+        train_idx, val_idx = fixed_split(len(train_full), self.val_fraction, self.split_seed)
+        self.datasets["train"] = Subset(train_full, train_idx.tolist())
+        self.datasets["val"] = Subset(train_full, val_idx.tolist())
+        self.datasets["test"] = self.source.load("test")
+        self._check(self.datasets["test"], "test")
+        if len(self.datasets["train"]) < self.batch_size:
+            raise ConfigError(
+                f"batch_size {self.batch_size} exceeds the {len(self.datasets['train'])} training "
+                "images; lower data.batch_size"
+            )
+
+    def _check(self, dataset: Dataset, split: str) -> None:
+        if len(dataset) == 0:
+            raise DataError(f"the {self.source.name} {split} split is empty")
+        shape = _sample_shape(dataset)
+        if shape != self.image_shape:
+            raise ConfigError(
+                f"data.image_shape is {list(self.image_shape)} but the {self.source.name} {split} "
+                f"images are {list(shape)}; set data.image_shape=[{','.join(map(str, shape))}]"
+            )
+        classes = _class_count(dataset)
+        if classes > self.num_classes:
+            raise ConfigError(
+                f"the {self.source.name} {split} split has {classes} classes but data.num_classes "
+                f"is {self.num_classes}; set data.num_classes={classes}"
+            )
+
+    def _loader(self, split: str, train: bool) -> DataLoader:
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            shuffle=train,
+            drop_last=train,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", train=False)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        images, labels = batch
+        training = self.trainer is not None and self.trainer.training
+        return self.transform(images, train=training), labels

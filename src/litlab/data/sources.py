@@ -1,0 +1,296 @@
+"""Image sources: where pixels and labels come from, and nothing else.
+
+Every source yields uint8 images shaped [C, H, W] with integer labels. Sources that fit in
+memory return a ``TensorDataset(images, labels)`` so that loaders can index whole batches;
+``ImageFolder`` returns a file-backed dataset for the standard DataLoader path.
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from math import prod
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset, TensorDataset
+
+from litlab.errors import ConfigError, DataError
+
+Split = Literal["train", "test"]
+
+
+def fixed_split(n: int, fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split range(n) into (keep, held_out) with a fixed seed, so every run sees the same sets."""
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"a split fraction must lie strictly between 0 and 1, got {fraction}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    held = max(1, round(n * fraction))
+    return order[held:].sort().values, order[:held].sort().values
+
+
+class Source(ABC):
+    """Where the pixels and labels of one dataset come from."""
+
+    name: str = "source"
+
+    def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Fetch files if needed; called once per node before any process loads."""
+
+    @abstractmethod
+    def load(self, split: Split) -> Dataset:
+        """Return the split as a dataset of (uint8 [C, H, W] image, int label)."""
+
+
+class Digits(Source):
+    """scikit-learn's bundled 8x8 handwritten digits, upsampled: works anywhere, no download."""
+
+    name = "digits"
+
+    def __init__(self, size: int = 28, test_fraction: float = 0.2) -> None:
+        if size < 8:
+            raise ConfigError(f"size must be at least 8 (the digits are 8x8), got {size}")
+        self.size = size
+        self.test_fraction = test_fraction
+
+    def load(self, split: Split) -> TensorDataset:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        pixels = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+        pixels = F.interpolate(
+            pixels, size=(self.size, self.size), mode="bilinear", align_corners=False
+        )
+        images = (pixels.clamp(0, 1) * 255).round().to(torch.uint8)
+        labels = torch.as_tensor(digits.target, dtype=torch.long)
+        train, test = fixed_split(len(labels), self.test_fraction)
+        index = train if split == "train" else test
+        return TensorDataset(images[index], labels[index])
+
+
+def read_idx(path: Path) -> torch.Tensor:
+    """Read an IDX ubyte file (MNIST format), plain or gzip-compressed."""
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as e:
+        raise DataError(f"cannot read {path} ({e}); delete it and fetch the file again") from e
+    if len(data) < 4 or data[:3] != b"\x00\x00\x08":
+        raise DataError(f"{path} is not an IDX ubyte file; delete it and fetch the file again")
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    payload = memoryview(data)[4 + 4 * ndim :]
+    if len(payload) != prod(dims):
+        raise DataError(
+            f"{path} holds {len(payload)} bytes where its header promises {prod(dims)}: "
+            "the file is truncated or corrupt; delete it and fetch it again"
+        )
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8).reshape(dims)
+
+
+class _IDXSource(Source):
+    """A dataset published as four IDX files (MNIST and Fashion-MNIST)."""
+
+    torchvision_name: str
+    system_dirs: Sequence[str] = ()
+    files = {
+        "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+        "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+    }
+
+    def __init__(self, data_dir: str, download: bool = True) -> None:
+        self.data_dir = Path(data_dir)
+        self.download = download
+
+    def _candidates(self) -> list[Path]:
+        own = [self.data_dir, self.data_dir / self.torchvision_name / "raw"]
+        return own + [Path(d) for d in self.system_dirs]
+
+    def _find(self, stem: str) -> Path | None:
+        for folder in self._candidates():
+            for name in (stem, stem + ".gz"):
+                if (folder / name).is_file():
+                    return folder / name
+        return None
+
+    def _all_found(self) -> bool:
+        return all(self._find(stem) for pair in self.files.values() for stem in pair)
+
+    def prepare(self) -> None:
+        if self._all_found():
+            return
+        if not self.download:
+            raise DataError(self._not_found("download is off (data.source.download=false)"))
+        import torchvision
+
+        try:
+            getattr(torchvision.datasets, self.torchvision_name)(str(self.data_dir), download=True)
+        except Exception as e:  # any network or disk failure: report all three ways in one line
+            raise DataError(self._not_found(f"download failed: {e}")) from e
+
+    def _not_found(self, why: str) -> str:
+        places = ", ".join(str(p) for p in self._candidates())
+        return (
+            f"{self.name} files not found in {places} and {why}. Put the four IDX files "
+            f"(.gz or plain) in data.source.data_dir, install the system copy, or allow the "
+            "torchvision download (data.source.download=true, needs internet)"
+        )
+
+    def load(self, split: Split) -> TensorDataset:
+        image_stem, label_stem = self.files[split]
+        image_path, label_path = self._find(image_stem), self._find(label_stem)
+        if image_path is None or label_path is None:
+            raise DataError(self._not_found("they were not fetched (prepare_data did not run)"))
+        images, labels = read_idx(image_path), read_idx(label_path)
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise DataError(
+                f"{image_path} and {label_path} do not match ({tuple(images.shape)} images, "
+                f"{tuple(labels.shape)} labels); fetch both files again"
+            )
+        return TensorDataset(images.unsqueeze(1).contiguous(), labels.long())
+
+
+class FashionMNIST(_IDXSource):
+    """Zalando's Fashion-MNIST: data_dir, then Debian's dataset-fashion-mnist, then download."""
+
+    name = "fashion_mnist"
+    torchvision_name = "FashionMNIST"
+    system_dirs = ("/usr/share/datasets/fashion-mnist",)
+
+
+class MNIST(_IDXSource):
+    """LeCun's MNIST digits: data_dir, then torchvision's download."""
+
+    name = "mnist"
+    torchvision_name = "MNIST"
+
+
+class CIFAR10(Source):
+    """CIFAR-10 in its python pickle batches (cifar-10-batches-py), downloaded by torchvision."""
+
+    name = "cifar10"
+    folder = "cifar-10-batches-py"
+    batches = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+
+    def __init__(self, data_dir: str, download: bool = True) -> None:
+        self.root = Path(data_dir) / self.folder
+        self.download = download
+
+    def prepare(self) -> None:
+        if all((self.root / b).is_file() for names in self.batches.values() for b in names):
+            return
+        hint = (
+            f"CIFAR-10 batches not found in {self.root}: put the extracted cifar-10-batches-py "
+            "folder in data.source.data_dir or allow the download (data.source.download=true)"
+        )
+        if not self.download:
+            raise DataError(hint)
+        import torchvision
+
+        try:
+            torchvision.datasets.CIFAR10(str(self.root.parent), download=True)
+        except Exception as e:
+            raise DataError(f"{hint}; download failed: {e}") from e
+
+    def load(self, split: Split) -> TensorDataset:
+        images, labels = [], []
+        for name in self.batches[split]:
+            path = self.root / name
+            try:
+                with open(path, "rb") as f:
+                    batch = pickle.load(f, encoding="latin1")
+                images.append(
+                    torch.as_tensor(batch["data"], dtype=torch.uint8).reshape(-1, 3, 32, 32)
+                )
+                labels.append(torch.as_tensor(batch["labels"], dtype=torch.long))
+            except FileNotFoundError as e:
+                raise DataError(
+                    f"{path} is missing; fetch CIFAR-10 again (data.source.download=true)"
+                ) from e
+            except Exception as e:  # a truncated or foreign pickle fails in many ways
+                raise DataError(
+                    f"{path} is not a readable CIFAR-10 batch ({e}); fetch it again"
+                ) from e
+        return TensorDataset(torch.cat(images), torch.cat(labels))
+
+
+class Synthetic(Source):
+    """Random images of any shape: one fixed random prototype per class plus noise, so it is learnable."""
+
+    name = "synthetic"
+
+    def __init__(
+        self,
+        image_shape: Sequence[int] = (3, 32, 32),
+        num_classes: int = 10,
+        train_size: int = 1024,
+        test_size: int = 256,
+        seed: int = 0,
+    ) -> None:
+        if len(image_shape) != 3 or min(image_shape) < 1:
+            raise ConfigError(
+                f"image_shape must be [C, H, W] with positive sizes, got {list(image_shape)}"
+            )
+        if num_classes < 1 or train_size < 1 or test_size < 1:
+            raise ConfigError("num_classes, train_size and test_size must be positive")
+        self.image_shape = tuple(image_shape)
+        self.num_classes = num_classes
+        self.sizes = {"train": train_size, "test": test_size}
+        self.seed = seed
+
+    def load(self, split: Split) -> TensorDataset:
+        g = torch.Generator().manual_seed(self.seed)
+        prototypes = torch.randint(0, 256, (self.num_classes, *self.image_shape), generator=g)
+        g.manual_seed(self.seed + (1 if split == "train" else 2))
+        n = self.sizes[split]
+        labels = torch.randint(0, self.num_classes, (n,), generator=g)
+        noise = torch.randint(0, 256, (n, *self.image_shape), generator=g)
+        images = ((prototypes[labels] + noise) // 2).to(torch.uint8)
+        return TensorDataset(images, labels)
+
+
+class ImageFolder(Source):
+    """Your own images: root/<class>/<image> folders (torchvision ImageFolder), resized on load.
+
+    Uses root/train and root/test when both exist; otherwise holds out ``test_fraction`` of root.
+    """
+
+    name = "image_folder"
+
+    def __init__(self, root: str, size: int, channels: int = 3, test_fraction: float = 0.2) -> None:
+        if channels not in (1, 3):
+            raise ConfigError(f"channels must be 1 or 3, got {channels}")
+        self.root = Path(root)
+        self.size = size
+        self.channels = channels
+        self.test_fraction = test_fraction
+
+    def prepare(self) -> None:
+        if not self.root.is_dir():
+            raise DataError(
+                f"image folder {self.root} does not exist; set data.source.root to a folder of class subfolders"
+            )
+
+    def _folder(self, path: Path) -> Dataset:
+        from torchvision import datasets
+        from torchvision.transforms import v2
+
+        steps = [v2.PILToTensor(), v2.Resize(self.size, antialias=True), v2.CenterCrop(self.size)]
+        if self.channels == 1:
+            steps.insert(0, v2.Grayscale(1))
+        try:
+            return datasets.ImageFolder(str(path), transform=v2.Compose(steps))
+        except (FileNotFoundError, OSError) as e:
+            raise DataError(f"{path}: {e}; put images in {path}/<class name>/") from e
+
+    def load(self, split: Split) -> Dataset:
+        self.prepare()
+        if (self.root / "train").is_dir() and (self.root / "test").is_dir():
+            return self._folder(self.root / split)
+        folder = self._folder(self.root)
+        train, test = fixed_split(len(folder), self.test_fraction)
+        return torch.utils.data.Subset(folder, (train if split == "train" else test).tolist())

@@ -1,0 +1,17 @@
+"""Errors a user can fix: each carries one line that says what to do."""
+
+
+class LitlabError(Exception):
+    """A mistake in the input (config, data, checkpoint) that the user can correct."""
+
+
+class ConfigError(LitlabError):
+    """A config value is missing, of the wrong type or out of range."""
+
+
+class DataError(LitlabError):
+    """Data files are missing, unreadable or not what the config says."""
+
+
+class CheckpointError(LitlabError):
+    """A checkpoint is missing, corrupt or of another model family."""

@@ -1,0 +1,103 @@
+"""Image classification: the science of training a net on labelled images."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from litlab.errors import ConfigError
+from litlab.models.optim import Interval, build_optimizer
+
+
+def accuracy_metrics(num_classes: int, prefix: str) -> MetricCollection:
+    """Top-1 accuracy, and top-5 where there are more than 5 classes."""
+    metrics = {"acc": MulticlassAccuracy(num_classes, average="micro")}
+    if num_classes > 5:
+        metrics["acc_top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+    return MetricCollection(metrics, prefix=prefix)
+
+
+class ImageClassifier(L.LightningModule):
+    """Cross-entropy training of any net mapping images to class logits."""
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: Callable[..., Optimizer],
+        num_classes: int,
+        scheduler: Callable[..., Any] | None = None,
+        scheduler_interval: Interval = "step",
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ConfigError(f"num_classes must be at least 2, got {num_classes}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ConfigError(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
+        self.net = net
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.train_metrics = accuracy_metrics(num_classes, "train/")
+        self.val_metrics = accuracy_metrics(num_classes, "val/")
+        self.test_metrics = accuracy_metrics(num_classes, "test/")
+        self.val_acc_best = MaxMetric()
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images)
+
+    def _step(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection) -> Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = self.criterion(logits, labels)
+        metrics.update(logits, labels)
+        return loss
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = self._step(batch, self.train_metrics)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        return loss
+
+    def on_train_start(self) -> None:
+        # The sanity-check validation must not count towards the best accuracy.
+        self.val_acc_best.reset()
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss = self._step(batch, self.val_metrics)
+        self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=True)
+        self.log_dict(self.val_metrics, on_step=False, on_epoch=True, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        # torchmetrics syncs across ranks in compute(); Lightning reuses the cached value.
+        self.val_acc_best.update(self.val_metrics["acc"].compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss = self._step(batch, self.test_metrics)
+        self.log("test/loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        self.log_dict(self.test_metrics, on_step=False, on_epoch=True)
+
+    def configure_optimizers(self) -> Any:
+        optimizer, scheduler = build_optimizer(
+            self.optimizer_factory,
+            self.parameters(),
+            self.scheduler_factory,
+            self.scheduler_interval,
+            self.trainer,
+        )
+        return (
+            optimizer if scheduler is None else {"optimizer": optimizer, "lr_scheduler": scheduler}
+        )
+
+    @torch.no_grad()
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self(batch[0]).argmax(dim=1)

@@ -1,0 +1,184 @@
+"""Run plumbing shared by every task: the run folder, its summary.json, and clean user errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import lightning
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+import litlab
+from litlab.config import build
+from litlab.errors import ConfigError, LitlabError
+
+log = logging.getLogger("litlab")
+
+
+def build_list(node: DictConfig | None, path: str) -> list[Any]:
+    """Instantiate every entry of a group like callbacks/ or logger/; null entries are off."""
+    if not node:
+        return []
+    built = []
+    for name, entry in node.items():
+        if entry is None:
+            continue
+        if not isinstance(entry, DictConfig) or "_target_" not in entry:
+            raise ConfigError(f"{path}.{name} needs a _target_ (or null to turn it off)")
+        built.append(build(entry, f"{path}.{name}"))
+    return built
+
+
+def git_commit(cwd: str | os.PathLike) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, str]:
+    import hydra
+    import torchmetrics
+    import torchvision
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "lightning": lightning.__version__,
+        "torchmetrics": torchmetrics.__version__,
+        "hydra": hydra.__version__,
+        "litlab": litlab.__version__,
+    }
+
+
+def config_digest(cfg: DictConfig) -> str:
+    """A short hash of what the run computes: the resolved config without paths and run labels."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("paths", "hydra", "tags", "task_name", "extras"):
+        plain.pop(key, None)
+    return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def to_number(value: Any) -> float | None:
+    number = float(value.item() if isinstance(value, torch.Tensor) else value)
+    return None if math.isnan(number) else number
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON atomically: readers see the old file or the new one, never half of one."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class Run:
+    """One task run in one folder. Use as a context manager around the task's work.
+
+    On exit it writes summary.json (status, metrics, durations, versions, config digest) from
+    global rank 0. A LitlabError becomes one line on stderr and exit status 2; any other
+    exception is a bug: the summary says failed and the traceback is kept.
+    """
+
+    def __init__(self, cfg: DictConfig, task: str) -> None:
+        self.dir = Path(cfg.paths.output_dir)
+        self.summary: dict[str, Any] = {
+            "task": task,
+            "status": "running",
+            "error": None,
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "metrics": {},
+            "durations_s": {},
+        }
+        self._cfg = cfg
+        self._t0 = time.perf_counter()
+        self._phase_t0 = 0.0
+
+    def __enter__(self) -> Run:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def phase(self, name: str) -> _Phase:
+        return _Phase(self, name)
+
+    def record_metrics(self, metrics: dict[str, Any]) -> None:
+        self.summary["metrics"].update({k: to_number(v) for k, v in metrics.items()})
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None:
+            self.summary["status"] = "completed"
+        elif isinstance(exc, KeyboardInterrupt):
+            self.summary.update(status="interrupted", error="interrupted by the user")
+        else:
+            self.summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
+        self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        if rank_zero_only.rank == 0:
+            self._write()
+        if isinstance(exc, LitlabError):
+            print(f"litlab: error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        return False
+
+    def _write(self) -> None:
+        cfg = self._cfg
+        try:
+            digest = config_digest(cfg)
+        except Exception:  # an unresolvable config is itself the error being reported
+            digest = None
+        root = cfg.paths.get("root_dir", ".")
+        self.summary.update(
+            run_dir=str(self.dir),
+            config_digest=digest,
+            git_commit=git_commit(root),
+            versions=versions(),
+        )
+        write_json(self.dir / "summary.json", self.summary)
+
+
+class _Phase:
+    """Times one phase (fit, test, ...) of a run into summary['durations_s']."""
+
+    def __init__(self, run: Run, name: str) -> None:
+        self.run, self.name = run, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.run.summary["durations_s"][self.name] = round(time.perf_counter() - self.t0, 3)
+
+
+def print_config_tree(cfg: DictConfig, keys: tuple[str, ...]) -> None:
+    """Print the resolved config as a rich tree, one branch per top-level group."""
+    from rich import print as rprint
+    from rich.syntax import Syntax
+    from rich.tree import Tree
+
+    tree = Tree("config", guide_style="dim")
+    ordered = [k for k in keys if k in cfg] + [k for k in cfg if k not in keys]
+    for key in ordered:
+        node = cfg[key]
+        text = OmegaConf.to_yaml(node, resolve=True) if isinstance(node, DictConfig) else str(node)
+        tree.add(f"[bold]{key}[/bold]").add(Syntax(text, "yaml", theme="ansi_dark"))
+    rprint(tree)

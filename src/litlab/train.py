@@ -1,0 +1,96 @@
+"""The train task: compose -> validate -> seed -> data, model, callbacks, loggers, trainer -> fit -> test."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import hydra
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from litlab.config import build, check_all, config_dir
+from litlab.loggers import finish_loggers
+from litlab.run import Run, build_list, print_config_tree
+
+log = logging.getLogger("litlab")
+
+CONFIG_ORDER = ("data", "model", "objective", "trainer", "callbacks", "logger", "paths", "extras")
+
+
+def setup_extras(cfg: DictConfig) -> None:
+    """Optional conveniences before anything starts: warnings filter, config tree."""
+    extras = cfg.get("extras") or {}
+    if extras.get("ignore_warnings"):
+        warnings.filterwarnings("ignore")
+    if extras.get("print_config") and rank_zero_only.rank == 0:
+        print_config_tree(cfg, CONFIG_ORDER)
+
+
+def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
+    """Train and test one model as the config says; return the final metrics."""
+    check_all(cfg)
+    setup_extras(cfg)
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = build(cfg.data, "data")
+    model = build(cfg.model, "model")
+    # The resolved config travels in every checkpoint and goes to every logger as hparams.
+    model.save_hyperparameters(OmegaConf.to_container(cfg, resolve=True))
+    callbacks = build_list(cfg.get("callbacks"), "callbacks")
+    loggers = build_list(cfg.get("logger"), "logger")
+    trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers)
+
+    try:
+        if cfg.get("train"):
+            with run.phase("fit"):
+                trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+            run.record_metrics(trainer.callback_metrics)
+        if cfg.get("test"):
+            best = (
+                trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            )
+            with run.phase("test"):
+                trainer.test(
+                    model, datamodule=datamodule, ckpt_path=best or None, weights_only=True
+                )
+            run.record_metrics(trainer.callback_metrics)
+    finally:
+        finish_loggers(trainer.loggers)
+
+    checkpoint = trainer.checkpoint_callback
+    if checkpoint is not None:
+        run.summary["best_checkpoint"] = checkpoint.best_model_path or None
+        run.summary["last_checkpoint"] = checkpoint.last_model_path or None
+        if checkpoint.best_model_score is not None:
+            run.summary["best_score"] = float(checkpoint.best_model_score)
+    return run.summary["metrics"]
+
+
+def objective_value(cfg: DictConfig, run: Run) -> float | None:
+    """The number a sweeper optimizes: the best monitored score, else the final metric."""
+    metric = cfg.objective.metric
+    if (
+        run.summary.get("best_score") is not None
+        and cfg.callbacks
+        and cfg.callbacks.get("model_checkpoint")
+    ):
+        value = run.summary["best_score"]
+    else:
+        value = run.summary["metrics"].get(metric)
+    run.summary["objective"] = {"metric": metric, "mode": cfg.objective.mode, "value": value}
+    return value
+
+
+@hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    with Run(cfg, "train") as run:
+        train(cfg, run)
+        value = objective_value(cfg, run)
+    return value
+
+
+if __name__ == "__main__":
+    main()

@@ -65,6 +65,10 @@ def _hint_name(hint: Any) -> str:
     return getattr(hint, "__name__", text) if not typing.get_args(hint) else text
 
 
+def _is_target_node(node: Any) -> bool:
+    return isinstance(node, DictConfig) and not node._is_none() and "_target_" in node
+
+
 def check_node(node: DictConfig, path: str) -> None:
     """Check a ``_target_`` node's keys and simple value types against its target's signature."""
     target = node.get("_target_")
@@ -89,7 +93,7 @@ def check_node(node: DictConfig, path: str) -> None:
             )
             raise ConfigError(f"{path}.{key} is not an option of {target}; known options: {known}")
         value = node._get_node(key)
-        if isinstance(value, DictConfig) and "_target_" in value:
+        if _is_target_node(value):
             check_node(value, f"{path}.{key}")
             continue
         if key in hints and not OmegaConf.is_missing(node, key):
@@ -102,21 +106,22 @@ def check_node(node: DictConfig, path: str) -> None:
                 raise ConfigError(
                     f"{path}.{key} must be {_hint_name(hints[key])}, got {_describe(plain)}"
                 )
-    if not partial:
-        for name, p in params.items():
-            if (
-                p.default is p.empty
-                and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-                and name not in node
-            ):
-                if name not in ("callbacks", "logger"):
-                    raise ConfigError(
-                        f"{path}.{name} is required by {target}; set it in the config"
-                    )
-            elif name in node and OmegaConf.is_missing(node, name):
-                raise ConfigError(
-                    f"{path}.{name} must be set (it is ??? in the config): add {path}.{name}=..."
-                )
+    for name, p in params.items():
+        if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        # `name in node` is False for ??? values; keys() lists them.
+        if name in node.keys() and OmegaConf.is_missing(node, name):  # noqa: SIM118
+            raise ConfigError(
+                f"{path}.{name} must be set (it is ??? in the config): add {path}.{name}=..."
+            )
+        # Trainer callbacks and loggers are passed by the task, not the config.
+        if (
+            not partial
+            and p.default is p.empty
+            and name not in node
+            and name not in ("callbacks", "logger")
+        ):
+            raise ConfigError(f"{path}.{name} is required by {target}; set it in the config")
 
 
 def check_all(cfg: DictConfig, path: str = "") -> None:
@@ -125,11 +130,10 @@ def check_all(cfg: DictConfig, path: str = "") -> None:
         for key in cfg:
             child = cfg._get_node(key)
             where = f"{path}.{key}" if path else str(key)
-            if isinstance(child, DictConfig):
-                if "_target_" in child:
-                    check_node(child, where)
-                else:
-                    check_all(child, where)
+            if _is_target_node(child):
+                check_node(child, where)
+            elif isinstance(child, DictConfig) and not child._is_none():
+                check_all(child, where)
     except LitlabError:
         raise
     except OmegaConfBaseException as e:
@@ -154,3 +158,33 @@ def require(cfg: DictConfig, key: str, hint: str) -> Any:
     if OmegaConf.is_missing(cfg, key) or cfg.get(key) is None:
         raise ConfigError(f"{key} is required: {hint}")
     return cfg[key]
+
+
+def check_hardware(trainer: DictConfig) -> None:
+    """Refuse accelerator/precision/device choices this machine cannot run, saying what to use."""
+    import torch
+
+    accelerator = str(trainer.get("accelerator", "auto"))
+    precision = str(trainer.get("precision", "32-true"))
+    devices = trainer.get("devices", 1)
+    cuda = torch.cuda.device_count()
+    mps = torch.backends.mps.is_available()
+    if accelerator in ("gpu", "cuda") and not cuda and not (accelerator == "gpu" and mps):
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} but this machine has no CUDA GPU; "
+            "use trainer=cpu (or trainer.accelerator=auto)"
+        )
+    if accelerator == "mps" and not mps:
+        raise ConfigError(
+            "trainer.accelerator=mps but Apple's MPS is not available; use trainer.accelerator=auto"
+        )
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not cuda and not mps)
+    if on_cpu and precision in ("16-mixed", "16", "16-true"):
+        raise ConfigError(
+            f"trainer.precision={precision} needs a GPU; on CPU use trainer.precision=bf16-mixed or 32-true"
+        )
+    if isinstance(devices, int) and not on_cpu and cuda and devices > cuda:
+        raise ConfigError(
+            f"trainer.devices={devices} but this machine has {cuda} CUDA GPU(s); "
+            f"use trainer.devices={cuda} (or -1 for all)"
+        )

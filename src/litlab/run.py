@@ -11,6 +11,7 @@ import platform
 import subprocess
 import sys
 import time
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,18 @@ from litlab.config import build
 from litlab.errors import ConfigError, LitlabError
 
 log = logging.getLogger("litlab")
+
+
+class _NoAdverts(logging.Filter):
+    """Drop Lightning's "Tip: try installing <cloud product>" lines from every run's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdverts())
+# lightning 2.6 calls a torch.utils._pytree API that torch 2.14 deprecates; nothing for users to do.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 
 
 def build_list(node: DictConfig | None, path: str) -> list[Any]:

@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from litlab.config import build, check_all, config_dir
+from litlab.config import build, check_all, check_hardware, config_dir
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list, print_config_tree
 
@@ -32,13 +32,16 @@ def setup_extras(cfg: DictConfig) -> None:
 def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     """Train and test one model as the config says; return the final metrics."""
     check_all(cfg)
+    check_hardware(cfg.trainer)
     setup_extras(cfg)
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = build(cfg.data, "data")
     model = build(cfg.model, "model")
     # The resolved config travels in every checkpoint and goes to every logger as hparams.
-    model.save_hyperparameters(OmegaConf.to_container(cfg, resolve=True))
+    hparams = OmegaConf.to_container(cfg, resolve=True)
+    hparams.pop("hydra", None)
+    model.save_hyperparameters(hparams)
     callbacks = build_list(cfg.get("callbacks"), "callbacks")
     loggers = build_list(cfg.get("logger"), "logger")
     trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers)
@@ -84,12 +87,16 @@ def objective_value(cfg: DictConfig, run: Run) -> float | None:
     return value
 
 
-@hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def train_task(cfg: DictConfig) -> float | None:
+    """Everything `python train.py` does once Hydra has composed the config."""
     with Run(cfg, "train") as run:
         train(cfg, run)
-        value = objective_value(cfg, run)
-    return value
+        return objective_value(cfg, run)
+
+
+@hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    return train_task(cfg)
 
 
 if __name__ == "__main__":

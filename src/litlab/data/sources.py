@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from math import prod
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -96,19 +96,19 @@ class _IDXSource(Source):
     """A dataset published as four IDX files (MNIST and Fashion-MNIST)."""
 
     torchvision_name: str
-    system_dirs: Sequence[str] = ()
-    files = {
+    files: ClassVar[dict[str, tuple[str, str]]] = {
         "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
         "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
     }
 
-    def __init__(self, data_dir: str, download: bool = True) -> None:
+    def __init__(self, data_dir: str, download: bool = True, system_dir: str | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.download = download
+        self.system_dir = system_dir
 
     def _candidates(self) -> list[Path]:
         own = [self.data_dir, self.data_dir / self.torchvision_name / "raw"]
-        return own + [Path(d) for d in self.system_dirs]
+        return own + ([Path(self.system_dir)] if self.system_dir else [])
 
     def _find(self, stem: str) -> Path | None:
         for folder in self._candidates():
@@ -159,7 +159,14 @@ class FashionMNIST(_IDXSource):
 
     name = "fashion_mnist"
     torchvision_name = "FashionMNIST"
-    system_dirs = ("/usr/share/datasets/fashion-mnist",)
+
+    def __init__(
+        self,
+        data_dir: str,
+        download: bool = True,
+        system_dir: str | None = "/usr/share/datasets/fashion-mnist",
+    ) -> None:
+        super().__init__(data_dir, download, system_dir)
 
 
 class MNIST(_IDXSource):
@@ -174,7 +181,10 @@ class CIFAR10(Source):
 
     name = "cifar10"
     folder = "cifar-10-batches-py"
-    batches = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+    batches: ClassVar[dict[str, list[str]]] = {
+        "train": [f"data_batch_{i}" for i in range(1, 6)],
+        "test": ["test_batch"],
+    }
 
     def __init__(self, data_dir: str, download: bool = True) -> None:
         self.root = Path(data_dir) / self.folder

@@ -1,0 +1,32 @@
+# litlab: `make train` and `make test` are all a new user needs; both create .venv if missing.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install train test test-fast lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(STAMP)  ## create .venv and install litlab with its test tools
+
+train: install  ## train the default CNN on the embedded digits (add ARGS="key=value ...")
+	$(BIN)/python train.py $(ARGS)
+
+test: install  ## the whole suite (GPU tests skip themselves without CUDA)
+	$(BIN)/python -m pytest $(ARGS)
+
+test-fast: install  ## the suite without the slow tier
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,128 @@
+"""Shared fixtures: composed configs with run folders in tmp_path, real on-disk data fixtures."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from litlab.config import config_dir
+
+REPO = Path(__file__).resolve().parents[1]
+FASHION_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.fixture(autouse=True)
+def _offline_wandb(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never reach the network: W&B runs for real, offline."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def make_cfg(tmp_path: Path, overrides: list[str] = (), config_name: str = "train") -> DictConfig:
+    """Compose a config as `python train.py <overrides>` would, with its run folder in tmp_path."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    out = tmp_path / "run"
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(out)
+        cfg.hydra.runtime.cwd = str(REPO)
+        cfg.hydra.job.num = 0
+        cfg.paths.log_dir = str(tmp_path / "outputs")
+        cfg.paths.data_dir = str(tmp_path / "data")
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def run_cli(
+    *args: str, script: str = "train.py", cwd: Path = REPO, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """Run a task exactly as a user does, from the repo root."""
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write an IDX ubyte file (the MNIST format), gzip-compressed when the name ends in .gz."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+        int(d).to_bytes(4, "big") for d in array.shape
+    )
+    payload = header + array.astype(np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wb") as f:
+            f.write(payload)
+    else:
+        path.write_bytes(payload)
+
+
+def write_idx_dataset(
+    folder: Path, n_train: int = 64, n_test: int = 32, gz: bool = True, seed: int = 0
+) -> None:
+    """Four MNIST-format files with random 28x28 images and labels 0-9."""
+    rng = np.random.default_rng(seed)
+    suffix = ".gz" if gz else ""
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        write_idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28)))
+        labels = np.arange(n) % 10
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", labels)
+
+
+def write_cifar_batches(data_dir: Path, per_batch: int = 20, seed: int = 0) -> None:
+    """cifar-10-batches-py with the real pickle layout and few images."""
+    rng = np.random.default_rng(seed)
+    folder = data_dir / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {
+            "data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            "labels": [int(x) for x in np.arange(per_batch) % 10],
+            "batch_label": name,
+        }
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f)
+
+
+def write_png_folder(
+    root: Path, classes: tuple[str, ...] = ("cat", "dog", "fox"), per_class: int = 6
+) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / c / f"{i}.png")
+
+
+needs_fashion = pytest.mark.skipif(
+    not (FASHION_SYSTEM_DIR / "train-images-idx3-ubyte.gz").is_file(),
+    reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)",
+)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def summary_of(cfg: DictConfig) -> dict:
+    import json
+
+    return json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())

@@ -1,0 +1,120 @@
+"""User mistakes end with one line that says what to do, a non-zero exit and no traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import make_cfg, run_cli, write_idx_dataset
+from litlab.evaluate import eval_task
+from litlab.train import train_task
+
+
+def assert_one_clear_line(result, *needles: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    text = result.stderr + result.stdout
+    for needle in needles:
+        assert needle in text, text[-2000:]
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (
+            ["data=nope"],
+            ["Could not find 'data/nope'", "Available options in 'data'", "fashion_mnist"],
+        ),
+        (["data.nope=1"], ["Could not override 'data.nope'"]),
+        (["+data.nope=1"], ["litlab: error: data.nope is not an option of litlab.data.DataModule"]),
+        (["data.batch_size=abc"], ["litlab: error: data.batch_size must be int, got 'abc'"]),
+        (
+            ["data.batch_size=0"],
+            ["litlab: error: data: batch_size must be a positive integer, got 0"],
+        ),
+    ],
+    ids=["unknown-option", "unknown-key", "unknown-key-appended", "wrong-type", "batch-size-zero"],
+)
+def test_cli_config_mistakes(tmp_path, args, needles):
+    result = run_cli(*args, f"paths.log_dir={tmp_path}", "logger=csv")
+    assert_one_clear_line(result, *needles)
+
+
+def test_cli_eval_without_checkpoint(tmp_path):
+    result = run_cli(f"paths.log_dir={tmp_path}", script="eval.py")
+    assert_one_clear_line(result, "litlab: error: ckpt_path is required: python eval.py ckpt_path=")
+    assert result.returncode == 2
+
+
+def fails_with(capsys, task, cfg, needle: str) -> dict:
+    """Run a task in-process, expect exit status 2 with one 'litlab: error:' line; return the summary."""
+    with pytest.raises(SystemExit) as exit_info:
+        task(cfg)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("litlab: error: ") and needle in err[-1], err[-3:]
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert summary["status"] == "failed" and needle in summary["error"]
+    return summary
+
+
+QUIET = ["extras.print_config=false", "logger=csv"]
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["data.val_fraction=1.5"], "val_fraction must lie strictly between 0 and 1"),
+        (["data.batch_size=-3"], "batch_size must be a positive integer"),
+        (["data.image_shape=[1,32,32]"], "set data.image_shape=[1,28,28]"),
+        (
+            ["data.num_classes=4", "model.num_classes=4", "model.net.num_classes=4"],
+            "set data.num_classes=10",
+        ),
+        (["model.net.width=0"], "width >= 1"),
+        (["model.label_smoothing=1.5"], "label_smoothing must lie in [0, 1)"),
+        (["trainer.max_epochs=ten"], "trainer.max_epochs must be"),
+        (["trainer.precision=16-mixed", "trainer.accelerator=cpu"], "needs a GPU; on CPU use"),
+        (
+            ["model=torchvision", "model.net.name=resnet9000"],
+            "unknown torchvision model 'resnet9000'",
+        ),
+        (["data=image_folder", "data.num_classes=3"], "data.source.root must be set"),
+        (["data=mnist", "data.source.download=false"], "mnist files not found"),
+    ],
+)
+def test_train_mistakes_in_process(tmp_path, capsys, overrides, needle):
+    fails_with(capsys, train_task, make_cfg(tmp_path, [*overrides, *QUIET]), needle)
+
+
+def test_truncated_data_file_names_the_file(tmp_path, capsys):
+    data = tmp_path / "data"
+    write_idx_dataset(data, n_train=40, n_test=10)
+    path = data / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:100])
+    cfg = make_cfg(
+        tmp_path, ["data=mnist", "data.source.download=false", "data.batch_size=8", *QUIET]
+    )
+    fails_with(capsys, train_task, cfg, str(path))
+    assert path.is_file()  # nothing already written is removed
+
+
+@pytest.mark.parametrize("content", [None, b"not a checkpoint", b"PK\x03\x04truncated zip"])
+def test_eval_with_a_missing_or_corrupt_checkpoint(tmp_path, capsys, content):
+    path = tmp_path / "model.ckpt"
+    if content is not None:
+        path.write_bytes(content)
+    cfg = make_cfg(tmp_path, [f"ckpt_path={path}", "extras.print_config=false"], config_name="eval")
+    needle = "does not exist" if content is None else "is not a readable checkpoint"
+    fails_with(capsys, eval_task, cfg, needle)
+
+
+def test_eval_of_a_foreign_checkpoint(tmp_path, capsys):
+    import torch
+
+    path = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "hyper_parameters": {"lr": 0.1}}, path)
+    cfg = make_cfg(tmp_path, [f"ckpt_path={path}", "extras.print_config=false"], config_name="eval")
+    fails_with(capsys, eval_task, cfg, "carries no litlab config")

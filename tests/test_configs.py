@@ -1,0 +1,155 @@
+"""Every option file in conf/ composes and instantiates; the CLI prints help and config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import (
+    REPO,
+    make_cfg,
+    run_cli,
+    write_cifar_batches,
+    write_idx_dataset,
+    write_png_folder,
+)
+from litlab.config import build, check_all, check_hardware
+from litlab.data import DataModule
+from litlab.errors import ConfigError
+from litlab.models import ImageClassifier
+from litlab.run import build_list
+
+CONF = REPO / "conf"
+GROUPS = [
+    "data",
+    "model",
+    "trainer",
+    "logger",
+    "callbacks",
+    "paths",
+    "extras",
+    "objective",
+    "hydra",
+    "debug",
+    "experiment",
+]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_every_group_folder_is_listed_here():
+    on_disk = {p.name for p in CONF.iterdir() if p.is_dir()}
+    assert on_disk <= set(GROUPS), f"add tests for new config groups: {on_disk - set(GROUPS)}"
+
+
+def data_fixture(option: str, tmp_path: Path) -> list[str]:
+    """Write the real on-disk format a data option reads; return the overrides that point at it."""
+    data = tmp_path / "data"
+    if option in ("mnist", "fashion_mnist"):
+        write_idx_dataset(data)
+        return ["data.source.download=false", "data.batch_size=16"] + (
+            ["data.source.system_dir=null"] if option == "fashion_mnist" else []
+        )
+    if option == "cifar10":
+        write_cifar_batches(data)
+        return ["data.source.download=false", "data.batch_size=16"]
+    if option == "image_folder":
+        write_png_folder(tmp_path / "images")
+        return [
+            f"data.source.root={tmp_path / 'images'}",
+            "data.num_classes=3",
+            "data.batch_size=4",
+            "data.num_workers=0",
+        ]
+    return []
+
+
+@pytest.mark.parametrize("option", options("data"))
+def test_data_option_instantiates_and_loads(option, tmp_path):
+    cfg = make_cfg(tmp_path, [f"data={option}", *data_fixture(option, tmp_path)])
+    check_all(cfg)
+    dm = build(cfg.data, "data")
+    assert isinstance(dm, DataModule)
+    dm.prepare_data()
+    dm.setup("fit")
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.dtype.is_floating_point is False and tuple(images.shape[1:]) == tuple(
+        cfg.data.image_shape
+    )
+    assert int(labels.max()) < cfg.data.num_classes
+    # The model reads the image shape and class count from the data config: no number written twice.
+    model = build(cfg.model, "model")
+    x, _ = dm.on_after_batch_transfer((images, labels), 0)
+    assert model(x).shape == (images.shape[0], cfg.data.num_classes)
+
+
+@pytest.mark.parametrize("option", options("model"))
+def test_model_option_instantiates_and_runs(option, tmp_path):
+    cfg = make_cfg(tmp_path, [f"model={option}", "data=synthetic", "data.image_shape=[3,32,32]"])
+    check_all(cfg)
+    model = build(cfg.model, "model")
+    assert isinstance(model, ImageClassifier)
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize(
+    "group", ["trainer", "callbacks", "logger", "paths", "extras", "objective", "hydra"]
+)
+def test_plumbing_options_instantiate(group, tmp_path):
+    for option in options(group):
+        cfg = make_cfg(tmp_path, [f"{group}={option}"] if group != "hydra" else [])
+        check_all(cfg)
+        if group == "trainer" and option == "gpu" and not torch.cuda.is_available():
+            with pytest.raises(ConfigError, match="no CUDA GPU; use trainer=cpu"):
+                check_hardware(cfg.trainer)
+            continue
+        callbacks = build_list(cfg.get("callbacks"), "callbacks")
+        loggers = build_list(cfg.get("logger"), "logger")
+        trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers)
+        assert isinstance(trainer, L.Trainer)
+        OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+
+
+@pytest.mark.parametrize("option", options("debug") + options("experiment"))
+def test_overlays_compose_and_instantiate(option, tmp_path):
+    group = "debug" if option in options("debug") else "experiment"
+    cfg = make_cfg(tmp_path, [f"{group}={option}"])
+    check_all(cfg)
+    build(cfg.data, "data")
+    build(cfg.model, "model")
+    build(cfg.trainer, "trainer", callbacks=build_list(cfg.callbacks, "callbacks"), logger=False)
+
+
+def test_experiments_select_their_recipe(tmp_path):
+    cfg = make_cfg(tmp_path, ["experiment=fashion_resnet"])
+    assert cfg.data.source._target_.endswith("FashionMNIST")
+    assert cfg.model.net._target_.endswith("ResNet")
+    assert "fashion_mnist" in cfg.tags
+
+
+def test_eval_config_composes(tmp_path):
+    cfg = make_cfg(tmp_path, ["ckpt_path=x.ckpt"], config_name="eval")
+    check_all(cfg)
+    assert cfg.task_name == "eval" and cfg.get("data") is None
+
+
+def test_cli_help_lists_groups_and_cfg_prints_config():
+    help_text = run_cli("--help")
+    assert help_text.returncode == 0, help_text.stderr
+    for group in ("data:", "model:", "trainer:", "logger:", "experiment:"):
+        assert group in help_text.stdout
+    assert (
+        "fashion_mnist" in help_text.stdout
+        and "python train.py experiment=fashion_resnet" in help_text.stdout
+    )
+    job = run_cli("--cfg", "job", "data=fashion_mnist", "model=resnet")
+    assert job.returncode == 0, job.stderr
+    printed = OmegaConf.create(job.stdout)
+    assert printed.model.net._target_ == "litlab.nets.ResNet"
+    assert printed.data.source._target_ == "litlab.data.FashionMNIST"

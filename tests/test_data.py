@@ -1,0 +1,241 @@
+"""Sources read the real on-disk formats; the DataModule splits, checks and transforms."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import (
+    FASHION_SYSTEM_DIR,
+    needs_fashion,
+    write_cifar_batches,
+    write_idx,
+    write_idx_dataset,
+    write_png_folder,
+)
+from litlab.data import CIFAR10, MNIST, DataModule, Digits, FashionMNIST, ImageFolder, Synthetic
+from litlab.data.sources import read_idx
+from litlab.data.transforms import BatchTransform, random_hflip, random_translate
+from litlab.errors import ConfigError, DataError
+
+
+def test_digits_is_embedded_upsampled_and_split_the_same_way_every_time():
+    train, test = Digits(size=32).load("train"), Digits(size=32).load("test")
+    assert train.tensors[0].shape[1:] == (1, 32, 32) and train.tensors[0].dtype == torch.uint8
+    assert len(train) + len(test) == 1797
+    assert torch.equal(Digits(size=32).load("test").tensors[1], test.tensors[1])
+    assert set(test.tensors[1].tolist()) == set(range(10))
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_read_idx_plain_and_gzip(tmp_path, gz):
+    array = np.arange(2 * 3 * 4).reshape(2, 3, 4) % 256
+    path = tmp_path / ("x.idx.gz" if gz else "x.idx")
+    write_idx(path, array)
+    assert read_idx(path).tolist() == array.tolist()
+
+
+def test_truncated_idx_gz_is_a_data_error(tmp_path):
+    write_idx_dataset(tmp_path)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(DataError, match="fetch the file again"):
+        read_idx(path)
+
+
+def test_idx_with_short_payload_is_a_data_error(tmp_path):
+    path = tmp_path / "train-labels-idx1-ubyte"
+    path.write_bytes(bytes([0, 0, 8, 1]) + (100).to_bytes(4, "big") + bytes(10))
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        read_idx(path)
+
+
+@pytest.mark.parametrize("layout", ["flat", "torchvision"])
+def test_mnist_reads_data_dir_in_both_layouts(tmp_path, layout):
+    folder = tmp_path if layout == "flat" else tmp_path / "MNIST" / "raw"
+    write_idx_dataset(folder, n_train=30, n_test=10, gz=layout == "flat")
+    source = MNIST(str(tmp_path), download=False)
+    source.prepare()
+    train, test = source.load("train"), source.load("test")
+    assert train.tensors[0].shape == (30, 1, 28, 28) and len(test) == 10
+
+
+def test_fashion_prefers_data_dir_over_the_system_copy(tmp_path):
+    write_idx_dataset(tmp_path, n_train=12, n_test=4)
+    system = tmp_path / "system"
+    write_idx_dataset(system, n_train=20, n_test=8)
+    source = FashionMNIST(str(tmp_path), download=False, system_dir=str(system))
+    assert len(source.load("train")) == 12
+    only_system = FashionMNIST(str(tmp_path / "empty"), download=False, system_dir=str(system))
+    assert len(only_system.load("train")) == 20
+
+
+def test_missing_idx_files_name_all_three_ways(tmp_path):
+    source = FashionMNIST(str(tmp_path), download=False, system_dir=str(tmp_path / "nowhere"))
+    with pytest.raises(DataError) as err:
+        source.prepare()
+    message = str(err.value)
+    assert str(tmp_path) in message and "nowhere" in message and "download" in message
+    assert "\n" not in message
+
+
+@needs_fashion
+def test_fashion_reads_the_debian_copy_whose_gz_differs_from_torchvision(tmp_path):
+    source = FashionMNIST(str(tmp_path), download=False)
+    source.prepare()
+    train, test = source.load("train"), source.load("test")
+    assert train.tensors[0].shape == (60000, 1, 28, 28) and len(test) == 10000
+    assert train.tensors[1].bincount().tolist() == [6000] * 10
+
+
+def test_cifar10_reads_python_batches(tmp_path):
+    write_cifar_batches(tmp_path, per_batch=8)
+    source = CIFAR10(str(tmp_path), download=False)
+    source.prepare()
+    train, test = source.load("train"), source.load("test")
+    assert train.tensors[0].shape == (40, 3, 32, 32) and test.tensors[0].shape == (8, 3, 32, 32)
+    assert train.tensors[1].dtype == torch.long
+
+
+def test_cifar10_corrupt_batch_is_a_data_error(tmp_path):
+    write_cifar_batches(tmp_path, per_batch=8)
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(b"\x80\x04garbage")
+    with pytest.raises(DataError, match="not a readable CIFAR-10 batch"):
+        CIFAR10(str(tmp_path), download=False).load("test")
+
+
+def test_missing_cifar_without_download_says_what_to_do(tmp_path):
+    with pytest.raises(DataError, match="download=true"):
+        CIFAR10(str(tmp_path), download=False).prepare()
+
+
+def test_image_folder_with_train_and_test_subfolders(tmp_path):
+    write_png_folder(tmp_path / "train")
+    write_png_folder(tmp_path / "test", per_class=2)
+    source = ImageFolder(str(tmp_path), size=24)
+    train, test = source.load("train"), source.load("test")
+    image, label = train[0]
+    assert image.shape == (3, 24, 24) and image.dtype == torch.uint8
+    assert len(train) == 18 and len(test) == 6 and label == 0
+
+
+def test_image_folder_single_folder_is_split_and_grayscale_works(tmp_path):
+    write_png_folder(tmp_path, per_class=10)
+    source = ImageFolder(str(tmp_path), size=16, channels=1, test_fraction=0.2)
+    train, test = source.load("train"), source.load("test")
+    assert len(train) == 24 and len(test) == 6
+    assert train[0][0].shape == (1, 16, 16)
+
+
+def test_synthetic_is_deterministic_and_any_shape():
+    a = Synthetic(image_shape=(3, 17, 9), num_classes=4, train_size=10, test_size=5).load("train")
+    b = Synthetic(image_shape=(3, 17, 9), num_classes=4, train_size=10, test_size=5).load("train")
+    assert a.tensors[0].shape == (10, 3, 17, 9) and torch.equal(a.tensors[0], b.tensors[0])
+    assert int(a.tensors[1].max()) < 4
+
+
+def make_dm(**kwargs) -> DataModule:
+    defaults = dict(
+        source=Digits(),
+        image_shape=[1, 28, 28],
+        num_classes=10,
+        mean=[0.3],
+        std=[0.3],
+        batch_size=32,
+    )
+    return DataModule(**{**defaults, **kwargs})
+
+
+def test_val_split_is_disjoint_and_fixed():
+    dm = make_dm()
+    dm.setup()
+    train, val = set(dm.datasets["train"].indices), set(dm.datasets["val"].indices)
+    assert not train & val and len(train) + len(val) == len(Digits().load("train"))
+    again = make_dm()
+    again.setup()
+    assert set(again.datasets["val"].indices) == val
+
+
+def test_wrong_image_shape_tells_the_right_one():
+    dm = make_dm(image_shape=[1, 32, 32])
+    with pytest.raises(ConfigError, match=r"set data.image_shape=\[1,28,28\]"):
+        dm.setup()
+
+
+def test_too_few_classes_tells_the_right_count():
+    dm = make_dm(num_classes=5)
+    with pytest.raises(ConfigError, match=r"set data\.num_classes=10"):
+        dm.setup()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(batch_size=0), "batch_size must be a positive integer"),
+        (dict(val_fraction=1.5), "val_fraction must lie strictly between 0 and 1"),
+        (dict(val_fraction=0.0), "val_fraction must lie strictly between 0 and 1"),
+        (dict(mean=[0.1, 0.2]), "one mean and std"),
+        (dict(std=[0.0]), "std must be positive"),
+    ],
+)
+def test_bad_datamodule_arguments(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        make_dm(**kwargs)
+
+
+def test_batch_transform_normalizes_and_maps_back():
+    transform = BatchTransform(mean=[0.5], std=[0.25])
+    images = torch.tensor([0, 255], dtype=torch.uint8).view(2, 1, 1, 1)
+    out = transform(images, train=False)
+    assert out.flatten().tolist() == pytest.approx([-2.0, 2.0])
+    assert transform.to_unit(out).flatten().tolist() == pytest.approx([0.0, 1.0])
+
+
+def test_translate_shifts_each_image_by_its_own_offset_and_keeps_labels_aligned():
+    torch.manual_seed(0)
+    n = 64
+    images = torch.zeros(n, 1, 9, 9, dtype=torch.uint8)
+    images[torch.arange(n), 0, 4, 4] = torch.arange(
+        1, n + 1, dtype=torch.uint8
+    )  # value = sample id
+    out = random_translate(images, max_shift=2)
+    assert out.shape == images.shape and out.dtype == torch.uint8
+    positions = set()
+    for i in range(n):
+        (ys, xs) = torch.nonzero(out[i, 0], as_tuple=True)
+        assert len(ys) == 1 and out[i, 0, ys[0], xs[0]] == i + 1  # the sample's own pixel, moved
+        assert abs(int(ys[0]) - 4) <= 2 and abs(int(xs[0]) - 4) <= 2
+        positions.add((int(ys[0]), int(xs[0])))
+    assert len(positions) > 5  # offsets are drawn per sample
+
+
+def test_hflip_mirrors_about_half_and_keeps_the_rest():
+    torch.manual_seed(0)
+    images = torch.arange(400 * 4, dtype=torch.float32).view(400, 1, 1, 4)
+    out = random_hflip(images)
+    flipped = (out != images).any(dim=(1, 2, 3))
+    assert torch.equal(out[flipped], images[flipped].flip(3))
+    assert 150 < int(flipped.sum()) < 250
+
+
+def test_augmentation_only_in_training():
+    dm = make_dm(translate=3, hflip=True)
+    images = torch.randint(0, 256, (8, 1, 28, 28), dtype=torch.uint8)
+    assert torch.equal(dm.transform(images, train=False), dm.transform(images, train=False))
+    torch.manual_seed(1)
+    assert not torch.equal(dm.transform(images, train=True), dm.transform(images, train=False))
+
+
+def test_copying_debian_files_into_data_dir_works_too(tmp_path):
+    if not FASHION_SYSTEM_DIR.is_dir():
+        pytest.skip("Fashion-MNIST not installed")
+    for f in FASHION_SYSTEM_DIR.glob("t10k-*.gz"):
+        shutil.copy(f, tmp_path / f.name)
+    with gzip.open(tmp_path / "t10k-labels-idx1-ubyte.gz") as f:
+        assert f.read(4) == b"\x00\x00\x08\x01"
+    source = FashionMNIST(str(tmp_path), download=False, system_dir=None)
+    assert len(source.load("test")) == 10000

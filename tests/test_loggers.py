@@ -1,0 +1,60 @@
+"""W&B never prompts: the mode follows WANDB_MODE, then credentials."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from litlab.loggers import wandb_credentials, wandb_mode
+
+
+@pytest.fixture
+def no_wandb_env(monkeypatch, tmp_path):
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    return tmp_path / "netrc"
+
+
+def test_no_credentials_means_offline(no_wandb_env):
+    assert not wandb_credentials()
+    assert wandb_mode("auto") == "offline"
+    assert (
+        wandb_mode("online") == "offline"
+    )  # asked for online, but it would prompt: offline instead
+
+
+def test_api_key_or_netrc_means_online(no_wandb_env, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode("auto") == "online"
+    monkeypatch.delenv("WANDB_API_KEY")
+    no_wandb_env.write_text("machine api.wandb.ai\n  login user\n  password " + "y" * 40 + "\n")
+    no_wandb_env.chmod(0o600)
+    assert wandb_credentials() and wandb_mode("auto") == "online"
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")
+    assert not wandb_credentials()  # a key for another host does not count
+
+
+def test_wandb_mode_env_wins(no_wandb_env, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode("auto") == "disabled"
+    monkeypatch.setenv("WANDB_MODE", "dryrun")
+    assert wandb_mode("online") == "offline"
+
+
+def test_wandb_is_imported_only_when_a_run_starts(no_wandb_env, tmp_path):
+    """Runs with logger=csv must work where wandb is not installed (e.g. the GPU machine)."""
+    code = (
+        "import sys, litlab.train, litlab.evaluate\n"
+        "from litlab.loggers import wandb_logger\n"
+        f"logger = wandb_logger(save_dir={str(tmp_path)!r})\n"
+        "assert 'wandb' not in sys.modules, 'wandb imported too early'\n"
+        "assert logger._wandb_init['mode'] == 'offline'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ)
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

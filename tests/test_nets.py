@@ -1,0 +1,44 @@
+"""Nets are plain nn.Modules sized by their arguments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from litlab.errors import ConfigError
+from litlab.nets import ResNet, SmallCNN, TorchvisionNet
+
+
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (3, 64, 64)])
+@pytest.mark.parametrize("net_cls", [SmallCNN, ResNet])
+def test_small_image_nets_map_images_to_logits(net_cls, shape):
+    kwargs = {"width": 8} if net_cls is SmallCNN else {"width": 8, "depth": [1, 1]}
+    net = net_cls(in_channels=shape[0], num_classes=7, **kwargs)
+    assert net(torch.randn(3, *shape)).shape == (3, 7)
+
+
+def test_width_and_depth_are_real_knobs():
+    small = sum(p.numel() for p in SmallCNN(1, 10, width=8).parameters())
+    wide = sum(p.numel() for p in SmallCNN(1, 10, width=16).parameters())
+    deep = sum(p.numel() for p in SmallCNN(1, 10, width=8, depth=2).parameters())
+    assert wide > 3 * small and deep > small
+    r18 = ResNet(3, 10)
+    assert 11_000_000 < sum(p.numel() for p in r18.parameters()) < 11_300_000  # ResNet-18 size
+
+
+def test_torchvision_net_by_name_with_grayscale_input():
+    net = TorchvisionNet("resnet18", in_channels=1, num_classes=5)
+    assert net(torch.randn(2, 1, 64, 64)).shape == (2, 5)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: SmallCNN(1, 10, width=0), "width >= 1"),
+        (lambda: ResNet(1, 10, depth=[]), "non-empty depth"),
+        (lambda: TorchvisionNet("resnet9000", 3, 10), "unknown torchvision model"),
+    ],
+)
+def test_bad_arguments_are_config_errors(build, message):
+    with pytest.raises(ConfigError, match=message):
+        build()

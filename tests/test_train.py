@@ -1,0 +1,194 @@
+"""End-to-end training runs: run folder, metrics, checkpoints, loggers, eval, resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import make_cfg, needs_fashion, run_cli, summary_of
+from litlab.evaluate import eval_task
+from litlab.train import train_task
+from wandb_records import offline_run
+
+FAST = ["extras.print_config=false", "callbacks.progress_bar=null"]
+
+
+def metrics_csv(run_dir: Path) -> list[dict]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_training_run_leaves_a_self_describing_folder(tmp_path):
+    cfg = make_cfg(tmp_path, ["logger=csv", "trainer.max_epochs=3", *FAST])
+    objective = train_task(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed" and summary["error"] is None
+    assert summary["metrics"]["test/acc"] > 0.85
+    assert objective == summary["objective"]["value"] == summary["best_score"]
+    assert summary["objective"]["metric"] == "val/acc"
+    assert Path(summary["best_checkpoint"]) == run_dir / "checkpoints" / "best.ckpt"
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert set(summary["durations_s"]) == {"fit", "test", "total"}
+    assert summary["versions"]["torch"] == torch.__version__ and summary["config_digest"]
+    rows = metrics_csv(run_dir)
+    for name in (
+        "train/loss_step",
+        "val/acc",
+        "val/acc_best",
+        "val/acc_top5",
+        "test/acc",
+        "train/acc",
+    ):
+        assert any(row.get(name) for row in rows), name
+    hparams = yaml.safe_load((run_dir / "csv" / "hparams.yaml").read_text())
+    assert (
+        hparams["model"]["net"]["_target_"] == "litlab.nets.SmallCNN"
+    )  # resolved config as hparams
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=cnn"],
+        ["model=resnet", "model.net.width=8", "model.net.depth=[1,1]"],
+        ["model=torchvision", "model.net.name=resnet18", "data.eval_batch_size=64"],
+    ],
+    ids=["cnn", "resnet", "torchvision"],
+)
+def test_every_model_trains_and_tests(tmp_path, overrides):
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "data=synthetic",
+            "data.source.train_size=128",
+            "data.source.test_size=64",
+            "data.batch_size=32",
+            "trainer.max_epochs=1",
+            "logger=csv",
+            *overrides,
+            *FAST,
+        ],
+    )
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed"
+    assert 0.0 <= summary["metrics"]["test/acc"] <= 1.0 and summary["metrics"]["train/loss"] > 0
+
+
+def test_wandb_offline_run_holds_the_config(tmp_path):
+    cfg = make_cfg(tmp_path, ["logger=wandb", "trainer.max_epochs=1", "tags=[smoke]", *FAST])
+    train_task(cfg)
+    runs = list((Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    record = offline_run(runs[0])
+    assert (
+        record["project"] == "litlab"
+        and record["job_type"] == "train"
+        and record["tags"] == ["smoke"]
+    )
+    assert record["config"]["model"]["net"]["_target_"] == "litlab.nets.SmallCNN"
+    assert record["config"]["data"]["batch_size"] == 64
+    assert "hydra" not in record["config"]
+    logged = {key for row in record["history"] for key in row}
+    assert {"train/loss_step", "val/acc", "test/acc", "trainer/global_step"} <= logged
+    assert record["summary"]["test/acc"] > 0.5
+    assert (Path(cfg.paths.output_dir) / "csv" / "metrics.csv").is_file()  # CSV always
+
+
+def test_tensorboard_and_no_logger(tmp_path):
+    cfg = make_cfg(tmp_path / "tb", ["logger=tensorboard", "trainer.max_epochs=1", *FAST])
+    train_task(cfg)
+    assert list((Path(cfg.paths.output_dir) / "tensorboard").rglob("events.out.tfevents.*"))
+    cfg = make_cfg(tmp_path / "none", ["logger=none", "trainer.max_epochs=1", *FAST])
+    train_task(cfg)
+    assert not (Path(cfg.paths.output_dir) / "csv").exists()
+    assert summary_of(cfg)["metrics"]["test/acc"] > 0
+
+
+def test_eval_reproduces_the_test_accuracy_of_the_best_checkpoint(tmp_path):
+    cfg = make_cfg(tmp_path / "train", ["logger=csv", "trainer.max_epochs=2", *FAST])
+    train_task(cfg)
+    trained = summary_of(cfg)
+    eval_cfg = make_cfg(
+        tmp_path / "eval",
+        [f"ckpt_path={trained['best_checkpoint']}", "extras.print_config=false"],
+        config_name="eval",
+    )
+    value = eval_task(eval_cfg)
+    evaluated = summary_of(eval_cfg)
+    assert evaluated["status"] == "completed"
+    assert value == pytest.approx(trained["metrics"]["test/acc"], abs=1e-6)
+
+
+def test_resume_from_a_checkpoint_continues_training(tmp_path):
+    # No LR schedule: a OneCycle schedule restored from the checkpoint ends where the first run ended.
+    first = make_cfg(
+        tmp_path / "a",
+        ["logger=csv", "trainer.max_epochs=1", "test=false", "model.scheduler=null", *FAST],
+    )
+    train_task(first)
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    second = make_cfg(
+        tmp_path / "b",
+        ["logger=csv", "trainer.max_epochs=2", f"ckpt_path={last}", "model.scheduler=null", *FAST],
+    )
+    train_task(second)
+    rows = metrics_csv(Path(second.paths.output_dir))
+    epochs = {int(row["epoch"]) for row in rows if row.get("epoch") and row.get("val/acc")}
+    assert epochs == {1}  # only the second epoch ran here
+    ckpt = torch.load(
+        Path(second.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True
+    )
+    assert (
+        ckpt["epoch"] == 1
+        and ckpt["global_step"] == 2 * torch.load(last, weights_only=True)["global_step"]
+    )
+
+
+def test_debug_fast_runs_one_batch_of_everything(tmp_path):
+    cfg = make_cfg(tmp_path, ["debug=fast", "logger=csv", *FAST])
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
+
+
+def test_debug_overfit_drives_the_loss_down(tmp_path):
+    cfg = make_cfg(tmp_path, ["debug=overfit", "logger=csv", "trainer.max_epochs=15", *FAST])
+    train_task(cfg)
+    losses = [
+        float(r["train/loss_epoch"])
+        for r in metrics_csv(Path(cfg.paths.output_dir))
+        if r.get("train/loss_epoch")
+    ]
+    assert losses[-1] < 0.2 * losses[0]
+
+
+@pytest.mark.slow
+def test_python_train_py_default_reaches_97_percent(tmp_path):
+    """The README's first command, as a user runs it (W&B offline without credentials)."""
+    result = run_cli(f"paths.log_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = [p.parent for p in tmp_path.rglob("summary.json")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["metrics"]["test/acc"] >= 0.97
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    (wandb_run,) = (run_dir / "wandb").glob("offline-run-*")
+    assert offline_run(wandb_run)["summary"]["test/acc"] == pytest.approx(
+        summary["metrics"]["test/acc"]
+    )
+    assert "wandb sync" in result.stdout + result.stderr
+    assert summary["durations_s"]["total"] < 180
+
+
+@pytest.mark.slow
+@needs_fashion
+def test_default_cnn_one_epoch_on_real_fashion_mnist_reaches_85_percent(tmp_path):
+    cfg = make_cfg(tmp_path, ["data=fashion_mnist", "trainer.max_epochs=1", "logger=csv", *FAST])
+    train_task(cfg)
+    assert summary_of(cfg)["metrics"]["test/acc"] >= 0.85

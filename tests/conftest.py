@@ -50,7 +50,13 @@ def run_cli(
     *args: str, script: str = "train.py", cwd: Path = REPO, timeout: int = 600
 ) -> subprocess.CompletedProcess:
     """Run a task exactly as a user does, from the repo root."""
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "0"}
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "HYDRA_FULL_ERROR": "0",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
     return subprocess.run(
         [sys.executable, str(REPO / script), *args],
         cwd=cwd,

@@ -20,7 +20,7 @@ from conftest import (
 from litlab.config import build, check_all, check_hardware
 from litlab.data import DataModule
 from litlab.errors import ConfigError
-from litlab.models import ImageClassifier
+from litlab.models import GAN, ImageClassifier
 from litlab.run import build_list
 
 CONF = REPO / "conf"
@@ -94,8 +94,12 @@ def test_model_option_instantiates_and_runs(option, tmp_path):
     cfg = make_cfg(tmp_path, [f"model={option}", "data=synthetic", "data.image_shape=[3,32,32]"])
     check_all(cfg)
     model = build(cfg.model, "model")
-    assert isinstance(model, ImageClassifier)
-    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    if isinstance(model, GAN):
+        assert cfg.objective.metric == "val/fid" and "fid" in cfg.callbacks  # the model picks both
+        assert model.sample(model.fixed_noise[:2]).shape == (2, 3, 32, 32)
+    else:
+        assert isinstance(model, ImageClassifier) and cfg.objective.metric == "val/acc"
+        assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 
 @pytest.mark.parametrize(

@@ -15,3 +15,7 @@ class DataError(LitlabError):
 
 class CheckpointError(LitlabError):
     """A checkpoint is missing, corrupt or of another model family."""
+
+
+class TrainingDiverged(LitlabError):
+    """A loss became NaN or infinite; the last good checkpoint is kept."""

@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.config import build, check_all, check_hardware, config_dir
+from litlab.distributed import strategy_for
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list, print_config_tree
 
@@ -44,32 +45,37 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     model.save_hyperparameters(hparams)
     callbacks = build_list(cfg.get("callbacks"), "callbacks")
     loggers = build_list(cfg.get("logger"), "logger")
-    trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers)
+    strategy = strategy_for(model, cfg.trainer.strategy, cfg.trainer.devices, cfg.trainer.num_nodes)
+    trainer: L.Trainer = build(
+        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy
+    )
 
     try:
         if cfg.get("train"):
             with run.phase("fit"):
                 trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
             run.record_metrics(trainer.callback_metrics)
+            record_checkpoints(trainer, run)
         if cfg.get("test"):
-            best = (
-                trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-            )
+            best = run.summary.get("best_checkpoint")
             with run.phase("test"):
-                trainer.test(
-                    model, datamodule=datamodule, ckpt_path=best or None, weights_only=True
-                )
+                trainer.test(model, datamodule=datamodule, ckpt_path=best, weights_only=True)
             run.record_metrics(trainer.callback_metrics)
     finally:
         finish_loggers(trainer.loggers)
-
-    checkpoint = trainer.checkpoint_callback
-    if checkpoint is not None:
-        run.summary["best_checkpoint"] = checkpoint.best_model_path or None
-        run.summary["last_checkpoint"] = checkpoint.last_model_path or None
-        if checkpoint.best_model_score is not None:
-            run.summary["best_score"] = float(checkpoint.best_model_score)
     return run.summary["metrics"]
+
+
+def record_checkpoints(trainer: L.Trainer, run: Run) -> None:
+    """Best/last checkpoint paths and best score, read right after fit (testing a checkpoint
+    restores the checkpoint callback's state as it was when that file was written)."""
+    checkpoint = trainer.checkpoint_callback
+    if checkpoint is None:
+        return
+    run.summary["best_checkpoint"] = checkpoint.best_model_path or None
+    run.summary["last_checkpoint"] = checkpoint.last_model_path or None
+    if checkpoint.best_model_score is not None:
+        run.summary["best_score"] = float(checkpoint.best_model_score)
 
 
 def objective_value(cfg: DictConfig, run: Run) -> float | None:

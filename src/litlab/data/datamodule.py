@@ -76,6 +76,8 @@ class DataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.transform = BatchTransform(mean, std, hflip=hflip, translate=translate)
+        # Set by litlab.callbacks.Speed(channels_last=True) to match the model's weights.
+        self.memory_format = torch.contiguous_format
         self.datasets: dict[str, Dataset] = {}
 
     def prepare_data(self) -> None:
@@ -134,7 +136,21 @@ class DataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", train=False)
 
+    def arrays(self, split: str, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``limit`` uint8 images and labels of a split (for metrics such as FID)."""
+        self.setup()
+        dataset = self.datasets[split]
+        indices = list(range(len(dataset)))[:limit]
+        base, index = dataset, torch.tensor(indices)
+        if isinstance(base, Subset) and isinstance(base.dataset, TensorDataset):
+            base, index = base.dataset, torch.tensor(base.indices)[index]
+        if isinstance(base, TensorDataset):
+            return base.tensors[0][index], base.tensors[1][index]
+        pairs = [dataset[i] for i in indices]
+        return torch.stack([p[0] for p in pairs]), torch.tensor([int(p[1]) for p in pairs])
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         images, labels = batch
         training = self.trainer is not None and self.trainer.training
-        return self.transform(images, train=training), labels
+        images = self.transform(images, train=training).contiguous(memory_format=self.memory_format)
+        return images, labels

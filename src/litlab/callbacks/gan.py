@@ -1,0 +1,234 @@
+"""Callbacks that evaluate a GAN: FID with an offline extractor, and sample grids."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from torchmetrics.image.fid import FrechetInceptionDistance
+from torchvision.utils import make_grid, save_image
+
+from litlab.errors import ConfigError
+from litlab.metrics.fid import (
+    ClassifierFeatures,
+    InceptionFeatures,
+    class_entropy,
+    classifier_from_checkpoint,
+    domain_classifier,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _require_gan(pl_module: L.LightningModule, what: str) -> None:
+    if not hasattr(pl_module, "sample") or not hasattr(pl_module, "fixed_noise"):
+        raise ConfigError(
+            f"{what} works with GAN models only; remove callbacks.{what.lower()} for this model"
+        )
+
+
+class FID(Callback):
+    """Fréchet distance between generated and real images, at every validation and test.
+
+    ``extractor``: "auto" (a small classifier trained once on the run's real training split
+    and cached by a hash of the data), "inception" (InceptionV3; ``inception_weights`` or the
+    torch hub cache, else a download), or the path of a litlab classifier checkpoint.
+    Logged: ``<stage>/fid`` (EMA generator; the objective), ``<stage>/fid_g`` (raw generator),
+    ``<stage>/fid_<extractor tag>``, ``<stage>/fid_floor`` (real test vs real train images),
+    ``<stage>/class_entropy``. The extractor is never part of the GAN's checkpoint.
+    """
+
+    used_in_eval = True
+
+    def __init__(
+        self,
+        extractor: str = "auto",
+        num_samples: int = 2048,
+        num_real: int = 10000,
+        batch_size: int = 512,
+        cache_dir: str = ".cache/litlab",
+        inception_weights: str | None = None,
+    ) -> None:
+        if num_samples < 2 or num_real < 2 or batch_size < 1:
+            raise ConfigError("num_samples and num_real must be at least 2, batch_size at least 1")
+        self.extractor_spec, self.num_samples, self.num_real = extractor, num_samples, num_real
+        self.batch_size, self.cache_dir, self.inception_weights = (
+            batch_size,
+            cache_dir,
+            inception_weights,
+        )
+        self.metric: FrechetInceptionDistance | None = None
+        self.tag = ""
+        self._floor: float | None = None
+
+    def _build_extractor(self, trainer: L.Trainer) -> torch.nn.Module:
+        dm = trainer.datamodule
+        spec = self.extractor_spec
+        if spec == "inception":
+            return InceptionFeatures(self.inception_weights)
+        if spec == "auto":
+            with torch.inference_mode(False):
+                if trainer.is_global_zero:  # one process trains and caches; the others then read
+                    images, labels = dm.arrays("train")
+                    domain_classifier(
+                        images,
+                        labels,
+                        dm.transform.mean.flatten().tolist(),
+                        dm.transform.std.flatten().tolist(),
+                        self.cache_dir,
+                    )
+                trainer.strategy.barrier("fid-extractor")
+                images, labels = dm.arrays("train")
+                return domain_classifier(
+                    images,
+                    labels,
+                    dm.transform.mean.flatten().tolist(),
+                    dm.transform.std.flatten().tolist(),
+                    self.cache_dir,
+                )
+        if not Path(spec).is_file():
+            raise ConfigError(
+                f"callbacks.fid.extractor={spec!r} is neither auto, inception nor an existing checkpoint file"
+            )
+        return classifier_from_checkpoint(spec)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        _require_gan(pl_module, "FID")
+        if self.metric is not None:
+            return
+        extractor = self._build_extractor(trainer)
+        shape = tuple(trainer.datamodule.image_shape)
+        if isinstance(extractor, ClassifierFeatures) and extractor.image_shape != shape:
+            raise ConfigError(
+                f"the FID extractor was trained on {list(extractor.image_shape)} images but this data "
+                f"is {list(shape)}; use a classifier trained on this data or callbacks.fid.extractor=auto"
+            )
+        self.tag = extractor.tag
+        self.metric = FrechetInceptionDistance(feature=extractor, reset_real_features=False)
+        log.info("FID extractor: %s", self.tag)
+
+    def _feed_real(self, trainer: L.Trainer, split: str, real: bool) -> None:
+        """Add this rank's shard of a split's real images to the real (or fake) statistics."""
+        images, _ = trainer.datamodule.arrays(split, self.num_real)
+        shard = images[trainer.global_rank :: trainer.world_size]
+        for start in range(0, len(shard), self.batch_size):
+            batch = shard[start : start + self.batch_size].to(self.metric.device).float() / 255
+            self.metric.update(batch, real=real)
+
+    def _feed_generated(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, ema: bool
+    ) -> torch.Tensor:
+        n = max(1, self.num_samples // trainer.world_size)
+        logits = []
+        for start in range(0, n, self.batch_size):
+            images = pl_module.sample(
+                pl_module.random_noise(min(self.batch_size, n - start)), ema=ema
+            )
+            self.metric.update(images, real=False)
+            if isinstance(self.metric.inception, ClassifierFeatures):
+                logits.append(self.metric.inception.features_and_logits(images)[1])
+        return torch.cat(logits) if logits else torch.empty(0)
+
+    @torch.no_grad()
+    def evaluate(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str
+    ) -> dict[str, float]:
+        metric = self.metric.to(pl_module.device)
+        if int(metric.real_features_num_samples) == 0:
+            self._feed_real(trainer, "train", real=True)
+        values: dict[str, float] = {}
+        if self._floor is None:
+            self._feed_real(trainer, "test", real=False)
+            self._floor = float(metric.compute())
+            metric.reset()
+        values[f"{stage}/fid_floor"] = self._floor
+        has_ema = getattr(pl_module, "generator_ema", None) is not None
+        for ema in (True, False) if has_ema else (False,):
+            logits = self._feed_generated(trainer, pl_module, ema)
+            fid = float(metric.compute())
+            metric.reset()
+            if ema or not has_ema:
+                values[f"{stage}/fid"] = values[f"{stage}/fid_{self.tag}"] = fid
+                if len(logits):
+                    values[f"{stage}/class_entropy"] = class_entropy(logits)
+            if not ema:
+                values[f"{stage}/fid_g"] = fid
+        for name, value in values.items():
+            pl_module.log(name, value, on_epoch=True)
+        return values
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.evaluate(trainer, pl_module, "val")
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.evaluate(trainer, pl_module, "test")
+
+
+class SampleGrid(Callback):
+    """Grids of the fixed noise through the EMA generator: every N generator steps, at the end of
+    training and when testing. PNGs go to <run>/samples/; W&B and TensorBoard get them too."""
+
+    used_in_eval = True
+
+    def __init__(self, every_n_g_steps: int = 500, nrow: int = 8, dirname: str = "samples") -> None:
+        if every_n_g_steps < 1:
+            raise ConfigError(f"every_n_g_steps must be at least 1, got {every_n_g_steps}")
+        self.every_n_g_steps, self.nrow, self.dirname = every_n_g_steps, nrow, dirname
+        self._last_saved = -1
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        _require_gan(pl_module, "SampleGrid")
+
+    def save(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, name: str, ema: bool = True
+    ) -> Path | None:
+        images = pl_module.sample(pl_module.fixed_noise, ema=ema)
+        if not trainer.is_global_zero:
+            return None
+        grid = make_grid(images.cpu(), nrow=self.nrow, padding=2, pad_value=1.0)
+        path = Path(trainer.default_root_dir) / self.dirname / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_image(grid, path)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_image(
+                    key="samples", images=[grid], caption=[f"{name} (g/step {pl_module.g_steps})"]
+                )
+            elif isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_image("samples", grid, global_step=pl_module.g_steps)
+        return path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = pl_module.g_steps
+        if step != self._last_saved and step % self.every_n_g_steps == 0 and step > 0:
+            self._last_saved = step
+            self.save(trainer, pl_module, f"g_step_{step:07d}")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.save(trainer, pl_module, "final")
+        if getattr(pl_module, "generator_ema", None) is not None:
+            self.save(trainer, pl_module, "final_raw_g", ema=False)
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.save(trainer, pl_module, "test")
+
+
+@torch.no_grad()
+def save_generated_images(
+    pl_module: L.LightningModule, count: int, folder: Path, batch_size: int = 256
+) -> int:
+    """Write ``count`` images from the EMA generator as PNG files 000000.png, 000001.png, ..."""
+    _require_gan(pl_module, "generate")
+    folder.mkdir(parents=True, exist_ok=True)
+    written = 0
+    while written < count:
+        images = pl_module.sample(pl_module.random_noise(min(batch_size, count - written)))
+        for image in images.cpu():
+            save_image(image, folder / f"{written:06d}.png")
+            written += 1
+    return written

@@ -1,0 +1,66 @@
+"""Stop a run whose loss became NaN or infinite, before a broken checkpoint is written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from litlab.errors import ConfigError, TrainingDiverged
+
+
+class DivergenceGuard(Callback):
+    """Watches every loss a training step returns.
+
+    The check stays on the device each step (no host sync) and is read every
+    ``check_every_n_steps`` steps and before every checkpoint save, so a checkpoint is never
+    written from diverged weights: the last good one stays in place.
+    """
+
+    def __init__(self, check_every_n_steps: int = 50) -> None:
+        if check_every_n_steps < 1:
+            raise ConfigError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")
+        self.check_every_n_steps = check_every_n_steps
+        self._bad: dict[str, torch.Tensor] = {}
+        self._batches = 0
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        losses = outputs if isinstance(outputs, dict) else {"loss": outputs}
+        for name, value in losses.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                bad = ~torch.isfinite(value.detach()).all()
+                self._bad[name] = bad if name not in self._bad else self._bad[name] | bad
+        self._batches += 1
+        if self._batches % self.check_every_n_steps == 0:
+            self.check(trainer)
+
+    def check(self, trainer: L.Trainer) -> None:
+        broken = [name for name, bad in self._bad.items() if bool(bad)]
+        if not broken:
+            return
+        callback = trainer.checkpoint_callback
+        kept = (callback.last_model_path or callback.best_model_path) if callback else ""
+        where = (
+            f"the last good checkpoint is {kept}" if kept else "no checkpoint had been written yet"
+        )
+        raise TrainingDiverged(
+            f"training diverged: {', '.join(broken)} became NaN or infinite by step {trainer.global_step}; "
+            f"{where}. Lower the learning rate, add gradient clipping, or try another loss"
+        )
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self.check(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer)

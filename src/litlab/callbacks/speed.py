@@ -1,0 +1,50 @@
+"""Switches that change how fast a model computes, never what it computes."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torchmetrics import Metric
+
+log = logging.getLogger(__name__)
+
+
+class Speed(Callback):
+    """channels_last memory format, in-place torch.compile of the nets, float32 matmul precision.
+
+    Compiling in place (``nn.Module.compile``) keeps parameter names, so checkpoints written with
+    compile on load with compile off and vice versa.
+    """
+
+    def __init__(
+        self,
+        channels_last: bool = False,
+        compile: bool = False,
+        matmul_precision: str | None = None,
+    ):
+        if matmul_precision not in (None, "highest", "high", "medium"):
+            from litlab.errors import ConfigError
+
+            raise ConfigError(
+                f"matmul_precision must be highest, high or medium, got {matmul_precision!r}"
+            )
+        self.channels_last = channels_last
+        self.compile = compile
+        self.matmul_precision = matmul_precision
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.matmul_precision:
+            torch.set_float32_matmul_precision(self.matmul_precision)
+        if self.channels_last:
+            pl_module.to(memory_format=torch.channels_last)
+            datamodule = trainer.datamodule
+            if datamodule is not None and hasattr(datamodule, "memory_format"):
+                datamodule.memory_format = torch.channels_last
+        if self.compile:
+            for name, child in pl_module.named_children():
+                if not isinstance(child, Metric) and any(True for _ in child.parameters()):
+                    child.compile()
+                    log.info("compiled %s in place", name)

@@ -1,0 +1,192 @@
+"""FID feature extractors that work offline: a frozen litlab classifier, or InceptionV3.
+
+FID numbers are only comparable under the same extractor, so every extractor has a tag
+(``inception``, ``domain-<hash of its weights>``) that goes into the logged metric name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from litlab.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def weights_hash(module: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:8]
+
+
+class ClassifierFeatures(nn.Module):
+    """A frozen classifier net as a feature extractor: the input of its last Linear layer.
+
+    Takes images in [0, 1] and normalizes them the way the classifier was trained.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        mean: Sequence[float],
+        std: Sequence[float],
+        image_shape: Sequence[int],
+    ):
+        super().__init__()
+        heads = [m for m in net.modules() if isinstance(m, nn.Linear)]
+        if not heads:
+            raise ConfigError("the FID extractor net has no Linear layer to take features from")
+        self.net = net.eval().requires_grad_(False)
+        self.num_features = heads[-1].in_features
+        self.image_shape = tuple(image_shape)
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+        self._captured: Tensor | None = None
+        heads[-1].register_forward_hook(self._capture)
+        self.tag = f"domain-{weights_hash(net)}"
+
+    def _capture(self, module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+        self._captured = inputs[0]
+
+    def train(self, mode: bool = True) -> ClassifierFeatures:
+        return super().train(False)  # frozen: BN keeps its running statistics
+
+    @torch.no_grad()
+    def features_and_logits(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        logits = self.net((images.float() - self.mean) / self.std)
+        return self._captured.flatten(1).float(), logits.float()
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.features_and_logits(images)[0]
+
+
+def class_entropy(logits: Tensor) -> float:
+    """Entropy (nats) of the histogram of predicted classes: low when the generator mode-collapses."""
+    counts = torch.bincount(logits.argmax(dim=1), minlength=logits.shape[1]).float()
+    p = counts / counts.sum()
+    return float(-(p[p > 0] * p[p > 0].log()).sum())
+
+
+def classifier_from_checkpoint(path: str | Path) -> ClassifierFeatures:
+    """A litlab classifier checkpoint (e.g. from experiment=fashion_cnn) as an FID extractor."""
+    import hydra
+
+    from litlab.checkpoint import load_checkpoint, stored_config
+
+    checkpoint = load_checkpoint(path)
+    config = stored_config(checkpoint, path)
+    if config.model.get("_target_") != "litlab.models.ImageClassifier":
+        raise CheckpointError(
+            f"{path} is a {config.model.get('_target_')} checkpoint; the FID extractor must be an "
+            "image classifier checkpoint (e.g. from python train.py experiment=fashion_cnn)"
+        )
+    net = hydra.utils.instantiate(config.model.net)
+    prefix = "net."
+    net.load_state_dict(
+        {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    )
+    return ClassifierFeatures(net, config.data.mean, config.data.std, config.data.image_shape)
+
+
+def _data_hash(images: Tensor, labels: Tensor) -> str:
+    digest = hashlib.sha256(images.contiguous().numpy().tobytes())
+    digest.update(labels.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def domain_classifier(
+    images: Tensor,
+    labels: Tensor,
+    mean: Sequence[float],
+    std: Sequence[float],
+    cache_dir: str | Path,
+    width: int = 32,
+    seed: int = 0,
+) -> ClassifierFeatures:
+    """Train (once, cached by a hash of the data) a small CNN on real images as FID extractor."""
+    from litlab.nets import SmallCNN
+
+    num_classes = int(labels.max()) + 1
+    image_shape = tuple(images.shape[1:])
+    path = Path(cache_dir) / f"fid-classifier-{_data_hash(images, labels)}-w{width}.pt"
+    net = SmallCNN(image_shape[0], num_classes, width=width)
+    if path.is_file():
+        net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        log.info("FID extractor: cached domain classifier %s", path)
+        return ClassifierFeatures(net, mean, std, image_shape)
+    log.info(
+        "FID extractor: no classifier configured, training a small one on the %d real training "
+        "images (cached in %s)",
+        len(images),
+        path,
+    )
+    generator = torch.Generator().manual_seed(seed)
+    m = torch.tensor(mean).view(1, -1, 1, 1)
+    s = torch.tensor(std).view(1, -1, 1, 1)
+    optimizer = torch.optim.Adam(net.parameters(), lr=2e-3)
+    epochs = min(30, max(2, math.ceil(20_000 / len(images))))
+    net.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(images), generator=generator)
+        for start in range(0, len(images), 256):
+            idx = order[start : start + 256]
+            x = (images[idx].float() / 255 - m) / s
+            loss = F.cross_entropy(net(x), labels[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(net.state_dict(), tmp)
+    tmp.replace(path)
+    return ClassifierFeatures(net, mean, std, image_shape)
+
+
+class InceptionFeatures(nn.Module):
+    """torch-fidelity's InceptionV3 (the standard FID network): 2048-d pool features of [0, 1] images."""
+
+    num_features = 2048
+    tag = "inception"
+
+    def __init__(self, weights_path: str | None = None):
+        super().__init__()
+        try:
+            from torchmetrics.image.fid import NoTrainInceptionV3
+        except ImportError as e:  # torchmetrics imports torch-fidelity lazily
+            raise ConfigError(
+                "FID with InceptionV3 needs torch-fidelity: pip install torch-fidelity"
+            ) from e
+        if weights_path is not None and not Path(weights_path).is_file():
+            raise ConfigError(
+                f"InceptionV3 weights {weights_path} not found; set callbacks.fid.inception_weights"
+            )
+        try:
+            self.inception = NoTrainInceptionV3(
+                name="inception-v3-compat",
+                features_list=["2048"],
+                feature_extractor_weights_path=weights_path,
+            )
+        except ModuleNotFoundError as e:
+            raise ConfigError(
+                "FID with InceptionV3 needs torch-fidelity: pip install torch-fidelity"
+            ) from e
+        except Exception as e:  # the download of the weights failed
+            raise ConfigError(
+                f"could not load InceptionV3 weights ({e}); download weights-inception-2015-12-05-6726825d.pth "
+                "and set callbacks.fid.inception_weights=<path>, or use callbacks.fid.extractor=auto"
+            ) from e
+
+    def forward(self, images: Tensor) -> Tensor:
+        if images.shape[1] == 1:
+            images = images.expand(-1, 3, -1, -1)
+        return self.inception((images.clamp(0, 1) * 255).to(torch.uint8)).float()

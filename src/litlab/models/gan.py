@@ -1,0 +1,223 @@
+"""Adversarial training of a generator against a discriminator, with Lightning manual optimization."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.swa_utils import AveragedModel
+
+from litlab.errors import ConfigError
+
+Loss = Literal["bce", "wgan_gp", "hinge"]
+
+
+def d_loss_fn(loss: Loss, real: Tensor, fake: Tensor) -> Tensor:
+    """Discriminator loss from its logits on real and on generated images."""
+    if loss == "bce":
+        return F.softplus(-real).mean() + F.softplus(fake).mean()
+    if loss == "hinge":
+        return F.relu(1.0 - real).mean() + F.relu(1.0 + fake).mean()
+    return fake.mean() - real.mean()  # wgan_gp: the critic's Wasserstein estimate, negated
+
+
+def g_loss_fn(loss: Loss, fake: Tensor) -> Tensor:
+    """Generator loss from the discriminator's logits on generated images."""
+    if loss == "bce":
+        return F.softplus(-fake).mean()  # non-saturating: -log D(G(z))
+    return -fake.mean()
+
+
+def gradient_penalty(discriminator: nn.Module, real: Tensor, fake: Tensor) -> Tensor:
+    """WGAN-GP penalty (Gulrajani et al. 2017), in float32 even under autocast.
+
+    Under 16-bit autocast the inner gradient can overflow and it is not covered by the
+    loss scaler, so both the interpolation and its gradient are computed in float32.
+    """
+    with torch.autocast(device_type=real.device.type, enabled=False):
+        alpha = torch.rand(real.shape[0], 1, 1, 1, device=real.device)
+        mixed = (alpha * real.float() + (1 - alpha) * fake.float()).requires_grad_(True)
+        (grad,) = torch.autograd.grad(discriminator(mixed).float().sum(), mixed, create_graph=True)
+        return ((grad.flatten(1).norm(2, dim=1) - 1.0) ** 2).mean()
+
+
+def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tensor], None]:
+    """EMA update for AveragedModel whose decay ramps up as min(decay, (1 + n) / (10 + n)).
+
+    Early averages are then not dominated by the random initial weights (a fixed 0.999 would
+    need thousands of steps to forget them). Runs on the device: no host sync per step.
+    """
+
+    @torch.no_grad()
+    def update(ema: list[Tensor], current: list[Tensor], n_averaged: Tensor) -> None:
+        if not ema[0].is_floating_point():  # BN's num_batches_tracked: just follow the model
+            for e, c in zip(ema, current, strict=True):
+                e.copy_(c)
+            return
+        d = torch.clamp((1.0 + n_averaged) / (10.0 + n_averaged), max=decay).to(ema[0].dtype)
+        torch._foreach_mul_(ema, d)
+        torch._foreach_add_(ema, torch._foreach_mul(current, 1.0 - d))
+
+    return update
+
+
+class GAN(L.LightningModule):
+    """Generator G, discriminator D, and an EMA copy of G used for samples and FID.
+
+    Step accounting: every training batch is one D step; G steps once every ``n_critic``
+    batches. Lightning's ``global_step`` counts both optimizers' steps, so ``trainer.max_steps``
+    is (1 + 1/n_critic) x batches; ``max_g_steps`` budgets generator iterations instead, and
+    ``g/step`` is logged as the generator-iteration x-axis.
+    """
+
+    def __init__(
+        self,
+        generator: nn.Module,
+        discriminator: nn.Module,
+        g_optimizer: Callable[..., Optimizer],
+        d_optimizer: Callable[..., Optimizer],
+        data_mean: Sequence[float],
+        data_std: Sequence[float],
+        loss: Loss = "bce",
+        n_critic: int = 1,
+        gp_weight: float = 10.0,
+        ema_decay: float | None = 0.999,
+        max_g_steps: int | None = None,
+        gradient_clip_val: float | None = None,
+        num_fixed_noise: int = 64,
+        noise_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if loss not in ("bce", "wgan_gp", "hinge"):
+            raise ConfigError(f"loss must be bce, wgan_gp or hinge, got {loss!r}")
+        if n_critic < 1:
+            raise ConfigError(f"n_critic must be at least 1, got {n_critic}")
+        if ema_decay is not None and not 0.0 < ema_decay < 1.0:
+            raise ConfigError(f"ema_decay must lie in (0, 1) or be null, got {ema_decay}")
+        if loss == "wgan_gp" and any(
+            isinstance(m, nn.BatchNorm2d) for m in discriminator.modules()
+        ):
+            raise ConfigError(
+                "the wgan_gp penalty treats samples independently, which batch norm in the "
+                "discriminator breaks: set model.discriminator.norm=layer (or use model=dcgan_wgangp)"
+            )
+        self.automatic_optimization = False
+        self.generator = generator
+        self.discriminator = discriminator
+        self.generator_ema = None
+        if ema_decay is not None:
+            self.generator_ema = AveragedModel(
+                generator, multi_avg_fn=ema_with_warmup(ema_decay), use_buffers=True
+            ).requires_grad_(False)
+        self.g_optimizer_factory, self.d_optimizer_factory = g_optimizer, d_optimizer
+        self.loss, self.n_critic, self.gp_weight = loss, n_critic, gp_weight
+        self.max_g_steps, self.gradient_clip_val = max_g_steps, gradient_clip_val
+        self.latent_dim = generator.latent_dim
+        # Normalized data -> [-1, 1] (the generator's Tanh range): x * scale + shift.
+        mean = torch.tensor(data_mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(data_std, dtype=torch.float32).view(1, -1, 1, 1)
+        self.register_buffer("to_tanh_scale", 2 * std, persistent=False)
+        self.register_buffer("to_tanh_shift", 2 * mean - 1, persistent=False)
+        # Fixed noise lives in the state dict: grids of one run, and of runs with the same
+        # noise_seed, show the same latent points.
+        noise = torch.randn(
+            num_fixed_noise, self.latent_dim, generator=torch.Generator().manual_seed(noise_seed)
+        )
+        self.register_buffer("fixed_noise", noise)
+        self.g_steps = 0
+        self.d_steps = 0
+
+    # -- sampling ---------------------------------------------------------------------------
+    @contextmanager
+    def _eval_mode(self, net: nn.Module) -> Iterator[nn.Module]:
+        was_training = net.training
+        net.eval()
+        try:
+            yield net
+        finally:
+            net.train(was_training)
+
+    @torch.no_grad()
+    def sample(self, noise: Tensor, ema: bool = True) -> Tensor:
+        """Images in [0, 1] from the EMA generator (or the raw one) in eval mode."""
+        net = self.generator_ema if ema and self.generator_ema is not None else self.generator
+        with self._eval_mode(net):
+            return (net(noise.to(self.device)).float() + 1) / 2
+
+    def random_noise(self, n: int) -> Tensor:
+        return torch.randn(n, self.latent_dim, device=self.device)
+
+    # -- training ---------------------------------------------------------------------------
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
+        g_opt, d_opt = self.optimizers()
+        n = real.shape[0]
+
+        with self.toggled_optimizer(d_opt):
+            fake = self.generator(self.random_noise(n)).detach()
+            real_logits, fake_logits = self.discriminator(real), self.discriminator(fake)
+            d_loss = d_loss_fn(self.loss, real_logits, fake_logits)
+            logs = {"d/loss": d_loss, "d/real": real_logits.mean(), "d/fake": fake_logits.mean()}
+            if self.loss == "wgan_gp":
+                penalty = gradient_penalty(self.discriminator, real, fake)
+                d_loss = d_loss + self.gp_weight * penalty
+                logs["d/gp"] = penalty
+            d_opt.zero_grad(set_to_none=True)
+            self.manual_backward(d_loss)
+            d_opt.step()
+        self.d_steps += 1
+
+        if self.d_steps % self.n_critic == 0:
+            with self.toggled_optimizer(g_opt):
+                g_loss = g_loss_fn(
+                    self.loss, self.discriminator(self.generator(self.random_noise(n)))
+                )
+                g_opt.zero_grad(set_to_none=True)
+                self.manual_backward(g_loss)
+                g_opt.step()
+            self.g_steps += 1
+            logs["g/loss"] = g_loss
+            if self.generator_ema is not None:
+                self.generator_ema.update_parameters(self.generator)
+            if self.max_g_steps is not None and self.g_steps >= self.max_g_steps:
+                self.trainer.should_stop = True
+        logs["g/step"] = float(self.g_steps)
+        self.log_dict(logs, on_step=True, on_epoch=False, prog_bar=False)
+        return {k: v for k, v in logs.items() if k in ("d/loss", "g/loss")}
+
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
+        # Called after the precision plugin has unscaled the gradients: the one place where
+        # clipping is valid under 16-bit mixed precision with manual optimization.
+        if self.gradient_clip_val:
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.gradient_clip_val, gradient_clip_algorithm="norm"
+            )
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """D's mean logit on held-out real images: drifting from d/real signals D memorizing."""
+        real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
+        self.log("val/d_real", self.discriminator(real).mean(), on_epoch=True, sync_dist=True)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
+        self.log("test/d_real", self.discriminator(real).mean(), on_epoch=True, sync_dist=True)
+
+    def configure_optimizers(self) -> list[Optimizer]:
+        return [
+            self.g_optimizer_factory(params=self.generator.parameters()),
+            self.d_optimizer_factory(params=self.discriminator.parameters()),
+        ]
+
+    # -- state that must survive a restart ---------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["gan"] = {"g_steps": self.g_steps, "d_steps": self.d_steps}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("gan", {})
+        self.g_steps, self.d_steps = int(state.get("g_steps", 0)), int(state.get("d_steps", 0))

@@ -1,0 +1,362 @@
+"""The GAN family: nets, losses, manual optimization, EMA, fixed noise, FID, guard, DDP."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import make_cfg, run_cli, summary_of
+from litlab.errors import ConfigError
+from litlab.evaluate import eval_task
+from litlab.models.gan import GAN, gradient_penalty
+from litlab.nets import Discriminator, Generator
+from litlab.train import train_task
+
+QUIET = ["extras.print_config=false", "callbacks.progress_bar=null", "logger=csv"]
+SMALL = [
+    "data=synthetic",
+    "data.image_shape=[1,16,16]",
+    "data.source.train_size=256",
+    "data.source.test_size=64",
+    "data.batch_size=32",
+    "model.generator.width=8",
+    "model.discriminator.width=8",
+    "callbacks.fid.num_samples=64",
+    "callbacks.fid.batch_size=64",
+]
+
+
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (3, 64, 64)])
+def test_dcgan_nets_follow_radford(shape):
+    g, d = Generator(shape, latent_dim=16, width=8), Discriminator(shape, width=8)
+    images = g(torch.randn(4, 16))
+    assert images.shape == (4, *shape) and images.min() >= -1 and images.max() <= 1
+    assert d(images).shape == (4,)
+    g_layers, d_layers = list(g.net), list(d.net)
+    assert isinstance(g_layers[-1], nn.Tanh) and not isinstance(g_layers[-2], nn.BatchNorm2d)
+    assert (
+        isinstance(d_layers[1], nn.LeakyReLU) and d_layers[1].negative_slope == 0.2
+    )  # no BN on D's input
+    assert all(isinstance(m, nn.ReLU) for m in g_layers if isinstance(m, nn.ReLU | nn.LeakyReLU))
+    convs = [
+        m
+        for m in list(g.modules()) + list(d.modules())
+        if isinstance(m, nn.Conv2d | nn.ConvTranspose2d)
+    ]
+    assert all(
+        abs(float(c.weight.detach().std()) - 0.02) < 0.01 for c in convs if c.weight.numel() > 500
+    )
+    assert not any(isinstance(m, nn.MaxPool2d | nn.AvgPool2d) for m in d.modules())
+
+
+def test_discriminator_norm_choices():
+    sn = Discriminator((3, 32, 32), width=8, norm="spectral")
+    assert all(
+        nn.utils.parametrize.is_parametrized(m) for m in sn.modules() if isinstance(m, nn.Conv2d)
+    )
+    assert not any(
+        isinstance(m, nn.BatchNorm2d) for m in Discriminator((1, 28, 28), 8, norm="layer").modules()
+    )
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: Generator((3, 30, 30)), "DCGAN builds square images"),
+        (lambda: Discriminator((3, 32, 16)), "DCGAN builds square images"),
+        (lambda: Generator((1, 28, 28), latent_dim=0), "latent_dim and width must be positive"),
+        (lambda: Discriminator((1, 28, 28), norm="group"), "norm must be batch"),
+    ],
+)
+def test_impossible_nets_are_config_errors(build, message):
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+def make_gan(**kwargs) -> GAN:
+    shape = (1, 16, 16)
+    defaults = dict(
+        generator=Generator(shape, latent_dim=8, width=8),
+        discriminator=Discriminator(shape, width=8),
+        g_optimizer=lambda params: torch.optim.Adam(params, 1e-3),
+        d_optimizer=lambda params: torch.optim.Adam(params, 1e-3),
+        data_mean=[0.5],
+        data_std=[0.5],
+    )
+    return GAN(**{**defaults, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n_critic=0), "n_critic must be at least 1"),
+        (dict(loss="lsgan"), "loss must be bce, wgan_gp or hinge"),
+        (dict(loss="wgan_gp"), "set model.discriminator.norm=layer"),
+        (dict(ema_decay=1.5), "ema_decay must lie in"),
+    ],
+)
+def test_bad_gan_settings(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        make_gan(**kwargs)
+
+
+def test_gradient_penalty_is_float32_under_autocast():
+    d = Discriminator((1, 16, 16), width=8, norm="layer")
+    real, fake = torch.randn(4, 1, 16, 16), torch.randn(4, 1, 16, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        penalty = gradient_penalty(d, real, fake)
+    assert penalty.dtype == torch.float32 and torch.isfinite(penalty) and penalty > 0
+    penalty.backward()
+    # The penalty reaches every weight (a bias shifts D's output, not its input gradient).
+    assert all(p.grad is not None for name, p in d.named_parameters() if name.endswith("weight"))
+
+
+def test_fixed_noise_depends_only_on_the_noise_seed():
+    torch.manual_seed(1)
+    a = make_gan(noise_seed=7)
+    torch.manual_seed(2)
+    b = make_gan(noise_seed=7)
+    assert torch.equal(a.fixed_noise, b.fixed_noise)
+    assert not torch.equal(a.fixed_noise, make_gan(noise_seed=8).fixed_noise)
+    assert "fixed_noise" in a.state_dict()
+
+
+def test_ema_follows_the_generator_with_warmup():
+    gan = make_gan(ema_decay=0.999)
+    ema = gan.generator_ema
+    ema.update_parameters(gan.generator)  # first update copies
+    with torch.no_grad():
+        for p in gan.generator.parameters():
+            p.add_(1.0)
+    before = [p.clone() for p in ema.module.parameters()]
+    ema.update_parameters(gan.generator)  # n_averaged = 1: decay (1+1)/(10+1)
+    for b, e, g in zip(before, ema.module.parameters(), gan.generator.parameters(), strict=True):
+        assert torch.allclose(e, b + (1 - 2 / 11) * (g - b), atol=1e-6)
+    # BN running statistics are averaged like the weights.
+    bn_g = next(m for m in gan.generator.modules() if isinstance(m, nn.BatchNorm2d))
+    bn_e = next(m for m in ema.module.modules() if isinstance(m, nn.BatchNorm2d))
+    bn_g.running_mean.fill_(1.0)
+    before_mean = bn_e.running_mean.clone()
+    ema.update_parameters(gan.generator)  # n_averaged = 2: decay (1+2)/(10+2)
+    assert torch.allclose(bn_e.running_mean, before_mean + (1 - 3 / 12) * (1.0 - before_mean))
+
+
+@pytest.mark.parametrize("model", ["dcgan", "dcgan_wgangp", "dcgan_hinge"])
+def test_every_loss_trains_on_synthetic_data(tmp_path, model):
+    cfg = make_cfg(tmp_path, [f"model={model}", *SMALL, "trainer.max_epochs=1", *QUIET])
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed"
+    metrics = summary["metrics"]
+    n_critic = 5 if model == "dcgan_wgangp" else 1
+    assert metrics["g/step"] == len(range(0, 230 // 32)) // n_critic
+    for name in ("d/loss", "val/fid", "val/fid_g", "val/fid_floor", "test/fid"):
+        assert name in metrics, name
+    assert any(k.startswith("val/fid_domain-") for k in metrics)
+    assert summary["objective"]["metric"] == "val/fid" and summary["objective"]["mode"] == "min"
+    samples = Path(cfg.paths.output_dir) / "samples"
+    assert (samples / "final.png").is_file() and (samples / "test.png").is_file()
+
+
+def test_max_g_steps_budgets_generator_iterations(tmp_path):
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "model=dcgan",
+            *SMALL,
+            "model.max_g_steps=3",
+            "trainer.max_epochs=5",
+            "test=false",
+            *QUIET,
+        ],
+    )
+    train_task(cfg)
+    assert summary_of(cfg)["metrics"]["g/step"] == 3
+
+
+def test_resume_continues_fixed_noise_and_counters(tmp_path):
+    first = make_cfg(
+        tmp_path / "a", ["model=dcgan", *SMALL, "trainer.max_epochs=1", "test=false", *QUIET]
+    )
+    train_task(first)
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)
+    second = make_cfg(
+        tmp_path / "b",
+        [
+            "model=dcgan",
+            *SMALL,
+            "trainer.max_epochs=2",
+            f"ckpt_path={last}",
+            "test=false",
+            "seed=999",
+            *QUIET,
+        ],
+    )
+    train_task(second)
+    resumed = torch.load(
+        Path(second.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True
+    )
+    assert resumed["gan"]["g_steps"] == 2 * saved["gan"]["g_steps"] > 0
+    # seed=999 would draw other noise; the checkpoint's fixed noise wins.
+    assert torch.equal(resumed["state_dict"]["fixed_noise"], saved["state_dict"]["fixed_noise"])
+
+
+def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
+    clf = make_cfg(
+        tmp_path / "clf",
+        [
+            "data=synthetic",
+            "data.image_shape=[1,16,16]",
+            "data.source.train_size=256",
+            "data.batch_size=32",
+            "trainer.max_epochs=1",
+            "test=false",
+            *QUIET,
+        ],
+    )
+    train_task(clf)
+    extractor = summary_of(clf)["best_checkpoint"]
+    cfg = make_cfg(
+        tmp_path / "gan",
+        [
+            "model=dcgan",
+            *SMALL,
+            f"callbacks.fid.extractor={extractor}",
+            "trainer.max_epochs=1",
+            *QUIET,
+        ],
+    )
+    train_task(cfg)
+    metrics = summary_of(cfg)["metrics"]
+    (tag,) = [k for k in metrics if k.startswith("val/fid_domain-")]
+    assert metrics[tag] == metrics["val/fid"]
+    assert (
+        metrics["val/fid_floor"] < metrics["val/fid"]
+    )  # real vs real beats an untrained generator
+    # The extractor stays out of the GAN's checkpoint.
+    ckpt = torch.load(summary_of(cfg)["best_checkpoint"], weights_only=True)
+    assert not any("inception" in k or "extractor" in k for k in ckpt["state_dict"])
+    # eval.py recomputes FID with the same extractor and writes a grid and N images.
+    eval_cfg = make_cfg(
+        tmp_path / "eval",
+        [
+            f"ckpt_path={summary_of(cfg)['best_checkpoint']}",
+            "generate=10",
+            "extras.print_config=false",
+        ],
+        config_name="eval",
+    )
+    eval_task(eval_cfg)
+    evaluated = summary_of(eval_cfg)
+    assert tag.replace("val/", "test/") in evaluated["metrics"]
+    out = Path(eval_cfg.paths.output_dir)
+    assert (out / "samples" / "test.png").is_file() and len(
+        list((out / "generated").glob("*.png"))
+    ) == 10
+
+
+def test_fid_extractor_of_the_wrong_kind(tmp_path, capsys):
+    gan = make_cfg(
+        tmp_path / "g", ["model=dcgan", *SMALL, "trainer.max_epochs=1", "test=false", *QUIET]
+    )
+    train_task(gan)
+    cfg = make_cfg(
+        tmp_path / "x",
+        [
+            "model=dcgan",
+            *SMALL,
+            f"callbacks.fid.extractor={summary_of(gan)['last_checkpoint']}",
+            "trainer.max_epochs=1",
+            *QUIET,
+        ],
+    )
+    with pytest.raises(SystemExit):
+        train_task(cfg)
+    assert "the FID extractor must be an image classifier checkpoint" in capsys.readouterr().err
+    missing = make_cfg(
+        tmp_path / "m", ["model=dcgan", *SMALL, "callbacks.fid.extractor=/no/such.ckpt", *QUIET]
+    )
+    with pytest.raises(SystemExit):
+        train_task(missing)
+    assert "neither auto, inception nor an existing checkpoint" in capsys.readouterr().err
+
+
+def test_divergence_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "model=dcgan",
+            *SMALL,
+            "trainer.max_epochs=3",
+            "callbacks.divergence_guard.check_every_n_steps=1",
+            "+callbacks.nan._target_=helpers.InjectNaN",
+            "+callbacks.nan.at_batch=9",
+            "+callbacks.nan.module=generator",
+            *QUIET,
+        ],
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        train_task(cfg)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "training diverged: d/loss, g/loss became NaN or infinite" in err
+        and "last good checkpoint" in err
+    )
+    summary = summary_of(cfg)
+    assert summary["status"] == "failed"
+    last = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert all(
+        torch.isfinite(v).all() for v in last["state_dict"].values() if v.is_floating_point()
+    )
+    assert last["gan"]["g_steps"] == 7  # written at the end of epoch 1, before the fault
+
+
+def test_bf16_mixed_on_cpu(tmp_path):
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "model=dcgan_wgangp",
+            *SMALL,
+            "trainer.max_epochs=1",
+            "trainer.precision=bf16-mixed",
+            *QUIET,
+        ],
+    )
+    train_task(cfg)
+    assert summary_of(cfg)["status"] == "completed"
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
+    result = run_cli(
+        "model=dcgan",
+        *SMALL,
+        "data.source.train_size=512",
+        "trainer.max_epochs=1",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        f"paths.log_dir={tmp_path}",
+        "+callbacks.dump._target_=helpers.DumpWeights",
+        f"+callbacks.dump.folder={tmp_path / 'weights'}",
+        *QUIET,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = (
+        torch.load(tmp_path / "weights" / f"rank{r}.pt", weights_only=True) for r in (0, 1)
+    )
+    assert rank0.keys() == rank1.keys() and any(k.startswith("generator.") for k in rank0)
+    assert any(k.startswith("discriminator.") for k in rank0)
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+    summaries = list(tmp_path.rglob("summary.json"))
+    assert len(summaries) == 1  # one run folder for both ranks
+    assert (
+        json.loads(summaries[0].read_text())["metrics"]["g/step"] == 7
+    )  # 460 images / 2 ranks / 32

@@ -19,7 +19,10 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from litlab.distributed import rank0_dir
 from litlab.errors import ConfigError, LitlabError
+
+OmegaConf.register_new_resolver("rank0_dir", rank0_dir, replace=True)
 
 
 def config_dir() -> str:
@@ -182,6 +185,25 @@ def check_hardware(trainer: DictConfig) -> None:
     if on_cpu and precision in ("16-mixed", "16", "16-true"):
         raise ConfigError(
             f"trainer.precision={precision} needs a GPU; on CPU use trainer.precision=bf16-mixed or 32-true"
+        )
+    strategy = trainer.get("strategy", "auto")
+    name = strategy if isinstance(strategy, str) else str(strategy.get("_target_", ""))
+    if on_cpu and "fsdp" in name.lower():
+        raise ConfigError("FSDP shards models across CUDA GPUs; on CPU use trainer.strategy=ddp")
+    if on_cpu and precision == "bf16-true" and "ddp" in name:
+        raise ConfigError(
+            "bf16-true with DDP on CPU is not supported by gloo; use trainer.precision=bf16-mixed"
+        )
+    if (isinstance(devices, int) and (devices == 0 or devices < -1)) or int(
+        trainer.get("num_nodes", 1)
+    ) < 1:
+        raise ConfigError(
+            f"trainer.devices must be a positive count, -1 (all) or auto and trainer.num_nodes at "
+            f"least 1, got devices={devices}, num_nodes={trainer.get('num_nodes')}"
+        )
+    if cuda and not on_cpu and precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
+        raise ConfigError(
+            f"this GPU has no bfloat16 support; use trainer.precision=16-mixed instead of {precision}"
         )
     if isinstance(devices, int) and not on_cpu and cuda and devices > cuda:
         raise ConfigError(

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.config import build, check_all, check_hardware, config_dir
-from litlab.distributed import strategy_for
+from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list, print_config_tree
 
@@ -45,22 +45,28 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     model.save_hyperparameters(hparams)
     callbacks = build_list(cfg.get("callbacks"), "callbacks")
     loggers = build_list(cfg.get("logger"), "logger")
-    strategy = strategy_for(model, cfg.trainer.strategy, cfg.trainer.devices, cfg.trainer.num_nodes)
+    layout = torchrun_layout(cfg.trainer.devices, cfg.trainer.num_nodes)
+    devices, num_nodes = (
+        layout.get("devices", cfg.trainer.devices),
+        layout.get("num_nodes", cfg.trainer.num_nodes),
+    )
+    strategy = strategy_for(model, cfg.trainer.strategy, devices, num_nodes)
     trainer: L.Trainer = build(
-        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy
+        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy, **layout
     )
 
     try:
-        if cfg.get("train"):
-            with run.phase("fit"):
-                trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
-            run.record_metrics(trainer.callback_metrics)
-            record_checkpoints(trainer, run)
-        if cfg.get("test"):
-            best = run.summary.get("best_checkpoint")
-            with run.phase("test"):
-                trainer.test(model, datamodule=datamodule, ckpt_path=best, weights_only=True)
-            run.record_metrics(trainer.callback_metrics)
+        with ranks_run_this_job(cfg, trainer):
+            if cfg.get("train"):
+                with run.phase("fit"):
+                    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+                run.record_metrics(trainer.callback_metrics)
+                record_checkpoints(trainer, run)
+            if cfg.get("test"):
+                best = run.summary.get("best_checkpoint")
+                with run.phase("test"):
+                    trainer.test(model, datamodule=datamodule, ckpt_path=best, weights_only=True)
+                run.record_metrics(trainer.callback_metrics)
     finally:
         finish_loggers(trainer.loggers)
     return run.summary["metrics"]

@@ -1,12 +1,26 @@
-"""What Lightning lacks for GANs (and Hydra) under DDP: the strategy a model family needs."""
+"""What Lightning lacks for GANs and Hydra under DDP: the strategy a GAN needs, multirun x DDP,
+one run folder per job under torchrun."""
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from litlab.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def _many_processes(devices: Any, num_nodes: int) -> bool:
@@ -28,11 +42,12 @@ def strategy_for(model: L.LightningModule, strategy: Any, devices: Any, num_node
     one DDP wrapper (checkpoint keys unchanged); wrapping G and D separately would need a
     custom strategy for the same effect. Lightning's FSDP does not support manual optimization.
     """
-    if model.automatic_optimization or not isinstance(strategy, str):
+    name = strategy if isinstance(strategy, str) else str(strategy.get("_target_", ""))
+    if model.automatic_optimization:
         return strategy
-    if strategy.startswith("fsdp"):
+    if "fsdp" in name.lower():
         raise ConfigError(
-            f"trainer.strategy={strategy} does not support GANs (Lightning's FSDP has no manual "
+            f"trainer.strategy={name} does not support GANs (Lightning's FSDP has no manual "
             "optimization); use trainer.strategy=ddp"
         )
     if strategy == "ddp" or (strategy == "auto" and _many_processes(devices, num_nodes)):
@@ -40,3 +55,100 @@ def strategy_for(model: L.LightningModule, strategy: Any, devices: Any, num_node
     if strategy == "ddp_spawn":
         return "ddp_spawn_find_unused_parameters_true"
     return strategy
+
+
+_LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@contextmanager
+def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
+    """Make Lightning's DDP launcher start ranks 1..N-1 on exactly this Hydra job, then clean up.
+
+    Lightning starts the other ranks by re-running ``sys.argv`` plus ``hydra.run.dir=<run dir>``.
+    Under a multirun (``-m``) that would start a whole new sweep in every child, in the wrong
+    folder. While this job runs, ``sys.argv`` names the job's own saved config and the run dir
+    is the job's folder, so every child runs this job's config in this job's folder. Afterwards
+    the process group, launcher environment and children are cleaned up so that the next job
+    of a sweep starts fresh (its own port, no orphans).
+    """
+    if not HydraConfig.initialized():
+        yield
+        return
+    folder = Path(cfg.paths.output_dir)
+    saved = folder / ".hydra" / "config.yaml"
+    if not saved.is_file():  # hydra.output_subdir=null: save the job's config ourselves
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, saved)
+    hydra_cfg = HydraConfig.get()
+    argv, run_dir = sys.argv[:], hydra_cfg.run.dir
+    env = {k: os.environ.get(k) for k in _LAUNCH_ENV}
+    sys.argv = [argv[0], f"--config-path={saved.parent}", "--config-name=config"]
+    with read_write(hydra_cfg):
+        hydra_cfg.run.dir = str(folder)
+    try:
+        yield
+    finally:
+        sys.argv = argv
+        with read_write(hydra_cfg):
+            hydra_cfg.run.dir = run_dir
+        launcher = getattr(trainer.strategy, "launcher", None)
+        for proc in getattr(launcher, "procs", []):  # children of the subprocess-script launcher
+            if not isinstance(proc, subprocess.Popen):
+                continue
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def rank0_dir(path: str) -> str:
+    """Hydra resolver for run folders: ``path`` on rank 0, a scratch folder on other ranks.
+
+    Under torchrun or srun every rank composes its own config, and ``${now:...}`` differs by
+    microseconds between them; only rank 0 writes run files (checkpoint folders are broadcast
+    from rank 0 by Lightning), so the other ranks' Hydra files go to a temporary folder and
+    each run leaves exactly one folder.
+    """
+    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+    if rank == "0":
+        return path
+    return str(Path(tempfile.gettempdir()) / "litlab-ranks" / f"{Path(path).name}-rank{rank}")
+
+
+def torchrun_layout(devices: Any, num_nodes: int) -> dict[str, int]:
+    """Under torchrun, the devices and nodes that torchrun laid out (Lightning needs them equal)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or "LOCAL_WORLD_SIZE" not in os.environ:
+        return {}
+    local, world = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["WORLD_SIZE"])
+    layout = {"devices": local, "num_nodes": max(1, world // local)}
+    if (devices, num_nodes) != (layout["devices"], layout["num_nodes"]):
+        log.info(
+            "torchrun started %d process(es) per node on %d node(s): using trainer.devices=%d "
+            "trainer.num_nodes=%d",
+            local,
+            layout["num_nodes"],
+            local,
+            layout["num_nodes"],
+        )
+    return layout
+
+
+def fsdp_strategy(wrap: Sequence[str] = (), state_dict_type: str = "full", **kwargs: Any) -> Any:
+    """Lightning's FSDPStrategy with auto-wrapping at the named block classes (e.g. BasicBlock).
+
+    ``state_dict_type``: "full" writes one consolidated checkpoint file from rank 0; "sharded"
+    writes a folder with one shard per rank (faster, consolidate with Lightning's
+    ``python -m lightning.pytorch.utilities.consolidate_checkpoint <folder>``).
+    """
+    import hydra
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    classes = {hydra.utils.get_class(name) for name in wrap}
+    return FSDPStrategy(auto_wrap_policy=classes or None, state_dict_type=state_dict_type, **kwargs)

@@ -1,0 +1,245 @@
+"""Scale-out: strategy choice, validation, and real multi-process runs on CPU (gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import REPO, make_cfg, run_cli
+from litlab.config import check_hardware
+from litlab.distributed import rank0_dir, strategy_for
+from litlab.errors import ConfigError
+from litlab.evaluate import eval_task
+from litlab.models import GAN, ImageClassifier
+from wandb_records import offline_run
+
+QUIET = ["extras.print_config=false", "callbacks.progress_bar=null"]
+SYNTH = [
+    "data=synthetic",
+    "data.image_shape=[1,16,16]",
+    "data.source.train_size=512",
+    "data.source.test_size=256",
+    "data.batch_size=32",
+    "model.net.width=8",
+]
+
+
+def test_gans_get_a_ddp_that_finds_unused_parameters():
+    gan, clf = GAN.__new__(GAN), ImageClassifier.__new__(ImageClassifier)
+    gan._automatic_optimization, clf._automatic_optimization = False, True
+    assert strategy_for(gan, "ddp", 2, 1) == "ddp_find_unused_parameters_true"
+    assert strategy_for(gan, "auto", 4, 1) == "ddp_find_unused_parameters_true"
+    assert strategy_for(gan, "auto", 1, 2) == "ddp_find_unused_parameters_true"
+    assert strategy_for(gan, "auto", 1, 1) == "auto"
+    assert strategy_for(gan, "ddp_spawn", 2, 1) == "ddp_spawn_find_unused_parameters_true"
+    assert strategy_for(clf, "ddp", 2, 1) == "ddp"
+    with pytest.raises(ConfigError, match="does not support GANs"):
+        strategy_for(gan, "fsdp", 2, 1)
+    with pytest.raises(ConfigError, match="does not support GANs"):
+        strategy_for(gan, OmegaConf.create({"_target_": "litlab.distributed.fsdp_strategy"}), 2, 1)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer=fsdp", "trainer.accelerator=cpu"], "on CPU use trainer.strategy=ddp"),
+        (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "needs a GPU"),
+        (["trainer.devices=0"], "trainer.devices must be a positive count"),
+        (["trainer.num_nodes=0"], "trainer.num_nodes at least 1"),
+    ],
+)
+def test_impossible_trainer_combinations(tmp_path, overrides, message):
+    cfg = make_cfg(tmp_path, overrides)
+    if torch.cuda.is_available() and "fsdp" in overrides[0]:
+        pytest.skip("FSDP is valid here")
+    with pytest.raises(ConfigError, match=message):
+        check_hardware(cfg.trainer)
+
+
+def test_rank0_dir_gives_one_run_folder_under_external_launchers(monkeypatch):
+    for var in ("RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    assert rank0_dir("/out/run") == "/out/run"
+    monkeypatch.setenv("RANK", "0")
+    assert rank0_dir("/out/run") == "/out/run"
+    monkeypatch.setenv("RANK", "3")
+    assert not rank0_dir("/out/run").startswith("/out/") and rank0_dir("/out/run").endswith(
+        "run-rank3"
+    )
+
+
+def test_slurm_launcher_maps_devices_and_nodes(tmp_path):
+    cfg = make_cfg(
+        tmp_path,
+        ["hydra/launcher=slurm", "trainer=ddp", "trainer.devices=4", "trainer.num_nodes=2"],
+    )
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.tasks_per_node == 4 and launcher.nodes == 2 and launcher.gpus_per_node == 4
+
+
+def summaries(root: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(root.rglob("summary.json"))]
+
+
+def wandb_runs(root: Path) -> list[Path]:
+    return sorted(root.rglob("offline-run-*"))
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
+    result = run_cli(
+        *SYNTH,
+        *QUIET,
+        "logger=wandb",
+        "trainer.max_epochs=1",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        f"paths.log_dir={tmp_path / 'out'}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (summary,) = summaries(tmp_path / "out")
+    assert summary["status"] == "completed"
+    assert len(wandb_runs(tmp_path / "out")) == 1
+    # The DDP test accuracy (256 test images split over 2 ranks, synced by torchmetrics) equals
+    # the accuracy of the same checkpoint tested by one process.
+    cfg = make_cfg(
+        tmp_path / "eval",
+        [f"ckpt_path={summary['best_checkpoint']}", "extras.print_config=false"],
+        config_name="eval",
+    )
+    assert eval_task(cfg) == pytest.approx(summary["metrics"]["test/acc"], abs=1e-7)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_multirun_of_ddp_jobs(tmp_path, strategy):
+    result = run_cli(
+        "-m",
+        "model.optimizer.lr=1e-3,3e-3",
+        *SYNTH,
+        *QUIET,
+        "logger=wandb",
+        "trainer.max_epochs=1",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        f"trainer.strategy={strategy}",
+        f"paths.log_dir={tmp_path}",
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p.parent for p in tmp_path.rglob("summary.json"))
+    assert [p.name for p in jobs] == ["0", "1"]  # one sweep, two job folders, nothing else
+    assert len(list(tmp_path.rglob("multirun.yaml"))) == 1
+    lrs = []
+    for job in jobs:
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        (wandb_dir,) = wandb_runs(job)
+        record = offline_run(wandb_dir)
+        lrs.append(record["config"]["model"]["optimizer"]["lr"])
+        if strategy == "ddp":
+            assert (
+                job / "train_ddp_process_1.log"
+            ).is_file()  # rank 1 ran this job, in this folder
+    assert lrs == [1e-3, 3e-3]
+    ids = {offline_run(w)["id"] for w in wandb_runs(tmp_path)}
+    assert len(ids) == 2  # wandb.finish() between jobs
+    leftover = subprocess.run(
+        ["pgrep", "-f", str(tmp_path)], capture_output=True, text=True
+    ).stdout.split()
+    assert leftover == []  # no orphaned rank processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args: list[str], tmp_path: Path) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def run_args(tmp_path: Path) -> list[str]:
+    return [
+        str(REPO / "train.py"),
+        *SYNTH,
+        *QUIET,
+        "logger=wandb",
+        "trainer.max_epochs=1",
+        "trainer.accelerator=cpu",
+        "trainer.strategy=ddp",
+        f"paths.log_dir={tmp_path / 'out'}",
+        "+callbacks.dump._target_=helpers.DumpWeights",
+        f"+callbacks.dump.folder={tmp_path / 'weights'}",
+    ]
+
+
+def assert_one_run_identical_weights(tmp_path: Path, ranks: int) -> None:
+    (summary,) = summaries(tmp_path / "out")
+    assert summary["status"] == "completed"
+    assert len(wandb_runs(tmp_path / "out")) == 1
+    weights = [
+        torch.load(tmp_path / "weights" / f"rank{r}.pt", weights_only=True) for r in range(ranks)
+    ]
+    for other in weights[1:]:
+        for name, value in weights[0].items():
+            assert torch.equal(value, other[name]), name
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_torchrun_single_node(tmp_path):
+    proc = torchrun(["--standalone", "--nproc_per_node=2", *run_args(tmp_path)], tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert_one_run_identical_weights(tmp_path, 2)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_torchrun_two_nodes_on_loopback(tmp_path):
+    port = free_port()
+    nodes = [
+        torchrun(
+            [
+                "--nnodes=2",
+                f"--node_rank={rank}",
+                "--nproc_per_node=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                *run_args(tmp_path),
+            ],
+            tmp_path,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    for node, out in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, out[-3000:]
+    assert_one_run_identical_weights(tmp_path, 2)

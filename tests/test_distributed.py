@@ -141,7 +141,7 @@ def test_multirun_of_ddp_jobs(tmp_path, strategy):
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted(p.parent for p in tmp_path.rglob("summary.json"))
     assert [p.name for p in jobs] == ["0", "1"]  # one sweep, two job folders, nothing else
-    assert len(list(tmp_path.rglob("multirun.yaml"))) == 1
+    assert len(list(tmp_path.rglob("sweep_summary.json"))) == 1
     lrs = []
     for job in jobs:
         summary = json.loads((job / "summary.json").read_text())

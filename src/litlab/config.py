@@ -22,7 +22,26 @@ from omegaconf.errors import OmegaConfBaseException
 from litlab.distributed import rank0_dir
 from litlab.errors import ConfigError, LitlabError
 
+
+def sweep_group() -> str | None:
+    """W&B group of a sweep's jobs: "<task>-<sweep folder date>_<time>"; None outside a sweep."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    sweep = Path(HydraConfig.get().sweep.dir)
+    return f"{HydraConfig.get().job.name}-{sweep.parent.name}_{sweep.name}"
+
+
+def optuna_direction(mode: str) -> str:
+    """objective.mode (max/min) in the words Optuna uses (maximize/minimize)."""
+    return {"max": "maximize", "min": "minimize"}[mode]
+
+
 OmegaConf.register_new_resolver("rank0_dir", rank0_dir, replace=True)
+OmegaConf.register_new_resolver("sweep_group", sweep_group, replace=True)
+OmegaConf.register_new_resolver("optuna_direction", optuna_direction, replace=True)
 
 
 def config_dir() -> str:

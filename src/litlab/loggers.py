@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 import netrc
 import os
+from collections.abc import Sequence
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch.loggers import Logger, WandbLogger
 
 log = logging.getLogger(__name__)
@@ -43,11 +45,52 @@ def wandb_mode(requested: Mode) -> str:
     return "online" if mode == "auto" else mode
 
 
+def split_overrides(text: str) -> list[str]:
+    """Split Hydra's override_dirname ("a=1,b=[1,2]") at the commas outside brackets."""
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += (char in "[({") - (char in "])}")
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    return [item for item in [*items, current] if item]
+
+
+class FlatConfigWandbLogger(WandbLogger):
+    """Logs the config flat ("model.optimizer.lr"), so W&B's table and parallel-coordinates
+    views can use every key without editing."""
+
+    def log_hyperparams(self, params: dict[str, Any] | Any) -> None:
+        super().log_hyperparams(_flatten_dict(_convert_params(params), delimiter="."))
+
+
 def wandb_logger(
-    save_dir: str, project: str = "litlab", mode: Mode = "auto", **kwargs: Any
+    save_dir: str,
+    project: str = "litlab",
+    mode: Mode = "auto",
+    name: str | None = None,
+    group: str | None = None,
+    tags: Sequence[str] = (),
+    overrides: str = "",
+    **kwargs: Any,
 ) -> WandbLogger:
-    """A WandbLogger that writes its files under the run folder and never waits for a login."""
-    return WandbLogger(save_dir=save_dir, project=project, mode=wandb_mode(mode), **kwargs)
+    """A W&B logger that writes under the run folder and never waits for a login.
+
+    ``overrides`` (what this run changed, e.g. "model.optimizer.lr=0.001,seed=2") names the run
+    when ``name`` is not given and adds one tag per override, so sweep jobs are told apart.
+    """
+    changed = split_overrides(overrides)
+    return FlatConfigWandbLogger(
+        save_dir=save_dir,
+        project=project,
+        mode=wandb_mode(mode),
+        name=name or overrides or None,
+        group=group,
+        tags=[*tags, *(tag[:64] for tag in changed)],
+        **kwargs,
+    )
 
 
 def finish_loggers(loggers: list[Logger]) -> None:

@@ -110,10 +110,12 @@ class Run:
 
     On exit it writes summary.json (status, metrics, durations, versions, config digest) from
     global rank 0. A LitlabError becomes one line on stderr and exit status 2; any other
-    exception is a bug: the summary says failed and the traceback is kept.
+    exception is a bug: the summary says failed and the traceback is kept. With
+    ``keep_going`` (a job of a sweep) any failure is recorded, reported in one line and
+    swallowed, so that the sweep goes on; ``objective`` is then None.
     """
 
-    def __init__(self, cfg: DictConfig, task: str) -> None:
+    def __init__(self, cfg: DictConfig, task: str, keep_going: bool = False) -> None:
         self.dir = Path(cfg.paths.output_dir)
         self.summary: dict[str, Any] = {
             "task": task,
@@ -124,8 +126,8 @@ class Run:
             "durations_s": {},
         }
         self._cfg = cfg
+        self._keep_going = keep_going
         self._t0 = time.perf_counter()
-        self._phase_t0 = 0.0
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -148,10 +150,20 @@ class Run:
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if rank_zero_only.rank == 0:
             self._write()
+        if exc is not None and self._keep_going and not isinstance(exc, KeyboardInterrupt):
+            log.error("litlab: job failed (the sweep goes on): %s", self.summary["error"])
+            return True
         if isinstance(exc, LitlabError):
             print(f"litlab: error: {exc}", file=sys.stderr)
             sys.exit(2)
         return False
+
+    @property
+    def objective(self) -> float | None:
+        """The sweep objective; None unless the run completed with a value, which Optuna's
+        sweeper records as a failed trial (NaN would abort it) and the basic sweeper ignores."""
+        value = (self.summary.get("objective") or {}).get("value")
+        return float(value) if self.summary["status"] == "completed" and value is not None else None
 
     def _write(self) -> None:
         cfg = self._cfg

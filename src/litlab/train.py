@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from typing import Any
 
 import hydra
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.config import build, check_all, check_hardware, config_dir
 from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
+from litlab.errors import ConfigError, TrainingDiverged
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list, print_config_tree
 
@@ -84,26 +88,36 @@ def record_checkpoints(trainer: L.Trainer, run: Run) -> None:
         run.summary["best_score"] = float(checkpoint.best_model_score)
 
 
-def objective_value(cfg: DictConfig, run: Run) -> float | None:
-    """The number a sweeper optimizes: the best monitored score, else the final metric."""
+def objective_value(cfg: DictConfig, run: Run, required: bool) -> None:
+    """Record the number a sweeper optimizes: the best monitored score, else the final metric."""
     metric = cfg.objective.metric
-    if (
-        run.summary.get("best_score") is not None
-        and cfg.callbacks
-        and cfg.callbacks.get("model_checkpoint")
-    ):
-        value = run.summary["best_score"]
-    else:
+    value = run.summary.get("best_score")
+    if value is None or not cfg.get("callbacks") or not cfg.callbacks.get("model_checkpoint"):
         value = run.summary["metrics"].get(metric)
     run.summary["objective"] = {"metric": metric, "mode": cfg.objective.mode, "value": value}
-    return value
+    if value is not None and math.isnan(value):
+        raise TrainingDiverged(f"the objective {metric} is NaN: training diverged")
+    if value is None:
+        message = f"the objective {metric} was never logged; check objective.metric"
+        if required:
+            raise ConfigError(message)
+        log.warning(message)
+
+
+def in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def train_task(cfg: DictConfig) -> float | None:
-    """Everything `python train.py` does once Hydra has composed the config."""
-    with Run(cfg, "train") as run:
+    """Everything `python train.py` does once Hydra has composed the config.
+
+    Returns the objective for sweepers; in a sweep a failed job is recorded and returns None.
+    """
+    sweep = in_sweep()
+    with Run(cfg, "train", keep_going=sweep) as run:
         train(cfg, run)
-        return objective_value(cfg, run)
+        objective_value(cfg, run, required=sweep)
+    return run.objective
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")

@@ -1,0 +1,154 @@
+"""Sweeps: Optuna and grid multiruns that survive failures, resumable studies, W&B grouping."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from conftest import REPO, run_cli
+from wandb_records import offline_run
+
+QUIET = ["extras.print_config=false", "callbacks.progress_bar=null"]
+
+
+def sweep_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("sweep_summary.json"))
+
+
+def jobs(sweep: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
+
+
+@pytest.mark.slow
+def test_optuna_sweep_prints_the_best_and_the_report_reads_it(tmp_path):
+    """The issue's command, as written, then the offline report."""
+    result = run_cli(
+        "-m",
+        "hparams_search=cnn_optuna",
+        "hydra.sweeper.n_trials=4",
+        "data=digits",
+        "trainer.max_epochs=1",
+        "logger=csv",
+        *QUIET,
+        f"paths.log_dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep,) = sweep_dirs(tmp_path)
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert "model.optimizer.lr" in best["best_params"] and "Best parameters" in result.stdout
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert summary["completed"] == 4 and summary["best"]["objective"]["value"] == pytest.approx(
+        best["best_value"]
+    )
+    assert "best of 4 jobs" in result.stdout and str(sweep) in result.stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "litlab.report", str(sweep)], capture_output=True, text=True
+    )
+    assert report.returncode == 0, report.stderr
+    html = (sweep / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 2 and "http://" not in html
+
+
+@pytest.mark.slow
+def test_a_failing_job_is_recorded_and_the_study_goes_on_and_resumes(tmp_path):
+    space = 'hydra.sweeper.params={data.batch_size:"choice(32,5000)"}'  # 5000 > the training images
+    first = run_cli(
+        "-m",
+        "hparams_search=cnn_optuna",
+        "hydra.sweeper.n_trials=4",
+        space,
+        "trainer.max_epochs=1",
+        "logger=csv",
+        *QUIET,
+        f"paths.log_dir={tmp_path / 'a'}",
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    (sweep,) = sweep_dirs(tmp_path / "a")
+    results = jobs(sweep)
+    failed = [j for j in results if j["status"] == "failed"]
+    assert failed and len(failed) < 4
+    assert all("batch_size 5000 exceeds" in j["error"] for j in failed)
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert len(summary["failed"]) == len(failed) and summary["best"]["objective"]["value"] > 0.5
+    study = optuna.load_study(study_name="cnn_optuna", storage=f"sqlite:///{sweep}/optuna.db")
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.FAIL) == len(failed) and len(states) == 4
+
+    # Resume: the same study, two more trials, in a new sweep folder; nothing earlier is touched.
+    before = {p: p.stat().st_mtime_ns for p in sweep.rglob("summary.json")}
+    second = run_cli(
+        "-m",
+        "hparams_search=cnn_optuna",
+        "hydra.sweeper.n_trials=2",
+        space,
+        "trainer.max_epochs=1",
+        "logger=csv",
+        *QUIET,
+        f"paths.log_dir={tmp_path / 'b'}",
+        f"hydra.sweeper.storage=sqlite:///{sweep}/optuna.db",
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (
+        len(
+            optuna.load_study(
+                study_name="cnn_optuna", storage=f"sqlite:///{sweep}/optuna.db"
+            ).trials
+        )
+        == 6
+    )
+    assert {p: p.stat().st_mtime_ns for p in sweep.rglob("summary.json")} == before
+    assert len(jobs(sweep_dirs(tmp_path / "b")[0])) == 2
+
+
+@pytest.mark.slow
+def test_grid_sweep_jobs_are_grouped_w_and_b_runs(tmp_path):
+    result = run_cli(
+        "-m",
+        "model.optimizer.lr=0.001,0.003",
+        "trainer.max_epochs=1",
+        "logger=wandb",
+        *QUIET,
+        f"paths.log_dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [offline_run(p) for p in sorted(tmp_path.rglob("offline-run-*"))]
+    assert len(records) == 2 and len({r["id"] for r in records}) == 2
+    (sweep,) = sweep_dirs(tmp_path)
+    assert {r["group"] for r in records} == {f"train-{sweep.parent.name}_{sweep.name}"}
+    assert {r["job_type"] for r in records} == {"train"}
+    # Named after the overrides (housekeeping keys such as paths.log_dir and logger left out).
+    names = sorted(r["name"] for r in records)
+    assert names == [f"model.optimizer.lr={lr},trainer.max_epochs=1" for lr in ("0.001", "0.003")]
+    for record in records:
+        assert record["name"].split(",")[0] in record["tags"]
+    # The config is flat: every key is a column in the dashboard's table and parallel coordinates.
+    assert sorted(r["config"]["model.optimizer.lr"] for r in records) == [0.001, 0.003]
+    assert "model" not in records[0]["config"]
+
+
+def test_run_folders_never_collide(tmp_path):
+    """Two runs and two sweeps started at the same moment each get their own folder."""
+    args = [*QUIET, "logger=csv", "train=false", "test=false", f"paths.log_dir={tmp_path}"]
+    procs = []
+    for extra in ([], [], ["-m", "seed=1,2"], ["-m", "seed=1,2"]):
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(REPO / "train.py"), *extra, *args],
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        time.sleep(0.01)
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
+    single = [p for p in (tmp_path / "train").glob("*/*") if p.parent.name != "multirun"]
+    assert len(single) == 2 and all((p / "summary.json").is_file() for p in single)
+    sweeps = sweep_dirs(tmp_path)
+    assert len(sweeps) == 2 and all(len(jobs(s)) == 2 for s in sweeps)

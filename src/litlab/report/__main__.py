@@ -1,0 +1,5 @@
+"""python -m litlab.report <folders...>"""
+
+from litlab.report import main
+
+main()

@@ -1,0 +1,174 @@
+"""Rank runs by their objective and lay out the comparison table shared by HTML and Markdown."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from litlab.report.runs import Run, number, override_key
+
+KEY_METRICS = ("test/acc", "val/acc", "val/fid", "val/fid_floor", "train/loss", "g/loss", "d/loss")
+ERROR_CHARS = 90
+STATUS_ORDER = ("completed", "failed", "interrupted", "running")
+
+
+@dataclass
+class Comparison:
+    """Runs ranked best first, with what the header and the table need to know about them."""
+
+    runs: list[Run]
+    metric: str | None
+    mode: str
+    best: Run | None
+    metric_columns: list[str]
+    varied: list[str]
+
+    @property
+    def columns(self) -> list[str]:
+        """Table column titles, in order."""
+        objective = f"objective ({self.metric}, {self.mode})" if self.metric else "objective"
+        return [
+            "#",
+            "run",
+            "overrides",
+            "status",
+            objective,
+            *self.metric_columns,
+            "duration",
+            "best checkpoint",
+        ]
+
+    @property
+    def numeric_columns(self) -> set[str]:
+        """Titles of the columns to right-align."""
+        return {"#", self.columns[4], *self.metric_columns, "duration"}
+
+    def comparable(self, run: Run) -> bool:
+        """Whether the run has a value for the report's objective (and did not fail)."""
+        return comparable(run, self.metric)
+
+    def cells(self, rank: int, run: Run) -> list[str]:
+        """The plain-text table cells of one run, in column order."""
+        return [
+            str(rank),
+            run.name,
+            " ".join(run.overrides),
+            status_text(run),
+            self.objective_text(run),
+            *(fmt(run.metric(m)) for m in self.metric_columns),
+            human_duration(run.duration_s),
+            run.best_checkpoint or "",
+        ]
+
+    def objective_text(self, run: Run) -> str:
+        """The objective value; runs judged by another metric name it."""
+        metric, _, value = run.objective
+        if metric and metric != self.metric and value is not None:
+            return f"{metric}={fmt(value)}"
+        return fmt(value)
+
+    def varied_overrides(self, run: Run) -> list[str]:
+        """The run's overrides whose key takes different values across runs."""
+        return [o for o in run.overrides if override_key(o) in self.varied]
+
+    def label(self, run: Run) -> str:
+        """A legend label: the run name and the overrides that set it apart."""
+        varied = " ".join(self.varied_overrides(run))
+        label = f"{run.name}: {varied}" if varied else run.name
+        label = shorten(label, 48)
+        return f"{label} ({run.status})" if run.failed else label
+
+
+def compare(runs: list[Run]) -> Comparison:
+    """Rank runs: by the most common objective (each run's mode), valueless then failed last."""
+    objectives = Counter((r.objective[0], r.objective[1]) for r in runs if r.objective[0])
+    metric, mode = objectives.most_common(1)[0][0] if objectives else (None, "max")
+
+    def order(run: Run) -> tuple[int, float]:
+        if run.failed:
+            return 2, 0.0
+        if not comparable(run, metric):
+            return 1, 0.0
+        _, run_mode, value = run.objective
+        return 0, -value if run_mode == "max" else value
+
+    ranked = sorted(runs, key=order)
+    best = ranked[0] if comparable(ranked[0], metric) else None
+    metric_columns = [m for m in KEY_METRICS if any(r.metric(m) is not None for r in runs)]
+    return Comparison(ranked, metric, mode, best, metric_columns, varied_params(runs))
+
+
+def comparable(run: Run, metric: str | None) -> bool:
+    """Whether a run that did not fail has a value for the given objective metric."""
+    run_metric, _, value = run.objective
+    return not run.failed and value is not None and run_metric == metric
+
+
+def varied_params(runs: list[Run]) -> list[str]:
+    """Override keys set to different values in different runs, in order of first appearance."""
+    keys = dict.fromkeys(key for run in runs for key in run.params)
+    return [k for k in keys if len({run.params[k] for run in runs if k in run.params}) > 1]
+
+
+def numeric_params(runs: list[Run], varied: list[str]) -> list[str]:
+    """Varied keys whose values are all finite numbers, with at least two distinct values."""
+    numeric = []
+    for key in varied:
+        values = [run.params[key] for run in runs if key in run.params]
+        parsed = [number(v) for v in values]
+        if all(p is not None and math.isfinite(p) for p in parsed) and len(set(parsed)) > 1:
+            numeric.append(key)
+    return numeric
+
+
+def fmt(value: float | None) -> str:
+    """A number to 4 significant digits; empty when missing."""
+    return "" if value is None else f"{value:.4g}"
+
+
+def human_duration(seconds: float | None) -> str:
+    """12.3 s, 4 min 05 s, 2 h 07 min."""
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def shorten(text: str, limit: int) -> str:
+    """Whitespace collapsed, cut to limit characters with an ellipsis."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def status_text(run: Run) -> str:
+    """The status, followed by the (shortened) error when there is one."""
+    return f"{run.status}: {shorten(run.error, ERROR_CHARS)}" if run.error else run.status
+
+
+def facts(comparison: Comparison) -> list[tuple[str, str]]:
+    """The header lines, (label, text), shared by the HTML page and the Markdown file."""
+    counts = Counter(run.status for run in comparison.runs)
+    statuses = sorted(counts, key=lambda s: STATUS_ORDER.index(s) if s in STATUS_ORDER else 9)
+    by_status = ", ".join(f"{counts[status]} {status}" for status in statuses)
+    lines = [("Runs", f"{len(comparison.runs)} ({by_status})")]
+    if comparison.metric:
+        better = "higher" if comparison.mode == "max" else "lower"
+        lines.append(("Objective", f"{comparison.metric}, {comparison.mode} ({better} is better)"))
+    else:
+        lines.append(("Objective", "none recorded in summary.json"))
+    best = comparison.best
+    if best:
+        overrides = " ".join(best.overrides) or "(no overrides)"
+        value = fmt(best.objective[2])
+        lines.append(("Best run", f"{best.name}: {comparison.metric} = {value}; {overrides}"))
+    else:
+        lines.append(("Best run", "none: no run that did not fail has an objective value"))
+    if comparison.varied:
+        lines.append(("Varied", ", ".join(comparison.varied)))
+    return lines

@@ -1,0 +1,36 @@
+"""The Markdown twin of the HTML page: the header facts and the same runs table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from litlab.report.compare import Comparison, facts
+
+
+def md_cell(text: str) -> str:
+    """Text safe inside a pipe-table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def table_md(comparison: Comparison) -> str:
+    """The runs table as a GitHub pipe table, numbers right-aligned, the best run starred."""
+    numeric = comparison.numeric_columns
+    head = "| " + " | ".join(md_cell(c) for c in comparison.columns) + " |"
+    rule = "|" + "|".join("---:" if c in numeric else "---" for c in comparison.columns) + "|"
+    lines = [head, rule]
+    for rank, run in enumerate(comparison.runs, 1):
+        cells = [md_cell(text) for text in comparison.cells(rank, run)]
+        cells[1] = f"`{cells[1]}`" + (" ★ best" if run is comparison.best else "")
+        cells[2] = " ".join(f"`{md_cell(o)}`" for o in run.overrides)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_markdown(comparison: Comparison, folders: list[Path]) -> str:
+    """The whole Markdown file."""
+    title = f"litlab report: {folders[0].resolve().name}"
+    items = "\n".join(f"- **{label}:** {md_cell(text)}" for label, text in facts(comparison))
+    return (
+        f"# {title}\n\n{items}\n\n## Runs\n\n{table_md(comparison)}\n\n"
+        "Learning curves, sweep plots and GAN samples are in report.html.\n"
+    )

@@ -1,0 +1,205 @@
+"""Read run folders (summary.json, .hydra/overrides.yaml, csv/metrics.csv, samples/) into Runs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import yaml
+
+SUMMARY = "summary.json"
+OVERRIDES = Path(".hydra") / "overrides.yaml"
+FAILED = ("failed", "unreadable")
+
+Curve = tuple[list[float], list[float]]
+
+
+class ReportError(Exception):
+    """Bad input for the report: the message says what to do."""
+
+
+def number(value: object) -> float | None:
+    """A float from a JSON value or CSV/override text; None when it is not a number."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class Run:
+    """One run folder: its summary, its overrides and the files the report shows."""
+
+    name: str
+    path: Path
+    summary: dict
+    overrides: list[str]
+
+    @property
+    def status(self) -> str:
+        """completed, failed, interrupted, running (or unreadable when summary.json is broken)."""
+        return str(self.summary.get("status") or "unknown")
+
+    @property
+    def failed(self) -> bool:
+        """Failed runs sort last and never count as the best."""
+        return self.status in FAILED
+
+    @property
+    def error(self) -> str | None:
+        """The recorded error message, if any."""
+        error = self.summary.get("error")
+        return str(error) if error else None
+
+    @property
+    def metrics(self) -> dict:
+        """Final metrics from summary.json ({} when absent)."""
+        metrics = self.summary.get("metrics")
+        return metrics if isinstance(metrics, dict) else {}
+
+    def metric(self, name: str) -> float | None:
+        """One final metric as a float, None when missing."""
+        return number(self.metrics.get(name))
+
+    @property
+    def objective(self) -> tuple[str | None, str, float | None]:
+        """(metric, mode, value) of the run's objective; value is None unless finite."""
+        objective = self.summary.get("objective")
+        objective = objective if isinstance(objective, dict) else {}
+        value = number(objective.get("value"))
+        metric = objective.get("metric")
+        mode = "min" if objective.get("mode") == "min" else "max"
+        return metric, mode, value if value is not None and math.isfinite(value) else None
+
+    @property
+    def duration_s(self) -> float | None:
+        """Total wall time of the run in seconds."""
+        durations = self.summary.get("durations_s")
+        return number(durations.get("total")) if isinstance(durations, dict) else None
+
+    @property
+    def best_checkpoint(self) -> str | None:
+        """The best checkpoint, relocated under this folder when the run folder was moved."""
+        path = self.summary.get("best_checkpoint")
+        if not path:
+            return None
+        run_dir = self.summary.get("run_dir")
+        if run_dir and Path(path).is_relative_to(run_dir):
+            return str(self.path / Path(path).relative_to(run_dir))
+        return str(path)
+
+    @property
+    def params(self) -> dict[str, str]:
+        """Overrides as key -> value text (a leading + or ++ dropped)."""
+        return {override_key(o): o.split("=", 1)[1] for o in self.overrides if "=" in o}
+
+    @cached_property
+    def curves(self) -> dict[str, Curve]:
+        """Logged metrics against step, read from csv/metrics.csv."""
+        return read_curves(self.path / "csv" / "metrics.csv")
+
+    @property
+    def sample_grid(self) -> Path | None:
+        """The GAN sample grid to show: final.png, else the newest g_step_*.png, else test.png."""
+        samples = self.path / "samples"
+        newest_first = sorted(samples.glob("g_step_*.png"), reverse=True)
+        grids = [samples / "final.png", *newest_first, samples / "test.png"]
+        return next((grid for grid in grids if grid.is_file()), None)
+
+    @property
+    def is_gan(self) -> bool:
+        """GAN runs report FID or write sample grids."""
+        return "val/fid" in self.metrics or (self.path / "samples").is_dir()
+
+
+def override_key(override: str) -> str | None:
+    """The key of a key=value override (a leading + or ++ dropped); None for other forms."""
+    return override.split("=", 1)[0].lstrip("+") if "=" in override else None
+
+
+def read_overrides(path: Path) -> list[str]:
+    """The command-line overrides of a run ([] when .hydra/overrides.yaml is missing or bad)."""
+    try:
+        overrides = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    return [str(o) for o in overrides] if isinstance(overrides, list) else []
+
+
+def read_curves(path: Path) -> dict[str, Curve]:
+    """Per metric, its (steps, values) from a sparse CSVLogger file; {} when there is none."""
+    curves: dict[str, Curve] = {}
+    try:
+        with path.open(newline="") as f:
+            for row in csv.DictReader(f):
+                step = number(row.get("step"))
+                if step is None:
+                    continue
+                for name, cell in row.items():
+                    value = number(cell) if isinstance(name, str) else None
+                    if name in ("step", "epoch") or value is None:
+                        continue
+                    steps, values = curves.setdefault(name, ([], []))
+                    steps.append(step)
+                    values.append(value)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        pass  # a missing or truncated log shows no (or fewer) curves
+    return curves
+
+
+def read_summary(run_dir: Path) -> dict:
+    """summary.json as a dict; a broken one becomes an 'unreadable' run with the reason."""
+    try:
+        summary = json.loads((run_dir / SUMMARY).read_text())
+    except (OSError, ValueError) as exc:
+        return {"status": "unreadable", "error": f"summary.json: {exc}"}
+    if not isinstance(summary, dict):
+        return {"status": "unreadable", "error": "summary.json is not a JSON object"}
+    return summary
+
+
+def natural_key(path: Path) -> list:
+    """Sort job folders 0, 1, 2, ..., 10 rather than 0, 1, 10, 2."""
+    parts = re.split(r"(\d+)", path.as_posix())
+    return [int(p) if i % 2 else p for i, p in enumerate(parts)]
+
+
+def run_name(folder: Path, run_dir: Path, prefix: bool) -> str:
+    """The run folder relative to the given folder (prefixed by it when several were given)."""
+    relative = run_dir.relative_to(folder).as_posix()
+    name = folder.resolve().name if relative == "." else relative
+    return f"{folder.resolve().name}/{relative}" if prefix and relative != "." else name
+
+
+def find_runs(folders: list[Path]) -> list[Run]:
+    """Every run folder (one holding summary.json) in or under the given folders, once each."""
+    for folder in folders:
+        if not folder.exists():
+            raise ReportError(f"no such folder: {folder} (pass sweep or run folders from outputs/)")
+        if not folder.is_dir():
+            raise ReportError(f"not a folder: {folder} (pass the run folder, not a file in it)")
+    runs, seen = [], set()
+    for folder in folders:
+        run_dirs = sorted((s.parent for s in folder.rglob(SUMMARY)), key=natural_key)
+        for run_dir in run_dirs:
+            if run_dir.resolve() in seen:
+                continue
+            seen.add(run_dir.resolve())
+            name = run_name(folder, run_dir, prefix=len(folders) > 1)
+            runs.append(
+                Run(name, run_dir, read_summary(run_dir), read_overrides(run_dir / OVERRIDES))
+            )
+    if not runs:
+        given = " ".join(str(f) for f in folders)
+        raise ReportError(
+            f"no run folders (with {SUMMARY}) under {given}; pass a sweep or run folder, "
+            "e.g. outputs/train/multirun/<date>/<time>"
+        )
+    return runs

@@ -1,0 +1,203 @@
+"""litlab-report: a real sweep, failed and GAN runs written by hand, and bad input."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import REPO, run_cli
+from litlab.report import main
+from litlab.report.compare import human_duration
+from litlab.report.runs import find_runs
+
+ROW = re.compile(r'<tr class="([^"]*)" data-run="([^"]*)">(.*?)</tr>', re.S)
+PNG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="([^"]*)">')
+
+
+def report(*args: object) -> subprocess.CompletedProcess:
+    """python -m litlab.report, as a user runs it."""
+    command = [sys.executable, "-m", "litlab.report", *map(str, args)]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def table_rows(html: str) -> list[tuple[str, str, str]]:
+    """(css classes, run name, row html) of each table row, top to bottom."""
+    return ROW.findall(html)
+
+
+def md_rows(md: str) -> list[str]:
+    """The Markdown table's body lines."""
+    return [line for line in md.splitlines() if line.startswith("| ")][1:]
+
+
+def write_run(folder: Path, summary: dict, overrides: list[str] = ()) -> Path:
+    """A run folder written by hand: summary.json and .hydra/overrides.yaml."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"task": "train", **summary}))
+    (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    return folder
+
+
+def write_png(path: Path, seed: int) -> bytes:
+    """A small random RGB PNG (a stand-in sample grid); returns its bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = np.random.default_rng(seed).integers(0, 256, (18, 36, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real two-job learning-rate sweep folder, trained by the project's CLI."""
+    logs = tmp_path_factory.mktemp("logs")
+    result = run_cli(
+        "-m",
+        "model.optimizer.lr=0.001,0.01",
+        "trainer.max_epochs=1",
+        "logger=csv",
+        "extras.print_config=false",
+        "callbacks.progress_bar=null",
+        f"paths.log_dir={logs}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (folder,) = (logs / "train" / "multirun").glob("*/*")
+    return folder
+
+
+def objective(run_dir: Path) -> float:
+    return json.loads((run_dir / "summary.json").read_text())["objective"]["value"]
+
+
+def test_sweep_report_ranks_runs_and_embeds_plots(sweep):
+    result = report(sweep)
+    assert result.returncode == 0, result.stderr[-3000:]
+    html_path, md_path = sweep / "report.html", sweep / "report.md"
+    assert result.stdout.split() == [str(html_path), str(md_path)]
+    html, md = html_path.read_text(), md_path.read_text()
+
+    values = {job: objective(sweep / job) for job in ("0", "1")}
+    ranked = sorted(values, key=lambda job: -values[job])  # val/acc: higher is better
+    rows = table_rows(html)
+    assert [name for _, name, _ in rows] == ranked
+    assert ["best" in css.split() for css, _, _ in rows] == [True, False]
+    assert "★ best" in rows[0][2] and "★" not in rows[1][2]
+    for job, lr in (("0", "0.001"), ("1", "0.01")):
+        (row,) = [r for _, name, r in rows if name == job]
+        assert f"model.optimizer.lr={lr}</code>" in row and f"{values[job]:.4g}" in row
+
+    lines = md_rows(md)
+    assert [line.split(" | ")[1] for line in lines] == [f"`{ranked[0]}` ★ best", f"`{ranked[1]}`"]
+    assert "`model.optimizer.lr=0.001`" in "".join(lines) and "`model.optimizer.lr=0.01`" in md
+    assert "val/acc, max (higher is better)" in md and f"**Best run:** {ranked[0]}:" in md
+
+    images = {alt: base64.b64decode(data) for data, alt in PNG.findall(html)}
+    assert {"val/acc against step", "train/loss_step against step"} <= images.keys()
+    assert "val/acc vs model.optimizer.lr" in images  # the sweep plot
+    assert all(png.startswith(b"\x89PNG\r\n\x1a\n") for png in images.values())
+    assert "http://" not in html and "https://" not in html
+    assert "<script" not in html and "<link" not in html
+
+
+def test_failed_and_valueless_runs_sort_last(sweep, tmp_path, capsys):
+    folder = tmp_path / "sweep"
+    shutil.copytree(sweep, folder, ignore=shutil.ignore_patterns("*.ckpt", "report.*"))
+    error = "RuntimeError: CUDA out of memory. " + "Tried to allocate 2.00 GiB. " * 8
+    failed = {"status": "failed", "error": error, "metrics": {}, "durations_s": {"total": 3.0}}
+    # a failed run sorts last even with the best objective value
+    write_run(
+        folder / "2", {**failed, "objective": {"metric": "val/acc", "mode": "max", "value": 1}}
+    )
+    write_run(folder / "3", {"status": "running"}, ["model.optimizer.lr=0.1"])
+
+    main([str(folder)])
+    assert capsys.readouterr().out.split()[0] == str(folder / "report.html")
+    html, md = (folder / "report.html").read_text(), (folder / "report.md").read_text()
+    rows = table_rows(html)
+    assert [name for _, name, _ in rows][2:] == ["3", "2"]
+    assert "best" in rows[0][0].split() and objective(folder / rows[0][1]) < 1
+    assert (
+        f'title="{error}"' in rows[3][2]
+        and "failed: RuntimeError: CUDA out of memory" in rows[3][2]
+    )
+    last = md_rows(md)[-1]
+    assert last.startswith("| 4 | `2` |") and "failed: RuntimeError: CUDA out of memory" in last
+    assert "3.0 s" in last and "…" in last and error.strip() not in last  # shortened
+    assert "4 (2 completed, 1 failed, 1 running)" in md
+
+
+def gan_summary(fid: float, **metrics: float) -> dict:
+    """A GAN run's summary: FID (lower is better) is its objective."""
+    objective = {"metric": "val/fid", "mode": "min", "value": fid}
+    return {"status": "completed", "metrics": {"val/fid": fid, **metrics}, "objective": objective}
+
+
+def test_gan_runs_show_their_sample_grids(tmp_path, capsys):
+    folder = tmp_path / "gans"
+    a = write_run(folder / "a", gan_summary(50.0, **{"g/loss": 1.0}), ["model=dcgan", "seed=1"])
+    b = write_run(folder / "b", gan_summary(40.0, **{"d/loss": 0.5}), ["model=dcgan", "seed=2"])
+    a_final = write_png(a / "samples" / "final.png", seed=0)
+    a_step = write_png(a / "samples" / "g_step_0000500.png", seed=1)
+    b_old = write_png(b / "samples" / "g_step_0000500.png", seed=2)
+    b_new = write_png(b / "samples" / "g_step_0001000.png", seed=3)
+    out = tmp_path / "out"
+
+    main([str(folder), "--out", str(out)])
+    assert capsys.readouterr().out.split() == [str(out / "report.html"), str(out / "report.md")]
+    assert not (folder / "report.html").exists()
+    html = (out / "report.html").read_text()
+    assert [name for _, name, _ in table_rows(html)] == ["b", "a"]  # lower FID is better
+    images = {alt: base64.b64decode(data) for data, alt in PNG.findall(html)}
+    assert images["samples of a"] == a_final and images["samples of b"] == b_new
+    assert a_step not in images.values() and b_old not in images.values()
+    assert "<figcaption>a<br><code>seed=1</code></figcaption>" in html
+    md = (out / "report.md").read_text()
+    assert "| objective (val/fid, min) | val/fid | g/loss | d/loss |" in md
+
+
+def test_missing_keys_broken_files_and_no_curves(tmp_path, capsys):
+    write_run(tmp_path / "bare", {"status": "completed"})
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "summary.json").write_text("{not json")
+    main([str(tmp_path)])
+    html = (tmp_path / "report.html").read_text()
+    assert [name for _, name, _ in table_rows(html)] == ["bare", "broken"]
+    assert "unreadable: summary.json:" in html and "No run has csv/metrics.csv" in html
+    assert "none: no run that did not fail has an objective value" in html
+
+
+def test_job_folders_in_numeric_order(tmp_path):
+    for job in (10, 2, 1, 0):
+        write_run(tmp_path / str(job), {"status": "completed"})
+    assert [run.name for run in find_runs([tmp_path])] == ["0", "1", "2", "10"]
+
+
+@pytest.mark.parametrize(
+    "seconds, text", [(None, ""), (4.26, "4.3 s"), (245, "4 min 05 s"), (7625, "2 h 07 min")]
+)
+def test_human_duration(seconds, text):
+    assert human_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda tmp: tmp / "nope", "no such folder"),
+        (lambda tmp: tmp, "no run folders (with summary.json) under"),
+    ],
+    ids=["missing-path", "no-runs"],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, make, needle):
+    result = report(make(tmp_path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr + result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("litlab-report: error:") and needle in line

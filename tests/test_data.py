@@ -8,16 +8,28 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from conftest import (
     FASHION_SYSTEM_DIR,
+    REPO,
+    make_cfg,
     needs_fashion,
     write_cifar_batches,
     write_idx,
     write_idx_dataset,
     write_png_folder,
 )
-from litlab.data import CIFAR10, MNIST, DataModule, Digits, FashionMNIST, ImageFolder, Synthetic
+from litlab.data import (
+    CIFAR10,
+    MNIST,
+    DataModule,
+    DeviceLoader,
+    Digits,
+    FashionMNIST,
+    ImageFolder,
+    Synthetic,
+)
 from litlab.data.sources import read_idx
 from litlab.data.transforms import BatchTransform, random_hflip, random_translate
 from litlab.errors import ConfigError, DataError
@@ -239,3 +251,37 @@ def test_copying_debian_files_into_data_dir_works_too(tmp_path):
         assert f.read(4) == b"\x00\x00\x08\x01"
     source = FashionMNIST(str(tmp_path), download=False, system_dir=None)
     assert len(source.load("test")) == 10000
+
+
+def test_device_is_the_default_and_keeps_the_splits_of_the_dataloader_path():
+    device, plain = make_dm(), make_dm(loader="dataloader")
+    device.setup(), plain.setup()
+    assert isinstance(device.train_dataloader(), DeviceLoader)
+    assert isinstance(plain.train_dataloader(), DataLoader)
+    for split in ("val", "test"):  # unshuffled: the very same batches
+        for (a, la), (b, lb) in zip(
+            getattr(device, f"{split}_dataloader")(),
+            getattr(plain, f"{split}_dataloader")(),
+            strict=True,
+        ):
+            assert torch.equal(a, b) and torch.equal(la, lb)
+    train = torch.cat([labels for _, labels in device.train_dataloader()])
+    assert len(train) == len(device.datasets["train"]) // 32 * 32
+    assert next(iter(device.train_dataloader()))[0].device.type == "cpu"  # no trainer: the CPU
+    assert device.arrays("val", limit=5)[0].shape == (5, 1, 28, 28)
+
+
+def test_loader_choice_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match=r"'device' .* or 'dataloader' .*got 'gpu'"):
+        make_dm(loader="gpu")
+    write_png_folder(tmp_path)
+    folder = make_dm(source=ImageFolder(str(tmp_path), size=28, channels=1), num_classes=3)
+    with pytest.raises(ConfigError, match=r"set data\.loader=dataloader"):
+        folder.setup()
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (REPO / "conf" / "data").glob("*.yaml")))
+def test_in_memory_sources_default_to_the_device_loader(tmp_path, option):
+    data = make_cfg(tmp_path, [f"data={option}"]).data
+    file_backed = data.source._target_ == "litlab.data.ImageFolder"
+    assert data.loader == ("dataloader" if file_backed else "device")

@@ -1,12 +1,14 @@
 """Image data: sources say where pixels come from; the DataModule owns everything else."""
 
 from litlab.data.datamodule import DataModule
+from litlab.data.loader import DeviceLoader
 from litlab.data.sources import CIFAR10, MNIST, Digits, FashionMNIST, ImageFolder, Source, Synthetic
 
 __all__ = [
     "CIFAR10",
     "MNIST",
     "DataModule",
+    "DeviceLoader",
     "Digits",
     "FashionMNIST",
     "ImageFolder",

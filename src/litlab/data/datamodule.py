@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from litlab.data.loader import DeviceLoader
 from litlab.data.sources import Source, fixed_split
 from litlab.data.transforms import BatchTransform
 from litlab.errors import ConfigError, DataError
+
+LoaderKind = Literal["device", "dataloader"]
 
 
 def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
@@ -34,6 +38,8 @@ class DataModule(L.LightningDataModule):
 
     Images travel as uint8 and are converted, augmented and normalized per batch on the device
     the batch lands on (``on_after_batch_transfer``): cheap for the host, and one code path.
+    ``loader="device"`` keeps in-memory splits on the run's device and indexes whole batches
+    there (``DeviceLoader``); ``"dataloader"`` is torch's DataLoader, for file-backed sources.
     """
 
     def __init__(
@@ -51,8 +57,14 @@ class DataModule(L.LightningDataModule):
         translate: int = 0,
         num_workers: int = 0,
         pin_memory: bool = True,
+        loader: LoaderKind = "device",
     ) -> None:
         super().__init__()
+        if loader not in ("device", "dataloader"):
+            raise ConfigError(
+                f"loader must be 'device' (in-memory sources) or 'dataloader' (torch DataLoader), "
+                f"got {loader!r}"
+            )
         if batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size}")
         if not 0.0 < val_fraction < 1.0:
@@ -75,6 +87,7 @@ class DataModule(L.LightningDataModule):
         self.split_seed = split_seed
         self.num_workers = num_workers
         self.pin_memory = pin_memory
+        self.loader = loader
         self.transform = BatchTransform(mean, std, hflip=hflip, translate=translate)
         # Set by litlab.callbacks.Speed(channels_last=True) to match the model's weights.
         self.memory_format = torch.contiguous_format
@@ -87,6 +100,11 @@ class DataModule(L.LightningDataModule):
         if self.datasets:
             return
         train_full = self.source.load("train")
+        if self.loader == "device" and not isinstance(train_full, TensorDataset):
+            raise ConfigError(
+                f"data.loader=device needs an in-memory source, but {self.source.name} reads "
+                "files as it goes; set data.loader=dataloader"
+            )
         self._check(train_full, "train")
         # A fixed split seed keeps the validation set identical across runs and sweep trials.
         train_idx, val_idx = fixed_split(len(train_full), self.val_fraction, self.split_seed)
@@ -116,24 +134,42 @@ class DataModule(L.LightningDataModule):
                 f"is {self.num_classes}; set data.num_classes={classes}"
             )
 
-    def _loader(self, split: str, train: bool) -> DataLoader:
-        return DataLoader(
-            self.datasets[split],
-            batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
+    def _loader(self, split: str, train: bool) -> DataLoader | DeviceLoader:
+        batch_size = self.batch_size if train else self.eval_batch_size
+        if self.loader == "dataloader":
+            return DataLoader(
+                self.datasets[split],
+                batch_size=batch_size,
+                shuffle=train,
+                drop_last=train,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory and torch.cuda.is_available(),
+                persistent_workers=self.num_workers > 0,
+            )
+        images, labels = self.arrays(split)
+        trainer = self.trainer
+        return DeviceLoader(
+            images,
+            labels,
+            batch_size,
+            # Lightning turns shuffling off for overfit_batches only on torch DataLoaders.
+            shuffle=train and not (trainer and trainer.overfit_batches),
             drop_last=train,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory and torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
+            # The run's seed, as Lightning seeds its DistributedSampler: the same on every rank.
+            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+            # Without a trainer (tests, notebooks): the CPU, one process.
+            rank=trainer.global_rank if trainer else 0,
+            world_size=trainer.world_size if trainer else 1,
+            device=trainer.strategy.root_device if trainer else "cpu",
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | DeviceLoader:
         return self._loader("train", train=True)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | DeviceLoader:
         return self._loader("val", train=False)
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader | DeviceLoader:
         return self._loader("test", train=False)
 
     def arrays(self, split: str, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,236 @@
+"""P2 data path: torchvision's Dataset + DataLoader against litlab's DeviceLoader, side by side.
+
+    python scripts/bench_data.py                                     # CPU: 1.5 min on 2 cores
+    python scripts/bench_data.py --device cuda --epochs-fraction 1   # GPU
+
+Fashion-MNIST's 54,000 training images (litlab's split of the 60,000), batch 128, one process:
+(a) data path alone: normalized float batches on the device, over one epoch;
+(b) end to end: Lightning trains litlab's SmallCNN(width=32) for the first --epochs-fraction of
+    an epoch through each path (bf16-mixed on CUDA, as trainer=gpu; 32-true on CPU).
+Every repeat runs each path once, in turn (A/B interleaved); a first, shorter round warms up
+and is not counted; the table shows medians. Results go to docs/benchmarks.md, "P2 data path".
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from functools import partial
+
+import lightning as L
+import torch
+import torchvision
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from litlab.data import DataModule, DeviceLoader, FashionMNIST
+from litlab.models import ImageClassifier
+from litlab.nets import SmallCNN
+
+BATCH = 128
+MEAN, STD = [0.2860], [0.3530]
+PATHS = ("torchvision, workers=0", "torchvision, workers=2", "litlab DeviceLoader")
+
+
+class TorchvisionFashion(torchvision.datasets.FashionMNIST):
+    """torchvision's own FashionMNIST per-sample path (PIL image, then the transform), fed the
+    arrays litlab read: torchvision's constructor wants the unpacked files, Debian ships .gz."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: v2.Transform):
+        torchvision.datasets.VisionDataset.__init__(self, root=None, transform=transform)
+        self.train = True
+        self.data, self.targets = images[:, 0], labels
+
+
+def fashion(data_dir: str) -> DataModule:
+    datamodule = DataModule(
+        FashionMNIST(data_dir, download=False),
+        image_shape=[1, 28, 28],
+        num_classes=10,
+        mean=MEAN,
+        std=STD,
+        batch_size=BATCH,
+    )
+    datamodule.prepare_data()
+    datamodule.setup()
+    return datamodule
+
+
+def loaders(datamodule: DataModule, device: torch.device) -> dict[str, Callable[[], Iterable]]:
+    """Each path's training loader, made afresh for every run as a training script would."""
+    images, labels = datamodule.arrays("train")
+    # The usual recipe: ToTensor + Normalize, in v2 spelling (ToImage + ToDtype(scale=True)).
+    to_tensor = v2.Compose(
+        [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+    )
+    dataset = TorchvisionFashion(images, labels, to_tensor)
+    pin = device.type == "cuda"
+
+    def torchvision_loader(workers: int) -> DataLoader:
+        return DataLoader(
+            dataset,
+            BATCH,
+            shuffle=True,
+            drop_last=True,
+            num_workers=workers,
+            pin_memory=pin,
+            persistent_workers=workers > 0,
+        )
+
+    return {
+        PATHS[0]: partial(torchvision_loader, 0),
+        PATHS[1]: partial(torchvision_loader, 2),
+        PATHS[2]: partial(DeviceLoader, images, labels, BATCH, True, True, device=device),
+    }
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def data_path(loader: Iterable, datamodule: DataModule, device: torch.device, limit: int) -> float:
+    """Images per second of normalized float batches landing on the device, nothing else."""
+    sync(device)
+    start, count = time.perf_counter(), 0
+    for b, (images, labels) in enumerate(loader):
+        if b == limit:
+            break
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        if images.dtype == torch.uint8:  # litlab's path: the DataModule's per-batch transform
+            images = datamodule.transform(images, train=True)
+        count += len(labels)
+    sync(device)
+    return count / (time.perf_counter() - start)
+
+
+class EpochTimer(Callback):
+    """Seconds and images of the training epoch, from its start to its end hook."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        sync(pl_module.device)
+        self.start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        sync(pl_module.device)
+        self.rate = trainer.num_training_batches * BATCH / (time.perf_counter() - self.start)
+
+
+def end_to_end(
+    path: str,
+    make: Callable[[], Iterable],
+    datamodule: DataModule,
+    device: torch.device,
+    limit: int,
+) -> float:
+    """Images per second of one (partial) training epoch of SmallCNN(width=32) in Lightning."""
+    torch.manual_seed(0)
+    model = ImageClassifier(
+        SmallCNN(1, 10, width=32),
+        partial(torch.optim.AdamW, lr=3e-3, weight_decay=5e-4),
+        num_classes=10,
+    )
+    timer = EpochTimer()
+    trainer = L.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
+        precision="bf16-mixed" if device.type == "cuda" else "32-true",
+        max_epochs=1,
+        limit_train_batches=limit,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[timer],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    if path == PATHS[2]:  # through the DataModule, which makes the DeviceLoader on the run's device
+        trainer.fit(model, datamodule=datamodule)
+    else:
+        trainer.fit(model, train_dataloaders=make())
+    return timer.rate
+
+
+def table(rates: dict[str, dict[str, list[float]]]) -> str:
+    medians = {part: {p: statistics.median(r) for p, r in rs.items()} for part, rs in rates.items()}
+    lines = [
+        "| path | data path img/s | x vs w0 | x vs w2 | end-to-end img/s | x vs w0 | x vs w2 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for path in PATHS:
+        cells = [path]
+        for part in ("data", "e2e"):
+            m = medians[part]
+            cells += [
+                f"{m[path]:,.0f}",
+                f"{m[path] / m[PATHS[0]]:.1f}",
+                f"{m[path] / m[PATHS[1]]:.1f}",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    return names[0] if names else platform.processor()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
+    parser.add_argument(
+        "--epochs-fraction",
+        type=float,
+        default=0.1,
+        help="share of the epoch timed end to end (0.1: the first 42 batches)",
+    )
+    parser.add_argument("--data-dir", default="data", help="else Debian's dataset-fashion-mnist")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    device = torch.device(args.device)
+
+    datamodule = fashion(args.data_dir)
+    makers = loaders(datamodule, device)
+    batches = len(makers[PATHS[2]]())
+    e2e_batches = max(1, int(batches * args.epochs_fraction))
+    print(
+        f"torch {torch.__version__}, lightning {L.__version__}, torchvision "
+        f"{torchvision.__version__}, python {platform.python_version()}"
+    )
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    print(
+        f"device {device} ({name}), {torch.get_num_threads()} torch threads; "
+        f"data path: {batches} batches of {BATCH}; end to end: {e2e_batches} batches"
+    )
+
+    rates: dict[str, dict[str, list[float]]] = {"data": {}, "e2e": {}}
+    for round_ in range(args.repeats + 1):
+        warm_up = round_ == 0
+        for path, make in makers.items():
+            data = data_path(make(), datamodule, device, 20 if warm_up else batches)
+            e2e = end_to_end(path, make, datamodule, device, 5 if warm_up else e2e_batches)
+            if not warm_up:
+                rates["data"].setdefault(path, []).append(data)
+                rates["e2e"].setdefault(path, []).append(e2e)
+            print(
+                f"round {round_}{' (warm-up)' if warm_up else ''}: {path}: "
+                f"data {data:,.0f} img/s, end to end {e2e:,.0f} img/s",
+                flush=True,
+            )
+    print()
+    print(table(rates))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""The device-resident loader: shards, order, resume, and real Lightning training through it."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch import Tensor
+from torch.utils.data import TensorDataset
+
+from conftest import make_cfg, needs_cuda, summary_of
+from litlab.config import build
+from litlab.data import DataModule, DeviceLoader, Source
+from litlab.data.loader import ShardSampler
+from litlab.train import train_task
+
+FAST = ["extras.print_config=false", "callbacks.progress_bar=null"]
+
+
+def indexed(n: int) -> tuple[Tensor, Tensor]:
+    """Images that carry their own index in two pixels, labels equal to it: pairs are checkable."""
+    index = torch.arange(n)
+    images = torch.zeros(n, 1, 4, 4, dtype=torch.uint8)
+    images[:, 0, 0, 0], images[:, 0, 0, 1] = index % 256, index // 256
+    return images, index
+
+
+def passes(loader: DeviceLoader) -> list[Tensor]:
+    """One pass: each batch's sample indices, read from the images, after checking the labels."""
+    out = []
+    for images, labels in loader:
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        index = images[:, 0, 0, 0].long() + 256 * images[:, 0, 0, 1].long()
+        assert torch.equal(index, labels)  # images and labels stay paired
+        out.append(labels)
+    return out
+
+
+def shards(n: int, world: int, train: bool, batch: int = 4, seed: int = 0, epoch: int = 0):
+    images, labels = indexed(n)
+    loaders = [
+        DeviceLoader(images, labels, batch, train, train, seed=seed, rank=r, world_size=world)
+        for r in range(world)
+    ]
+    for loader in loaders:
+        loader.sampler.set_epoch(epoch)
+    return loaders, [torch.cat(passes(loader)) for loader in loaders]
+
+
+@pytest.mark.parametrize("n, world", [(96, 1), (96, 3), (103, 2), (103, 4)])
+def test_training_ranks_take_disjoint_equal_shards_of_one_permutation(n, world):
+    loaders, seen = shards(n, world, train=True, epoch=5)
+    assert len({len(loader) for loader in loaders}) == 1  # the same number of steps on every rank
+    assert all(len(s) == len(loaders[0]) * 4 for s in seen)
+    union = torch.cat(seen)
+    assert len(set(union.tolist())) == len(union)  # pairwise disjoint
+    # Interleaved, the ranks' orders are the one epoch permutation, its tail dropped.
+    samplers = [ShardSampler(n, True, True, rank=r, world_size=world) for r in range(world)]
+    whole = ShardSampler(n, True, True)
+    for sampler in [*samplers, whole]:
+        sampler.set_epoch(5)
+    by_rank = torch.stack([sampler.indices() for sampler in samplers], dim=1).flatten()
+    assert torch.equal(by_rank, whole.indices()[: n // world * world])
+    for rank, sampler in enumerate(samplers):  # each rank's batches follow its order
+        assert torch.equal(seen[rank], sampler.indices()[: len(seen[rank])])
+    if n % (world * 4) == 0:
+        assert sorted(union.tolist()) == list(range(n))  # every sample exactly once
+
+
+@pytest.mark.parametrize("n, world", [(96, 2), (103, 4)])
+def test_evaluation_ranks_cover_everything_in_order_padding_like_distributed_sampler(n, world):
+    _, seen = shards(n, world, train=False, batch=5)
+    assert len({len(s) for s in seen}) == 1
+    assert sorted(set(torch.cat(seen).tolist())) == list(range(n))
+    by_rank = torch.stack(seen, dim=1).flatten()
+    padded = -(-n // world) * world
+    assert by_rank.tolist() == list(range(n)) + list(range(padded - n))  # repeats the start
+
+
+def test_drop_last_only_in_training():
+    images, labels = indexed(100)
+    train = DeviceLoader(images, labels, 32, shuffle=True, drop_last=True)
+    evaluate = DeviceLoader(images, labels, 32, shuffle=False, drop_last=False)
+    assert len(train) == 3 and [len(b) for b in passes(train)] == [32, 32, 32]
+    assert len(evaluate) == 4 and [len(b) for b in passes(evaluate)] == [32, 32, 32, 4]
+    assert torch.cat(passes(evaluate)).tolist() == list(range(100))
+
+
+def test_order_comes_from_seed_and_epoch_only():
+    def order(seed: int, epoch: int) -> list[int]:
+        return shards(64, 1, train=True, seed=seed, epoch=epoch)[1][0].tolist()
+
+    torch.manual_seed(1)
+    state = torch.get_rng_state()
+    first = order(7, 0)
+    assert torch.equal(torch.get_rng_state(), state)  # the global RNG is not advanced
+    torch.manual_seed(2)
+    assert order(7, 0) == first  # nor read
+    assert order(7, 1) != first and order(8, 0) != first and order(0, 1) != order(1, 0)
+    assert sorted(first) == list(range(64))
+
+
+def test_passes_advance_the_epoch_and_a_new_iter_restarts_the_epoch():
+    images, labels = indexed(64)
+    loader = DeviceLoader(images, labels, 8, shuffle=True, drop_last=True, seed=3)
+    epoch0 = passes(loader)
+    assert loader.state_dict() == {"epoch": 1, "position": 0}
+    partial = next(iter(loader))[1]
+    assert loader.state_dict() == {"epoch": 1, "position": 1}
+    epoch1 = passes(loader)  # an abandoned pass (a sanity check, say) does not eat batches
+    assert torch.equal(epoch1[0], partial) and len(epoch1) == 8
+    assert not torch.equal(torch.cat(epoch0), torch.cat(epoch1))
+
+
+@pytest.mark.parametrize("stop", [0, 3, 8])
+def test_resume_yields_exactly_the_rest_of_the_epoch(stop):
+    images, labels = indexed(70)
+    reference = DeviceLoader(images, labels, 8, shuffle=True, drop_last=True, seed=11)
+    passes(reference)  # epoch 0
+    batches = iter(reference)
+    for _ in range(stop):
+        next(batches)
+    state = reference.state_dict()
+    assert state == {"epoch": 1, "position": stop}
+    rest = [labels for _, labels in batches]
+    resumed = DeviceLoader(images, labels, 8, shuffle=True, drop_last=True, seed=11)
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(state["epoch"])  # what Lightning does next: must keep the position
+    assert [b.tolist() for b in passes(resumed)] == [b.tolist() for b in rest]
+    assert stop + len(rest) == len(reference)
+    assert [b.tolist() for b in passes(resumed)] == [b.tolist() for b in passes(reference)]
+
+
+def test_the_task_trains_as_well_with_either_loader(tmp_path):
+    accuracy = {}
+    small = ["trainer.max_epochs=2", "data.source.size=16", "model.net.width=16"]
+    for loader in ("device", "dataloader"):
+        cfg = make_cfg(tmp_path / loader, ["logger=csv", *small, f"data.loader={loader}", *FAST])
+        train_task(cfg)
+        summary = summary_of(cfg)
+        assert summary["status"] == "completed"
+        accuracy[loader] = summary["metrics"]["test/acc"]
+    assert min(accuracy.values()) > 0.8, accuracy
+    assert abs(accuracy["device"] - accuracy["dataloader"]) < 0.05, accuracy
+
+
+class Fingerprints(Callback):
+    """The hash of every training batch, in order: two runs saw the same data iff these agree."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        images, labels = batch
+        data = images.cpu().numpy().tobytes() + labels.cpu().numpy().tobytes()
+        self.seen.append(hashlib.sha1(data).hexdigest())
+
+
+def fit(tmp_path: Path, callbacks: list[Callback], ckpt_path: str | None = None) -> L.Trainer:
+    """Two epochs of the real DataModule and classifier on small digits (no augmentation, so
+    that a batch's hash depends on the loader alone)."""
+    small = ["data.source.size=12", "model.net.width=4", "model.scheduler=null"]
+    cfg = make_cfg(tmp_path, ["data.translate=0", "data.batch_size=128", *small])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        callbacks=callbacks,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(build(cfg.model, "model"), build(cfg.data, "data"), ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_checkpoints_hold_the_loader_state_and_resumed_runs_see_the_same_batches(tmp_path):
+    # 1293 training digits / 128 = 10 batches an epoch. Checkpoints: every 4 steps (mid-epoch),
+    # at each validation end (as the project's last.ckpt) and at each training epoch end.
+    reference = Fingerprints()
+    steps = ModelCheckpoint(tmp_path / "steps", "{step}", every_n_train_steps=4, save_top_k=-1)
+    last = ModelCheckpoint(tmp_path / "last", "{epoch}", monitor="val/acc", save_top_k=-1)
+    epoch_end = ModelCheckpoint(
+        tmp_path / "epoch_end", "{epoch}", save_top_k=-1, save_on_train_epoch_end=True
+    )
+    trainer = fit(tmp_path / "reference", [reference, steps, last, epoch_end])
+    assert isinstance(trainer.train_dataloader, DeviceLoader)  # not wrapped or replaced
+    assert len(reference.seen) == 20 and len(set(reference.seen)) == 20
+    cases = [
+        (tmp_path / "steps" / "step=4.ckpt", {"epoch": 0, "position": 4}),
+        (tmp_path / "steps" / "step=12.ckpt", {"epoch": 1, "position": 2}),
+        (tmp_path / "last" / "epoch=0.ckpt", {"epoch": 0, "position": 10}),
+        (tmp_path / "epoch_end" / "epoch=0.ckpt", {"epoch": 0, "position": 10}),
+    ]
+    for ckpt, state in cases:
+        saved = torch.load(ckpt, weights_only=True)
+        assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [state]
+        resumed = Fingerprints()
+        fit(tmp_path / ckpt.parent.name, [resumed], ckpt_path=str(ckpt))
+        assert resumed.seen == reference.seen[saved["global_step"] :], ckpt
+
+
+class Indexed(Source):
+    """Index-coded images whose label is their index (a module-level class: ddp_spawn pickles it)."""
+
+    name = "indexed"
+
+    def load(self, split: str) -> TensorDataset:
+        return TensorDataset(*indexed(200 if split == "train" else 50))
+
+
+class RecordLabels(L.LightningModule):
+    """Records the labels (= sample indices) each rank trains on; learns nothing of note."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__()
+        self.folder = Path(folder)
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.seen: list[list[int]] = []
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        if batch_idx == 0:
+            self.seen.append([])
+        self.seen[-1] += batch[1].tolist()
+        return (self.weight * batch[0].mean()).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def on_train_end(self) -> None:
+        loader = self.trainer.train_dataloader
+        record = {"seen": self.seen, "loader": type(loader).__name__, "rank": loader.sampler.rank}
+        torch.save(record, self.folder / f"rank{self.global_rank}.pt")
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_ddp_ranks_train_on_disjoint_shards_of_each_epoch(tmp_path):
+    dm = DataModule(Indexed(), [1, 4, 4], 200, mean=[0.0], std=[1.0], batch_size=8)
+    dm.setup()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(RecordLabels(str(tmp_path)), dm)
+    records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert [r["loader"] for r in records] == ["DeviceLoader"] * 2  # no DistributedSampler
+    assert [r["rank"] for r in records] == [0, 1]
+    for epoch in range(2):
+        a, b = (set(r["seen"][epoch]) for r in records)
+        assert not a & b and len(a) == len(b) == len(dm.datasets["train"]) // 2 // 8 * 8
+    assert records[0]["seen"][0] != records[0]["seen"][1]  # a new order each epoch
+
+
+@needs_cuda
+def test_batches_are_indexed_on_the_gpu_in_the_cpu_order():
+    images, labels = indexed(300)
+    on_gpu = DeviceLoader(images, labels, 32, shuffle=True, drop_last=True, seed=5, device="cuda")
+    on_cpu = DeviceLoader(images, labels, 32, shuffle=True, drop_last=True, seed=5)
+    for (gi, gl), (ci, cl) in zip(on_gpu, on_cpu, strict=True):
+        assert gi.device.type == gl.device.type == "cuda"
+        assert torch.equal(gi.cpu(), ci) and torch.equal(gl.cpu(), cl)
+
+
+@needs_cuda
+def test_training_on_the_gpu_keeps_the_split_on_the_gpu(tmp_path):
+    cfg = make_cfg(tmp_path, [])
+    trainer = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        max_epochs=3,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(build(cfg.model, "model"), build(cfg.data, "data"))
+    assert trainer.train_dataloader.images.device.type == "cuda"
+    assert trainer.callback_metrics["val/acc"] > 0.8

@@ -35,3 +35,17 @@ class InjectNaN(Callback):
         if trainer.fit_loop.total_batch_idx == self.at_batch:
             with torch.no_grad():
                 next(getattr(pl_module, self.module).parameters()).fill_(float("nan"))
+
+
+class SignalAt(Callback):
+    """Sends a real signal to this process at the end of a given training batch (a preemption)."""
+
+    def __init__(self, batch: int, signum: str = "SIGTERM") -> None:
+        self.batch, self.signum = batch, signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import os
+        import signal
+
+        if trainer.fit_loop.total_batch_idx == self.batch and trainer.is_global_zero:
+            os.kill(os.getpid(), getattr(signal, self.signum))

@@ -25,6 +25,7 @@ from litlab.run import build_list
 
 CONF = REPO / "conf"
 GROUPS = [
+    "hparams_search",
     "data",
     "model",
     "trainer",
@@ -109,10 +110,11 @@ def test_plumbing_options_instantiate(group, tmp_path):
     for option in options(group):
         cfg = make_cfg(tmp_path, [f"{group}={option}"] if group != "hydra" else [])
         check_all(cfg)
-        if group == "trainer" and option == "gpu" and not torch.cuda.is_available():
+        if group == "trainer" and option in ("gpu", "fsdp") and not torch.cuda.is_available():
             with pytest.raises(ConfigError, match="no CUDA GPU; use trainer=cpu"):
                 check_hardware(cfg.trainer)
             continue
+        check_hardware(cfg.trainer)
         callbacks = build_list(cfg.get("callbacks"), "callbacks")
         loggers = build_list(cfg.get("logger"), "logger")
         trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers)
@@ -157,3 +159,16 @@ def test_cli_help_lists_groups_and_cfg_prints_config():
     printed = OmegaConf.create(job.stdout)
     assert printed.model.net._target_ == "litlab.nets.ResNet"
     assert printed.data.source._target_ == "litlab.data.FashionMNIST"
+
+
+@pytest.mark.parametrize("option", options("hparams_search"))
+def test_search_spaces_compose_with_the_optuna_sweeper(option, tmp_path):
+    cfg = make_cfg(tmp_path, [f"hparams_search={option}"])
+    check_all(cfg)
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_.endswith("OptunaSweeper") and sweeper.sampler.seed == cfg.seed
+    assert sweeper.direction == {"max": "maximize", "min": "minimize"}[cfg.objective.mode]
+    assert sweeper.storage.startswith("sqlite:///") and sweeper.params
+    for key in sweeper.params:  # every searched key exists in the composed config
+        assert OmegaConf.select(cfg, key, default="missing") != "missing", key
+    build(cfg.model, "model")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.errors import CheckpointError
@@ -43,3 +45,48 @@ def stored_config(checkpoint: dict[str, Any], path: str | Path) -> DictConfig:
             "use a checkpoint from a litlab run folder"
         )
     return OmegaConf.create(hparams)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoint writes that never leave a truncated file where a good one was.
+
+    The checkpoint is written to a temporary file in the same folder, flushed to disk, then
+    renamed over the target (rename is atomic within a filesystem). Lightning's own save goes
+    through a temporary file in the system temp folder, which is a copy, not a rename, when
+    that folder is on another filesystem (typical on clusters).
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
+    ) -> None:
+        if "://" in str(path):  # remote storage: keep Lightning's fsspec transaction
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def check_resumable(
+    checkpoint: dict[str, Any], path: str | Path, model_target: str, max_epochs: int | None
+) -> None:
+    """Refuse to resume from a checkpoint of another model family, or past the run's end."""
+    trained = stored_config(checkpoint, path).model.get("_target_")
+    if trained != model_target:
+        raise CheckpointError(
+            f"{path} holds a {trained} but this run builds a {model_target}; pick the matching "
+            "model (e.g. model=dcgan for a GAN checkpoint) or another checkpoint"
+        )
+    epoch = int(checkpoint.get("epoch", 0))
+    if max_epochs is not None and max_epochs >= 0 and epoch >= max_epochs:
+        raise CheckpointError(
+            f"{path} is already at epoch {epoch} and trainer.max_epochs={max_epochs}; "
+            f"set trainer.max_epochs above {epoch} to train further"
+        )

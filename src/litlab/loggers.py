@@ -1,10 +1,12 @@
-"""Experiment loggers. W&B never prompts or blocks: online with credentials, offline without.
+"""Experiment loggers. W&B never prompts or blocks: online with credentials, offline without;
+CSV keeps a resumed run's history.
 
 wandb itself is imported only when a W&B logger is actually built.
 """
 
 from __future__ import annotations
 
+import csv
 import logging
 import netrc
 import os
@@ -13,11 +15,34 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
-from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.loggers import Logger, WandbLogger, csv_logs
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["auto", "online", "offline", "disabled"]
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer, but a resumed run appends to metrics.csv instead of deleting it."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = next(csv.reader(f), [])  # old columns stay; rows append
+
+
+class CSVLogger(csv_logs.CSVLogger):
+    """Lightning's CSVLogger that keeps the history of a resumed run (same run folder)."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
 
 
 def wandb_credentials() -> bool:
@@ -34,7 +59,7 @@ def wandb_credentials() -> bool:
 
 def wandb_mode(requested: Mode) -> str:
     """The mode W&B will run in; WANDB_MODE wins, and online without credentials means offline."""
-    mode = os.environ.get("WANDB_MODE", requested).lower()
+    mode = (os.environ.get("WANDB_MODE") or requested).lower()
     mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
     if mode in ("auto", "online") and not wandb_credentials():
         if mode == "online":
@@ -58,9 +83,28 @@ def split_overrides(text: str) -> list[str]:
     return [item for item in [*items, current] if item]
 
 
-class FlatConfigWandbLogger(WandbLogger):
-    """Logs the config flat ("model.optimizer.lr"), so W&B's table and parallel-coordinates
-    views can use every key without editing."""
+class LitlabWandbLogger(WandbLogger):
+    """Lightning's WandbLogger that survives a W&B outage and logs the config flat.
+
+    If the run cannot start online (server unreachable, bad key), the failure is bounded by
+    ``settings.init_timeout`` and the run continues offline with a warning; its files can be
+    uploaded later with ``wandb sync``. The config is logged flat ("model.optimizer.lr") so the
+    dashboard's table and parallel-coordinates views can use every key without editing.
+    """
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        if self._experiment is None and self._wandb_init.get("mode") == "online":
+            try:
+                return WandbLogger.experiment.fget(self)
+            except Exception as e:  # wandb raises CommError, UsageError, timeouts...
+                reason = (
+                    str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                )
+                log.warning("W&B could not start online (%s); logging offline instead", reason)
+                self._wandb_init["mode"] = "offline"
+        return WandbLogger.experiment.fget(self)
 
     def log_hyperparams(self, params: dict[str, Any] | Any) -> None:
         super().log_hyperparams(_flatten_dict(_convert_params(params), delimiter="."))
@@ -82,7 +126,12 @@ def wandb_logger(
     when ``name`` is not given and adds one tag per override, so sweep jobs are told apart.
     """
     changed = split_overrides(overrides)
-    return FlatConfigWandbLogger(
+    # Lightning asks W&B to "allow" resuming every run, which costs an extra server round trip
+    # (and minutes when the server is down); only a run resumed with its id needs it.
+    kwargs.setdefault("resume", "allow" if kwargs.get("id") else None)
+    if kwargs.get("settings") is not None:  # a config mapping; wandb wants a plain dict
+        kwargs["settings"] = dict(kwargs["settings"])
+    return LitlabWandbLogger(
         save_dir=save_dir,
         project=project,
         mode=wandb_mode(mode),

@@ -19,6 +19,7 @@ from typing import Any
 import lightning
 import torch
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 import litlab
@@ -131,6 +132,9 @@ class Run:
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
+        if rank_zero_only.rank == 0:  # a run killed hard still says it was started, where, by whom
+            self.summary.update(pid=os.getpid(), host=platform.node())
+            write_json(self.dir / "summary.json", self.summary)
         return self
 
     def phase(self, name: str) -> _Phase:
@@ -144,12 +148,20 @@ class Run:
             self.summary["status"] = "completed"
         elif isinstance(exc, KeyboardInterrupt):
             self.summary.update(status="interrupted", error="interrupted by the user")
+        elif isinstance(exc, SIGTERMException):
+            self.summary.update(
+                status="interrupted",
+                error=f"stopped by a signal; continue with: python train.py resume={self.dir}",
+            )
         else:
             self.summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if rank_zero_only.rank == 0:
             self._write()
+        if isinstance(exc, SIGTERMException):
+            log.warning("litlab: %s", self.summary["error"])
+            sys.exit(143)  # 128 + SIGTERM: the run did not finish
         if exc is not None and self._keep_going and not isinstance(exc, KeyboardInterrupt):
             log.error("litlab: job failed (the sweep goes on): %s", self.summary["error"])
             return True

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -14,10 +16,12 @@ from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.checkpoint import check_resumable, load_checkpoint
 from litlab.config import build, check_all, check_hardware, config_dir
 from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
 from litlab.errors import ConfigError, TrainingDiverged
 from litlab.loggers import finish_loggers
+from litlab.resume import resume_argv
 from litlab.run import Run, build_list, print_config_tree
 
 log = logging.getLogger("litlab")
@@ -43,6 +47,12 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
 
     datamodule = build(cfg.data, "data")
     model = build(cfg.model, "model")
+    if cfg.get("ckpt_path"):  # one clear line for a missing, corrupt or foreign checkpoint
+        checkpoint = load_checkpoint(cfg.ckpt_path)
+        check_resumable(
+            checkpoint, cfg.ckpt_path, cfg.model._target_, cfg.trainer.get("max_epochs")
+        )
+        run.summary["resumed_from"] = str(cfg.ckpt_path)
     # The resolved config travels in every checkpoint and goes to every logger as hparams.
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams.pop("hydra", None)
@@ -83,7 +93,8 @@ def record_checkpoints(trainer: L.Trainer, run: Run) -> None:
     if checkpoint is None:
         return
     run.summary["best_checkpoint"] = checkpoint.best_model_path or None
-    run.summary["last_checkpoint"] = checkpoint.last_model_path or None
+    last = Path(checkpoint.dirpath or "") / "last.ckpt"
+    run.summary["last_checkpoint"] = str(last) if last.is_file() else None
     if checkpoint.best_model_score is not None:
         run.summary["best_score"] = float(checkpoint.best_model_score)
 
@@ -121,8 +132,14 @@ def train_task(cfg: DictConfig) -> float | None:
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def hydra_main(cfg: DictConfig) -> float | None:
     return train_task(cfg)
+
+
+def main() -> None:
+    """`python train.py ...`: Hydra's command line, plus `resume=<run folder>`."""
+    sys.argv = resume_argv(sys.argv)
+    hydra_main()
 
 
 if __name__ == "__main__":

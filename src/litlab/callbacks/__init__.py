@@ -1,7 +1,9 @@
-"""Lightning callbacks that litlab adds: speed switches, divergence guard, GAN evaluation."""
+"""Lightning callbacks that litlab adds: speed switches, divergence guard, exact resume and
+preemption, GAN evaluation."""
 
 from litlab.callbacks.gan import FID, SampleGrid
 from litlab.callbacks.guard import DivergenceGuard
+from litlab.callbacks.resume import Preemption, RNGState
 from litlab.callbacks.speed import Speed
 
-__all__ = ["FID", "DivergenceGuard", "SampleGrid", "Speed"]
+__all__ = ["FID", "DivergenceGuard", "Preemption", "RNGState", "SampleGrid", "Speed"]

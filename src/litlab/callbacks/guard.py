@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -48,7 +49,10 @@ class DivergenceGuard(Callback):
         if not broken:
             return
         callback = trainer.checkpoint_callback
-        kept = (callback.last_model_path or callback.best_model_path) if callback else ""
+        last = Path(callback.dirpath) / "last.ckpt" if callback and callback.dirpath else None
+        kept = (
+            str(last) if last and last.is_file() else (callback.best_model_path if callback else "")
+        )
         where = (
             f"the last good checkpoint is {kept}" if kept else "no checkpoint had been written yet"
         )

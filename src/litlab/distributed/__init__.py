@@ -66,8 +66,9 @@ def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
 
     Lightning starts the other ranks by re-running ``sys.argv`` plus ``hydra.run.dir=<run dir>``.
     Under a multirun (``-m``) that would start a whole new sweep in every child, in the wrong
-    folder. While this job runs, ``sys.argv`` names the job's own saved config and the run dir
-    is the job's folder, so every child runs this job's config in this job's folder. Afterwards
+    folder. While this job runs, ``sys.argv`` names this job's config (saved as
+    .hydra/ranks.yaml) and the run dir is the job's folder, so every child runs exactly this
+    job's config in this job's folder. Afterwards
     the process group, launcher environment and children are cleaned up so that the next job
     of a sweep starts fresh (its own port, no orphans).
     """
@@ -75,14 +76,14 @@ def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
         yield
         return
     folder = Path(cfg.paths.output_dir)
-    saved = folder / ".hydra" / "config.yaml"
-    if not saved.is_file():  # hydra.output_subdir=null: save the job's config ourselves
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, saved)
+    # The job's config as this process holds it (with every override, e.g. a resume's ckpt_path).
+    saved = folder / ".hydra" / "ranks.yaml"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), saved)
     hydra_cfg = HydraConfig.get()
     argv, run_dir = sys.argv[:], hydra_cfg.run.dir
     env = {k: os.environ.get(k) for k in _LAUNCH_ENV}
-    sys.argv = [argv[0], f"--config-path={saved.parent}", "--config-name=config"]
+    sys.argv = [argv[0], f"--config-path={saved.parent}", "--config-name=ranks"]
     with read_write(hydra_cfg):
         hydra_cfg.run.dir = str(folder)
     try:

@@ -50,6 +50,7 @@ class ImageClassifier(L.LightningModule):
         self.val_metrics = accuracy_metrics(num_classes, "val/")
         self.test_metrics = accuracy_metrics(num_classes, "test/")
         self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # part of the checkpoint: a resumed run keeps its best
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)
@@ -67,19 +68,17 @@ class ImageClassifier(L.LightningModule):
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
 
-    def on_train_start(self) -> None:
-        # The sanity-check validation must not count towards the best accuracy.
-        self.val_acc_best.reset()
-
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss = self._step(batch, self.val_metrics)
         self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=True)
         self.log_dict(self.val_metrics, on_step=False, on_epoch=True, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
-        # torchmetrics syncs across ranks in compute(); Lightning reuses the cached value.
-        self.val_acc_best.update(self.val_metrics["acc"].compute())
-        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
+        # torchmetrics syncs across ranks in compute(); Lightning reuses the cached value. The
+        # sanity check's partial pass does not count towards the best.
+        if not self.trainer.sanity_checking:
+            self.val_acc_best.update(self.val_metrics["acc"].compute())
+            self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss = self._step(batch, self.test_metrics)

@@ -1,0 +1,225 @@
+"""Reliability: exact resume, real signals, SIGKILL, atomic checkpoints, W&B outage, determinism."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, make_cfg, run_cli, summary_of
+from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
+from litlab.errors import CheckpointError
+from litlab.train import train_task
+
+QUIET = ["extras.print_config=false", "callbacks.progress_bar=null"]
+CLF = ["data.batch_size=128", "trainer.max_epochs=4", "model.net.width=8", "logger=csv", *QUIET]
+GAN_MODEL = [
+    "model=dcgan",
+    "data=synthetic",
+    "data.image_shape=[1,16,16]",
+    "data.source.train_size=256",
+    "data.batch_size=32",
+    "model.generator.width=8",
+    "model.discriminator.width=8",
+    "callbacks.fid.num_samples=64",
+]
+GAN = [*GAN_MODEL, "trainer.max_epochs=3", "logger=csv", *QUIET]
+
+
+def run_folder(root: Path) -> Path:
+    (summary,) = list(root.rglob("summary.json"))
+    return summary.parent
+
+
+def final_state(folder: Path) -> dict[str, torch.Tensor]:
+    return torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+def val_rows(folder: Path) -> list[tuple[str, str]]:
+    with open(folder / "csv" / "metrics.csv") as f:
+        return [
+            (r["epoch"], r.get("val/acc") or r.get("val/fid"))
+            for r in csv.DictReader(f)
+            if r.get("val/acc") or r.get("val/fid")
+        ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, args, stop_batch", [("classifier", CLF, 19), ("gan", GAN, 13)])
+def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
+    tmp_path, family, args, stop_batch
+):
+    """A real SIGTERM at an epoch boundary, `resume=<folder>`, and the same weights as never stopping."""
+    straight = run_cli(*args, f"paths.log_dir={tmp_path / 'straight'}")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    stopped = run_cli(
+        *args,
+        f"paths.log_dir={tmp_path / 'stopped'}",
+        "+callbacks.stop._target_=helpers.SignalAt",
+        f"+callbacks.stop.batch={stop_batch}",
+    )
+    assert stopped.returncode == 143, stopped.stderr[-3000:]  # interrupted, not finished
+    folder = run_folder(tmp_path / "stopped")
+    assert summary_status(folder) == "interrupted"
+    assert (folder / "checkpoints" / "last.ckpt").is_file()
+
+    resumed = run_cli(f"resume={folder}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert list((tmp_path / "stopped").rglob("summary.json")) == [
+        folder / "summary.json"
+    ]  # same folder
+    assert summary_status(folder) == "completed"
+    a, b = final_state(run_folder(tmp_path / "straight")), final_state(folder)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert val_rows(folder) == val_rows(run_folder(tmp_path / "straight"))  # metrics of every epoch
+
+
+def summary_status(folder: Path) -> str:
+    return json.loads((folder / "summary.json").read_text())["status"]
+
+
+def start(args: list[str], tmp_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO / "tests")}
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args, f"paths.log_dir={tmp_path}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(path_glob: str, root: Path, timeout: float = 120) -> Path:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = list(root.rglob(path_glob))
+        if found:
+            return found[0]
+        time.sleep(0.2)
+    raise AssertionError(f"{path_glob} never appeared under {root}")
+
+
+LONG = [
+    "trainer.max_epochs=30",
+    "model.net.width=8",
+    "logger=csv",
+    "callbacks.step_checkpoint.every_n_train_steps=5",
+    *QUIET,
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_preemption_signal_from_outside_saves_and_resume_finishes(tmp_path, signum):
+    proc = start(LONG, tmp_path)
+    wait_for("step.ckpt", tmp_path)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    folder = run_folder(tmp_path)
+    saved = load_checkpoint(folder / "checkpoints" / "last.ckpt")
+    assert 0 < saved["global_step"] < 30 * 20
+    # Finish sooner than the planned 30 epochs.
+    resumed = run_cli(f"resume={folder}", f"trainer.max_epochs={saved['epoch'] + 2}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary_status(folder) == "completed"
+
+
+@pytest.mark.slow
+def test_sigkill_leaves_a_loadable_checkpoint(tmp_path):
+    proc = start(LONG, tmp_path)
+    first = wait_for("step.ckpt", tmp_path)
+    time.sleep(1.5)  # let it write more checkpoints, then kill it at an arbitrary moment
+    proc.kill()
+    proc.wait(timeout=60)
+    checkpoint = load_checkpoint(first)  # complete and readable, never a truncated file
+    assert checkpoint["global_step"] > 0
+    newest = max(
+        (load_checkpoint(p) for p in first.parent.glob("*.ckpt")), key=lambda c: c["global_step"]
+    )
+    resumed = run_cli(f"resume={run_folder(tmp_path)}", f"trainer.max_epochs={newest['epoch'] + 1}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+class Exploding:
+    """Pickles half way, then fails: a crash in the middle of writing a checkpoint."""
+
+    def __reduce__(self):
+        raise RuntimeError("crash while saving")
+
+
+def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "epoch": 1}, path)
+    with pytest.raises(RuntimeError, match="crash while saving"):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(1000)}, "boom": Exploding()}, path)
+    assert load_checkpoint(path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_truncated_checkpoint_is_one_clear_error(tmp_path):
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(1000)}}, path)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(path)
+
+
+@pytest.mark.slow
+def test_wandb_outage_falls_back_to_offline_within_the_timeout(tmp_path):
+    """Online mode with a key, but the server is an unused loopback port."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env.update(WANDB_API_KEY="a" * 40, WANDB_BASE_URL="http://127.0.0.1:9")
+    t0 = time.time()
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "trainer.max_epochs=1",
+            "logger=wandb",
+            "logger.wandb.settings.init_timeout=5",
+            f"paths.log_dir={tmp_path}",
+            *QUIET,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert time.time() - t0 < 120
+    assert "W&B could not start online" in result.stdout + result.stderr
+    folder = run_folder(tmp_path)
+    assert summary_status(folder) == "completed"
+    assert list((folder / "wandb").glob("offline-run-*/run-*.wandb"))  # ready for `wandb sync`
+
+
+@pytest.mark.parametrize(
+    "args", [["trainer.max_epochs=2", "model.net.width=8"], [*GAN_MODEL, "trainer.max_epochs=1"]]
+)
+def test_same_seed_same_weights(tmp_path, args):
+    states = []
+    for name in ("a", "b"):
+        cfg = make_cfg(
+            tmp_path / name,
+            [*args, "trainer.deterministic=true", "logger=csv", "test=false", *QUIET],
+        )
+        train_task(cfg)
+        assert summary_of(cfg)["status"] == "completed"
+        states.append(final_state(Path(cfg.paths.output_dir)))
+    for key in states[0]:
+        assert torch.equal(states[0][key], states[1][key]), key

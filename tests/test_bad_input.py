@@ -118,3 +118,77 @@ def test_eval_of_a_foreign_checkpoint(tmp_path, capsys):
     torch.save({"state_dict": {"w": torch.zeros(1)}, "hyper_parameters": {"lr": 0.1}}, path)
     cfg = make_cfg(tmp_path, [f"ckpt_path={path}", "extras.print_config=false"], config_name="eval")
     fails_with(capsys, eval_task, cfg, "carries no litlab config")
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (
+            ["model=dcgan", "data.source.size=30"],
+            "DCGAN builds square images of 4*2^k or 7*2^k pixels",
+        ),
+        (["model=dcgan", "model.n_critic=0"], "n_critic must be at least 1"),
+        (["model=dcgan", "model.loss=lsgan"], "model.loss must be"),
+        (["model=dcgan", "model.generator.latent_dim=0"], "latent_dim and width must be positive"),
+        (
+            ["model=dcgan", "trainer.strategy=fsdp", "trainer.accelerator=cpu"],
+            "on CPU use trainer.strategy=ddp",
+        ),
+    ],
+    ids=["gan-image-size", "n-critic", "gan-loss", "latent-dim", "fsdp-on-cpu"],
+)
+def test_gan_mistakes_in_process(tmp_path, capsys, overrides, needle):
+    fails_with(capsys, train_task, make_cfg(tmp_path, [*overrides, *QUIET]), needle)
+
+
+def test_resuming_a_checkpoint_of_another_model_family(tmp_path, capsys):
+    gan = make_cfg(
+        tmp_path / "gan",
+        [
+            "model=dcgan",
+            "data=synthetic",
+            "data.image_shape=[1,16,16]",
+            "data.source.train_size=128",
+            "data.batch_size=32",
+            "model.generator.width=8",
+            "model.discriminator.width=8",
+            "trainer.max_epochs=1",
+            "test=false",
+            *QUIET,
+        ],
+    )
+    train_task(gan)
+    last = Path(gan.paths.output_dir) / "checkpoints" / "last.ckpt"
+    cfg = make_cfg(tmp_path / "clf", [f"ckpt_path={last}", *QUIET])
+    fails_with(
+        capsys,
+        train_task,
+        cfg,
+        "holds a litlab.models.GAN but this run builds a litlab.models.ImageClassifier",
+    )
+
+
+def test_unwritable_output_folder(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = run_cli(f"paths.log_dir={blocker / 'out'}", "logger=csv")
+    assert_one_clear_line(
+        result, "litlab: error: cannot write the run folder", "paths.log_dir=<folder>"
+    )
+    assert result.returncode == 2
+
+
+@pytest.mark.parametrize("layout", ["not-a-run", "no-checkpoint"])
+def test_resume_of_a_folder_that_cannot_be_resumed(tmp_path, layout):
+    folder = tmp_path / "run"
+    if layout == "no-checkpoint":
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    result = run_cli(f"resume={folder}")
+    needle = (
+        "is not a litlab run folder"
+        if layout == "not-a-run"
+        else "has no checkpoint to resume from"
+    )
+    assert_one_clear_line(result, f"litlab: error: {folder}", needle)
+    assert result.returncode == 2

@@ -44,7 +44,12 @@ class Speed(Callback):
             if datamodule is not None and hasattr(datamodule, "memory_format"):
                 datamodule.memory_format = torch.channels_last
         if self.compile:
+            # A module may name what can be compiled (a GAN with a gradient penalty keeps its
+            # discriminator eager: torch.compile has no double backward); else every net.
+            names = getattr(pl_module, "compile_targets", None)
             for name, child in pl_module.named_children():
+                if names is not None and name not in names:
+                    continue
                 if not isinstance(child, Metric) and any(True for _ in child.parameters()):
                     child.compile()
                     log.info("compiled %s in place", name)

@@ -133,6 +133,12 @@ class GAN(L.LightningModule):
         self.g_steps = 0
         self.d_steps = 0
 
+    @property
+    def compile_targets(self) -> tuple[str, ...]:
+        """Nets that litlab.callbacks.Speed may compile (no double backward through a compiled D)."""
+        nets = ("generator", "generator_ema")
+        return nets if self.loss == "wgan_gp" else (*nets, "discriminator")
+
     # -- sampling ---------------------------------------------------------------------------
     @contextmanager
     def _eval_mode(self, net: nn.Module) -> Iterator[nn.Module]:

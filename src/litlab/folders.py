@@ -1,0 +1,37 @@
+"""Hydra callback: fail early, in one line, when the run or sweep folder cannot be created.
+
+Hydra creates the folder itself, before any litlab code runs, and reports a failure with a
+traceback; this check runs first and says what to do instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+def _check(folder: str, key: str) -> None:
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        probe = Path(folder) / ".write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        print(
+            f"litlab: error: cannot write the run folder {folder} ({e.strerror or e}); "
+            f"choose a writable place with paths.log_dir=<folder> (or {key}=<folder>)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from e
+
+
+class CheckOutputFolder(Callback):
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check(config.hydra.sweep.dir, "hydra.sweep.dir")

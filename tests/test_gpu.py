@@ -132,3 +132,19 @@ def test_compiled_training_checkpoints_load_without_compile(tmp_path, family):
     expected = metrics["test/acc"] if family == "classifier" else None
     if expected is not None:
         assert value == pytest.approx(expected, abs=0.02)
+
+
+def test_deterministic_on_gpu(tmp_path):
+    states = []
+    for name in ("a", "b"):
+        cfg = make_cfg(
+            tmp_path / name,
+            [*CLF, *QUIET, "trainer.deterministic=true", "trainer.max_epochs=1", "test=false"],
+        )
+        train_task(cfg)
+        completed(cfg)
+        states.append(
+            torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+        )
+    for key, value in states[0]["state_dict"].items():
+        assert torch.equal(value, states[1]["state_dict"][key]), key

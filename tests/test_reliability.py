@@ -144,6 +144,8 @@ def test_sigkill_leaves_a_loadable_checkpoint(tmp_path):
     time.sleep(1.5)  # let it write more checkpoints, then kill it at an arbitrary moment
     proc.kill()
     proc.wait(timeout=60)
+    summary = json.loads((run_folder(tmp_path) / "summary.json").read_text())
+    assert summary["status"] == "running" and summary["pid"] == proc.pid  # says it never finished
     checkpoint = load_checkpoint(first)  # complete and readable, never a truncated file
     assert checkpoint["global_step"] > 0
     newest = max(

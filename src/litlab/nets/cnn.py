@@ -16,7 +16,8 @@ def conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
 
 
 class SmallCNN(nn.Module):
-    """Three stages of ``depth`` conv-BN-ReLU layers (widths w, 2w, 4w), 2x2 max-pool between, linear head."""
+    """Three stages of ``depth`` conv-BN-ReLU layers (widths w, 2w, 4w), 2x2 max-pool between,
+    global max-pool, linear head."""
 
     def __init__(
         self,
@@ -39,8 +40,9 @@ class SmallCNN(nn.Module):
             for _ in range(depth):
                 layers += conv_bn_relu(cin, cout)
                 cin = cout
-        self.features = nn.Sequential(*layers, nn.AdaptiveMaxPool2d(1), nn.Flatten())
+        self.features = nn.Sequential(*layers)
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(cin, num_classes))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.features(x))
+        # Global max pooling as amax: unlike AdaptiveMaxPool2d its CUDA backward is deterministic.
+        return self.head(self.features(x).amax(dim=(2, 3)))

@@ -71,25 +71,14 @@ class FID(Callback):
         if spec == "inception":
             return InceptionFeatures(self.inception_weights)
         if spec == "auto":
+            images, labels = dm.arrays("train")
+            mean, std = dm.transform.mean.flatten().tolist(), dm.transform.std.flatten().tolist()
+            device = trainer.strategy.root_device
             with torch.inference_mode(False):
-                if trainer.is_global_zero:  # one process trains and caches; the others then read
-                    images, labels = dm.arrays("train")
-                    domain_classifier(
-                        images,
-                        labels,
-                        dm.transform.mean.flatten().tolist(),
-                        dm.transform.std.flatten().tolist(),
-                        self.cache_dir,
-                    )
+                if trainer.is_global_zero:  # one process trains and caches; the others read it
+                    domain_classifier(images, labels, mean, std, self.cache_dir, device=device)
                 trainer.strategy.barrier("fid-extractor")
-                images, labels = dm.arrays("train")
-                return domain_classifier(
-                    images,
-                    labels,
-                    dm.transform.mean.flatten().tolist(),
-                    dm.transform.std.flatten().tolist(),
-                    self.cache_dir,
-                )
+                return domain_classifier(images, labels, mean, std, self.cache_dir, device=device)
         if not Path(spec).is_file():
             raise ConfigError(
                 f"callbacks.fid.extractor={spec!r} is neither auto, inception nor an existing checkpoint file"

@@ -112,6 +112,7 @@ def domain_classifier(
     cache_dir: str | Path,
     width: int = 32,
     seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> ClassifierFeatures:
     """Train (once, cached by a hash of the data) a small CNN on real images as FID extractor."""
     from litlab.nets import SmallCNN
@@ -131,13 +132,14 @@ def domain_classifier(
         path,
     )
     generator = torch.Generator().manual_seed(seed)
-    m = torch.tensor(mean).view(1, -1, 1, 1)
-    s = torch.tensor(std).view(1, -1, 1, 1)
+    m = torch.tensor(mean, device=device).view(1, -1, 1, 1)
+    s = torch.tensor(std, device=device).view(1, -1, 1, 1)
+    net.to(device).train()
+    images, labels = images.to(device), labels.to(device)
     optimizer = torch.optim.Adam(net.parameters(), lr=2e-3)
     epochs = min(30, max(2, math.ceil(20_000 / len(images))))
-    net.train()
     for _ in range(epochs):
-        order = torch.randperm(len(images), generator=generator)
+        order = torch.randperm(len(images), generator=generator).to(device)
         for start in range(0, len(images), 256):
             idx = order[start : start + 256]
             x = (images[idx].float() / 255 - m) / s
@@ -145,6 +147,7 @@ def domain_classifier(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+    net.cpu()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save(net.state_dict(), tmp)

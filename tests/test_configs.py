@@ -22,6 +22,7 @@ from litlab.data import DataModule
 from litlab.errors import ConfigError
 from litlab.models import GAN, ImageClassifier
 from litlab.run import build_list
+from litlab.tune import finder_options
 
 CONF = REPO / "conf"
 GROUPS = [
@@ -37,6 +38,7 @@ GROUPS = [
     "hydra",
     "debug",
     "experiment",
+    "tune",
 ]
 
 
@@ -172,3 +174,12 @@ def test_search_spaces_compose_with_the_optuna_sweeper(option, tmp_path):
     for key in sweeper.params:  # every searched key exists in the composed config
         assert OmegaConf.select(cfg, key, default="missing") != "missing", key
     build(cfg.model, "model")
+
+
+@pytest.mark.parametrize("option", options("tune"))
+def test_tune_options_compose(option, tmp_path):
+    cfg = make_cfg(tmp_path, [f"tune={option}"])
+    check_all(cfg)
+    assert cfg.tune.batch_size is False and cfg.tune.lr is False  # the finders are opt-in
+    for finder in ("batch_size_finder", "lr_finder"):  # arguments of Lightning's Tuner
+        assert finder_options(cfg, finder) == OmegaConf.to_container(cfg.tune[finder])

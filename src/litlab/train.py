@@ -16,6 +16,7 @@ from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.callbacks import PeakMemory, Throughput
 from litlab.checkpoint import check_resumable, load_checkpoint
 from litlab.config import build, check_all, check_hardware, config_dir
 from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
@@ -23,6 +24,7 @@ from litlab.errors import ConfigError, TrainingDiverged
 from litlab.loggers import finish_loggers
 from litlab.resume import resume_argv
 from litlab.run import Run, build_list, print_config_tree
+from litlab.tune import log_lr_plot, out_of_memory_explained, tune
 
 log = logging.getLogger("litlab")
 
@@ -43,6 +45,10 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     check_all(cfg)
     check_hardware(cfg.trainer)
     setup_extras(cfg)
+    # Batch size and LR finders (tune.*) write what they find into cfg, before anything is built.
+    tuned = tune(cfg, run.dir)
+    if tuned:
+        run.summary["tuned"] = tuned
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = build(cfg.data, "data")
@@ -59,6 +65,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     model.save_hyperparameters(hparams)
     callbacks = build_list(cfg.get("callbacks"), "callbacks")
     loggers = build_list(cfg.get("logger"), "logger")
+    log_lr_plot(loggers, tuned)
     layout = torchrun_layout(cfg.trainer.devices, cfg.trainer.num_nodes)
     devices, num_nodes = (
         layout.get("devices", cfg.trainer.devices),
@@ -72,7 +79,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     try:
         with ranks_run_this_job(cfg, trainer):
             if cfg.get("train"):
-                with run.phase("fit"):
+                with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 run.record_metrics(trainer.callback_metrics)
                 record_checkpoints(trainer, run)
@@ -82,6 +89,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                     trainer.test(model, datamodule=datamodule, ckpt_path=best, weights_only=True)
                 run.record_metrics(trainer.callback_metrics)
     finally:
+        record_performance(trainer, run)
         finish_loggers(trainer.loggers)
     return run.summary["metrics"]
 
@@ -97,6 +105,13 @@ def record_checkpoints(trainer: L.Trainer, run: Run) -> None:
     run.summary["last_checkpoint"] = str(last) if last.is_file() else None
     if checkpoint.best_model_score is not None:
         run.summary["best_score"] = float(checkpoint.best_model_score)
+
+
+def record_performance(trainer: L.Trainer, run: Run) -> None:
+    """The throughput and memory monitors' run totals, also when training failed (out of memory)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, Throughput | PeakMemory):
+            run.summary.update(callback.summary())
 
 
 def objective_value(cfg: DictConfig, run: Run, required: bool) -> None:

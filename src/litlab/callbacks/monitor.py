@@ -1,0 +1,311 @@
+"""How fast and how full: images/s, batches/s and MFU per epoch, and peak memory."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import resource
+import sys
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.throughput import measure_flops
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.data import extract_batch_size
+from torch import nn
+
+from litlab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+GB = 1e9
+
+# Dense (no sparsity) peak FLOP/s of one GPU by precision, from NVIDIA's datasheets; the first
+# name fragment found in torch.cuda.get_device_name() wins, so longer names come first.
+# Lightning's table (lightning.fabric.utilities.throughput) is not used: it lists the H200 only
+# under names CUDA does not report ("h200 sxm1"), gives sparse peaks for H200 and H100 NVL,
+# reads an L40S as an L4, and has no A10 and no TF32 for A100/H100.
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("h200 nvl", {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}),
+    ("h200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}),
+    ("h100 nvl", {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}),
+    ("h100 pcie", {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51.2e12}),
+    ("h100", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}),
+    ("a100", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    # AWS publishes no tensor-core figure for the A10G: the A10's, as Lightning's table does.
+    ("a10", {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12}),
+    ("l40s", {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12}),
+    ("l40", {"bf16": 181e12, "fp16": 181e12, "tf32": 90.5e12, "fp32": 90.5e12}),
+    ("l4", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12}),
+    ("v100s", {"fp16": 130e12, "fp32": 16.4e12}),
+    ("v100-sxm", {"fp16": 125e12, "fp32": 15.7e12}),
+    ("v100", {"fp16": 112e12, "fp32": 14e12}),
+    ("t4", {"fp16": 65e12, "fp32": 8.1e12}),
+    # GeForce: tensor cores with float32 accumulation (what autocast uses) run at half rate.
+    ("rtx 4090", {"bf16": 165.2e12, "fp16": 165.2e12, "tf32": 82.6e12, "fp32": 82.6e12}),
+    ("rtx 3090", {"bf16": 71e12, "fp16": 71e12, "tf32": 35.6e12, "fp32": 35.6e12}),
+)
+
+
+def compute_precision(precision: str, device: torch.device) -> str | None:
+    """The arithmetic a Trainer precision runs convolutions and matmuls in: bf16/fp16/tf32/fp32."""
+    if precision.startswith("bf16"):
+        return "bf16"
+    if precision.startswith("16"):
+        return "fp16"
+    if not precision.startswith("32"):
+        return None
+    # cuDNN runs float32 convolutions in TF32 by default on Ampere and newer (allow_tf32).
+    tf32 = torch.backends.cudnn.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    ampere = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+    return "tf32" if tf32 and ampere else "fp32"
+
+
+def peak_flops(device_name: str, arithmetic: str | None) -> float | None:
+    """Dense peak FLOP/s of a GPU (by its CUDA name) in that arithmetic; None when not listed."""
+    name = device_name.lower()
+    for fragment, peaks in PEAK_FLOPS:
+        if fragment in name:
+            return peaks.get(arithmetic or "")
+    return None
+
+
+def training_flops_per_image(net: nn.Module, images: torch.Tensor) -> float:
+    """FLOPs of one training step per image: forward plus backward, counted by
+    torch.utils.flop_counter on a meta-device copy (no memory, no change to the real net)."""
+    meta = copy.deepcopy(net).to("meta")
+    x = torch.empty_like(images, dtype=torch.float32, device="meta")
+    # .forward, not __call__: a net compiled in place (Speed) would compile again for meta.
+    flops = measure_flops(meta, lambda: meta.forward(x), loss_fn=lambda y: y.float().sum())
+    return flops / images.shape[0]
+
+
+def mfu(flops_per_image: float, images_per_s: float, peak: float) -> float:
+    """Model FLOPs utilization of one device: achieved training FLOP/s over the device's peak."""
+    return flops_per_image * images_per_s / peak
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Clock:
+    """Seconds, samples and batches of one stage; paused while another stage runs."""
+
+    def __init__(self) -> None:
+        self.seconds, self.samples, self.batches = 0.0, 0, 0
+        self._t0: float | None = None
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self._t0 is not None:
+            self.seconds += time.perf_counter() - self._t0
+            self._t0 = None
+
+
+class Throughput(Callback):
+    """Images/s (train, val, test) and batches/s (train) per epoch; training FLOPs per image and
+    MFU for classifiers on GPUs listed in ``PEAK_FLOPS``.
+
+    No per-step host sync: ``time.perf_counter()`` around each epoch, CUDA synchronized only at
+    epoch boundaries, samples counted from batch shapes (Lightning's ThroughputMonitor
+    synchronizes after every batch). The first ``warmup_batches`` of a fit are not timed (CUDA
+    context, cuDNN and allocator warm-up, compilation). Images/s count all devices (each rank's
+    rate x world size); MFU is per device. FLOPs are counted once, for ``pl_module.net``
+    (GANs report images/s only).
+    """
+
+    def __init__(self, warmup_batches: int = 3) -> None:
+        if warmup_batches < 0:
+            raise ConfigError(f"warmup_batches must be >= 0, got {warmup_batches}")
+        self.warmup_batches = warmup_batches
+        self.flops_per_image: float | None = None
+        self.peak: float | None = None
+        self.totals: dict[str, _Clock] = {}
+        self._clocks: dict[str, _Clock] = {}
+        self._net: nn.Module | None = None
+        self._warmup = 0
+        self._world = 1
+        self._device = torch.device("cpu")
+        self._labels: dict[str, str] = {}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._device, self._world = trainer.strategy.root_device, trainer.world_size
+        arithmetic = compute_precision(str(trainer.precision), self._device)
+        name = torch.cuda.get_device_name(self._device) if self._device.type == "cuda" else "cpu"
+        self.peak = peak_flops(name, arithmetic) if self._device.type == "cuda" else None
+        self._labels = {"device": name, "precision": str(trainer.precision)}
+        if stage != "fit":
+            return
+        self._warmup = self.warmup_batches
+        net = getattr(pl_module, "net", None)
+        # Copied to meta before the strategy wraps or shards it (FSDP); counted at the first batch.
+        if isinstance(net, nn.Module) and self.flops_per_image is None:
+            self._net = copy.deepcopy(net).to("meta")
+
+    def _start(self, stage: str) -> None:
+        _sync(self._device)
+        self._clocks[stage] = _Clock()
+        self._clocks[stage].start()
+
+    def _count(self, stage: str, batch: Any) -> None:
+        clock = self._clocks.get(stage)
+        if clock is not None:
+            clock.samples += extract_batch_size(batch)
+            clock.batches += 1
+
+    def _finish(self, stage: str, pl_module: L.LightningModule) -> _Clock | None:
+        """Stop a stage's clock, add it to the run totals and log its images/s."""
+        clock = self._clocks.pop(stage, None)
+        if clock is None or clock.batches == 0:
+            return None
+        _sync(self._device)
+        clock.stop()
+        if clock.seconds <= 0:
+            return None
+        total = self.totals.setdefault(stage, _Clock())
+        total.seconds, total.samples = total.seconds + clock.seconds, total.samples + clock.samples
+        total.batches += clock.batches
+        rate = clock.samples * self._world / clock.seconds
+        pl_module.log(f"perf/{stage}_images_per_s", rate, on_step=False, on_epoch=True)
+        return clock
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        batches = trainer.num_training_batches
+        if batches != float("inf"):  # an epoch no longer than the warm-up is timed whole
+            self._warmup = min(self._warmup, max(int(batches) - 1, 0))
+        self._start("train")
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._net is not None:
+            images = batch[0] if isinstance(batch, list | tuple) else batch
+            try:
+                self.flops_per_image = training_flops_per_image(self._net, images)
+            except (RuntimeError, NotImplementedError, TypeError) as e:
+                # A metric must never stop a run: without a count there is no MFU, only images/s.
+                log.warning("could not count the net's FLOPs (%s); MFU is not reported", e)
+            self._net = None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
+    ) -> None:
+        self._count("train", batch)
+        if self._warmup:
+            self._warmup -= 1
+            if not self._warmup:
+                self._start("train")
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        clock = self._finish("train", pl_module)
+        if clock is None:
+            return
+        pl_module.log("perf/train_batches_per_s", clock.batches * self._world / clock.seconds)
+        if self.flops_per_image is not None:
+            pl_module.log("perf/flops_per_image", self.flops_per_image)
+            if self.peak:
+                rate = clock.samples / clock.seconds
+                pl_module.log("perf/mfu", mfu(self.flops_per_image, rate, self.peak))
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        _sync(self._device)
+        if "train" in self._clocks:  # validation inside a training epoch: pause its clock
+            self._clocks["train"].stop()
+        self._start("val")
+
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._count("val", batch)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self._finish("val", pl_module)
+        if "train" in self._clocks:
+            self._clocks["train"].start()
+
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start("test")
+
+    def on_test_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
+    ) -> None:
+        self._count("test", batch)
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._finish("test", pl_module)
+
+    def summary(self) -> dict[str, Any]:
+        """The run's rates over every timed epoch, for summary.json."""
+        perf: dict[str, Any] = dict(self._labels)
+        for stage, total in self.totals.items():
+            perf[f"{stage}_images_per_s"] = total.samples * self._world / total.seconds
+        train = self.totals.get("train")
+        if train is not None:
+            perf["train_batches_per_s"] = train.batches * self._world / train.seconds
+        perf.update(flops_per_image=self.flops_per_image, peak_flops=self.peak, mfu=None)
+        if train is not None and self.flops_per_image is not None and self.peak:
+            perf["mfu"] = mfu(self.flops_per_image, train.samples / train.seconds, self.peak)
+        return {"perf": perf}
+
+
+def rss_gb() -> float:
+    """Peak resident memory of this process so far (getrusage: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / GB if sys.platform == "darwin" else peak * 1024 / GB
+
+
+class PeakMemory(Callback):
+    """Peak CUDA memory per training and test epoch (allocated by tensors, reserved by the
+    caching allocator) and the process's peak RSS; no device sync (allocator counters)."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, float] = {}
+        self._device = torch.device("cpu")
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._device = trainer.strategy.root_device
+
+    def current(self) -> dict[str, float]:
+        """Peaks since the last epoch start, in GB (1e9 bytes)."""
+        values = {"rss_gb": rss_gb()}
+        if self._device.type == "cuda":
+            values["peak_allocated_gb"] = torch.cuda.max_memory_allocated(self._device) / GB
+            values["peak_reserved_gb"] = torch.cuda.max_memory_reserved(self._device) / GB
+        return values
+
+    def _reset(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self._device)
+
+    def _log(self, pl_module: L.LightningModule) -> None:
+        for name, value in self.current().items():
+            self.peaks[name] = max(self.peaks.get(name, 0.0), value)
+            pl_module.log(f"mem/{name}", value, on_step=False, on_epoch=True)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(pl_module)
+
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset()
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(pl_module)
+
+    def summary(self) -> dict[str, Any]:
+        """The run's peaks (also those of an epoch cut short by an error), for summary.json."""
+        now = self.current()
+        return {"memory": {k: max(self.peaks.get(k, 0.0), v) for k, v in now.items()}}

@@ -1,0 +1,257 @@
+"""Before a run: find the largest batch size that fits and a learning rate that works (Lightning's
+Tuner), and write them into the run's config so that the config alone reproduces the run. During
+a run: an out-of-memory error becomes one line saying which switches help."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.tuner import Tuner
+from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
+from omegaconf import DictConfig, OmegaConf
+
+from litlab.callbacks.monitor import GB, rss_gb
+from litlab.config import build
+from litlab.errors import ConfigError, LitlabError
+
+log = logging.getLogger("litlab")
+
+LR_PLOT = "lr_find.png"
+# Arguments of the Tuner methods that the task supplies, not the config.
+_SUPPLIED = {
+    "self",
+    "model",
+    "datamodule",
+    "method",
+    "update_attr",
+    "train_dataloaders",
+    "val_dataloaders",
+    "dataloaders",
+}
+_MODES = {"batch_size_finder": ("power", "binsearch"), "lr_finder": ("exponential", "linear")}
+
+
+def finder_options(cfg: DictConfig, key: str) -> dict[str, Any]:
+    """tune.<key> as keyword arguments of Lightning's Tuner method, checked."""
+    method = Tuner.scale_batch_size if key == "batch_size_finder" else Tuner.lr_find
+    options = OmegaConf.to_container(cfg.tune.get(key) or {}, resolve=True)
+    known = [p for p in inspect.signature(method).parameters if p not in _SUPPLIED]
+    for name, value in options.items():
+        if name not in known:
+            raise ConfigError(
+                f"tune.{key}.{name} is not an option of Tuner.{method.__name__}; "
+                f"known options: {', '.join(known)}"
+            )
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ConfigError(f"tune.{key}.{name} must be at least 1, got {value}")
+    if options.get("mode", _MODES[key][0]) not in _MODES[key]:
+        raise ConfigError(
+            f"tune.{key}.mode must be {' or '.join(_MODES[key])}, got {options['mode']!r}"
+        )
+    if key == "lr_finder" and not 0 < options.get("min_lr", 1e-8) < options.get("max_lr", 1.0):
+        raise ConfigError("tune.lr_finder needs 0 < min_lr < max_lr")
+    return options
+
+
+def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Run the finders that ``tune.batch_size`` / ``tune.lr`` switch on, on throwaway copies of
+    the data, model and trainer; write the found values into ``cfg`` and the saved config.
+
+    The finders run eagerly, with no callbacks or loggers (Speed's compile would compile each
+    trial's batch size anew). The written config has the finders off, so that a rerun or a
+    resume uses the same values without searching again. Returns what was found (empty when
+    nothing was tuned), for summary.json.
+    """
+    switches = cfg.get("tune") or {}
+    if not cfg.get("train") or not (switches.get("batch_size") or switches.get("lr")):
+        return {}
+    if cfg.get("ckpt_path"):
+        raise ConfigError(
+            "tune.batch_size/tune.lr search before a new run; a resumed run keeps its values: "
+            "drop the tune switches (or ckpt_path)"
+        )
+    batch_options = finder_options(cfg, "batch_size_finder")
+    lr_options = finder_options(cfg, "lr_finder")
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = build(cfg.data, "data")
+    model = build(cfg.model, "model")
+    if switches.get("lr"):
+        check_lr_tunable(cfg, model)
+    trainer: L.Trainer = build(
+        cfg.trainer,
+        "trainer",
+        callbacks=[],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        # Epochs unbounded so that the LR range test gets all its steps; a finite max_steps keeps
+        # step-based schedules (OneCycleLR) constructible.
+        max_epochs=-1,
+        max_steps=int(lr_options.get("num_training", 100)),
+    )
+    if isinstance(trainer.strategy, ParallelStrategy):
+        raise ConfigError(
+            "tune.batch_size/tune.lr run on one device: tune with trainer.devices=1 "
+            "trainer.strategy=auto, then start the multi-device run with the values found"
+        )
+    found: dict[str, Any] = {}
+    if switches.get("batch_size"):
+        found["batch_size"] = find_batch_size(cfg, trainer, model, datamodule, batch_options)
+    if switches.get("lr"):
+        found.update(find_lr(cfg, trainer, model, datamodule, lr_options, run_dir))
+    del trainer, model, datamodule
+    garbage_collection_cuda()  # the throwaway model's memory goes back before the real one
+    updates = {"tune.batch_size": False, "tune.lr": False}
+    if "batch_size" in found:
+        updates["data.batch_size"] = found["batch_size"]
+    if "lr" in found:
+        updates["model.optimizer.lr"] = found["lr"]
+    for key, value in updates.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    save_tuned_config(updates)
+    return found
+
+
+def check_lr_tunable(cfg: DictConfig, model: L.LightningModule) -> None:
+    """The LR range test needs one optimizer under automatic optimization and an lr to write."""
+    if not model.automatic_optimization:
+        raise ConfigError(
+            "tune.lr finds one learning rate for one optimizer, but this model trains with manual "
+            "optimization (a GAN steps G and D itself): set model.g_optimizer.lr and "
+            "model.d_optimizer.lr instead"
+        )
+    if OmegaConf.select(cfg, "model.optimizer.lr") is None:
+        raise ConfigError("tune.lr writes the learning rate found to model.optimizer.lr; set one")
+
+
+def find_batch_size(
+    cfg: DictConfig,
+    trainer: L.Trainer,
+    model: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    options: dict[str, Any],
+) -> int:
+    """The largest batch size (power of two) that trains without running out of memory."""
+    if trainer.strategy.root_device.type == "cpu":
+        log.warning(
+            "tune.batch_size on CPU: memory never runs out there, so the search stops at "
+            "tune.batch_size_finder.max_val or the size of the training split"
+        )
+    datamodule.setup("fit")
+    # Lightning cannot see the length of the device-resident loader and would double past
+    # the data; a batch never holds more than the training split.
+    train_size = len(datamodule.datasets["train"])
+    options["max_val"] = min(int(options.get("max_val", 8192)), train_size)
+    size = Tuner(trainer).scale_batch_size(model, datamodule=datamodule, **options)
+    if size is None:  # fast_dev_run: Lightning skips the search
+        log.warning(
+            "tune.batch_size: no search under fast_dev_run; keeping %s", cfg.data.batch_size
+        )
+        return int(cfg.data.batch_size)
+    size = min(int(size), train_size)
+    datamodule.batch_size = size
+    log.info("tune.batch_size found data.batch_size=%d", size)
+    return size
+
+
+def find_lr(
+    cfg: DictConfig,
+    trainer: L.Trainer,
+    model: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    options: dict[str, Any],
+    run_dir: Path,
+) -> dict[str, Any]:
+    """Lightning's LR range test; the suggestion (steepest loss descent) and its plot."""
+    finder = Tuner(trainer).lr_find(model, datamodule=datamodule, update_attr=False, **options)
+    lr = finder.suggestion() if finder is not None else None
+    if lr is None:
+        log.warning(
+            "tune.lr: no suggestion (fast_dev_run or too few steps); keeping model.optimizer.lr=%s",
+            cfg.model.optimizer.lr,
+        )
+        return {}
+    import matplotlib.pyplot as plt
+
+    figure = finder.plot(suggest=True)
+    figure.savefig(run_dir / LR_PLOT, dpi=100)
+    plt.close(figure)
+    log.info("tune.lr found model.optimizer.lr=%.3g (plot: %s)", lr, run_dir / LR_PLOT)
+    return {"lr": float(lr), "lr_plot": str(run_dir / LR_PLOT)}
+
+
+def save_tuned_config(updates: dict[str, Any]) -> None:
+    """Write the found values into the run's saved Hydra config (written before the task ran),
+    so that ``resume=<run folder>`` and reruns from it use them."""
+    if not HydraConfig.initialized() or not HydraConfig.get().output_subdir:
+        return
+    hydra_cfg = HydraConfig.get()
+    path = Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir / "config.yaml"
+    if not path.is_file():
+        return
+    saved = OmegaConf.load(path)
+    for key, value in updates.items():
+        OmegaConf.update(saved, key, value, merge=False)
+    OmegaConf.save(saved, path)
+
+
+def log_lr_plot(loggers: list[Logger], tuned: dict[str, Any]) -> None:
+    """Show the LR range test's plot next to the run's metrics in W&B and TensorBoard."""
+    if "lr_plot" not in tuned:
+        return
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.log_image(key="tune/lr_find", images=[tuned["lr_plot"]])
+        elif isinstance(logger, TensorBoardLogger):
+            from PIL import Image
+
+            image = np.asarray(Image.open(tuned["lr_plot"]).convert("RGB"))
+            logger.experiment.add_image("tune/lr_find", image, 0, dataformats="HWC")
+
+
+class OutOfMemory(LitlabError):
+    """Training ran out of device memory; a smaller batch or a lower precision fits."""
+
+
+def oom_message(batch_size: int, peak_gb: float, total_gb: float | None, precision: str) -> str:
+    """The one line an out-of-memory error becomes: what ran, how full, which switches help."""
+    full = f"peak {peak_gb:.1f} GB allocated" + (f" of {total_gb:.1f} GB" if total_gb else "")
+    lower = (
+        "a lower precision (trainer.precision=bf16-mixed)"
+        if precision.startswith(("32", "64"))
+        else f"a smaller data.batch_size (trainer.precision is already {precision})"
+    )
+    return (
+        f"out of memory while training with data.batch_size={batch_size} ({full}); "
+        f"try tune.batch_size=true or {lower}"
+    )
+
+
+@contextmanager
+def out_of_memory_explained(batch_size: int, trainer: L.Trainer) -> Iterator[None]:
+    """Re-raise an out-of-memory error inside the block as OutOfMemory with one clear line."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not (isinstance(e, torch.OutOfMemoryError) or is_oom_error(e)):
+            raise
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device) / GB
+            total = torch.cuda.get_device_properties(device).total_memory / GB
+        else:
+            peak, total = rss_gb(), None
+        raise OutOfMemory(oom_message(batch_size, peak, total, str(trainer.precision))) from e

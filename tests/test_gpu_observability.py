@@ -1,0 +1,111 @@
+"""GPU tier: MFU of ResNet-50 at 224 px, batch-size scaling up to out of memory, and an
+out-of-memory run ending in one line. Skipped without CUDA.
+
+Run on a GPU machine with `pytest -m gpu tests/test_gpu_observability.py` (scripts/gpu_check.sh
+does); the GPU check compares summary.json's perf.mfu with the benchmark script's figure.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import make_cfg, needs_cuda, summary_of
+from litlab.train import train_task
+
+pytestmark = [pytest.mark.gpu, needs_cuda]
+
+QUIET = ["extras.print_config=false", "callbacks.progress_bar=null", "logger=csv", "test=false"]
+
+
+def resnet50(batch: int, batches_per_epoch: int) -> list[str]:
+    """ResNet-50 on synthetic 224 px images, with just enough of them for the batches asked."""
+    return [
+        "model=torchvision",
+        "model.net.name=resnet50",
+        "data=synthetic",
+        "data.image_shape=[3,224,224]",
+        f"data.batch_size={batch}",
+        f"data.source.train_size={math.ceil(batch * batches_per_epoch / 0.9) + 1}",
+        "data.source.test_size=16",
+        "data.eval_batch_size=64",
+        "trainer=gpu",
+        "+trainer.limit_val_batches=1",
+        *QUIET,
+    ]
+
+
+def test_resnet50_mfu_lands_in_summary_json(tmp_path):
+    # bf16-mixed + channels_last, as the benchmark script's P4 eager run: 8 batches of 256 per
+    # epoch, 4 epochs, the first 3 batches not timed.
+    cfg = make_cfg(
+        tmp_path,
+        [*resnet50(256, 8), "trainer.max_epochs=4", "callbacks.speed.channels_last=true"],
+    )
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed", summary["error"]
+    perf = summary["perf"]
+    assert perf["precision"] == "bf16-mixed" and perf["peak_flops"] > 1e14, perf
+    assert 20e9 < perf["flops_per_image"] < 30e9  # ResNet-50 at 224 px: ~8 GFLOPs fwd, x3
+    assert 0.05 < perf["mfu"] < 1.0, perf
+    assert perf["mfu"] == pytest.approx(
+        perf["flops_per_image"] * perf["train_images_per_s"] / perf["peak_flops"]
+    )
+    memory = summary["memory"]
+    assert 1 < memory["peak_allocated_gb"] <= memory["peak_reserved_gb"] < 150, memory
+    print(
+        f"ResNet-50 bf16 batch 256: {perf['train_images_per_s']:.0f} img/s, MFU {perf['mfu']:.3f}"
+    )
+
+
+def test_batch_size_scaling_stops_at_out_of_memory(tmp_path):
+    # float32 ResNet-50 needs about 0.1 GB per image: 2048 does not fit in an H200's 141 GB.
+    cfg = make_cfg(
+        tmp_path,
+        [
+            *resnet50(32, 2048 // 32),
+            "trainer.precision=32-true",
+            "trainer.max_epochs=1",
+            "+trainer.limit_train_batches=2",
+            "tune.batch_size=true",
+            "tune.batch_size_finder.init_val=256",
+            "tune.batch_size_finder.max_trials=4",  # 256, 512, 1024, 2048
+        ],
+    )
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed", summary["error"]
+    found = summary["tuned"]["batch_size"]
+    assert found in (256, 512, 1024), found
+    print(f"ResNet-50 fp32: tune.batch_size found {found}")
+
+
+def test_out_of_memory_ends_in_one_line_and_keeps_the_checkpoint(tmp_path, capsys):
+    common = [
+        *resnet50(2048, 1),
+        "trainer.precision=32-true",
+        "+trainer.limit_train_batches=1",
+        "model.scheduler=null",  # OneCycleLR's length would change with max_epochs
+    ]
+    first = make_cfg(tmp_path, [*common, "data.batch_size=16", "trainer.max_epochs=1"])
+    train_task(first)
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    stamp = last.stat().st_mtime_ns
+
+    # The same run continued with an absurd batch: float32 activations for 2048 images at
+    # 224 px are about 200 GB.
+    cfg = make_cfg(tmp_path, [*common, "trainer.max_epochs=2", f"ckpt_path={last}"])
+    with pytest.raises(SystemExit) as exit_info:
+        train_task(cfg)
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("litlab: error: out of memory while training with data.batch_size=2048")
+    assert "GB allocated of" in line and "tune.batch_size=true" in line
+    assert "trainer.precision=bf16-mixed" in line
+    summary = summary_of(cfg)
+    assert summary["status"] == "failed" and "out of memory" in summary["error"]
+    assert summary["memory"]["peak_allocated_gb"] > 50, summary["memory"]
+    assert last.stat().st_mtime_ns == stamp  # the last good checkpoint is kept as it was

@@ -1,0 +1,216 @@
+"""Throughput, MFU, memory, profiling and the batch-size / LR finders, on CPU."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from omegaconf import OmegaConf
+from torch import nn
+
+from conftest import make_cfg, summary_of
+from litlab.callbacks.monitor import mfu, peak_flops, training_flops_per_image
+from litlab.config import build
+from litlab.errors import ConfigError
+from litlab.train import train_task
+from litlab.tune import OutOfMemory, oom_message, out_of_memory_explained, tune
+from wandb_records import offline_run
+
+FAST = ["extras.print_config=false", "callbacks.progress_bar=null"]
+PERF = [
+    "perf/train_images_per_s",
+    "perf/train_batches_per_s",
+    "perf/val_images_per_s",
+    "perf/test_images_per_s",
+    "perf/flops_per_image",
+    "mem/rss_gb",
+]
+TINY_GAN = [
+    "model=dcgan",
+    "data=synthetic",
+    "data.image_shape=[1,16,16]",
+    "data.source.train_size=256",
+    "data.source.test_size=64",
+    "data.batch_size=32",
+    "model.generator.width=8",
+    "model.discriminator.width=8",
+]
+
+
+def csv_rows(run_dir: Path) -> list[dict]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_every_run_logs_throughput_and_memory(tmp_path):
+    cfg = make_cfg(tmp_path, ["logger=wandb", "trainer.max_epochs=2", *FAST])
+    train_task(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    rows = csv_rows(run_dir)
+    for name in PERF:
+        assert any(row.get(name) for row in rows), name
+    epochs = [row for row in rows if row.get("perf/train_images_per_s")]
+    assert len(epochs) == 2 and all(float(r["perf/train_images_per_s"]) > 0 for r in epochs)
+    assert "perf/mfu" not in rows[0]  # CPU: no peak FLOPs, images/s only
+
+    (wandb_dir,) = (run_dir / "wandb").glob("offline-run-*")
+    logged = {key for row in offline_run(wandb_dir)["history"] for key in row}
+    assert set(PERF) <= logged
+
+    summary = summary_of(cfg)
+    perf, memory = summary["perf"], summary["memory"]
+    assert perf["device"] == "cpu" and perf["precision"] == "32-true"
+    for stage in ("train", "val", "test"):
+        assert perf[f"{stage}_images_per_s"] > 0
+    assert perf["train_batches_per_s"] > 0 and perf["mfu"] is None and perf["peak_flops"] is None
+    net = build(cfg.model.net, "model.net")
+    assert perf["flops_per_image"] == training_flops_per_image(net, torch.zeros(1, 1, 28, 28))
+    assert 0.05 < memory["rss_gb"] < 64 and "peak_allocated_gb" not in memory
+
+
+def test_flop_count_matches_the_analytic_count():
+    # Linear a->b, ReLU, Linear b->c (no bias), n images: the forward is 2n(ab + bc); the
+    # backward computes both weight gradients (2n(ab + bc)) and the input gradient of the
+    # second layer only (2n bc): the images need none.
+    a, b, c, n = 12, 7, 5, 4
+    net = nn.Sequential(
+        nn.Flatten(), nn.Linear(a, b, bias=False), nn.ReLU(), nn.Linear(b, c, bias=False)
+    )
+    flops = training_flops_per_image(net, torch.zeros(n, 1, 3, 4))
+    assert flops == 2 * (a * b + b * c) + 2 * (a * b + b * c) + 2 * b * c
+    # A 3x3 convolution 1->4 channels on 8x8 (6x6 out): forward and weight gradient only.
+    conv = nn.Conv2d(1, 4, 3, bias=False)
+    assert training_flops_per_image(conv, torch.zeros(2, 1, 8, 8)) == 2 * (2 * 9 * 4 * 36)
+    assert all(p.device.type == "cpu" and p.grad is None for p in conv.parameters())
+
+
+def test_mfu_is_achieved_over_peak_flops():
+    peak = peak_flops("NVIDIA H100 80GB HBM3", "bf16")
+    assert peak == 989.4e12
+    assert mfu(24.3e9, 5000.0, peak) == pytest.approx(24.3e9 * 5000.0 / 989.4e12)
+    assert peak_flops("NVIDIA H200", "bf16") == 989.4e12
+    assert peak_flops("NVIDIA L40S", "bf16") == 362e12  # not the L4's
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "tf32") == 156e12
+    assert peak_flops("Tesla T4", "bf16") is None  # no bfloat16 tensor cores
+    assert peak_flops("Some Future GPU", "bf16") is None
+
+
+def test_out_of_memory_becomes_one_line():
+    line = oom_message(4096, 78.3, 79.6, "32-true")
+    assert "data.batch_size=4096" in line and "peak 78.3 GB allocated of 79.6 GB" in line
+    assert "tune.batch_size=true" in line and "trainer.precision=bf16-mixed" in line
+    assert "\n" not in line
+    assert "already bf16-mixed" in oom_message(8, 1.0, None, "bf16-mixed")
+
+    class Stub:
+        precision = "32-true"
+        strategy = type("S", (), {"root_device": torch.device("cpu")})()
+
+    expected = r"data.batch_size=64 \(peak .* GB allocated\); try"
+    with pytest.raises(OutOfMemory, match=expected), out_of_memory_explained(64, Stub()):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with pytest.raises(ValueError), out_of_memory_explained(64, Stub()):
+        raise ValueError("not memory")
+
+
+def test_profile_writes_a_chrome_trace(tmp_path):
+    cfg = make_cfg(tmp_path, ["debug=profile", "logger=csv", *FAST])
+    train_task(cfg)
+    folder = Path(cfg.paths.output_dir) / "profiler"
+    traces = list(folder.glob("*.pt.trace.json"))
+    assert traces, list(folder.iterdir())
+    trace = json.loads(traces[0].read_text())
+    assert any("training_step" in e.get("name", "") for e in trace["traceEvents"])
+    assert "Self CPU" in (folder / "fit-profile.txt").read_text()
+
+
+def test_finders_write_their_values_into_the_saved_config(tmp_path):
+    run = ["trainer.max_epochs=1", *FAST]
+    cfg = make_cfg(
+        tmp_path / "tuned",
+        [
+            *run,
+            "logger=wandb",
+            "tune.batch_size=true",
+            "tune.batch_size_finder.init_val=16",
+            "tune.batch_size_finder.max_trials=3",  # 16, 32, 64: each one tried
+            "tune.lr=true",
+            "tune.lr_finder.num_training=30",
+        ],
+    )
+    run_dir = Path(cfg.paths.output_dir)
+    (run_dir / ".hydra").mkdir(parents=True)  # as Hydra writes it before the task starts
+    saved_path = run_dir / ".hydra" / "config.yaml"
+    OmegaConf.save(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), saved_path)
+    train_task(cfg)
+
+    summary = summary_of(cfg)
+    tuned = summary["tuned"]
+    assert tuned["batch_size"] == 64 and 1e-8 < tuned["lr"] < 1.0
+    assert Path(tuned["lr_plot"]) == run_dir / "lr_find.png" and (run_dir / "lr_find.png").is_file()
+    checkpoint = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=True)
+    logged = yaml.safe_load((run_dir / "csv" / "hparams.yaml").read_text())
+    for config in (checkpoint["hyper_parameters"], logged):
+        assert config["data"]["batch_size"] == 64
+        assert config["model"]["optimizer"]["lr"] == tuned["lr"]
+        assert config["model"]["scheduler"]["max_lr"] == tuned["lr"]  # ${model.optimizer.lr}
+        assert config["tune"]["batch_size"] is False and config["tune"]["lr"] is False
+    (wandb_dir,) = (run_dir / "wandb").glob("offline-run-*")
+    record = offline_run(wandb_dir)
+    assert record["config"]["data.batch_size"] == 64
+    assert record["config"]["model.optimizer.lr"] == tuned["lr"]
+    logged_keys = {key for row in record["history"] for key in row}
+    assert "tune/lr_find/_type" in logged_keys  # the plot, as a W&B image
+    saved = OmegaConf.load(saved_path)  # what resume=<run folder> starts from
+    assert saved.data.batch_size == 64 and saved.model.optimizer.lr == tuned["lr"]
+    assert saved.model.scheduler.max_lr == tuned["lr"] and not saved.tune.lr
+
+    # The values alone reproduce the tuned run exactly: tuning left no trace but them.
+    again = make_cfg(
+        tmp_path / "again",
+        [*run, "logger=csv", "data.batch_size=64", f"model.optimizer.lr={tuned['lr']!r}"],
+    )
+    train_task(again)
+    assert summary_of(again)["metrics"]["test/loss"] == summary["metrics"]["test/loss"]
+
+
+def test_gan_batch_size_scales_and_lr_finder_refuses(tmp_path, capsys):
+    cfg = make_cfg(
+        tmp_path / "bs",
+        [
+            *TINY_GAN,
+            "tune.batch_size=true",
+            "tune.batch_size_finder.init_val=8",
+            "tune.batch_size_finder.max_trials=2",
+        ],
+    )
+    assert tune(cfg, Path(cfg.paths.output_dir)) == {"batch_size": 16}
+    assert cfg.data.batch_size == 16 and cfg.tune.batch_size is False
+
+    cfg = make_cfg(tmp_path / "lr", [*TINY_GAN, "tune.lr=true", "logger=csv", *FAST])
+    with pytest.raises(SystemExit) as exit_info:
+        train_task(cfg)
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("litlab: error: tune.lr") and "manual optimization" in line
+    assert summary_of(cfg)["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["tune.lr_finder.mode=cosine"], "tune.lr_finder.mode must be exponential or linear"),
+        (["+tune.lr_finder.nope=1"], "tune.lr_finder.nope is not an option of Tuner.lr_find"),
+        (["tune.batch_size_finder.steps_per_trial=0"], "must be at least 1"),
+        (["ckpt_path=x.ckpt"], "a resumed run keeps its values"),
+        (["trainer.devices=2", "trainer.strategy=ddp"], "run on one device"),
+    ],
+)
+def test_bad_tune_settings_are_one_line(tmp_path, overrides, needle):
+    cfg = make_cfg(tmp_path, ["tune.lr=true", *overrides])
+    with pytest.raises(ConfigError, match=needle):
+        tune(cfg, tmp_path)

@@ -166,7 +166,10 @@ class GAN(L.LightningModule):
         n = real.shape[0]
 
         with self.toggled_optimizer(d_opt):
-            fake = self.generator(self.random_noise(n)).detach()
+            # No graph for G in D's step: cheaper, and a compiled G traced here (grad mode is
+            # part of torch.compile's guards) is not reused for G's own step.
+            with torch.no_grad():
+                fake = self.generator(self.random_noise(n))
             real_logits, fake_logits = self.discriminator(real), self.discriminator(fake)
             d_loss = d_loss_fn(self.loss, real_logits, fake_logits)
             logs = {"d/loss": d_loss, "d/real": real_logits.mean(), "d/fake": fake_logits.mean()}

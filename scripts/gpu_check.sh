@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One bounded session on a GPU machine: the GPU test tier, then the GPU benchmarks, each under a
+# time limit and all of it under a deadline; logs and a compact table go to the folder $1.
+#   bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS]   (device tool: carry .whl and .data)
+# Needs CUDA: without it, it stops at once with a clear line and exit status 2.
+set -uo pipefail
+OUT=${1:?usage: bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS]}
+DEADLINE=${2:-400}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_check: no CUDA GPU visible to torch; this script only runs on a GPU machine" | tee "$OUT/summary.txt"
+  exit 2
+fi
+# The GPU machine has torch/lightning but not hydra/omegaconf: install the carried wheels.
+if [ -d .whl ]; then $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; fi
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+export WANDB_MODE=disabled
+DATA=$PWD/.data  # Fashion-MNIST IDX files carried from the development machine
+mkdir -p data && cp -n "$DATA"/*.gz data/ 2>/dev/null  # data/ is where litlab looks first
+
+{ date -u +"%Y-%m-%d %H:%M UTC"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  lscpu | grep "Model name"; nproc
+  $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"; } \
+  > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+left() { echo $((DEADLINE - SECONDS)); }
+step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), keep the log, one row
+  local name=$1 limit=$2; shift 2
+  local budget; budget=$(( $(left) - 5 < limit ? $(left) - 5 : limit ))
+  if [ "$budget" -lt 15 ]; then
+    printf "%-22s skipped (deadline)\n" "$name" | tee -a "$OUT/summary.txt"; return
+  fi
+  local start=$SECONDS
+  timeout "$budget" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  printf "%-22s rc=%-3s %4ss  %s\n" "$name" "$rc" "$((SECONDS - start))" \
+    "$(grep -v '^\s*$' "$OUT/$name.log" | tail -n 1 | cut -c1-100)" | tee -a "$OUT/summary.txt"
+}
+
+# GPU test tier: three pytest processes side by side (one GPU has room for all of them).
+PYTEST="$PY -m pytest -p no:cacheprovider -q -rA"
+step tests_core 150 $PYTEST -m "gpu and not compile" tests/test_gpu.py &
+step tests_compile 150 $PYTEST -m "gpu and compile" tests/test_gpu.py &
+step tests_observability 150 $PYTEST -m gpu tests/test_gpu_observability.py &
+wait
+
+# Benchmarks, most informative first (docs/benchmarks.md says what each measures).
+RECIPE=fashion_fast; [ -f conf/experiment/$RECIPE.yaml ] || RECIPE=fashion_cnn
+step bench_p4_p5_throughput 110 $PY scripts/bench_throughput.py --device cuda --repeats 1
+step bench_p3_time_to_acc 60 $PY scripts/bench_time_to_accuracy.py --device cuda --repeats 1 \
+  --experiment "$RECIPE" --data-dir data
+step bench_p1_overhead 50 $PY scripts/bench_overhead.py --device cuda --repeats 1 --data-dir data
+step bench_p0_gpu_vs_cpu 90 $PY scripts/bench_gpu_vs_cpu.py --device cuda --repeats 1 --data-dir data
+echo "total ${SECONDS}s" | tee -a "$OUT/summary.txt"

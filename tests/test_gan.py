@@ -360,3 +360,51 @@ def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
     assert (
         json.loads(summaries[0].read_text())["metrics"]["g/step"] == 7
     )  # 460 images / 2 ranks / 32
+
+
+def test_sample_grids_reach_wandb_and_tensorboard(tmp_path):
+    from wandb_records import offline_run
+
+    cfg = make_cfg(
+        tmp_path / "wandb",
+        [
+            "model=dcgan",
+            *SMALL,
+            "trainer.max_epochs=1",
+            "callbacks.samples.every_n_g_steps=3",
+            "logger=wandb",
+            "extras.print_config=false",
+            "callbacks.progress_bar=null",
+        ],
+    )
+    train_task(cfg)
+    (run,) = (Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*")
+    images = [row for row in offline_run(run)["history"] if "samples/_type" in row]
+    assert [row["samples/captions"][0].split(" ")[0] for row in images] == [
+        "g_step_0000003",
+        "g_step_0000006",
+        "final",
+        "final_raw_g",
+        "test",
+    ]
+    assert list(run.glob("files/media/images/samples_*.png"))
+    cfg = make_cfg(
+        tmp_path / "tb",
+        [
+            "model=dcgan",
+            *SMALL,
+            "trainer.max_epochs=1",
+            "logger=tensorboard",
+            "extras.print_config=false",
+            "callbacks.progress_bar=null",
+        ],
+    )
+    train_task(cfg)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for events in (Path(cfg.paths.output_dir) / "tensorboard").rglob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["images"])
+    assert "samples" in tags

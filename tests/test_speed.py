@@ -1,0 +1,66 @@
+"""Speed switches change how fast a model computes, never what: compile and channels_last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_cfg, summary_of
+from litlab.evaluate import eval_task
+from litlab.train import train_task
+
+QUIET = ["extras.print_config=false", "callbacks.progress_bar=null", "logger=csv"]
+SMALL = [
+    "data=synthetic",
+    "data.image_shape=[3,16,16]",
+    "data.source.train_size=256",
+    "data.batch_size=32",
+    "model.net.width=8",
+    "trainer.max_epochs=1",
+]
+
+
+@pytest.mark.slow
+def test_compiled_and_eager_checkpoints_are_interchangeable(tmp_path):
+    compiled = make_cfg(tmp_path / "compiled", [*SMALL, *QUIET, "callbacks.speed.compile=true"])
+    train_task(compiled)
+    best = summary_of(compiled)["best_checkpoint"]
+    state = torch.load(best, weights_only=True)["state_dict"]
+    assert not any("_orig_mod" in key for key in state)  # compiled in place: same parameter names
+    evaluated = make_cfg(
+        tmp_path / "eval", [f"ckpt_path={best}", "extras.print_config=false"], config_name="eval"
+    )
+    assert eval_task(evaluated) == pytest.approx(
+        summary_of(compiled)["metrics"]["test/acc"], abs=1e-6
+    )
+    # An eager checkpoint continues with compile on.
+    eager = make_cfg(tmp_path / "eager", [*SMALL, *QUIET, "test=false", "model.scheduler=null"])
+    train_task(eager)
+    last = Path(eager.paths.output_dir) / "checkpoints" / "last.ckpt"
+    resumed = make_cfg(
+        tmp_path / "resumed",
+        [
+            *SMALL,
+            *QUIET,
+            "trainer.max_epochs=2",
+            f"ckpt_path={last}",
+            "model.scheduler=null",
+            "callbacks.speed.compile=true",
+        ],
+    )
+    train_task(resumed)
+    assert summary_of(resumed)["status"] == "completed"
+
+
+def test_channels_last_computes_the_same_training(tmp_path):
+    losses = {}
+    for switch in ("false", "true"):
+        cfg = make_cfg(
+            tmp_path / switch,
+            [*SMALL, *QUIET, f"callbacks.speed.channels_last={switch}", "test=false"],
+        )
+        train_task(cfg)
+        losses[switch] = summary_of(cfg)["metrics"]["train/loss"]
+    assert losses["true"] == pytest.approx(losses["false"], abs=1e-4)

@@ -148,7 +148,7 @@ def test_multirun_of_ddp_jobs(tmp_path, strategy):
         assert summary["status"] == "completed"
         (wandb_dir,) = wandb_runs(job)
         record = offline_run(wandb_dir)
-        lrs.append(record["config"]["model"]["optimizer"]["lr"])
+        lrs.append(record["config"]["model.optimizer.lr"])
         if strategy == "ddp":
             assert (
                 job / "train_ddp_process_1.log"

@@ -205,14 +205,14 @@ def check_hardware(trainer: DictConfig) -> None:
         raise ConfigError(
             f"trainer.precision={precision} needs a GPU; on CPU use trainer.precision=bf16-mixed or 32-true"
         )
-    if on_cpu and devices == -1:
-        raise ConfigError(
-            "trainer.devices=-1 means every GPU; on CPU give a number of processes, e.g. trainer.devices=2"
-        )
     strategy = trainer.get("strategy", "auto")
     name = strategy if isinstance(strategy, str) else str(strategy.get("_target_", ""))
     if on_cpu and "fsdp" in name.lower():
         raise ConfigError("FSDP shards models across CUDA GPUs; on CPU use trainer.strategy=ddp")
+    if on_cpu and devices == -1:
+        raise ConfigError(
+            "trainer.devices=-1 means every GPU; on CPU give a number of processes, e.g. trainer.devices=2"
+        )
     if on_cpu and precision == "bf16-true" and "ddp" in name:
         raise ConfigError(
             "bf16-true with DDP on CPU is not supported by gloo; use trainer.precision=bf16-mixed"

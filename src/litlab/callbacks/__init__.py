@@ -1,9 +1,10 @@
 """Lightning callbacks that litlab adds: speed switches, divergence guard, exact resume and
-preemption, GAN evaluation, throughput and memory monitors."""
+preemption, GAN evaluation, a progress bar without per-step syncs, throughput and memory monitors."""
 
 from litlab.callbacks.gan import FID, SampleGrid
 from litlab.callbacks.guard import DivergenceGuard
 from litlab.callbacks.monitor import PeakMemory, Throughput
+from litlab.callbacks.progress import ProgressBar
 from litlab.callbacks.resume import Preemption, RNGState
 from litlab.callbacks.speed import Speed
 
@@ -12,6 +13,7 @@ __all__ = [
     "DivergenceGuard",
     "PeakMemory",
     "Preemption",
+    "ProgressBar",
     "RNGState",
     "SampleGrid",
     "Speed",

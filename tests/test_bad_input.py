@@ -134,8 +134,9 @@ def test_eval_of_a_foreign_checkpoint(tmp_path, capsys):
             ["model=dcgan", "trainer.strategy=fsdp", "trainer.accelerator=cpu"],
             "on CPU use trainer.strategy=ddp",
         ),
+        (["model=dcgan", "callbacks.fid=null"], "comes from callbacks.fid, which is off"),
     ],
-    ids=["gan-image-size", "n-critic", "gan-loss", "latent-dim", "fsdp-on-cpu"],
+    ids=["gan-image-size", "n-critic", "gan-loss", "latent-dim", "fsdp-on-cpu", "fid-off"],
 )
 def test_gan_mistakes_in_process(tmp_path, capsys, overrides, needle):
     fails_with(capsys, train_task, make_cfg(tmp_path, [*overrides, *QUIET]), needle)

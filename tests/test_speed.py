@@ -64,3 +64,40 @@ def test_channels_last_computes_the_same_training(tmp_path):
         train_task(cfg)
         losses[switch] = summary_of(cfg)["metrics"]["train/loss"]
     assert losses["true"] == pytest.approx(losses["false"], abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["dcgan", "dcgan_wgangp"])
+def test_compiled_gan_trains_and_its_checkpoint_resumes_eager(tmp_path, model):
+    # Both nets compiled in place: G runs in D's step (no grad) and in G's step (with grad);
+    # on the GPU these once shared a graph and G's loss lost its grad_fn.
+    gan = [
+        f"model={model}",
+        "data=synthetic",
+        "data.image_shape=[1,16,16]",
+        "data.source.train_size=128",
+        "data.source.test_size=32",
+        "data.batch_size=32",
+        "model.generator.width=8",
+        "model.discriminator.width=8",
+        "callbacks.fid=null",
+        "callbacks.model_checkpoint=null",  # no FID, no best: last.ckpt is the one kept
+        "callbacks.samples=null",
+        "test=false",
+        *QUIET,
+    ]
+    compiled = make_cfg(
+        tmp_path / "compiled", [*gan, "trainer.max_epochs=1", "callbacks.speed.compile=true"]
+    )
+    train_task(compiled)
+    summary = summary_of(compiled)
+    assert summary["status"] == "completed"
+    assert all(
+        torch.isfinite(torch.tensor(v)) for k, v in summary["metrics"].items() if "loss" in k
+    )
+    last = Path(compiled.paths.output_dir) / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    assert not any("_orig_mod" in key for key in checkpoint["state_dict"])
+    resumed = make_cfg(tmp_path / "eager", [*gan, "trainer.max_epochs=2", f"ckpt_path={last}"])
+    train_task(resumed)
+    assert summary_of(resumed)["status"] == "completed"

@@ -182,6 +182,20 @@ def require(cfg: DictConfig, key: str, hint: str) -> Any:
     return cfg[key]
 
 
+def check_objective(cfg: DictConfig) -> None:
+    """Refuse an objective that no part of the run logs (FID with the FID callback off)."""
+    callbacks = cfg.get("callbacks") or {}
+    metric = str(cfg.objective.metric)
+    validates = cfg.get("train") and cfg.trainer.get("limit_val_batches", 1.0) != 0
+    monitored = (callbacks.get("model_checkpoint") or {}).get("monitor") == metric
+    if metric.startswith("val/fid") and callbacks.get("fid") is None and validates and monitored:
+        raise ConfigError(
+            f"objective.metric={metric} comes from callbacks.fid, which is off; keep callbacks.fid "
+            "(callbacks.fid.num_samples=... makes it cheaper), or also set "
+            "callbacks.model_checkpoint=null (no best checkpoint; last.ckpt is still kept)"
+        )
+
+
 def check_hardware(trainer: DictConfig) -> None:
     """Refuse accelerator/precision/device choices this machine cannot run, saying what to use."""
     import torch

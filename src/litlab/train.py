@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks import PeakMemory, Throughput
 from litlab.checkpoint import check_resumable, load_checkpoint
-from litlab.config import build, check_all, check_hardware, config_dir
+from litlab.config import build, check_all, check_hardware, check_objective, config_dir
 from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
 from litlab.errors import ConfigError, TrainingDiverged
 from litlab.loggers import finish_loggers
@@ -44,6 +44,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     """Train and test one model as the config says; return the final metrics."""
     check_all(cfg)
     check_hardware(cfg.trainer)
+    check_objective(cfg)
     setup_extras(cfg)
     # Batch size and LR finders (tune.*) write what they find into cfg, before anything is built.
     tuned = tune(cfg, run.dir)

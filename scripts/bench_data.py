@@ -7,24 +7,22 @@ Fashion-MNIST's 54,000 training images (litlab's split of the 60,000), batch 128
 (a) data path alone: normalized float batches on the device, over one epoch;
 (b) end to end: Lightning trains litlab's SmallCNN(width=32) for the first --epochs-fraction of
     an epoch through each path (bf16-mixed on CUDA, as trainer=gpu; 32-true on CPU).
-Every repeat runs each path once, in turn (A/B interleaved); a first, shorter round warms up
-and is not counted; the table shows medians. Results go to docs/benchmarks.md, "P2 data path".
+Every repeat runs each path once, in alternating order (A/B interleaved); a first, shorter round
+warms up and is not counted; the table shows medians. Results go to docs/benchmarks.md, "P2 data path".
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import platform
-import statistics
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from functools import partial
 
+import benchlib
 import lightning as L
 import torch
 import torchvision
+from benchlib import Measure, sync
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
@@ -88,11 +86,6 @@ def loaders(datamodule: DataModule, device: torch.device) -> dict[str, Callable[
         PATHS[1]: partial(torchvision_loader, 2),
         PATHS[2]: partial(DeviceLoader, images, labels, BATCH, True, True, device=device),
     }
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def data_path(loader: Iterable, datamodule: DataModule, device: torch.device, limit: int) -> float:
@@ -159,29 +152,27 @@ def end_to_end(
     return timer.rate
 
 
-def table(rates: dict[str, dict[str, list[float]]]) -> str:
-    medians = {part: {p: statistics.median(r) for p, r in rs.items()} for part, rs in rates.items()}
-    lines = [
-        "| path | data path img/s | x vs w0 | x vs w2 | end-to-end img/s | x vs w0 | x vs w2 |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+def table(m: dict[str, Measure]) -> str:
+    rows = []
     for path in PATHS:
         cells = [path]
         for part in ("data", "e2e"):
-            m = medians[part]
             cells += [
-                f"{m[path]:,.0f}",
-                f"{m[path] / m[PATHS[0]]:.1f}",
-                f"{m[path] / m[PATHS[1]]:.1f}",
+                f"{m[path][part]:,.0f}",
+                f"{m[path][part] / m[PATHS[0]][part]:.1f}",
+                f"{m[path][part] / m[PATHS[1]][part]:.1f}",
             ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    return names[0] if names else platform.processor()
+        rows.append(cells)
+    header = [
+        "path",
+        "data path img/s",
+        "x vs w0",
+        "x vs w2",
+        "end-to-end img/s",
+        "x vs w0",
+        "x vs w2",
+    ]
+    return benchlib.table(header, rows)
 
 
 def main() -> None:
@@ -196,40 +187,28 @@ def main() -> None:
     )
     parser.add_argument("--data-dir", default="data", help="else Debian's dataset-fashion-mnist")
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    device = torch.device(args.device)
+    device = benchlib.device_arg(args.device)
+    benchlib.quiet()
 
     datamodule = fashion(args.data_dir)
     makers = loaders(datamodule, device)
     batches = len(makers[PATHS[2]]())
     e2e_batches = max(1, int(batches * args.epochs_fraction))
-    print(
-        f"torch {torch.__version__}, lightning {L.__version__}, torchvision "
-        f"{torchvision.__version__}, python {platform.python_version()}"
-    )
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
-    print(
-        f"device {device} ({name}), {torch.get_num_threads()} torch threads; "
-        f"data path: {batches} batches of {BATCH}; end to end: {e2e_batches} batches"
-    )
+    print(benchlib.machine(device))
+    print(f"data path: {batches} batches of {BATCH}; end to end: {e2e_batches} batches")
 
-    rates: dict[str, dict[str, list[float]]] = {"data": {}, "e2e": {}}
-    for round_ in range(args.repeats + 1):
-        warm_up = round_ == 0
-        for path, make in makers.items():
-            data = data_path(make(), datamodule, device, 20 if warm_up else batches)
-            e2e = end_to_end(path, make, datamodule, device, 5 if warm_up else e2e_batches)
-            if not warm_up:
-                rates["data"].setdefault(path, []).append(data)
-                rates["e2e"].setdefault(path, []).append(e2e)
-            print(
-                f"round {round_}{' (warm-up)' if warm_up else ''}: {path}: "
-                f"data {data:,.0f} img/s, end to end {e2e:,.0f} img/s",
-                flush=True,
-            )
+    def measure(path: str, make: Callable[[], Iterable]) -> Callable[[bool], Measure]:
+        def rates(warm_up: bool) -> Measure:
+            return {
+                "data": data_path(make(), datamodule, device, 20 if warm_up else batches),
+                "e2e": end_to_end(path, make, datamodule, device, 5 if warm_up else e2e_batches),
+            }
+
+        return rates
+
+    variants = {path: measure(path, make) for path, make in makers.items()}
     print()
-    print(table(rates))
+    print(table(benchlib.medians(benchlib.interleaved(variants, args.repeats))))
 
 
 if __name__ == "__main__":

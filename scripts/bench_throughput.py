@@ -1,0 +1,248 @@
+"""P4/P5 training throughput: ResNet-50 eager vs compile, and DCGAN, litlab vs a raw PyTorch loop.
+
+    python scripts/bench_throughput.py --device cuda     # GPU: ResNet-50 224 px batch 256, DCGAN 64 px batch 128
+    python scripts/bench_throughput.py                   # CPU smoke: ResNet-50 64 px batch 4, 3 steps
+
+P4: torchvision ResNet-50 (1,000 classes, SGD) on synthetic images, bf16-mixed + channels_last,
+without and with torch.compile. litlab: the train task on `model=torchvision
+model.net.name=resnet50 model.scheduler=null data=synthetic data.image_shape=[3,S,S]
+data.num_classes=1000 data.batch_size=B trainer.precision=bf16-mixed callbacks.speed.channels_last=true
+callbacks.speed.compile=<false|true> trainer.max_steps=W+N` (plus trainer=gpu on CUDA); raw:
+`benchlib.raw_classifier` on the same config. MFU = model FLOPs per image (forward + backward,
+counted by torch.utils.flop_counter) x images/s / the device's dense bf16 peak: the same count
+and peak table (litlab.callbacks.monitor) as the Throughput callback's perf/mfu.
+P5: DCGAN (width 64, batch 128) on synthetic 64 px images, bf16-mixed; litlab: `model=dcgan
+data=synthetic data.image_shape=[3,64,64] callbacks.fid=null callbacks.samples=null` (evaluation
+callbacks off); raw: the same G and D steps, Adam, EMA and requires_grad toggling by hand.
+Both: `logger=none extras.print_config=false +trainer.limit_val_batches=0 test=false
+callbacks.last_checkpoint=null` (the synthetic epoch is a few batches long; no checkpoint each
+one). Images/s are steady state: the first W steps of every run (CUDA warm-up, compilation)
+are not timed. Every round runs each variant once, in alternating order, after a warm-up round;
+dynamo is reset before each compiled run, so each compiles as a fresh process would (with warm
+caches). Medians of --repeats rounds. Results: docs/benchmarks.md, "P4/P5 throughput".
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+
+import benchlib
+import lightning as L
+import torch
+import torch.nn.functional as F
+from benchlib import Measure
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch.optim.swa_utils import AveragedModel
+
+from litlab.callbacks.monitor import peak_flops, training_flops_per_image
+from litlab.config import build
+from litlab.data import DeviceLoader
+from litlab.models.gan import ema_with_warmup
+from litlab.nets import TorchvisionNet
+
+
+def resnet_flops(size: int) -> float:
+    """Forward + backward FLOPs of ResNet-50 per image, counted as the Throughput callback counts."""
+    net = TorchvisionNet("resnet50", in_channels=3, num_classes=1000)
+    return training_flops_per_image(net, torch.empty(2, 3, size, size))
+
+
+def common(device: torch.device, batch: int) -> list[str]:
+    """Overrides both benchmarks share: the device, no evaluation, no logging, no checkpoints."""
+    batches_per_epoch = 8  # a small synthetic set: 224 px uint8 images are 150 kB each
+    return [
+        *(["trainer=gpu"] if device.type == "cuda" else ["trainer=cpu"]),
+        "trainer.precision=bf16-mixed",
+        "data=synthetic",
+        f"data.batch_size={batch}",
+        f"data.source.train_size={math.ceil(batch * batches_per_epoch / 0.9)}",
+        "data.source.test_size=16",
+        "logger=none",
+        "extras.print_config=false",
+        "+trainer.limit_val_batches=0",
+        "test=false",
+        "callbacks.last_checkpoint=null",
+    ]
+
+
+def resnet_overrides(
+    args: argparse.Namespace, device: torch.device, compile_: bool, steps: int
+) -> list[str]:
+    return [
+        "model=torchvision",
+        "model.net.name=resnet50",
+        f"data.image_shape=[3,{args.image_size},{args.image_size}]",
+        "data.num_classes=1000",
+        "model.scheduler=null",  # a few steps are too short for OneCycleLR; throughput only
+        *common(device, args.batch),
+        "callbacks.speed.channels_last=true",
+        f"callbacks.speed.compile={str(compile_).lower()}",
+        f"trainer.max_steps={steps}",
+    ]
+
+
+def dcgan_overrides(args: argparse.Namespace, device: torch.device, steps: int) -> list[str]:
+    return [
+        "model=dcgan",
+        "data.image_shape=[3,64,64]",
+        *common(device, args.gan_batch),
+        "callbacks.fid=null",
+        "callbacks.samples=null",
+        f"trainer.max_steps={2 * steps}",  # Lightning counts the D and the G step of every batch
+    ]
+
+
+def raw_dcgan(cfg: DictConfig, device: torch.device, steps: int, skip: int) -> Measure:
+    """litlab's GAN training step (bce loss, one D and one G step per batch, EMA of G) by hand."""
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = build(cfg.data, "data")
+    generator = build(cfg.model.generator, "model.generator").to(device)
+    discriminator = build(cfg.model.discriminator, "model.discriminator").to(device)
+    ema = AveragedModel(
+        generator, multi_avg_fn=ema_with_warmup(cfg.model.ema_decay), use_buffers=True
+    ).requires_grad_(False)
+    g_opt = instantiate(cfg.model.g_optimizer)(params=generator.parameters())
+    d_opt = instantiate(cfg.model.d_optimizer)(params=discriminator.parameters())
+    transform = datamodule.transform
+    scale, shift = 2 * transform.std.to(device), 2 * transform.mean.to(device) - 1
+    latent = generator.latent_dim
+    images, labels = datamodule.arrays("train")
+    loader = DeviceLoader(
+        images, labels, cfg.data.batch_size, True, True, seed=cfg.seed, device=device
+    )
+    step, loop_start = 0, time.perf_counter()
+    while step < steps:
+        for images, _ in loader:
+            if step == skip:
+                benchlib.sync(device)
+                loop_start = time.perf_counter()
+            real = transform(images, train=True) * scale + shift
+            n = real.shape[0]
+            with benchlib.autocast(cfg, device):
+                generator.requires_grad_(False)  # as Lightning's toggled_optimizer does
+                fake = generator(torch.randn(n, latent, device=device)).detach()
+                d_loss = F.softplus(-discriminator(real)).mean()
+                d_loss = d_loss + F.softplus(discriminator(fake)).mean()
+                d_opt.zero_grad(set_to_none=True)
+                d_loss.backward()
+                d_opt.step()
+                generator.requires_grad_(True)
+                discriminator.requires_grad_(False)
+                fake = generator(torch.randn(n, latent, device=device))
+                g_loss = F.softplus(-discriminator(fake)).mean()
+                g_opt.zero_grad(set_to_none=True)
+                g_loss.backward()
+                g_opt.step()
+                discriminator.requires_grad_(True)
+                ema.update_parameters(generator)
+            step += 1
+            if step == steps:
+                break
+    benchlib.sync(device)
+    return {"loop s": time.perf_counter() - loop_start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--bench", choices=["resnet50", "dcgan", "all"], default="all")
+    parser.add_argument("--repeats", type=int, help="timed rounds (default: 3 CUDA, 1 CPU)")
+    parser.add_argument("--batch", type=int, help="ResNet-50 batch (default: 256 CUDA, 4 CPU)")
+    parser.add_argument("--gan-batch", type=int, help="DCGAN batch (default: 128 CUDA, 8 CPU)")
+    parser.add_argument(
+        "--image-size", type=int, help="ResNet-50 pixels (default: 224 CUDA, 64 CPU)"
+    )
+    parser.add_argument("--steps", type=int, help="timed steps per run (default: 50 CUDA, 3 CPU)")
+    parser.add_argument(
+        "--warm-steps", type=int, help="untimed steps starting every run (default: 15 CUDA, 2 CPU)"
+    )
+    args = parser.parse_args()
+    device = benchlib.device_arg(args.device)
+    cuda = device.type == "cuda"
+    for name, on_cuda, on_cpu in (
+        ("repeats", 3, 1),
+        ("batch", 256, 4),
+        ("gan_batch", 128, 8),
+        ("image_size", 224, 64),
+        ("steps", 50, 3),
+        ("warm_steps", 15, 2),
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, on_cuda if cuda else on_cpu)
+    benchlib.quiet()
+    print(benchlib.machine(device))
+    warm, steps = args.warm_steps, args.warm_steps + args.steps
+    print(f"{args.steps} timed steps after {warm} untimed ones; warm-up round: {warm + 1} steps")
+
+    def litlab(make: Callable[[int], list[str]], batch: int) -> Callable[[bool], Measure]:
+        def measure(warm_up: bool) -> Measure:
+            torch._dynamo.reset()
+            benchlib.litlab_run(
+                [*make(warm + 1 if warm_up else steps), *benchlib.timer_override(warm)]
+            )
+            loop = benchlib.LoopTimer.last
+            return {"img/s": loop["batches"] * batch / loop["s"]}
+
+        return measure
+
+    def raw(make: Callable[[int], list[str]], batch: int, gan: bool) -> Callable[[bool], Measure]:
+        def measure(warm_up: bool) -> Measure:
+            torch._dynamo.reset()
+            n = warm + 1 if warm_up else steps
+            cfg = benchlib.compose(make(n), benchlib.REPO / "outputs" / "unused")
+            run = raw_dcgan if gan else benchlib.raw_classifier
+            loop = run(cfg, device, steps=n, skip=warm)
+            return {"img/s": (n - warm) * batch / loop["loop s"]}
+
+        return measure
+
+    if args.bench in ("resnet50", "all"):
+        variants = {}
+        for compile_ in (False, True):
+            mode = "compile" if compile_ else "eager"
+
+            def make(n: int, compile_: bool = compile_) -> list[str]:
+                return resnet_overrides(args, device, compile_, n)
+
+            variants[f"litlab, {mode}"] = litlab(make, args.batch)
+            variants[f"raw, {mode}"] = raw(make, args.batch, gan=False)
+        print(f"\nP4 ResNet-50, {args.image_size} px, batch {args.batch}")
+        m = benchlib.medians(benchlib.interleaved(variants, args.repeats))
+        flops = resnet_flops(args.image_size)
+        peak = peak_flops(torch.cuda.get_device_name(device), "bf16") if cuda else None
+        print(f"\n{flops / 1e9:.1f} GFLOPs per image (fwd+bwd); peak {peak or 'unknown'} FLOP/s")
+        rows = [
+            [
+                name,
+                f"{v['img/s']:,.0f}",
+                f"{flops * v['img/s'] / peak:.1%}" if peak else "n/a",
+                f"{v['img/s'] / m['raw, ' + name.split(', ')[1]]['img/s']:.3f}",
+                f"{v['img/s'] / m[name.split(', ')[0] + ', eager']['img/s']:.2f}",
+            ]
+            for name, v in m.items()
+        ]
+        print(benchlib.table(["variant", "img/s", "MFU", "x raw", "x eager"], rows))
+
+    if args.bench in ("dcgan", "all"):
+
+        def make_gan(n: int) -> list[str]:
+            return dcgan_overrides(args, device, n)
+
+        variants = {
+            "litlab": litlab(make_gan, args.gan_batch),
+            "raw": raw(make_gan, args.gan_batch, gan=True),
+        }
+        print(f"\nP5 DCGAN, 64 px, batch {args.gan_batch}")
+        m = benchlib.medians(benchlib.interleaved(variants, args.repeats))
+        rows = [
+            [n, f"{v['img/s']:,.0f}", f"{v['img/s'] / m['raw']['img/s']:.3f}"] for n, v in m.items()
+        ]
+        print(benchlib.table(["variant", "img/s", "x raw"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""P3 time to accuracy: wall time of a Fashion-MNIST recipe, training plus test, and the accuracy it reaches.
+
+    python scripts/bench_time_to_accuracy.py                  # CPU: about 2.5 min on 2 cores
+    python scripts/bench_time_to_accuracy.py --device cuda    # GPU (target 94%)
+
+The recipe is an experiment config (default: experiment=fashion_fast). Both sides run it whole
+from the same seed and report the official 10,000-image test set's accuracy:
+- litlab: the train task on `experiment=<recipe> logger=none extras.print_config=false` (plus
+  `trainer=gpu` on CUDA): data load, fit with its validation and checkpoints, test of the best
+  checkpoint, summary.json;
+- raw: `benchlib.raw_classifier` on the same composed config: data load, the same training as a
+  plain PyTorch loop (no validation), then the test set in eval mode.
+Time to accuracy = the whole call's wall time, in this process (Python start-up and imports are
+not counted: ``time python train.py experiment=fashion_fast logger=none`` shows them), when the
+final test accuracy reaches --target; otherwise "not reached". Every round runs each side once,
+in alternating order, after a warm-up round of --warm-up-batches batches; medians of --repeats.
+Results: docs/benchmarks.md, "P3 time to accuracy".
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import benchlib
+import torch
+from benchlib import Measure
+
+
+def overrides(args: argparse.Namespace, device: torch.device, warm: bool) -> list[str]:
+    """The command line of the litlab side, `python train.py <these>`."""
+    return [
+        f"experiment={args.experiment}",
+        *(["trainer=gpu"] if device.type == "cuda" else []),
+        "logger=none",
+        "extras.print_config=false",
+        *benchlib.data_dir_override(args.data_dir),
+        *(["trainer.max_epochs=1", f"+trainer.limit_train_batches={args.warm_up_batches}"] * warm),
+        *args.overrides,
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--repeats", type=int, default=1, help="timed rounds (median reported)")
+    parser.add_argument("--experiment", default="fashion_fast", help="the recipe (conf/experiment)")
+    parser.add_argument("--target", type=float, help="test accuracy (default 0.92 CPU, 0.94 CUDA)")
+    parser.add_argument(
+        "--warm-up-batches", type=int, default=20, help="training batches of the warm-up round"
+    )
+    parser.add_argument("--data-dir", help="Fashion-MNIST folder (default: data/, then system)")
+    parser.add_argument(
+        "overrides", nargs="*", help="more overrides for both sides, e.g. trainer.max_epochs=2"
+    )
+    args = parser.parse_args()
+    device = benchlib.device_arg(args.device)
+    target = args.target or (0.94 if device.type == "cuda" else 0.92)
+    benchlib.quiet()
+    print(benchlib.machine(device))
+    print("litlab: python train.py " + " ".join(overrides(args, device, warm=False)))
+
+    def litlab(warm: bool) -> Measure:
+        seconds, summary = benchlib.litlab_run(overrides(args, device, warm))
+        durations = summary["durations_s"]
+        return {
+            "run s": seconds,
+            "fit s": durations["fit"],
+            "test s": durations["test"],
+            "test acc": summary["metrics"]["test/acc"],
+        }
+
+    def raw(warm: bool) -> Measure:
+        cfg = benchlib.compose(overrides(args, device, warm), benchlib.REPO / "outputs" / "unused")
+        return benchlib.raw_classifier(cfg, device, steps=args.warm_up_batches if warm else None)
+
+    m = benchlib.medians(benchlib.interleaved({"litlab": litlab, "raw loop": raw}, args.repeats))
+    rows = []
+    for name, v in m.items():
+        reached = v["test acc"] >= target
+        rows.append(
+            [
+                name,
+                f"{v['run s']:.1f}",
+                f"{v['run s'] / m['raw loop']['run s']:.3f}",
+                f"{v['test acc']:.4f}",
+                f"{v['run s']:.1f}" if reached else "not reached",
+            ]
+        )
+    print()
+    header = ["side", "train + test s", "x raw", "test acc", f"s to {target:.0%}"]
+    print(benchlib.table(header, rows))
+    litlab_m = m["litlab"]
+    print(f"\nlitlab phases: fit {litlab_m['fit s']:.1f} s, test {litlab_m['test s']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""What the benchmark scripts share: the machine line, A/B interleaved rounds with medians, tables,
+and litlab runs composed as `python train.py <overrides>` composes them.
+
+The scripts import litlab from the environment or from PYTHONPATH=src (no install needed) and
+this module from their own folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from omegaconf import DictConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+Measure = dict[str, float]
+
+
+def device_arg(name: str) -> torch.device:
+    """The --device choice; one line and exit status 1 when this machine has no such device."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"--device {name}: this machine has no CUDA GPU (torch {torch.__version__})")
+    if device.type not in ("cpu", "cuda"):
+        sys.exit(f"--device must be cpu or cuda, got {name}")
+    return device
+
+
+def quiet() -> None:
+    """Keep the output to the script's own lines: no warnings, no Lightning banners."""
+    warnings.filterwarnings("ignore")
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "litlab"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    return names[0] if names else platform.processor()
+
+
+def machine(device: torch.device) -> str:
+    """One line naming the hardware and the versions, for the table's caption."""
+    import torchvision
+
+    gpu = f"{torch.cuda.get_device_name(device)}, " if device.type == "cuda" else ""
+    return (
+        f"{gpu}{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; "
+        f"torch {torch.__version__}, lightning {L.__version__}, torchvision "
+        f"{torchvision.__version__}, python {platform.python_version()}"
+    )
+
+
+def interleaved(
+    variants: dict[str, Callable[[bool], Measure]], repeats: int
+) -> dict[str, list[Measure]]:
+    """Run every variant once per round, in alternating order (A B, B A, ...), and collect
+    each one's measurements; the warm-up round (called with True) is printed, not kept."""
+    results: dict[str, list[Measure]] = {name: [] for name in variants}
+    names = list(variants)
+    for round_ in range(repeats + 1):
+        order = names if round_ % 2 else names[::-1]
+        for name in order:
+            measure = variants[name](round_ == 0)
+            if round_:
+                results[name].append(measure)
+            shown = ", ".join(
+                f"{k} {v:,.0f}" if v >= 1000 else f"{k} {v:.6g}" for k, v in measure.items()
+            )
+            label = "warm-up" if round_ == 0 else f"round {round_}"
+            print(f"{label}: {name}: {shown}", flush=True)
+    return results
+
+
+def medians(results: dict[str, list[Measure]]) -> dict[str, Measure]:
+    return {
+        name: {key: statistics.median(m[key] for m in runs) for key in runs[0]}
+        for name, runs in results.items()
+    }
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table; the first column left-aligned, the others right-aligned."""
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "| --- | " + " | ".join("---:" for _ in header[1:]) + " |",
+    ]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def compose(overrides: Sequence[str], run_dir: Path) -> DictConfig:
+    """The config `python train.py <overrides>` runs, with its run folder at ``run_dir``."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from litlab.config import config_dir
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = hydra_compose("train", overrides=list(overrides), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+        cfg.hydra.runtime.cwd = str(REPO)
+        cfg.hydra.job.num = 0
+        cfg.paths.log_dir = str(run_dir.parent)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def data_dir_override(data_dir: str | None) -> list[str]:
+    """--data-dir as an override; without it litlab searches as usual (data/, then the system copy)."""
+    return [f"paths.data_dir={Path(data_dir).resolve()}"] if data_dir else []
+
+
+class LoopTimer(Callback):
+    """Seconds and batches of the fit loop from its start (or from batch ``skip``) to its end,
+    device synced. The task builds this callback from the config, so the reading is kept on
+    the class."""
+
+    last: ClassVar[Measure] = {}
+
+    def __init__(self, skip: int = 0) -> None:
+        self.skip = skip
+
+    @staticmethod
+    def _done(trainer: L.Trainer) -> int:
+        return trainer.fit_loop.epoch_loop.batch_progress.total.completed
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        LoopTimer.last = {}
+        if self.skip == 0:
+            self._start(trainer, pl_module)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.skip and self._done(trainer) == self.skip:
+            self._start(trainer, pl_module)
+
+    def _start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        sync(pl_module.device)
+        self.t0, self.done0 = time.perf_counter(), self._done(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        sync(pl_module.device)
+        LoopTimer.last = {
+            "s": time.perf_counter() - self.t0,
+            "batches": self._done(trainer) - self.done0,
+        }
+
+
+def timer_override(skip: int = 0) -> list[str]:
+    """Overrides that add LoopTimer to a run's callbacks, as a user adds any callback."""
+    return [
+        f"+callbacks.loop_timer._target_={__name__}.LoopTimer",
+        f"+callbacks.loop_timer.skip={skip}",
+    ]
+
+
+def litlab_run(overrides: Sequence[str]) -> tuple[float, dict[str, Any]]:
+    """Run the train task on these overrides in a scratch folder: (seconds, summary.json)."""
+    import json
+
+    from litlab.train import train_task
+
+    with tempfile.TemporaryDirectory(prefix="litlab-bench-") as scratch:
+        cfg = compose(overrides, Path(scratch) / "run")
+        start = time.perf_counter()
+        train_task(cfg)
+        seconds = time.perf_counter() - start
+        summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    if summary["status"] != "completed":
+        sys.exit(f"litlab run failed: {summary['error']}")
+    return seconds, summary
+
+
+def autocast(cfg: DictConfig, device: torch.device) -> torch.autocast:
+    """The autocast the config's trainer.precision runs under (32-true: off)."""
+    precision = str(cfg.trainer.precision)
+    if precision not in ("32-true", "32", "bf16-mixed"):
+        sys.exit(f"the raw loop runs 32-true or bf16-mixed, not trainer.precision={precision}")
+    return torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16-mixed")
+
+
+def raw_classifier(
+    cfg: DictConfig, device: torch.device, steps: int | None = None, skip: int = 0
+) -> Measure:
+    """The config's classifier trained (and tested, when cfg.test) by a plain PyTorch loop.
+
+    Same data path (DeviceLoader + the DataModule's batch transform), net, optimizer, schedule,
+    seed, precision and Speed switches (channels_last, compile) as the train task, in the task's
+    order (seed, data, net), so that the two runs compute the same numbers. Validation is not
+    run. Returns seconds of the whole call ("run s"), of the loop from batch ``skip`` on
+    ("loop s"), the final training loss, and the test accuracy.
+    """
+    from types import SimpleNamespace
+
+    from hydra.utils import instantiate
+    from torch import nn
+
+    from litlab.config import build
+    from litlab.data import DeviceLoader
+    from litlab.models.optim import build_optimizer
+
+    start = time.perf_counter()
+    deterministic = cfg.trainer.deterministic  # the flags as the Trainer sets them
+    torch.use_deterministic_algorithms(bool(deterministic), warn_only=deterministic == "warn")
+    torch.backends.cudnn.benchmark = bool(cfg.trainer.benchmark) and not deterministic
+    if deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = build(cfg.data, "data")
+    speed = cfg.callbacks.get("speed") or {}
+    memory_format = torch.channels_last if speed.get("channels_last") else torch.contiguous_format
+    net = build(cfg.model.net, "model.net").to(device, memory_format=memory_format).train()
+    if speed.get("compile"):
+        net.compile()
+    images, labels = datamodule.arrays("train")
+    loader = DeviceLoader(
+        images, labels, cfg.data.batch_size, True, True, seed=cfg.seed, device=device
+    )
+    epochs = int(cfg.trainer.max_epochs)
+    total = steps or epochs * len(loader)
+    schedule = instantiate(cfg.model.scheduler) if cfg.model.get("scheduler") else None
+    optimizer, scheduler = build_optimizer(
+        instantiate(cfg.model.optimizer),
+        net.parameters(),
+        schedule,
+        cfg.model.scheduler_interval,
+        SimpleNamespace(estimated_stepping_batches=total, max_epochs=epochs),
+    )
+    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.model.label_smoothing)
+    step, loop_start = 0, time.perf_counter()
+    while step < total:
+        for images, labels in loader:
+            if step == skip:
+                sync(device)
+                loop_start = time.perf_counter()
+            inputs = datamodule.transform(images, train=True).contiguous(
+                memory_format=memory_format
+            )
+            with autocast(cfg, device):
+                loss = criterion(net(inputs), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if scheduler and scheduler["interval"] == "step":
+                scheduler["scheduler"].step()
+            if step == total:
+                break
+        if scheduler and scheduler["interval"] == "epoch":
+            scheduler["scheduler"].step()
+    sync(device)
+    result = {"loop s": time.perf_counter() - loop_start, "loss": loss.item()}
+    if cfg.get("test"):
+        result["test acc"] = raw_accuracy(cfg, datamodule, net, device, memory_format)
+    result["run s"] = time.perf_counter() - start
+    return result
+
+
+@torch.no_grad()
+def raw_accuracy(
+    cfg: DictConfig,
+    datamodule: Any,
+    net: torch.nn.Module,
+    device: torch.device,
+    memory_format: torch.memory_format,
+) -> float:
+    """Top-1 accuracy on the test split, in eval mode, batches of data.eval_batch_size."""
+    net.eval()
+    images, labels = datamodule.arrays("test")
+    images, labels = images.to(device), labels.to(device)
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    size = datamodule.eval_batch_size
+    for i in range(0, len(labels), size):
+        inputs = datamodule.transform(images[i : i + size], train=False)
+        with autocast(cfg, device):
+            logits = net(inputs.contiguous(memory_format=memory_format))
+        correct += (logits.argmax(1) == labels[i : i + size]).sum()
+    return correct.item() / len(labels)

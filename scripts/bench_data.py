@@ -13,7 +13,6 @@ warms up and is not counted; the table shows medians. Results go to docs/benchma
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -176,9 +175,7 @@ def table(m: dict[str, Measure]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
+    parser = benchlib.arguments(__doc__, data_dir=False)
     parser.add_argument(
         "--epochs-fraction",
         type=float,
@@ -187,14 +184,12 @@ def main() -> None:
     )
     parser.add_argument("--data-dir", default="data", help="else Debian's dataset-fashion-mnist")
     args = parser.parse_args()
-    device = benchlib.device_arg(args.device)
-    benchlib.quiet()
+    device = benchlib.start(args)
 
     datamodule = fashion(args.data_dir)
     makers = loaders(datamodule, device)
     batches = len(makers[PATHS[2]]())
     e2e_batches = max(1, int(batches * args.epochs_fraction))
-    print(benchlib.machine(device))
     print(f"data path: {batches} batches of {BATCH}; end to end: {e2e_batches} batches")
 
     def measure(path: str, make: Callable[[], Iterable]) -> Callable[[bool], Measure]:

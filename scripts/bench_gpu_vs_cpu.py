@@ -51,20 +51,15 @@ def overrides(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu", help="cuda: CPU vs GPU; cpu: the CPU side only")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
+    parser = benchlib.arguments(__doc__, device_help="cuda: CPU vs GPU; cpu: the CPU side only")
     parser.add_argument(
         "--max-batches", type=int, help="batches per epoch (default: all with cuda, 20 with cpu)"
     )
     parser.add_argument("--precision", default="32-true", help="trainer.precision of both sides")
-    parser.add_argument("--data-dir", help="Fashion-MNIST folder (default: data/, then system)")
     args = parser.parse_args()
-    device = benchlib.device_arg(args.device)
+    device = benchlib.start(args)
     sides = list(SIDES) if device.type == "cuda" else ["CPU"]
     batches = args.max_batches or (None if device.type == "cuda" else 20)
-    benchlib.quiet()
-    print(benchlib.machine(device))
     print(f"batches per epoch: {batches or 'all'}; warm-up round: 5 batches")
 
     def run(experiment: str, side: str) -> Callable[[bool], Measure]:

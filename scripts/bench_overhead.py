@@ -57,23 +57,18 @@ def litlab_side(overrides: list[str]) -> Measure:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
+    parser = benchlib.arguments(__doc__)
     parser.add_argument(
         "--steps", type=int, help="training steps per run (default: 200 on CPU, 2,000 on CUDA)"
     )
-    parser.add_argument("--data-dir", help="Fashion-MNIST folder (default: data/, then system)")
     parser.add_argument(
         "overrides",
         nargs="*",
         help="more overrides for both sides, e.g. callbacks.speed.compile=true",
     )
     args = parser.parse_args()
-    device = benchlib.device_arg(args.device)
+    device = benchlib.start(args)
     steps = args.steps or (2000 if device.type == "cuda" else 200)
-    benchlib.quiet()
-    print(benchlib.machine(device))
     print(f"litlab: python train.py {' '.join(overrides(args, device, steps))}")
     print(f"{steps} steps of batch 128; warm-up round: 10 steps")
 

@@ -147,10 +147,8 @@ def raw_dcgan(cfg: DictConfig, device: torch.device, steps: int, skip: int) -> M
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser = benchlib.arguments(__doc__, repeats=None, data_dir=False)
     parser.add_argument("--bench", choices=["resnet50", "dcgan", "all"], default="all")
-    parser.add_argument("--repeats", type=int, help="timed rounds (default: 3 CUDA, 1 CPU)")
     parser.add_argument("--batch", type=int, help="ResNet-50 batch (default: 256 CUDA, 4 CPU)")
     parser.add_argument("--gan-batch", type=int, help="DCGAN batch (default: 128 CUDA, 8 CPU)")
     parser.add_argument(
@@ -161,7 +159,7 @@ def main() -> None:
         "--warm-steps", type=int, help="untimed steps starting every run (default: 15 CUDA, 2 CPU)"
     )
     args = parser.parse_args()
-    device = benchlib.device_arg(args.device)
+    device = benchlib.start(args)
     cuda = device.type == "cuda"
     for name, on_cuda, on_cpu in (
         ("repeats", 3, 1),
@@ -173,8 +171,6 @@ def main() -> None:
     ):
         if getattr(args, name) is None:
             setattr(args, name, on_cuda if cuda else on_cpu)
-    benchlib.quiet()
-    print(benchlib.machine(device))
     warm, steps = args.warm_steps, args.warm_steps + args.steps
     print(f"{args.steps} timed steps after {warm} untimed ones; warm-up round: {warm + 1} steps")
 

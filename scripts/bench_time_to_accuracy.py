@@ -40,23 +40,18 @@ def overrides(args: argparse.Namespace, device: torch.device, warm: bool) -> lis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--repeats", type=int, default=1, help="timed rounds (median reported)")
+    parser = benchlib.arguments(__doc__, repeats=1)
     parser.add_argument("--experiment", default="fashion_fast", help="the recipe (conf/experiment)")
     parser.add_argument("--target", type=float, help="test accuracy (default 0.92 CPU, 0.94 CUDA)")
     parser.add_argument(
         "--warm-up-batches", type=int, default=20, help="training batches of the warm-up round"
     )
-    parser.add_argument("--data-dir", help="Fashion-MNIST folder (default: data/, then system)")
     parser.add_argument(
         "overrides", nargs="*", help="more overrides for both sides, e.g. trainer.max_epochs=2"
     )
     args = parser.parse_args()
-    device = benchlib.device_arg(args.device)
+    device = benchlib.start(args)
     target = args.target or (0.94 if device.type == "cuda" else 0.92)
-    benchlib.quiet()
-    print(benchlib.machine(device))
     print("litlab: python train.py " + " ".join(overrides(args, device, warm=False)))
 
     def litlab(warm: bool) -> Measure:

@@ -7,6 +7,7 @@ this module from their own folder.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import platform
@@ -27,6 +28,32 @@ from omegaconf import DictConfig
 REPO = Path(__file__).resolve().parents[1]
 
 Measure = dict[str, float]
+
+
+def arguments(
+    doc: str | None,
+    repeats: int | None = 3,
+    device_help: str = "cpu or cuda",
+    data_dir: bool = True,
+) -> argparse.ArgumentParser:
+    """The options every benchmark takes: --device, --repeats and (Fashion-MNIST ones) --data-dir."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    parser.add_argument("--device", default="cpu", help=device_help)
+    default = f"default {repeats}" if repeats else "default: 3 CUDA, 1 CPU"
+    parser.add_argument(
+        "--repeats", type=int, default=repeats, help=f"timed rounds, median reported ({default})"
+    )
+    if data_dir:
+        parser.add_argument("--data-dir", help="Fashion-MNIST folder (default: data/, then system)")
+    return parser
+
+
+def start(args: argparse.Namespace) -> torch.device:
+    """The chosen device, checked; output kept quiet; the machine line printed first."""
+    device = device_arg(args.device)
+    quiet()
+    print(machine(device))
+    return device
 
 
 def device_arg(name: str) -> torch.device:

@@ -179,6 +179,17 @@ def test_unwritable_output_folder(tmp_path):
     assert result.returncode == 2
 
 
+def test_unwritable_default_output_folder(tmp_path):
+    # The default paths.log_dir is <where you run>/outputs, read through ${hydra:runtime.cwd}.
+    (tmp_path / "outputs").write_text("a file where the outputs folder should be")
+    result = run_cli("logger=csv", cwd=tmp_path)
+    assert "CheckOutputFolder" not in result.stderr  # the check ran instead of being skipped
+    assert_one_clear_line(
+        result, "litlab: error: cannot write the run folder", "paths.log_dir=<folder>"
+    )
+    assert result.returncode == 2
+
+
 @pytest.mark.parametrize("layout", ["not-a-run", "no-checkpoint"])
 def test_resume_of_a_folder_that_cannot_be_resumed(tmp_path, layout):
     folder = tmp_path / "run"

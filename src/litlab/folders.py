@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
@@ -30,8 +31,12 @@ def _check(folder: str, key: str) -> None:
 
 
 class CheckOutputFolder(Callback):
+    # Hydra registers its config (which ${hydra:runtime.cwd} in paths.root_dir reads) only when
+    # the job starts, after these hooks; registering it here is what Hydra does there.
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        HydraConfig.instance().set_config(config)
         _check(config.hydra.run.dir, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        HydraConfig.instance().set_config(config)
         _check(config.hydra.sweep.dir, "hydra.sweep.dir")

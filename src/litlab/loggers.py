@@ -131,7 +131,7 @@ def wandb_logger(
     kwargs.setdefault("resume", "allow" if kwargs.get("id") else None)
     if kwargs.get("settings") is not None:  # a config mapping; wandb wants a plain dict
         kwargs["settings"] = dict(kwargs["settings"])
-    return LitlabWandbLogger(
+    logger = LitlabWandbLogger(
         save_dir=save_dir,
         project=project,
         mode=wandb_mode(mode),
@@ -140,6 +140,11 @@ def wandb_logger(
         tags=[*tags, *(tag[:64] for tag in changed)],
         **kwargs,
     )
+    # Lightning passes anonymous=None to wandb.init, which wandb >= 0.19 warns about on every
+    # run; not passing it at all means the same.
+    if logger._wandb_init.get("anonymous") is None:
+        logger._wandb_init.pop("anonymous", None)
+    return logger
 
 
 def finish_loggers(loggers: list[Logger]) -> None:

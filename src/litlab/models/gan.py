@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -16,6 +17,11 @@ from torch.optim.swa_utils import AveragedModel
 from litlab.errors import ConfigError
 
 Loss = Literal["bce", "wgan_gp", "hinge"]
+
+# Lightning warns that step checkpoints of a manually optimized module hold the state after
+# that step's updates. That is the state a GAN resumes from (its counters, noise and RNG are
+# saved with it: tests/test_gan.py, tests/test_reliability.py), so the long warning is noise.
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 
 
 def d_loss_fn(loss: Loss, real: Tensor, fake: Tensor) -> Tensor:

@@ -15,9 +15,9 @@ from torch import nn
 from conftest import make_cfg, summary_of
 from litlab.callbacks.monitor import mfu, peak_flops, training_flops_per_image
 from litlab.config import build
-from litlab.errors import ConfigError
+from litlab.errors import ConfigError, OutOfMemory
 from litlab.train import train_task
-from litlab.tune import OutOfMemory, oom_message, out_of_memory_explained, tune
+from litlab.tune import oom_message, out_of_memory_explained, tune
 from wandb_records import offline_run
 
 FAST = ["extras.print_config=false", "callbacks.progress_bar=null"]

@@ -19,3 +19,7 @@ class CheckpointError(LitlabError):
 
 class TrainingDiverged(LitlabError):
     """A loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class OutOfMemory(LitlabError):
+    """Training ran out of device memory; a smaller batch or a lower precision fits."""

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.monitor import GB, rss_gb
 from litlab.config import build
-from litlab.errors import ConfigError, LitlabError
+from litlab.errors import ConfigError, OutOfMemory
 
 log = logging.getLogger("litlab")
 
@@ -220,10 +220,6 @@ def log_lr_plot(loggers: list[Logger], tuned: dict[str, Any]) -> None:
 
             image = np.asarray(Image.open(tuned["lr_plot"]).convert("RGB"))
             logger.experiment.add_image("tune/lr_find", image, 0, dataformats="HWC")
-
-
-class OutOfMemory(LitlabError):
-    """Training ran out of device memory; a smaller batch or a lower precision fits."""
 
 
 def oom_message(batch_size: int, peak_gb: float, total_gb: float | None, precision: str) -> str:

@@ -101,10 +101,10 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
         *SYNTH,
         *QUIET,
         "logger=wandb",
-        "trainer.max_epochs=1",
+        "trainer=ddp",  # README's line: the GPU option (sync_batchnorm on) run on CPU processes
         "trainer.accelerator=cpu",
         "trainer.devices=2",
-        "trainer.strategy=ddp",
+        "trainer.max_epochs=1",
         f"paths.log_dir={tmp_path / 'out'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]

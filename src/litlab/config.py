@@ -196,8 +196,9 @@ def check_objective(cfg: DictConfig) -> None:
         )
 
 
-def check_hardware(trainer: DictConfig) -> None:
-    """Refuse accelerator/precision/device choices this machine cannot run, saying what to use."""
+def check_hardware(trainer: DictConfig) -> bool:
+    """Refuse accelerator/precision/device choices this machine cannot run, saying what to use;
+    return whether the run is on the CPU."""
     import torch
 
     accelerator = str(trainer.get("accelerator", "auto"))
@@ -247,3 +248,4 @@ def check_hardware(trainer: DictConfig) -> None:
             f"trainer.devices={devices} but this machine has {cuda} CUDA GPU(s); "
             f"use trainer.devices={cuda} (or -1 for all)"
         )
+    return on_cpu

@@ -43,7 +43,12 @@ def setup_extras(cfg: DictConfig) -> None:
 def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     """Train and test one model as the config says; return the final metrics."""
     check_all(cfg)
-    check_hardware(cfg.trainer)
+    if check_hardware(cfg.trainer) and cfg.trainer.get("sync_batchnorm"):
+        # trainer=ddp turns it on for GPUs; torch's SyncBatchNorm has no CPU implementation
+        log.info(
+            "trainer.sync_batchnorm=false: SyncBatchNorm needs CUDA GPUs; each CPU process keeps its own BatchNorm statistics"
+        )
+        cfg.trainer.sync_batchnorm = False
     check_objective(cfg)
     setup_extras(cfg)
     # Batch size and LR finders (tune.*) write what they find into cfg, before anything is built.

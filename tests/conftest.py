@@ -21,6 +21,17 @@ from litlab.config import config_dir
 
 REPO = Path(__file__).resolve().parents[1]
 FASHION_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+# A GAN small enough for a CPU test: 16 px synthetic images, widths of 8 (any model=dcgan*).
+TINY_GAN_DATA = [
+    "data=synthetic",
+    "data.image_shape=[1,16,16]",
+    "data.source.train_size=256",
+    "data.source.test_size=64",
+    "data.batch_size=32",
+    "model.generator.width=8",
+    "model.discriminator.width=8",
+]
+TINY_GAN = ["model=dcgan", *TINY_GAN_DATA]
 
 
 @pytest.fixture(autouse=True)

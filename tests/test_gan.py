@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import make_cfg, run_cli, summary_of
+from conftest import TINY_GAN_DATA, make_cfg, run_cli, summary_of
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
 from litlab.models.gan import GAN, gradient_penalty
@@ -18,13 +18,7 @@ from litlab.train import train_task
 
 QUIET = ["extras.print_config=false", "callbacks.progress_bar=null", "logger=csv"]
 SMALL = [
-    "data=synthetic",
-    "data.image_shape=[1,16,16]",
-    "data.source.train_size=256",
-    "data.source.test_size=64",
-    "data.batch_size=32",
-    "model.generator.width=8",
-    "model.discriminator.width=8",
+    *TINY_GAN_DATA,
     "callbacks.fid.num_samples=64",
     "callbacks.fid.batch_size=64",
 ]

@@ -12,7 +12,7 @@ import yaml
 from omegaconf import OmegaConf
 from torch import nn
 
-from conftest import make_cfg, summary_of
+from conftest import TINY_GAN, make_cfg, summary_of
 from litlab.callbacks.monitor import mfu, peak_flops, training_flops_per_image
 from litlab.config import build
 from litlab.errors import ConfigError, OutOfMemory
@@ -28,16 +28,6 @@ PERF = [
     "perf/test_images_per_s",
     "perf/flops_per_image",
     "mem/rss_gb",
-]
-TINY_GAN = [
-    "model=dcgan",
-    "data=synthetic",
-    "data.image_shape=[1,16,16]",
-    "data.source.train_size=256",
-    "data.source.test_size=64",
-    "data.batch_size=32",
-    "model.generator.width=8",
-    "model.discriminator.width=8",
 ]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_cfg, summary_of
+from conftest import TINY_GAN_DATA, make_cfg, summary_of
 from litlab.evaluate import eval_task
 from litlab.train import train_task
 
@@ -73,13 +73,7 @@ def test_compiled_gan_trains_and_its_checkpoint_resumes_eager(tmp_path, model):
     # on the GPU these once shared a graph and G's loss lost its grad_fn.
     gan = [
         f"model={model}",
-        "data=synthetic",
-        "data.image_shape=[1,16,16]",
-        "data.source.train_size=128",
-        "data.source.test_size=32",
-        "data.batch_size=32",
-        "model.generator.width=8",
-        "model.discriminator.width=8",
+        *TINY_GAN_DATA,
         "callbacks.fid=null",
         "callbacks.model_checkpoint=null",  # no FID, no best: last.ckpt is the one kept
         "callbacks.samples=null",

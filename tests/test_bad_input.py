@@ -169,6 +169,17 @@ def test_resuming_a_checkpoint_of_another_model_family(tmp_path, capsys):
     )
 
 
+def test_training_over_another_runs_checkpoints(tmp_path, capsys):
+    """A run folder that holds another config's checkpoints is never trained over."""
+    tiny = ["trainer.max_epochs=1", "model.net.width=4", "test=false", *QUIET]
+    train_task(make_cfg(tmp_path, tiny))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    written = last.read_bytes()
+    other = make_cfg(tmp_path, [*tiny, "model.net.width=8"])  # the same folder, another model
+    fails_with(capsys, train_task, other, "already holds checkpoints of a run with another config")
+    assert last.read_bytes() == written
+
+
 def test_unwritable_output_folder(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from conftest import REPO, make_cfg, run_cli
 from litlab.config import check_hardware
-from litlab.distributed import rank0_dir, strategy_for
+from litlab.distributed import rank0_dir, run_dir, strategy_for
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
 from litlab.models import GAN, ImageClassifier
@@ -74,6 +74,41 @@ def test_rank0_dir_gives_one_run_folder_under_external_launchers(monkeypatch):
     assert not rank0_dir("/out/run").startswith("/out/") and rank0_dir("/out/run").endswith(
         "run-rank3"
     )
+
+
+SLURM_VARS = (
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NAME",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_STEP_ID",
+    "SLURM_RESTART_COUNT",
+    "SLURM_PROCID",
+    "RANK",
+)
+
+
+def test_run_folder_is_fixed_per_slurm_job_so_that_a_requeued_job_finds_it(monkeypatch, tmp_path):
+    for var in SLURM_VARS:
+        monkeypatch.delenv(var, raising=False)
+    base = str(tmp_path)
+    assert run_dir(base, "2026-11-30/06-00-00-000001") == f"{base}/2026-11-30/06-00-00-000001"
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    assert run_dir(base, "d/t") == f"{base}/slurm/77"
+    monkeypatch.setenv("SLURM_STEP_ID", "1")  # the second srun of a batch script
+    assert run_dir(base, "d/t") == f"{base}/slurm/77.1"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "70")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "7")
+    assert run_dir(base, "d/t") == f"{base}/slurm/70_7.1"
+    (tmp_path / "slurm" / "70_7.1").mkdir(parents=True)  # a second run in the same job step
+    assert run_dir(base, "d/t") == f"{base}/d/t"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the requeued job: its own folder again
+    assert run_dir(base, "d/t") == f"{base}/slurm/70_7.1"
+    monkeypatch.setenv("SLURM_PROCID", "2")  # every rank of the requeued job
+    assert run_dir(base, "d/t") == f"{base}/slurm/70_7.1"
+    monkeypatch.setenv("SLURM_JOB_NAME", "interactive")  # an allocation used by hand
+    assert run_dir(base, "d/t") != f"{base}/slurm/70_7.1"
 
 
 def test_slurm_launcher_maps_devices_and_nodes(tmp_path):

@@ -225,3 +225,97 @@ def test_same_seed_same_weights(tmp_path, args):
         states.append(final_state(Path(cfg.paths.output_dir)))
     for key in states[0]:
         assert torch.equal(states[0][key], states[1][key]), key
+
+
+@pytest.fixture(scope="module")
+def straight_classifier(tmp_path_factory) -> Path:
+    """The uninterrupted classifier run that requeued runs must match."""
+    root = tmp_path_factory.mktemp("straight")
+    result = run_cli(*CLF, f"paths.log_dir={root}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_folder(root)
+
+
+# Stand-in for SLURM's scontrol: it records the call, and a requeue ends the job's process
+# as SLURM does (SIGTERM).
+FAKE_SCONTROL = """#!/bin/sh
+echo "$@" >> "$FAKE_SLURM_LOG"
+[ "$1" = requeue ] && kill -TERM "$PPID"
+exit 0
+"""
+
+SLURM_JOB = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NODELIST": "localhost",
+}
+
+
+def wandb_run_ids(folder: Path) -> set[str]:
+    return {p.name.rsplit("-", 1)[-1] for p in (folder / "wandb").glob("offline-run-*")}
+
+
+@pytest.mark.slow
+def test_slurm_requeue_continues_in_the_job_folder(tmp_path, monkeypatch, straight_classifier):
+    """SLURM's warning signal (SIGUSR1): Lightning saves and calls `scontrol requeue`; SLURM
+    starts the same command again, which continues in the job's folder to the same weights."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_LOG", str(tmp_path / "scontrol.log"))
+    for key, value in SLURM_JOB.items():
+        monkeypatch.setenv(key, value)
+    args = [*CLF, "logger=wandb", f"paths.log_dir={tmp_path / 'out'}"]
+    signal_at = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=19"]
+
+    first = run_cli(*args, *signal_at, "+callbacks.stop.signum=SIGUSR1")
+    assert first.returncode == 143, first.stderr[-3000:]
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    folder = tmp_path / "out" / "train" / "slurm" / "4242"
+    assert (folder / "hpc_ckpt_1.ckpt").is_file() and summary_status(folder) == "interrupted"
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    again = run_cli(*args, *signal_at, "+callbacks.stop.signum=SIGUSR1")  # the same command
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "continuing the interrupted run" in (folder / "train.log").read_text()
+    assert list((tmp_path / "out").rglob("summary.json")) == [folder / "summary.json"]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"].endswith(".ckpt")
+    assert len(wandb_run_ids(folder)) == 1  # the requeued job logs to the same W&B run
+    a, b = final_state(straight_classifier), final_state(folder)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.slow
+def test_submitit_requeue_continues_in_the_same_folder(tmp_path, straight_classifier):
+    """Hydra's submitit launcher (local executor): submitit's preemption signal (USR2) saves
+    last.ckpt at the batch boundary, submitit requeues the job, and the job continues."""
+    result = run_cli(
+        "-m",
+        "hydra/launcher=submitit_local",
+        *CLF,
+        "logger=wandb",
+        f"paths.log_dir={tmp_path}",
+        "+callbacks.stop._target_=helpers.SignalAt",
+        "+callbacks.stop.batch=19",
+        "+callbacks.stop.signum=SIGUSR2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    log = (folder / "train.log").read_text()
+    assert "saved" in log and "Requeued job" in log and "continuing the interrupted run" in log
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["resumed_from"] == str(folder / "checkpoints" / "last.ckpt")
+    assert len(wandb_run_ids(folder)) == 1
+    a, b = final_state(straight_classifier), final_state(folder)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert val_rows(folder) == val_rows(straight_classifier)
+

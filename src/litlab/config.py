@@ -19,7 +19,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from litlab.distributed import rank0_dir
+from litlab.distributed import run_dir
 from litlab.errors import ConfigError, LitlabError
 
 
@@ -39,7 +39,8 @@ def optuna_direction(mode: str) -> str:
     return {"max": "maximize", "min": "minimize"}[mode]
 
 
-OmegaConf.register_new_resolver("rank0_dir", rank0_dir, replace=True)
+# cached: the folder is looked at once, and every later read of hydra.run.dir agrees
+OmegaConf.register_new_resolver("run_dir", run_dir, replace=True, use_cache=True)
 OmegaConf.register_new_resolver("sweep_group", sweep_group, replace=True)
 OmegaConf.register_new_resolver("optuna_direction", optuna_direction, replace=True)
 

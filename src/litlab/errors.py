@@ -23,3 +23,11 @@ class TrainingDiverged(LitlabError):
 
 class OutOfMemory(LitlabError):
     """Training ran out of device memory; a smaller batch or a lower precision fits."""
+
+
+class Requeued(SystemExit):
+    """A cluster scheduler (SLURM, submitit) requeued the job after its preemption checkpoint.
+
+    A SystemExit, so that the scheduler's exit status is kept and no sweep swallows it; the
+    requeued job starts in the same run folder and continues from that checkpoint.
+    """

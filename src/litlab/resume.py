@@ -8,21 +8,31 @@ ckpt_path, and its W&B run id. Further overrides on the command line still apply
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
 import yaml
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from litlab.checkpoint import load_checkpoint, stored_config
+from litlab.errors import ConfigError
+from litlab.run import config_digest
+
+log = logging.getLogger("litlab")
 
 CHECKPOINTS = ("last.ckpt", "step.ckpt")
 
 
 def newest_checkpoint(folder: Path) -> Path | None:
-    """The most recently written of the run's resumable checkpoints (epoch end, periodic, signal)."""
+    """The most recently written of the run's resumable checkpoints: epoch end, periodic and
+    signal (checkpoints/), and Lightning's SLURM auto-requeue saves (hpc_ckpt_<n>.ckpt)."""
     found = [
         folder / "checkpoints" / name
         for name in CHECKPOINTS
         if (folder / "checkpoints" / name).is_file()
     ]
+    found += folder.glob("hpc_ckpt_*.ckpt")
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
@@ -72,3 +82,39 @@ def resume_argv(argv: list[str]) -> list[str]:
             )
             args.append(f"logger.wandb.overrides='{original}'")
     return [argv[0], *args, *(arg for arg in argv[1:] if not arg.startswith("resume="))]
+
+
+def _computes(cfg: DictConfig) -> str:
+    """The digest of what a config computes, wherever it starts from and whatever it logs to."""
+    plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in ("ckpt_path", "logger")])
+    return config_digest(plain)
+
+
+def continue_in_place(cfg: DictConfig) -> None:
+    """A training run that starts in a folder holding its own checkpoints continues from them.
+
+    That is a requeued cluster job: SLURM (the run folder is fixed per job, see
+    litlab.distributed.run_dir) or submitit (the sweep folder is fixed) starts the same
+    command again after a preemption. The newest checkpoint and the folder's W&B run are
+    picked up, as ``resume=<folder>`` would. Checkpoints of a run with another config are
+    never trained over: that is one clear error.
+    """
+    if cfg.get("ckpt_path") or not cfg.get("train"):
+        return
+    folder = Path(cfg.paths.output_dir)
+    checkpoint = newest_checkpoint(folder)
+    if checkpoint is None:
+        return
+    stored = stored_config(load_checkpoint(checkpoint), checkpoint)
+    if _computes(stored) != _computes(cfg):
+        raise ConfigError(
+            f"{folder} already holds checkpoints of a run with another config; continue that "
+            f"run with: python train.py resume={folder}, or train in a new folder"
+        )
+    log.warning("continuing the interrupted run in %s from %s", folder, checkpoint.name)
+    cfg.ckpt_path = str(checkpoint)
+    wandb = (cfg.get("logger") or {}).get("wandb")
+    run_id = wandb_run_id(folder)
+    if wandb and run_id and not wandb.get("id"):
+        with open_dict(wandb):
+            wandb.id = run_id

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import litlab
 from litlab.config import build
-from litlab.errors import ConfigError, LitlabError
+from litlab.errors import ConfigError, LitlabError, Requeued
 
 log = logging.getLogger("litlab")
 
@@ -113,7 +113,8 @@ class Run:
     global rank 0. A LitlabError becomes one line on stderr and exit status 2; any other
     exception is a bug: the summary says failed and the traceback is kept. With
     ``keep_going`` (a job of a sweep) any failure is recorded, reported in one line and
-    swallowed, so that the sweep goes on; ``objective`` is then None.
+    swallowed, so that the sweep goes on; ``objective`` is then None. Exits (SystemExit, e.g.
+    a scheduler's requeue, and KeyboardInterrupt) are recorded and never swallowed.
     """
 
     def __init__(self, cfg: DictConfig, task: str, keep_going: bool = False) -> None:
@@ -148,7 +149,12 @@ class Run:
             self.summary["status"] = "completed"
         elif isinstance(exc, KeyboardInterrupt):
             self.summary.update(status="interrupted", error="interrupted by the user")
-        elif isinstance(exc, SIGTERMException):
+        elif isinstance(exc, Requeued):
+            self.summary.update(
+                status="requeued",
+                error="preempted; the scheduler requeued the job, which continues in this folder",
+            )
+        elif isinstance(exc, SIGTERMException | SystemExit):
             self.summary.update(
                 status="interrupted",
                 error=f"stopped by a signal; continue with: python train.py resume={self.dir}",
@@ -162,7 +168,8 @@ class Run:
         if isinstance(exc, SIGTERMException):
             log.warning("litlab: %s", self.summary["error"])
             sys.exit(143)  # 128 + SIGTERM: the run did not finish
-        if exc is not None and self._keep_going and not isinstance(exc, KeyboardInterrupt):
+        # A sweep goes on after a failed job, not after an exit (a scheduler's requeue, Ctrl-C).
+        if isinstance(exc, Exception) and self._keep_going:
             log.error("litlab: job failed (the sweep goes on): %s", self.summary["error"])
             return True
         if isinstance(exc, LitlabError):

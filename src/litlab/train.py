@@ -22,7 +22,7 @@ from litlab.config import build, check_all, check_hardware, check_objective, con
 from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
 from litlab.errors import ConfigError, TrainingDiverged
 from litlab.loggers import finish_loggers
-from litlab.resume import resume_argv
+from litlab.resume import continue_in_place, resume_argv
 from litlab.run import Run, build_list, print_config_tree
 from litlab.tune import log_lr_plot, out_of_memory_explained, tune
 
@@ -50,6 +50,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         )
         cfg.trainer.sync_batchnorm = False
     check_objective(cfg)
+    continue_in_place(cfg)  # a requeued cluster job picks up its own checkpoints
     setup_extras(cfg)
     # Batch size and LR finders (tune.*) write what they find into cfg, before anything is built.
     tuned = tune(cfg, run.dir)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 import signal
 from pathlib import Path
@@ -13,6 +15,8 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from litlab.errors import Requeued
 
 log = logging.getLogger(__name__)
 
@@ -46,44 +50,67 @@ class RNGState(Callback):
             torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _submitit_signal() -> signal.Signals | None:
+    """The signal submitit sends before a preemption or time limit, inside a submitit job."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return None
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+
+
 class Preemption(Callback):
     """On SIGTERM (and SIGUSR1 outside SLURM) finish the current batch, save ``last.ckpt`` in
     the checkpoint folder, and stop; ``python train.py resume=<run folder>`` continues.
 
     Lightning turns SIGTERM into a SIGTERMException at the next batch boundary (on every rank);
     SIGUSR1 is routed the same way here. Under SLURM with auto-requeue, Lightning handles
-    SIGUSR1 itself (hpc checkpoint and requeue).
+    SIGUSR1 itself (hpc checkpoint and requeue). Inside a submitit job (Hydra's submitit
+    launcher) submitit's preemption signal (USR2) is routed the same way too, and once
+    ``last.ckpt`` is saved submitit's own handler requeues the job, which then continues in
+    the same folder (see litlab.resume.continue_in_place).
     """
 
     def __init__(self, dirpath: str, filename: str = "last") -> None:
         self.path = Path(dirpath) / f"{filename}.ckpt"
-        self._previous: Any = None
+        self._taken: dict[signal.Signals, Any] = {}  # signal -> the handler it had before
+        self._received: signal.Signals | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if (
+        self._received = None
+        slurm = (
             trainer._accelerator_connector.cluster_environment.__class__.__name__
             == "SLURMEnvironment"
-        ):
-            return
-        try:
-            self._previous = signal.signal(
-                signal.SIGUSR1, lambda *_: signal.raise_signal(signal.SIGTERM)
-            )
-        except ValueError:  # not in the main thread: leave signals alone
-            self._previous = None
+        )
+        for signum in {None if slurm else signal.SIGUSR1, _submitit_signal()} - {None}:
+            with contextlib.suppress(ValueError):  # not in the main thread: leave signals alone
+                self._taken[signum] = signal.signal(signum, self._stop)
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        self._received = signal.Signals(signum)
+        signal.raise_signal(signal.SIGTERM)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
 
-    def _restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGUSR1, self._previous)
-            self._previous = None
+    def _restore(self) -> dict[signal.Signals, Any]:
+        taken, self._taken = self._taken, {}
+        for signum, previous in taken.items():
+            signal.signal(signum, previous)
+        return taken
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        self._restore()
-        if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit":
-            trainer.save_checkpoint(self.path)
-            log.warning("stopped by a signal; saved %s to resume from", self.path)
+        previous = self._restore().get(self._received)
+        if not (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit"):
+            return
+        trainer.save_checkpoint(self.path)
+        log.warning("stopped by a signal; saved %s to resume from", self.path)
+        if (
+            self._received is not None
+            and self._received == _submitit_signal()
+            and callable(previous)
+        ):
+            try:  # submitit requeues the job from global rank 0 and exits
+                previous(self._received, None)
+            except SystemExit as e:
+                raise Requeued(e.code) from e

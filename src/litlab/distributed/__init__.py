@@ -123,6 +123,42 @@ def rank0_dir(path: str) -> str:
     return str(Path(tempfile.gettempdir()) / "litlab-ranks" / f"{Path(path).name}-rank{rank}")
 
 
+def slurm_job() -> str | None:
+    """This SLURM job's id (array jobs: <job>_<task>; srun steps: .<step>), None outside one.
+
+    An allocation used by hand (job name "bash" or "interactive", as Lightning's SLURM
+    detection has it) is not a job to requeue: None.
+    """
+    if "SLURM_JOB_ID" not in os.environ or os.environ.get("SLURM_JOB_NAME") in (
+        "bash",
+        "interactive",
+    ):
+        return None
+    job = os.environ["SLURM_JOB_ID"]
+    if os.environ.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    step = os.environ.get("SLURM_STEP_ID")
+    return f"{job}.{step}" if step else job
+
+
+def run_dir(base: str, stamp: str) -> str:
+    """Hydra resolver for the folder of a single run: ``<base>/<stamp>`` (date/time) by default.
+
+    In a SLURM job it is ``<base>/slurm/<job id>``: when SLURM requeues the job (preemption,
+    time limit) the same command starts again in the same folder and continues from its
+    checkpoints (litlab.resume.continue_in_place); a requeued job's ranks all use it. A second
+    run in the same job (the folder exists already) gets the date/time folder.
+    """
+    job = slurm_job()
+    if job is not None:
+        folder = f"{base}/slurm/{job}"
+        if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
+            return folder
+        if rank0_dir(folder) == folder and not Path(folder).exists():
+            return folder
+    return rank0_dir(f"{base}/{stamp}")
+
+
 def torchrun_layout(devices: Any, num_nodes: int) -> dict[str, int]:
     """Under torchrun, the devices and nodes that torchrun laid out (Lightning needs them equal)."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or "LOCAL_WORLD_SIZE" not in os.environ:

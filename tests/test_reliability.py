@@ -319,3 +319,39 @@ def test_submitit_requeue_continues_in_the_same_folder(tmp_path, straight_classi
     assert all(torch.equal(a[name], b[name]) for name in a)
     assert val_rows(folder) == val_rows(straight_classifier)
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("epochs", [4, 3])
+def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(tmp_path, epochs):
+    """Train further (or stop sooner) than planned: OneCycleLR's length follows the run, so
+    it neither fails when stepped past its old end nor stops half way down."""
+    first = run_cli(*CLF, "trainer.max_epochs=2", f"paths.log_dir={tmp_path}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    steps_per_epoch = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] // 2
+    if epochs == 3:  # stopped by a signal after one epoch, then resumed with a shorter plan
+        (folder / "summary.json").unlink()
+        stopped = run_cli(
+            *CLF,
+            "trainer.max_epochs=5",
+            f"paths.log_dir={tmp_path / 'b'}",
+            "+callbacks.stop._target_=helpers.SignalAt",
+            f"+callbacks.stop.batch={steps_per_epoch - 1}",
+        )
+        assert stopped.returncode == 143, stopped.stderr[-3000:]
+        folder = run_folder(tmp_path / "b")
+    resumed = run_cli(f"resume={folder}", f"trainer.max_epochs={epochs}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    saved = load_checkpoint(folder / "checkpoints" / "last.ckpt")
+    schedule = saved["lr_schedulers"][0]
+    assert schedule["total_steps"] == schedule["last_epoch"] == epochs * steps_per_epoch
+    # The LR it ended with is the one a run planned for that many epochs ends with.
+    planned = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=3e-3)
+    one_cycle = torch.optim.lr_scheduler.OneCycleLR(
+        planned, max_lr=3e-3, pct_start=0.25, total_steps=epochs * steps_per_epoch
+    )
+    for _ in range(epochs * steps_per_epoch):
+        planned.step()
+        one_cycle.step()
+    final_lr = saved["optimizer_states"][0]["param_groups"][0]["lr"]
+    assert final_lr == pytest.approx(planned.param_groups[0]["lr"], rel=1e-6)

@@ -13,7 +13,7 @@ from torchmetrics import MaxMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from litlab.errors import ConfigError
-from litlab.models.optim import Interval, build_optimizer
+from litlab.models.optim import Interval, build_optimizer, fit_schedules_to_run
 
 
 def accuracy_metrics(num_classes: int, prefix: str) -> MetricCollection:
@@ -90,6 +90,9 @@ class ImageClassifier(L.LightningModule):
         loss = self._step(batch, self.test_metrics)
         self.log("test/loss", loss, on_step=False, on_epoch=True, sync_dist=True)
         self.log_dict(self.test_metrics, on_step=False, on_epoch=True)
+
+    def on_train_start(self) -> None:  # after Lightning restored a resumed run's schedule
+        fit_schedules_to_run(self.trainer)  # which then ends at this run's end
 
     def configure_optimizers(self) -> Any:
         optimizer, scheduler = build_optimizer(

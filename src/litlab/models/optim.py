@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import OneCycleLR
+
+log = logging.getLogger(__name__)
 
 # Schedule arguments that mean "how long the schedule runs", by scheduler class.
 _LENGTH_ARGS = ("total_steps", "T_max", "total_iters")
@@ -41,4 +45,38 @@ def build_optimizer(
         for arg in _LENGTH_ARGS
         if arg in wanted and arg not in given
     }
-    return optimizer, {"scheduler": scheduler(optimizer=optimizer, **length), "interval": interval}
+    built = scheduler(optimizer=optimizer, **length)
+    built.litlab_length_args = tuple(length)  # filled from the run's length: refit on resume
+    return optimizer, {"scheduler": built, "interval": interval}
+
+
+def fit_schedules_to_run(trainer: Any) -> None:
+    """Make restored LR schedules span this run's length, not the checkpoint's run's.
+
+    A schedule's length (OneCycleLR total_steps, CosineAnnealingLR T_max, ...) comes from
+    trainer.max_epochs when the run starts; resuming restores the checkpoint's length with the
+    rest of the schedule's state. A run resumed with another trainer.max_epochs (to train
+    further, or to stop sooner) then gets a schedule that ends at the new end, continuing from
+    the steps already taken (OneCycleLR would otherwise fail when stepped past its old end).
+    Lengths set explicitly in the config are left alone.
+    """
+    for config in trainer.lr_scheduler_configs:
+        scheduler = config.scheduler
+        for arg in getattr(scheduler, "litlab_length_args", ()):
+            old, new = getattr(scheduler, arg), schedule_length(trainer, config.interval)
+            if old == new:
+                continue
+            if isinstance(scheduler, OneCycleLR):  # its phase ends are fractions of the length
+                for phase in scheduler._schedule_phases:
+                    phase["end_step"] = (phase["end_step"] + 1) * new / old - 1
+            setattr(scheduler, arg, new)
+            log.warning(
+                "%s now spans %d %ss instead of %d (trainer.max_epochs differs from the "
+                "checkpoint's run); it continues from %s %d",
+                type(scheduler).__name__,
+                new,
+                config.interval,
+                old,
+                config.interval,
+                scheduler.last_epoch,
+            )

@@ -197,6 +197,37 @@ def test_multirun_of_ddp_jobs(tmp_path, strategy):
     assert leftover == []  # no orphaned rank processes
 
 
+@pytest.mark.slow
+@pytest.mark.dist
+def test_a_ddp_job_failing_on_every_rank_does_not_end_the_sweep(tmp_path):
+    """Job 0 diverges on both ranks; Lightning's watcher of rank processes used to SIGKILL the
+    main process (the sweep) when rank 1 exited with the error, so job 1 never finished."""
+    result = run_cli(
+        "-m",
+        "+callbacks.nan.at_batch=3,100000",
+        "+callbacks.nan._target_=helpers.InjectNaN",
+        "+callbacks.nan.module=net",
+        "callbacks.divergence_guard.check_every_n_steps=1",
+        *SYNTH,
+        *QUIET,
+        "logger=csv",
+        "trainer.max_epochs=1",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        f"paths.log_dir={tmp_path}",
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p.parent for p in tmp_path.rglob("summary.json"))
+    statuses = [json.loads((job / "summary.json").read_text())["status"] for job in jobs]
+    assert statuses == ["failed", "completed"]
+    leftover = subprocess.run(
+        ["pgrep", "-f", str(tmp_path)], capture_output=True, text=True
+    ).stdout.split()
+    assert leftover == []
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

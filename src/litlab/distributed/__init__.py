@@ -8,14 +8,17 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import lightning.pytorch.strategies.launchers.subprocess_script as _script_launcher
 import torch
 from hydra.core.hydra_config import HydraConfig
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from litlab.errors import ConfigError
@@ -60,6 +63,53 @@ def strategy_for(model: L.LightningModule, strategy: Any, devices: Any, num_node
 _LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
+class _JobObserver(_ChildProcessObserver):
+    """Lightning's watcher of the rank processes it started, with a grace period.
+
+    Lightning kills every process, this main one included (SIGKILL), as soon as a rank
+    process exits with an error, because the other ranks may hang in a collective. When all
+    ranks fail together (a config error, divergence, out of memory) the main process fails
+    the job by itself a moment later; killed instead, a single run loses its one-line error
+    and summary, and a sweep (the main process runs it) loses all its later jobs. Here the
+    kill waits until ``grace_s`` has passed without this process leaving the job.
+    """
+
+    def __init__(self, *args: Any, grace_s: float = 60, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.job_over = threading.Event()
+        self.grace_s = grace_s
+
+    def _run(self) -> bool:
+        return self.job_over.is_set() or super()._run()
+
+    def _terminate_all(self) -> None:
+        if not self.job_over.wait(self.grace_s):  # still in the job: hung, as Lightning fears
+            super()._terminate_all()
+
+
+@contextmanager
+def _observers_with_grace() -> Iterator[list[_JobObserver]]:
+    """While a job runs, Lightning's script launcher starts a _JobObserver (there is no
+    public switch for its observer; without the private hook this is Lightning's default)."""
+    started: list[_JobObserver] = []
+    original = getattr(_script_launcher, "_launch_process_observer", None)
+
+    def launch(child_processes: list[subprocess.Popen]) -> None:
+        observer = _JobObserver(main_pid=os.getpid(), child_processes=child_processes)
+        observer.start()
+        started.append(observer)
+
+    if original is not None:
+        _script_launcher._launch_process_observer = launch
+    try:
+        yield started
+    finally:
+        if original is not None:
+            _script_launcher._launch_process_observer = original
+        for observer in started:
+            observer.job_over.set()
+
+
 @contextmanager
 def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
     """Make Lightning's DDP launcher start ranks 1..N-1 on exactly this Hydra job, then clean up.
@@ -68,9 +118,10 @@ def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
     Under a multirun (``-m``) that would start a whole new sweep in every child, in the wrong
     folder. While this job runs, ``sys.argv`` names this job's config (saved as
     .hydra/ranks.yaml) and the run dir is the job's folder, so every child runs exactly this
-    job's config in this job's folder. Afterwards
-    the process group, launcher environment and children are cleaned up so that the next job
-    of a sweep starts fresh (its own port, no orphans).
+    job's config in this job's folder. A job whose ranks all fail is failed by this process
+    rather than killed by Lightning's watcher (see _JobObserver). Afterwards the process
+    group, launcher environment and children are cleaned up so that the next job of a sweep
+    starts fresh (its own port, no orphans).
     """
     if not HydraConfig.initialized():
         yield
@@ -87,7 +138,8 @@ def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
     with read_write(hydra_cfg):
         hydra_cfg.run.dir = str(folder)
     try:
-        yield
+        with _observers_with_grace():
+            yield
     finally:
         sys.argv = argv
         with read_write(hydra_cfg):

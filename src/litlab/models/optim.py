@@ -58,8 +58,11 @@ def fit_schedules_to_run(trainer: Any) -> None:
     rest of the schedule's state. A run resumed with another trainer.max_epochs (to train
     further, or to stop sooner) then gets a schedule that ends at the new end, continuing from
     the steps already taken (OneCycleLR would otherwise fail when stepped past its old end).
-    Lengths set explicitly in the config are left alone.
+    Lengths set explicitly in the config, and runs that did not start from a checkpoint (the
+    batch-size finder's trials step one schedule through several short fits), are left alone.
     """
+    if not trainer.ckpt_path:
+        return
     for config in trainer.lr_scheduler_configs:
         scheduler = config.scheduler
         for arg in getattr(scheduler, "litlab_length_args", ()):

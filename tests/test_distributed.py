@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from conftest import REPO, make_cfg, run_cli
 from litlab.config import check_hardware
-from litlab.distributed import rank0_dir, run_dir, strategy_for
+from litlab.distributed import checkpoint_folder, rank0_dir, run_dir, strategy_for
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
 from litlab.models import GAN, ImageClassifier
@@ -95,20 +95,27 @@ def test_run_folder_is_fixed_per_slurm_job_so_that_a_requeued_job_finds_it(monke
     assert run_dir(base, "2026-11-30/06-00-00-000001") == f"{base}/2026-11-30/06-00-00-000001"
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_JOB_NAME", "train")
-    assert run_dir(base, "d/t") == f"{base}/slurm/77"
-    monkeypatch.setenv("SLURM_STEP_ID", "1")  # the second srun of a batch script
-    assert run_dir(base, "d/t") == f"{base}/slurm/77.1"
+    # A batch script that trains three times: one folder each, in order.
+    first_attempt = [run_dir(base, "d/t") for _ in range(3)]
+    assert first_attempt == [f"{base}/slurm/77", f"{base}/slurm/77-1", f"{base}/slurm/77-2"]
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # requeued: the same runs, the same folders
+    assert [run_dir(base, "d/t") for _ in range(3)] == first_attempt
+    assert run_dir(base, "d/t") == f"{base}/slurm/77-3"  # a fourth run is a new one
+    assert checkpoint_folder(f"{base}/slurm/77", base) == Path(f"{base}/slurm/77")
+
+    monkeypatch.setenv("SLURM_STEP_ID", "1")  # srun steps: the step in the name
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "70")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "7")
     assert run_dir(base, "d/t") == f"{base}/slurm/70_7.1"
-    (tmp_path / "slurm" / "70_7.1").mkdir(parents=True)  # a second run in the same job step
-    assert run_dir(base, "d/t") == f"{base}/d/t"
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the requeued job: its own folder again
-    assert run_dir(base, "d/t") == f"{base}/slurm/70_7.1"
-    monkeypatch.setenv("SLURM_PROCID", "2")  # every rank of the requeued job
-    assert run_dir(base, "d/t") == f"{base}/slurm/70_7.1"
+    monkeypatch.setenv("SLURM_PROCID", "2")  # other ranks: scratch for Hydra's files, but they
+    scratch = run_dir(base, "d/t")  # look for the run's checkpoints where rank 0 has them
+    assert not scratch.startswith(base) and scratch.endswith("t-rank2")
+    assert checkpoint_folder(scratch, base) == Path(f"{base}/slurm/70_7.1")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert checkpoint_folder(scratch, base) == Path(scratch)  # a first attempt starts afresh
+    monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_JOB_NAME", "interactive")  # an allocation used by hand
-    assert run_dir(base, "d/t") != f"{base}/slurm/70_7.1"
+    assert run_dir(base, "d/t") == f"{base}/d/t"
 
 
 def test_slurm_launcher_maps_devices_and_nodes(tmp_path):

@@ -237,10 +237,10 @@ def straight_classifier(tmp_path_factory) -> Path:
 
 
 # Stand-in for SLURM's scontrol: it records the call, and a requeue ends the job's process
-# as SLURM does (SIGTERM).
+# as SLURM does (SIGTERM, then SIGKILL after KillWait; "kill": as if KillWait were 0).
 FAKE_SCONTROL = """#!/bin/sh
 echo "$@" >> "$FAKE_SLURM_LOG"
-[ "$1" = requeue ] && kill -TERM "$PPID"
+[ "$1" = requeue ] && kill -"$FAKE_SLURM_KILL" "$PPID"
 exit 0
 """
 
@@ -261,9 +261,15 @@ def wandb_run_ids(folder: Path) -> set[str]:
 
 
 @pytest.mark.slow
-def test_slurm_requeue_continues_in_the_job_folder(tmp_path, monkeypatch, straight_classifier):
-    """SLURM's warning signal (SIGUSR1): Lightning saves and calls `scontrol requeue`; SLURM
-    starts the same command again, which continues in the job's folder to the same weights."""
+@pytest.mark.parametrize("kill", ["TERM", "KILL"])
+def test_slurm_requeue_continues_in_the_job_folder(
+    tmp_path, monkeypatch, straight_classifier, kill
+):
+    """SLURM's warning signal (SIGUSR1): Lightning saves hpc_ckpt_1.ckpt and calls `scontrol
+    requeue`; SLURM ends the process and starts the same command again, which continues in
+    the job's folder: from last.ckpt (SIGTERM let litlab save at the batch boundary) to the
+    weights of an uninterrupted run, or from Lightning's hpc checkpoint (killed at once)."""
+    monkeypatch.setenv("FAKE_SLURM_KILL", kill)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
@@ -276,10 +282,11 @@ def test_slurm_requeue_continues_in_the_job_folder(tmp_path, monkeypatch, straig
     signal_at = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=19"]
 
     first = run_cli(*args, *signal_at, "+callbacks.stop.signum=SIGUSR1")
-    assert first.returncode == 143, first.stderr[-3000:]
+    assert first.returncode == (143 if kill == "TERM" else -9), first.stderr[-3000:]
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     folder = tmp_path / "out" / "train" / "slurm" / "4242"
-    assert (folder / "hpc_ckpt_1.ckpt").is_file() and summary_status(folder) == "interrupted"
+    assert (folder / "hpc_ckpt_1.ckpt").is_file()
+    assert summary_status(folder) == ("interrupted" if kill == "TERM" else "running")
 
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     again = run_cli(*args, *signal_at, "+callbacks.stop.signum=SIGUSR1")  # the same command
@@ -287,10 +294,17 @@ def test_slurm_requeue_continues_in_the_job_folder(tmp_path, monkeypatch, straig
     assert "continuing the interrupted run" in (folder / "train.log").read_text()
     assert list((tmp_path / "out").rglob("summary.json")) == [folder / "summary.json"]
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["resumed_from"].endswith(".ckpt")
+    assert summary["status"] == "completed"
     assert len(wandb_run_ids(folder)) == 1  # the requeued job logs to the same W&B run
-    a, b = final_state(straight_classifier), final_state(folder)
-    assert all(torch.equal(a[name], b[name]) for name in a)
+    straight = load_checkpoint(straight_classifier / "checkpoints" / "last.ckpt")
+    resumed = load_checkpoint(folder / "checkpoints" / "last.ckpt")
+    assert resumed["global_step"] == straight["global_step"]  # all the planned epochs
+    if kill == "TERM":
+        assert summary["resumed_from"] == str(folder / "checkpoints" / "last.ckpt")
+        a, b = straight["state_dict"], resumed["state_dict"]
+        assert all(torch.equal(a[name], b[name]) for name in a)
+    else:
+        assert summary["resumed_from"] == str(folder / "hpc_ckpt_1.ckpt")
 
 
 @pytest.mark.slow
@@ -345,13 +359,47 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(tmp_
     saved = load_checkpoint(folder / "checkpoints" / "last.ckpt")
     schedule = saved["lr_schedulers"][0]
     assert schedule["total_steps"] == schedule["last_epoch"] == epochs * steps_per_epoch
-    # The LR it ended with is the one a run planned for that many epochs ends with.
+    # From the resume on, the LR is that of a run planned for that many epochs: at the start
+    # of each resumed epoch (logged per epoch) and at the end.
     planned = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=3e-3)
     one_cycle = torch.optim.lr_scheduler.OneCycleLR(
         planned, max_lr=3e-3, pct_start=0.25, total_steps=epochs * steps_per_epoch
     )
+    plan = [planned.param_groups[0]["lr"]]
     for _ in range(epochs * steps_per_epoch):
         planned.step()
         one_cycle.step()
+        plan.append(planned.param_groups[0]["lr"])
+    with open(folder / "csv" / "metrics.csv") as f:
+        logged = {int(r["step"]): float(r["lr-AdamW"]) for r in csv.DictReader(f) if r["lr-AdamW"]}
+    resumed_from = (1 if epochs == 3 else 2) * steps_per_epoch
+    resumed_steps = [step for step in logged if step > resumed_from]
+    assert resumed_steps and all(
+        logged[step] == pytest.approx(plan[step], rel=1e-5) for step in resumed_steps
+    ), (logged, plan)
     final_lr = saved["optimizer_states"][0]["param_groups"][0]["lr"]
-    assert final_lr == pytest.approx(planned.param_groups[0]["lr"], rel=1e-6)
+    assert final_lr == pytest.approx(plan[-1], rel=1e-6)
+
+
+def test_a_tuned_run_continues_in_place_with_the_values_found(tmp_path, monkeypatch):
+    """The requeued command still says tune.batch_size=true: it continues with the batch size
+    found the first time (kept in the checkpoint) instead of refusing or searching again."""
+    monkeypatch.syspath_prepend(str(REPO / "tests"))  # helpers.SignalAt
+    args = [
+        *CLF,
+        "trainer.max_epochs=3",
+        "tune.batch_size=true",
+        "tune.batch_size_finder.init_val=16",
+        "tune.batch_size_finder.max_trials=2",  # 16, 32
+        "+callbacks.stop._target_=helpers.SignalAt",
+        "+callbacks.stop.batch=40",
+    ]
+    with pytest.raises(SystemExit) as stopped:
+        train_task(make_cfg(tmp_path, args))
+    assert stopped.value.code == 143
+    again = make_cfg(tmp_path, args)  # the same command in the same folder
+    train_task(again)
+    summary = summary_of(again)
+    assert summary["status"] == "completed" and "tuned" not in summary  # no second search
+    assert summary["resumed_from"].endswith("last.ckpt")
+    assert again.data.batch_size == 32

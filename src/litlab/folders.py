@@ -6,6 +6,7 @@ traceback; this check runs first and says what to do instead.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from omegaconf import DictConfig
 def _check(folder: str, key: str) -> None:
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        probe = Path(folder) / ".write-test"
+        probe = Path(folder) / f".write-test-{os.getpid()}"  # ranks may probe at once
         probe.touch()
         probe.unlink()
     except OSError as e:

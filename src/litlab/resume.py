@@ -16,8 +16,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litlab.checkpoint import load_checkpoint, stored_config
+from litlab.distributed import checkpoint_folder
 from litlab.errors import ConfigError
 from litlab.run import config_digest
+from litlab.tune import take_tuned_values
 
 log = logging.getLogger("litlab")
 
@@ -101,11 +103,12 @@ def continue_in_place(cfg: DictConfig) -> None:
     """
     if cfg.get("ckpt_path") or not cfg.get("train"):
         return
-    folder = Path(cfg.paths.output_dir)
+    folder = checkpoint_folder(cfg.paths.output_dir, f"{cfg.paths.log_dir}/{cfg.task_name}")
     checkpoint = newest_checkpoint(folder)
     if checkpoint is None:
         return
     stored = stored_config(load_checkpoint(checkpoint), checkpoint)
+    take_tuned_values(cfg, stored)
     if _computes(stored) != _computes(cfg):
         raise ConfigError(
             f"{folder} already holds checkpoints of a run with another config; continue that "

@@ -14,9 +14,11 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks import PeakMemory, Throughput
+from litlab.callbacks.resume import hand_over_preemption
 from litlab.checkpoint import check_resumable, load_checkpoint
 from litlab.config import build, check_all, check_hardware, check_objective, config_dir
 from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
@@ -83,6 +85,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy, **layout
     )
 
+    preempted = False
     try:
         with ranks_run_this_job(cfg, trainer):
             if cfg.get("train"):
@@ -95,9 +98,14 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=best, weights_only=True)
                 run.record_metrics(trainer.callback_metrics)
+    except SIGTERMException:
+        preempted = True
+        raise
     finally:
         record_performance(trainer, run)
         finish_loggers(trainer.loggers)
+        if preempted:  # checkpoint saved, loggers closed: a cluster scheduler may requeue now
+            hand_over_preemption(trainer)
     return run.summary["metrics"]
 
 

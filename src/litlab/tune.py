@@ -115,14 +115,25 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     del trainer, model, datamodule
     garbage_collection_cuda()  # the throwaway model's memory goes back before the real one
     updates = {"tune.batch_size": False, "tune.lr": False}
-    if "batch_size" in found:
-        updates["data.batch_size"] = found["batch_size"]
-    if "lr" in found:
-        updates["model.optimizer.lr"] = found["lr"]
+    updates.update({TUNED_KEYS[name]: found[name] for name in TUNED_KEYS if name in found})
     for key, value in updates.items():
         OmegaConf.update(cfg, key, value, merge=False)
     save_tuned_config(updates)
     return found
+
+
+# What each finder writes into the config.
+TUNED_KEYS = {"batch_size": "data.batch_size", "lr": "model.optimizer.lr"}
+
+
+def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> None:
+    """A run continued from a checkpoint uses the values its finders found, without searching
+    again: the switches that are on take their values from the checkpoint's config."""
+    switches = cfg.get("tune") or {}
+    for switch, key in TUNED_KEYS.items():
+        if switches.get(switch):
+            OmegaConf.update(cfg, key, OmegaConf.select(stored, key), merge=False)
+            OmegaConf.update(cfg, f"tune.{switch}", False, merge=False)
 
 
 def check_lr_tunable(cfg: DictConfig, model: L.LightningModule) -> None:

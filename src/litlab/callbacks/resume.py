@@ -64,18 +64,23 @@ class Preemption(Callback):
     Lightning turns SIGTERM into a SIGTERMException at the next batch boundary (on every rank);
     SIGUSR1 is routed the same way here. Under SLURM with auto-requeue, Lightning handles
     SIGUSR1 itself (hpc checkpoint and requeue). Inside a submitit job (Hydra's submitit
-    launcher) submitit's preemption signal (USR2) is routed the same way too, and once
-    ``last.ckpt`` is saved submitit's own handler requeues the job, which then continues in
-    the same folder (see litlab.resume.continue_in_place).
+    launcher) submitit's preemption signal (USR2) is routed the same way too, and once the
+    run has saved ``last.ckpt`` and closed its loggers, :meth:`hand_over` lets submitit's own
+    handler requeue the job, which then continues in the same folder
+    (litlab.resume.continue_in_place).
+
+    The handlers are set when training starts, after Lightning has taken its snapshot of the
+    signal handlers, so that Lightning's teardown puts the originals back.
     """
 
     def __init__(self, dirpath: str, filename: str = "last") -> None:
         self.path = Path(dirpath) / f"{filename}.ckpt"
         self._taken: dict[signal.Signals, Any] = {}  # signal -> the handler it had before
         self._received: signal.Signals | None = None
+        self._scheduler: Any = None  # submitit's handler, once a preemption was checkpointed
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._received = None
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._received = self._scheduler = None
         slurm = (
             trainer._accelerator_connector.cluster_environment.__class__.__name__
             == "SLURMEnvironment"
@@ -88,7 +93,7 @@ class Preemption(Callback):
         self._received = signal.Signals(signum)
         signal.raise_signal(signal.SIGTERM)
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
 
     def _restore(self) -> dict[signal.Signals, Any]:
@@ -105,12 +110,23 @@ class Preemption(Callback):
             return
         trainer.save_checkpoint(self.path)
         log.warning("stopped by a signal; saved %s to resume from", self.path)
-        if (
-            self._received is not None
-            and self._received == _submitit_signal()
-            and callable(previous)
-        ):
-            try:  # submitit requeues the job from global rank 0 and exits
-                previous(self._received, None)
-            except SystemExit as e:
-                raise Requeued(e.code) from e
+        if self._received is not None and self._received == _submitit_signal():
+            self._scheduler = previous if callable(previous) else None
+
+    def hand_over(self) -> None:
+        """After a checkpointed preemption inside a submitit job: submitit requeues the job
+        (from global rank 0) and exits, as litlab.errors.Requeued. Otherwise nothing."""
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is None:
+            return
+        try:
+            scheduler(self._received, None)
+        except SystemExit as e:
+            raise Requeued(e.code) from e
+
+
+def hand_over_preemption(trainer: L.Trainer) -> None:
+    """Let the cluster scheduler requeue a run that stopped for a preemption (see Preemption)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, Preemption):
+            callback.hand_over()

@@ -161,16 +161,21 @@ def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def global_rank() -> int:
+    """This process's global rank as an external launcher (torchrun, srun) set it; 0 otherwise."""
+    return int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
+
+
 def rank0_dir(path: str) -> str:
-    """Hydra resolver for run folders: ``path`` on rank 0, a scratch folder on other ranks.
+    """``path`` on global rank 0, a scratch folder on other ranks.
 
     Under torchrun or srun every rank composes its own config, and ``${now:...}`` differs by
     microseconds between them; only rank 0 writes run files (checkpoint folders are broadcast
     from rank 0 by Lightning), so the other ranks' Hydra files go to a temporary folder and
     each run leaves exactly one folder.
     """
-    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
-    if rank == "0":
+    rank = global_rank()
+    if rank == 0:
         return path
     return str(Path(tempfile.gettempdir()) / "litlab-ranks" / f"{Path(path).name}-rank{rank}")
 
@@ -193,22 +198,58 @@ def slurm_job() -> str | None:
     return f"{job}.{step}" if step else job
 
 
+def slurm_attempt() -> int:
+    """How many times SLURM has requeued this job (0 on its first run)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+_CLAIM = ".slurm-attempt"
+
+
+def _claim_slurm_folder(base: str, job: str) -> str:
+    """The folder of this run in the job: <job>, then <job>-1, <job>-2, ... for the second,
+    third, ... run of the same job step (a batch script that trains several times), each
+    marked with the attempt that took it. A requeued attempt takes them again in the same
+    order, so every run of the script finds its own folder."""
+    attempt, k = slurm_attempt(), 0
+    while True:
+        folder = Path(base, "slurm", job if k == 0 else f"{job}-{k}")
+        claim = folder / _CLAIM
+        taken = int(claim.read_text() or -1) if claim.is_file() else None
+        if not folder.exists() or (taken is not None and taken < attempt):
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                claim.write_text(str(attempt))
+            except OSError:  # unwritable: the output-folder check says so in one line
+                pass
+            return str(folder)
+        k += 1
+
+
 def run_dir(base: str, stamp: str) -> str:
     """Hydra resolver for the folder of a single run: ``<base>/<stamp>`` (date/time) by default.
 
-    In a SLURM job it is ``<base>/slurm/<job id>``: when SLURM requeues the job (preemption,
-    time limit) the same command starts again in the same folder and continues from its
-    checkpoints (litlab.resume.continue_in_place); a requeued job's ranks all use it. A second
-    run in the same job (the folder exists already) gets the date/time folder.
+    In a SLURM job it is ``<base>/slurm/<job id>[.<step>]``: when SLURM requeues the job
+    (preemption, time limit) the same command starts again in the same folder and continues
+    from its checkpoints (litlab.resume.continue_in_place). Ranks other than 0 of an srun
+    step write their Hydra files to a scratch folder, as under torchrun.
     """
     job = slurm_job()
-    if job is not None:
-        folder = f"{base}/slurm/{job}"
-        if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
-            return folder
-        if rank0_dir(folder) == folder and not Path(folder).exists():
-            return folder
+    if job is not None and global_rank() == 0:
+        return _claim_slurm_folder(base, job)
     return rank0_dir(f"{base}/{stamp}")
+
+
+def checkpoint_folder(output_dir: str, base: str) -> Path:
+    """The run folder as global rank 0 has it (where the run's checkpoints are).
+
+    Ranks other than 0 of a requeued srun step have a scratch output folder; an srun step
+    runs one command, so rank 0's folder is the step's first: <base>/slurm/<job>.<step>.
+    """
+    job = slurm_job()
+    if job is not None and global_rank() != 0 and slurm_attempt() > 0:
+        return Path(base, "slurm", job)
+    return Path(output_dir)
 
 
 def torchrun_layout(devices: Any, num_nodes: int) -> dict[str, int]:

@@ -9,7 +9,9 @@ from typing import Any, Literal
 
 import torch
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import OneCycleLR
+from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR
+
+from litlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +52,31 @@ def build_optimizer(
     return optimizer, {"scheduler": built, "interval": interval}
 
 
+def _one_cycle_phase_ends(scheduler: OneCycleLR, total: int) -> list[float]:
+    """OneCycleLR's phase ends for ``total`` steps, as its constructor computes them."""
+    phases = scheduler._schedule_phases
+    pct_start = (phases[0]["end_step"] + 1) / scheduler.total_steps
+    if len(phases) == 3:
+        return [pct_start * total - 1, 2 * pct_start * total - 2, total - 1]
+    return [pct_start * total - 1, total - 1]
+
+
+# Schedules that can change their length part way: OneCycleLR is a function of the step and
+# the phase ends; CosineAnnealingLR's recursive form reaches eta_min exactly at the new T_max.
+_REFITTABLE = (OneCycleLR, CosineAnnealingLR)
+
+
 def fit_schedules_to_run(trainer: Any) -> None:
     """Make restored LR schedules span this run's length, not the checkpoint's run's.
 
-    A schedule's length (OneCycleLR total_steps, CosineAnnealingLR T_max, ...) comes from
+    A schedule's length (OneCycleLR total_steps, CosineAnnealingLR T_max) comes from
     trainer.max_epochs when the run starts; resuming restores the checkpoint's length with the
-    rest of the schedule's state. A run resumed with another trainer.max_epochs (to train
-    further, or to stop sooner) then gets a schedule that ends at the new end, continuing from
-    the steps already taken (OneCycleLR would otherwise fail when stepped past its old end).
-    Lengths set explicitly in the config, and runs that did not start from a checkpoint (the
-    batch-size finder's trials step one schedule through several short fits), are left alone.
+    rest of the schedule's state. A run resumed with another length (trainer.max_epochs, or
+    batch size / devices for step schedules) then gets a schedule that ends at its own end,
+    continuing from the steps already taken (OneCycleLR would otherwise fail when stepped past
+    its old end). Other schedules cannot change length part way: one clear error. Lengths set
+    explicitly in the config, and runs that did not start from a checkpoint (the batch-size
+    finder's trials step one schedule through several short fits), are left alone.
     """
     if not trainer.ckpt_path:
         return
@@ -69,14 +86,21 @@ def fit_schedules_to_run(trainer: Any) -> None:
             old, new = getattr(scheduler, arg), schedule_length(trainer, config.interval)
             if old == new:
                 continue
-            if isinstance(scheduler, OneCycleLR):  # its phase ends are fractions of the length
-                for phase in scheduler._schedule_phases:
-                    phase["end_step"] = (phase["end_step"] + 1) * new / old - 1
+            name = type(scheduler).__name__
+            if not isinstance(scheduler, _REFITTABLE):
+                raise ConfigError(
+                    f"{name} cannot change its length part way ({old} -> {new} {config.interval}s): "
+                    "resume with the trainer.max_epochs (and batch size) the run started with"
+                )
+            if isinstance(scheduler, OneCycleLR):
+                ends = _one_cycle_phase_ends(scheduler, new)
+                for phase, end in zip(scheduler._schedule_phases, ends, strict=True):
+                    phase["end_step"] = end
             setattr(scheduler, arg, new)
             log.warning(
-                "%s now spans %d %ss instead of %d (trainer.max_epochs differs from the "
+                "%s now spans %d %ss instead of %d (the run is longer or shorter than the "
                 "checkpoint's run); it continues from %s %d",
-                type(scheduler).__name__,
+                name,
                 new,
                 config.interval,
                 old,

@@ -236,11 +236,15 @@ def straight_classifier(tmp_path_factory) -> Path:
     return run_folder(root)
 
 
-# Stand-in for SLURM's scontrol: it records the call, and a requeue ends the job's process
-# as SLURM does (SIGTERM, then SIGKILL after KillWait; "kill": as if KillWait were 0).
+# Stand-in for SLURM's scontrol: it records the call, and a requeue ends the job's processes
+# as SLURM does: all of them (here the run and its children, W&B's service among them), with
+# SIGTERM (then SIGKILL after KillWait; "KILL": as if KillWait were 0).
 FAKE_SCONTROL = """#!/bin/sh
 echo "$@" >> "$FAKE_SLURM_LOG"
-[ "$1" = requeue ] && kill -"$FAKE_SLURM_KILL" "$PPID"
+if [ "$1" = requeue ]; then
+  for pid in $(pgrep -P "$PPID"); do [ "$pid" != "$$" ] && kill -"$FAKE_SLURM_KILL" "$pid"; done
+  kill -"$FAKE_SLURM_KILL" "$PPID"
+fi
 exit 0
 """
 
@@ -283,6 +287,7 @@ def test_slurm_requeue_continues_in_the_job_folder(
 
     first = run_cli(*args, *signal_at, "+callbacks.stop.signum=SIGUSR1")
     assert first.returncode == (143 if kill == "TERM" else -9), first.stderr[-3000:]
+    assert "Traceback" not in first.stderr  # W&B's service died too: one warning, no crash
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     folder = tmp_path / "out" / "train" / "slurm" / "4242"
     assert (folder / "hpc_ckpt_1.ckpt").is_file()

@@ -10,7 +10,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
-from litlab.errors import CheckpointError
+from litlab.errors import CheckpointError, first_line
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch.load fails in many ways on a foreign or truncated file
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        reason = first_line(e, 160)
         raise CheckpointError(
             f"{path} is not a readable checkpoint ({reason}); it may be truncated or from another "
             "program: use a .ckpt file written by litlab"

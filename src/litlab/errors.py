@@ -1,6 +1,12 @@
 """Errors a user can fix: each carries one line that says what to do."""
 
 
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """A library's exception in one short line (its message's first line, or its type)."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
 class LitlabError(Exception):
     """A mistake in the input (config, data, checkpoint) that the user can correct."""
 

@@ -6,11 +6,12 @@ wandb itself is imported only when a W&B logger is actually built.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import netrc
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -18,6 +19,8 @@ from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch.loggers import Logger, WandbLogger, csv_logs
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+from litlab.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -99,15 +102,37 @@ class LitlabWandbLogger(WandbLogger):
             try:
                 return WandbLogger.experiment.fget(self)
             except Exception as e:  # wandb raises CommError, UsageError, timeouts...
-                reason = (
-                    str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                log.warning(
+                    "W&B could not start online (%s); logging offline instead", first_line(e)
                 )
-                log.warning("W&B could not start online (%s); logging offline instead", reason)
                 self._wandb_init["mode"] = "offline"
         return WandbLogger.experiment.fget(self)
 
+    _lost = False  # W&B's service process has gone
+
+    def _send(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Pass data to W&B unless its service process has gone (killed with the run's process
+        group by SLURM, `timeout` or `docker stop`): then warn once and let training go on,
+        to stop at the next batch boundary with a checkpoint; the CSV log keeps the metrics."""
+        if self._lost:
+            return
+        try:
+            call(*args, **kwargs)
+        except Exception as e:
+            if not (isinstance(e, OSError) or type(e).__module__.startswith("wandb")):
+                raise
+            self._lost = True
+            log.warning("W&B stopped taking data (%s); training goes on without it", first_line(e))
+
     def log_hyperparams(self, params: dict[str, Any] | Any) -> None:
-        super().log_hyperparams(_flatten_dict(_convert_params(params), delimiter="."))
+        flat = _flatten_dict(_convert_params(params), delimiter=".")
+        self._send(super().log_hyperparams, flat)
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        self._send(super().log_metrics, metrics, step)
+
+    def log_image(self, *args: Any, **kwargs: Any) -> None:
+        self._send(super().log_image, *args, **kwargs)
 
 
 def wandb_logger(
@@ -148,12 +173,27 @@ def wandb_logger(
 
 
 def finish_loggers(loggers: list[Logger]) -> None:
-    """Close W&B runs (so the next multirun job gets its own) and say how to sync offline ones."""
+    """Close W&B runs (so the next multirun job gets its own) and say how to sync offline ones.
+
+    A W&B run that cannot be closed (its service process was ended by the same signal that
+    stopped the run, as SLURM and `kill` of a process group do) is reported in one line: it
+    never replaces how the run itself ended, and the files written so far stay in place.
+    """
     for logger in loggers:
         if isinstance(logger, WandbLogger) and logger._experiment is not None:
             run = logger.experiment
             offline = getattr(run.settings, "mode", "") in ("offline", "dryrun")
             sync_dir = getattr(run.settings, "sync_dir", None)
-            run.finish()
+            try:
+                run.finish()
+            except Exception as e:  # wandb raises ConnectionResetError, CommError, ...
+                log.warning(
+                    "W&B could not close its run (%s); what it logged is kept", first_line(e)
+                )
+                import wandb
+
+                with contextlib.suppress(Exception):  # else wandb's exit hook fails the same way
+                    wandb.teardown()
+                continue
             if offline and sync_dir:
                 log.info("W&B run saved offline; upload it later with: wandb sync %s", sync_dir)

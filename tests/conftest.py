@@ -61,8 +61,10 @@ def run_cli(
     *args: str, script: str = "train.py", cwd: Path = REPO, timeout: int = 600
 ) -> subprocess.CompletedProcess:
     """Run a task exactly as a user does, from the repo root."""
+    # Not WANDB_SERVICE: a W&B run made in the test process would share its service with the
+    # child, which then outlives the child (a killed child's run id stays "in use" there).
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"},
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
         "HYDRA_FULL_ERROR": "0",

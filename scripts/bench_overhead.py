@@ -18,7 +18,9 @@ steps from the same seed, and must end on the same training loss (checked to 5 d
 Times: "run" = the whole task call (data load, build, fit, checkpoints) or the whole raw function;
 "loop" = first batch to last step. Validation is off on both sides: the same work is training.
 Every round runs each variant once, in alternating order; a short first round warms up and is
-not counted; medians of --repeats rounds. Results: docs/benchmarks.md, "P1 framework overhead".
+not counted; medians of --repeats rounds, and "x raw paired": the median of the per-round loop
+ratios (robust to a machine whose speed drifts between rounds). Results: docs/benchmarks.md,
+"P1 framework overhead".
 """
 
 from __future__ import annotations
@@ -99,13 +101,15 @@ def main() -> None:
             f"{v['run s'] / raw_m['run s']:.3f}",
             f"{v['loop s']:.2f}",
             f"{v['loop s'] / raw_m['loop s']:.3f}",
+            f"{benchlib.paired_ratio(results, name, 'raw loop', 'loop s'):.3f}",
             f"{(v['loop s'] - raw_m['loop s']) / steps * 1e3:+.2f}",
             f"{steps * 128 / v['loop s']:,.0f}",
             f"{v['loss']:.6f}",
         ]
         for name, v in m.items()
     ]
-    header = ["variant", "run s", "x raw", "loop s", "x raw", "ms/step vs raw", "loop img/s"]
+    header = ["variant", "run s", "x raw", "loop s", "x raw", "x raw paired", "ms/step vs raw"]
+    header.append("loop img/s")
     print()
     print(benchlib.table([*header, "final loss"], rows))
 

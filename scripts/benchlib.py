@@ -124,6 +124,14 @@ def medians(results: dict[str, list[Measure]]) -> dict[str, Measure]:
     }
 
 
+def paired_ratio(results: dict[str, list[Measure]], name: str, baseline: str, key: str) -> float:
+    """The median over rounds of name/baseline within each round: the sides of a round ran
+    back to back, so a machine that speeds up or slows down between rounds cancels out."""
+    return statistics.median(
+        a[key] / b[key] for a, b in zip(results[name], results[baseline], strict=True)
+    )
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table; the first column left-aligned, the others right-aligned."""
     lines = [

@@ -108,10 +108,19 @@ def main() -> None:
         ]
         for name, v in m.items()
     ]
-    header = ["variant", "run s", "x raw", "loop s", "x raw", "x raw paired", "ms/step vs raw"]
-    header.append("loop img/s")
+    header = [
+        "variant",
+        "run s",
+        "x raw",
+        "loop s",
+        "x raw",
+        "x raw paired",
+        "ms/step vs raw",
+        "loop img/s",
+        "final loss",
+    ]
     print()
-    print(benchlib.table([*header, "final loss"], rows))
+    print(benchlib.table(header, rows))
 
 
 if __name__ == "__main__":

@@ -349,7 +349,6 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(tmp_
     folder = run_folder(tmp_path)
     steps_per_epoch = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] // 2
     if epochs == 3:  # stopped by a signal after one epoch, then resumed with a shorter plan
-        (folder / "summary.json").unlink()
         stopped = run_cli(
             *CLF,
             "trainer.max_epochs=5",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -92,32 +93,35 @@ def _computes(cfg: DictConfig) -> str:
     return config_digest(plain)
 
 
-def continue_in_place(cfg: DictConfig) -> None:
+def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
     """A training run that starts in a folder holding its own checkpoints continues from them.
 
     That is a requeued cluster job: SLURM (the run folder is fixed per job, see
     litlab.distributed.run_dir) or submitit (the sweep folder is fixed) starts the same
     command again after a preemption. The newest checkpoint and the folder's W&B run are
     picked up, as ``resume=<folder>`` would. Checkpoints of a run with another config are
-    never trained over: that is one clear error.
+    never trained over: that is one clear error. Returns the checkpoint it continues from,
+    loaded (so that it is read once), or None.
     """
     if cfg.get("ckpt_path") or not cfg.get("train"):
-        return
+        return None
     folder = checkpoint_folder(cfg.paths.output_dir, f"{cfg.paths.log_dir}/{cfg.task_name}")
-    checkpoint = newest_checkpoint(folder)
-    if checkpoint is None:
-        return
-    stored = stored_config(load_checkpoint(checkpoint), checkpoint)
+    path = newest_checkpoint(folder)
+    if path is None:
+        return None
+    checkpoint = load_checkpoint(path)
+    stored = stored_config(checkpoint, path)
     take_tuned_values(cfg, stored)
     if _computes(stored) != _computes(cfg):
         raise ConfigError(
             f"{folder} already holds checkpoints of a run with another config; continue that "
             f"run with: python train.py resume={folder}, or train in a new folder"
         )
-    log.warning("continuing the interrupted run in %s from %s", folder, checkpoint.name)
-    cfg.ckpt_path = str(checkpoint)
+    log.warning("continuing the interrupted run in %s from %s", folder, path.name)
+    cfg.ckpt_path = str(path)
     wandb = (cfg.get("logger") or {}).get("wandb")
     run_id = wandb_run_id(folder)
     if wandb and run_id and not wandb.get("id"):
         with open_dict(wandb):
             wandb.id = run_id
+    return checkpoint

@@ -154,7 +154,7 @@ class Run:
                 status="requeued",
                 error="preempted; the scheduler requeued the job, which continues in this folder",
             )
-        elif isinstance(exc, SIGTERMException | SystemExit):
+        elif isinstance(exc, SystemExit):  # SIGTERMException is one
             self.summary.update(
                 status="interrupted",
                 error=f"stopped by a signal; continue with: python train.py resume={self.dir}",

@@ -52,7 +52,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         )
         cfg.trainer.sync_batchnorm = False
     check_objective(cfg)
-    continue_in_place(cfg)  # a requeued cluster job picks up its own checkpoints
+    continued = continue_in_place(cfg)  # a requeued cluster job picks up its own checkpoints
     setup_extras(cfg)
     # Batch size and LR finders (tune.*) write what they find into cfg, before anything is built.
     tuned = tune(cfg, run.dir)
@@ -63,7 +63,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     datamodule = build(cfg.data, "data")
     model = build(cfg.model, "model")
     if cfg.get("ckpt_path"):  # one clear line for a missing, corrupt or foreign checkpoint
-        checkpoint = load_checkpoint(cfg.ckpt_path)
+        checkpoint = continued or load_checkpoint(cfg.ckpt_path)
         check_resumable(
             checkpoint, cfg.ckpt_path, cfg.model._target_, cfg.trainer.get("max_epochs")
         )

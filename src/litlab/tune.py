@@ -64,6 +64,10 @@ def finder_options(cfg: DictConfig, key: str) -> dict[str, Any]:
     return options
 
 
+# What each finder writes into the config.
+TUNED_KEYS = {"batch_size": "data.batch_size", "lr": "model.optimizer.lr"}
+
+
 def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Run the finders that ``tune.batch_size`` / ``tune.lr`` switch on, on throwaway copies of
     the data, model and trainer; write the found values into ``cfg`` and the saved config.
@@ -120,10 +124,6 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         OmegaConf.update(cfg, key, value, merge=False)
     save_tuned_config(updates)
     return found
-
-
-# What each finder writes into the config.
-TUNED_KEYS = {"batch_size": "data.batch_size", "lr": "model.optimizer.lr"}
 
 
 def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> None:

@@ -12,8 +12,8 @@ from lightning.pytorch.callbacks import Callback
 class DumpWeights(Callback):
     """Each rank saves its final parameters: proves ranks end with identical weights.
 
-    (BatchNorm running statistics are per rank between steps; DDP broadcasts rank 0's at each
-    forward, and checkpoints come from rank 0. trainer.sync_batchnorm=true makes them global.)
+    (BatchNorm running statistics are buffers, not parameters: each rank keeps its own between
+    evaluations, and litlab gives every rank rank 0's before each one; checkpoints hold rank 0's.)
     """
 
     def __init__(self, folder: str) -> None:
@@ -38,14 +38,62 @@ class InjectNaN(Callback):
 
 
 class SignalAt(Callback):
-    """Sends a real signal to this process at the end of a given training batch (a preemption)."""
+    """Sends a real signal to this process (global rank 0) during a given training batch (a
+    preemption); the run stops at the end of that batch."""
 
     def __init__(self, batch: int, signum: str = "SIGTERM") -> None:
         self.batch, self.signum = batch, signum
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         import os
         import signal
 
         if trainer.fit_loop.total_batch_idx == self.batch and trainer.is_global_zero:
             os.kill(os.getpid(), getattr(signal, self.signum))
+
+
+class CaptureNoise(Callback):
+    """Each rank saves what its generators were fed (the first training batches' noise, and the
+    noise of FID's samples at validation) and its random state at the end of training."""
+
+    def __init__(self, folder: str, train_batches: int = 2) -> None:
+        self.folder, self.train_batches = Path(folder), train_batches
+        self.seen: dict[str, list[torch.Tensor]] = {"train": [], "fid": []}
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        if stage != "fit":
+            return
+
+        def record(module, args) -> None:
+            z = args[0].detach().cpu()
+            if module.training and len(self.seen["train"]) < 2 * self.train_batches:
+                self.seen["train"].append(z)  # D's and G's noise of each batch
+            elif not module.training and trainer.validating:
+                self.seen["fid"].append(z)
+
+        pl_module.generator.register_forward_pre_hook(record)
+        pl_module.generator_ema.module.register_forward_pre_hook(record)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        state = {**self.seen, "rng": torch.get_rng_state()}
+        torch.save(state, self.folder / f"rank{trainer.global_rank}.pt")
+
+
+class SleepIn(Callback):
+    """Sleeps in the hooks that are not training: validation's end (where FID runs) and every
+    checkpoint save, so that a clock counting them as training shows it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        import time
+
+        if not trainer.sanity_checking:
+            time.sleep(self.seconds)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        import time
+
+        time.sleep(self.seconds)

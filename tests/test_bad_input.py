@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_cfg, run_cli, write_idx_dataset
+from conftest import make_cfg, run_cli, write_idx_dataset, write_png_folder
 from litlab.evaluate import eval_task
 from litlab.train import train_task
 
@@ -77,12 +77,26 @@ QUIET = ["extras.print_config=false", "logger=csv"]
         (["model.label_smoothing=1.5"], "label_smoothing must lie in [0, 1)"),
         (["trainer.max_epochs=ten"], "trainer.max_epochs must be"),
         (["trainer.precision=16-mixed", "trainer.accelerator=cpu"], "needs a GPU; on CPU use"),
+        (["trainer.precision=auto", "+trainer.foo=1"], "trainer.foo is not an option"),
         (
             ["model=torchvision", "model.net.name=resnet9000"],
             "unknown torchvision model 'resnet9000'",
         ),
         (["data=image_folder", "data.num_classes=3"], "data.source.root must be set"),
         (["data=mnist", "data.source.download=false"], "mnist files not found"),
+        # values that only a constructor checks (torch, Lightning): the class of cause, closed
+        (["model.optimizer.lr=-1"], "model.optimizer: Invalid learning rate: -1"),
+        (["+model.optimizer.betas=[2,0.9]"], "model.optimizer: Invalid beta parameter"),
+        (["model.scheduler.pct_start=1.5"], "model.scheduler: Expected float between 0 and 1"),
+        (["callbacks=early_stopping", "callbacks.early_stopping.mode=up"], "`mode` can be"),
+        (
+            ["+trainer.val_check_interval=-1"],
+            "trainer: You have passed invalid value -1 for val_check",
+        ),
+        (["+seeed=3"], "seeed is not a setting of the train task; did you mean seed?"),
+        (["ckpt_path=last"], "resume=<run folder>"),
+        (["model=dcgan", "data.translate=2"], "augments the real images only"),
+        (["data.train_fraction=0"], "train_fraction must lie in (0, 1]"),
     ],
 )
 def test_train_mistakes_in_process(tmp_path, capsys, overrides, needle):
@@ -215,3 +229,36 @@ def test_resume_of_a_folder_that_cannot_be_resumed(tmp_path, layout):
     )
     assert_one_clear_line(result, f"litlab: error: {folder}", needle)
     assert result.returncode == 2
+
+
+def test_image_folder_whose_classes_disagree_with_num_classes(tmp_path, capsys):
+    write_png_folder(tmp_path / "images")  # three class folders
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "data=image_folder",
+            f"data.source.root={tmp_path / 'images'}",
+            "data.num_classes=5",
+            "model.num_classes=5",
+            "data.num_workers=0",
+            *QUIET,
+        ],
+    )
+    fails_with(capsys, train_task, cfg, "has 3 classes but data.num_classes is 5")
+
+
+def test_eval_on_data_of_another_image_size_is_refused(tmp_path, capsys):
+    train = make_cfg(
+        tmp_path / "t", ["model.net.width=8", "trainer.max_epochs=1", "test=false", *QUIET]
+    )
+    train_task(train)
+    cfg = make_cfg(
+        tmp_path / "e",
+        [
+            f"ckpt_path={json.loads((Path(train.paths.output_dir) / 'summary.json').read_text())['best_checkpoint']}",
+            "data=synthetic",
+            "extras.print_config=false",
+        ],
+        config_name="eval",
+    )
+    fails_with(capsys, eval_task, cfg, "trained on data.image_shape=[1, 28, 28]")

@@ -13,6 +13,7 @@ from conftest import (
     REPO,
     make_cfg,
     run_cli,
+    summary_of,
     write_cifar_batches,
     write_idx_dataset,
     write_png_folder,
@@ -20,8 +21,10 @@ from conftest import (
 from litlab.config import build, check_all, check_hardware
 from litlab.data import DataModule
 from litlab.errors import ConfigError
+from litlab.hardware import cpu_flags, cpu_has_native_bf16, resolve_precision
 from litlab.models import GAN, ImageClassifier
 from litlab.run import build_list
+from litlab.train import train_task
 from litlab.tune import finder_options
 
 CONF = REPO / "conf"
@@ -111,6 +114,7 @@ def test_model_option_instantiates_and_runs(option, tmp_path):
 def test_plumbing_options_instantiate(group, tmp_path):
     for option in options(group):
         cfg = make_cfg(tmp_path, [f"{group}={option}"] if group != "hydra" else [])
+        resolve_precision(cfg.trainer)  # as the tasks do: trainer.precision=auto -> this machine's
         check_all(cfg)
         if group == "trainer" and option in ("gpu", "fsdp") and not torch.cuda.is_available():
             with pytest.raises(ConfigError, match="no CUDA GPU; use trainer=cpu"):
@@ -128,6 +132,7 @@ def test_plumbing_options_instantiate(group, tmp_path):
 def test_overlays_compose_and_instantiate(option, tmp_path):
     group = "debug" if option in options("debug") else "experiment"
     cfg = make_cfg(tmp_path, [f"{group}={option}"])
+    resolve_precision(cfg.trainer)
     check_all(cfg)
     build(cfg.data, "data")
     build(cfg.model, "model")
@@ -183,3 +188,36 @@ def test_tune_options_compose(option, tmp_path):
     assert cfg.tune.batch_size is False and cfg.tune.lr is False  # the finders are opt-in
     for finder in ("batch_size_finder", "lr_finder"):  # arguments of Lightning's Tuner
         assert finder_options(cfg, finder) == OmegaConf.to_container(cfg.tune[finder])
+
+
+@pytest.mark.parametrize("option", options("model/scheduler"))
+def test_every_lr_schedule_option_trains(option, tmp_path):
+    cfg = make_cfg(
+        tmp_path,
+        [
+            f"model/scheduler={option}",
+            "model.net.width=8",
+            "trainer.max_epochs=2",
+            "trainer.check_val_every_n_epoch=2",  # plateau steps after validations only
+            "test=false",
+            "logger=csv",
+            "extras.print_config=false",
+            "callbacks.progress_bar=null",
+        ],
+    )
+    train_task(cfg)
+    assert summary_of(cfg)["status"] == "completed"
+
+
+def test_recipes_ask_for_the_fastest_precision_this_machine_runs_natively(tmp_path):
+    for option in options("experiment"):
+        assert make_cfg(tmp_path, [f"experiment={option}"]).trainer.precision == "auto", option
+    cfg = make_cfg(tmp_path, ["experiment=fashion_fast", "trainer.accelerator=cpu"])
+    chosen = resolve_precision(cfg.trainer)
+    native = cpu_has_native_bf16()
+    assert cfg.trainer.precision == chosen["chosen"] == ("bf16-mixed" if native else "32-true")
+    assert chosen["requested"] == "auto" and chosen["why"]
+    # litlab reads /proc/cpuinfo; torch's own probes agree
+    probes = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    if cpu_flags() is not None:
+        assert native == probes

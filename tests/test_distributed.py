@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import REPO, make_cfg, run_cli
-from litlab.config import check_hardware
+from litlab.config import build, check_hardware
 from litlab.distributed import checkpoint_folder, rank0_dir, run_dir, strategy_for
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
@@ -39,6 +39,12 @@ def test_gans_get_a_ddp_that_finds_unused_parameters():
     assert strategy_for(gan, "auto", 4, 1) == "ddp_find_unused_parameters_true"
     assert strategy_for(gan, "auto", 1, 2) == "ddp_find_unused_parameters_true"
     assert strategy_for(gan, "auto", 1, 1) == "auto"
+    # devices=auto (every GPU) on a machine with several: DDP too, the GAN-safe one
+    assert strategy_for(gan, "auto", "auto", 1, "auto", cuda_devices=4).endswith("_true")
+    assert strategy_for(gan, "auto", -1, 1, "gpu", cuda_devices=2).endswith("_true")
+    assert strategy_for(gan, "auto", "auto", 1, "auto", cuda_devices=1) == "auto"
+    assert strategy_for(gan, "auto", "auto", 1, "cpu", cuda_devices=4) == "auto"
+    assert strategy_for(gan, "auto", "0,1", 1, "gpu", cuda_devices=2).endswith("_true")
     assert strategy_for(gan, "ddp_spawn", 2, 1) == "ddp_spawn_find_unused_parameters_true"
     assert strategy_for(clf, "ddp", 2, 1) == "ddp"
     with pytest.raises(ConfigError, match="does not support GANs"):
@@ -48,20 +54,51 @@ def test_gans_get_a_ddp_that_finds_unused_parameters():
 
 
 @pytest.mark.parametrize(
-    "overrides, message",
+    "overrides, message, engine",
     [
-        (["trainer=fsdp", "trainer.accelerator=cpu"], "on CPU use trainer.strategy=ddp"),
-        (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "needs a GPU"),
-        (["trainer.devices=0"], "trainer.devices must be a positive count"),
-        (["trainer.num_nodes=0"], "trainer.num_nodes at least 1"),
+        (["trainer=fsdp", "trainer.accelerator=cpu"], "on CPU use trainer.strategy=ddp", None),
+        (["trainer.accelerator=cpu", "trainer.devices=-1"], "means every GPU", None),
+        (["trainer.devices=0"], "trainer.devices must be a positive count", None),
+        (["trainer.num_nodes=0"], "trainer.num_nodes at least 1", None),
+        # Lightning would not refuse, but silently run another precision than asked for
+        (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "needs a GPU", "bf16-mixed"),
     ],
 )
-def test_impossible_trainer_combinations(tmp_path, overrides, message):
+def test_refusals_are_what_lightning_refuses_or_would_silently_change(
+    tmp_path, overrides, message, engine
+):
+    """Each refusal, checked against the Lightning and torch at hand (they change)."""
     cfg = make_cfg(tmp_path, overrides)
     if torch.cuda.is_available() and "fsdp" in overrides[0]:
         pytest.skip("FSDP is valid here")
     with pytest.raises(ConfigError, match=message):
         check_hardware(cfg.trainer)
+    if engine is None:
+        with pytest.raises(Exception):  # noqa: B017 - ValueError, TypeError, Misconfiguration...
+            build(cfg.trainer, "trainer", logger=False)
+    else:
+        assert build(cfg.trainer, "trainer", logger=False).precision == engine
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_bf16_true_trains_under_ddp_on_cpu(tmp_path):
+    """litlab refused bf16-true with DDP on CPU ("not supported by gloo"); it was litlab's own
+    float32 batches that failed. Both precisions of the 'true' kind now get their input dtype."""
+    result = run_cli(
+        *SYNTH,
+        *QUIET,
+        "logger=csv",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "trainer.precision=bf16-true",
+        "trainer.max_epochs=3",
+        f"paths.log_dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (summary,) = summaries(tmp_path)
+    assert summary["status"] == "completed" and summary["metrics"]["test/acc"] > 0.2
 
 
 def test_rank0_dir_gives_one_run_folder_under_external_launchers(monkeypatch):

@@ -5,14 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import TINY_GAN_DATA, make_cfg, run_cli, summary_of
+from litlab import rng
+from litlab.config import check_augmentation
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
-from litlab.models.gan import GAN, gradient_penalty
+from litlab.models.diffaugment import diff_augment, parse_policy
+from litlab.models.gan import GAN, batch_statistics, gradient_penalty
 from litlab.nets import Discriminator, Generator
 from litlab.train import train_task
 
@@ -150,6 +155,9 @@ def test_every_loss_trains_on_synthetic_data(tmp_path, model):
     assert metrics["g/step"] == len(range(0, 230 // 32)) // n_critic
     for name in ("d/loss", "val/fid", "val/fid_g", "val/fid_floor", "test/fid"):
         assert name in metrics, name
+    # The two learning rates are named for what they are (Lightning's default: lr-Adam, -1).
+    assert {"lr/generator", "lr/discriminator"} <= metrics.keys()
+    assert not any(name.startswith("lr-") for name in metrics)
     assert any(k.startswith("val/fid_domain-") for k in metrics)
     assert summary["objective"]["metric"] == "val/fid" and summary["objective"]["mode"] == "min"
     samples = Path(cfg.paths.output_dir) / "samples"
@@ -245,9 +253,17 @@ def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
         ],
         config_name="eval",
     )
-    eval_task(eval_cfg)
+    value = eval_task(eval_cfg)
     evaluated = summary_of(eval_cfg)
     assert tag.replace("val/", "test/") in evaluated["metrics"]
+    # eval returns the objective's test metric, and a GAN's FID from eval is reproducible.
+    assert value == evaluated["metrics"]["test/fid"]
+    again = make_cfg(
+        tmp_path / "again",
+        [f"ckpt_path={summary_of(cfg)['best_checkpoint']}", "extras.print_config=false"],
+        config_name="eval",
+    )
+    assert eval_task(again) == value
     out = Path(eval_cfg.paths.output_dir)
     assert (out / "samples" / "test.png").is_file() and len(
         list((out / "generated").glob("*.png"))
@@ -402,3 +418,98 @@ def test_sample_grids_reach_wandb_and_tensorboard(tmp_path):
         accumulator.Reload()
         tags |= set(accumulator.Tags()["images"])
     assert "samples" in tags
+
+
+def draw(generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(8, generator=generator)
+
+
+def test_noise_streams_differ_by_rank_step_and_use_and_repeat_exactly():
+    base = draw(rng.stream(42, 0, "train", 5))
+    assert torch.equal(base, draw(rng.stream(42, 0, "train", 5)))  # a resumed run redraws it
+    for other in (
+        rng.stream(42, 1, "train", 5),  # another rank
+        rng.stream(42, 0, "train", 6),  # another batch
+        rng.stream(42, 0, "fid", 5),  # another use
+        rng.stream(43, 0, "train", 5),  # another seed
+    ):
+        assert not torch.equal(base, draw(other))
+    assert rng.mixed_seed(1, 0) != rng.mixed_seed(0, 1)
+
+
+def test_rank_0_keeps_the_run_seed_and_other_ranks_get_their_own():
+    rng.seed_rank(7, 0)
+    first = torch.rand(4)
+    torch.manual_seed(7)
+    assert torch.equal(first, torch.rand(4))  # one process computes what a single run does
+    rng.seed_rank(7, 1)
+    assert not torch.equal(first, torch.rand(4))
+
+
+def test_diffaugment_draws_per_image_repeats_per_generator_and_passes_gradients():
+    policy = parse_policy(["color", "translation", "cutout"])
+    images = torch.randn(16, 3, 16, 16, requires_grad=True)
+    out = diff_augment(images, policy, torch.Generator().manual_seed(1))
+    out.sum().backward()  # G learns through the augmentation
+    assert images.grad is not None and images.grad.abs().sum() > 0
+    again = diff_augment(images.detach(), policy, torch.Generator().manual_seed(1))
+    assert torch.equal(out.detach(), again)
+    # cutout: a zeroed square of half the size (8x8), clipped at the edges, placed per image
+    holes = diff_augment(torch.ones(64, 1, 16, 16), ("cutout",), torch.Generator().manual_seed(2))
+    zeros = (holes == 0).flatten(1).sum(1)
+    assert zeros.min() >= 16 and zeros.max() == 64 and len(set(zeros.tolist())) > 1
+    with pytest.raises(ConfigError, match="diffaugment takes a list of color"):
+        parse_policy(["zoom"])
+
+
+@pytest.mark.parametrize("policy", [None, ["cutout"]])
+def test_discriminator_sees_real_and_generated_images_augmented_alike(policy):
+    """Every image D sees in a step, real or generated (D's step and G's), is augmented, or none."""
+    gan = make_gan(diffaugment=policy)
+    seen: list[torch.Tensor] = []
+    gan.discriminator.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
+    data = TensorDataset(torch.rand(16, 1, 16, 16), torch.zeros(16, dtype=torch.long))
+    trainer = L.Trainer(
+        max_epochs=1,
+        limit_train_batches=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(gan, DataLoader(data, batch_size=16))
+    assert len(seen) == 3  # D's step: real, generated; G's step: generated
+    holes = [int((images == 0).flatten(1).sum(1).min()) for images in seen]
+    if policy:
+        assert min(holes) >= 16  # every image of every batch has its square cut out
+    else:
+        assert max(holes) == 0
+
+
+def test_validation_logit_uses_batch_statistics_and_leaves_the_running_ones():
+    d = Discriminator((1, 16, 16), width=8, norm="batch")
+    d.train()
+    d(torch.randn(32, 1, 16, 16))  # some running statistics
+    d.eval()
+    before = {k: v.clone() for k, v in d.state_dict().items()}
+    images = torch.randn(16, 1, 16, 16)
+    with batch_statistics(d):
+        measured = d(images)
+    after = d.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # running stats, counter kept
+    assert not d.training and not any(m.training for m in d.modules())
+    reference = Discriminator((1, 16, 16), width=8, norm="batch")
+    reference.load_state_dict(before)
+    reference.train()
+    assert torch.allclose(measured, reference(images))  # as in a training step (d/real)
+
+
+def test_gan_configs_turn_off_augmentation_of_real_images_alone(tmp_path):
+    for data in ("digits", "cifar10", "fashion_mnist"):
+        cfg = make_cfg(tmp_path / data, ["model=dcgan", f"data={data}"])
+        assert cfg.data.translate == 0 and cfg.data.hflip is False, data
+    cfg = make_cfg(tmp_path / "explicit", ["model=dcgan", "data.translate=2"])
+    with pytest.raises(ConfigError, match="augments the real images only"):
+        check_augmentation(cfg)
+    check_augmentation(make_cfg(tmp_path / "clf", ["data=cifar10"]))  # classifiers may

@@ -62,6 +62,27 @@ def test_every_run_logs_throughput_and_memory(tmp_path):
     assert 0.05 < memory["rss_gb"] < 64 and "peak_allocated_gb" not in memory
 
 
+def test_training_throughput_counts_training_only(tmp_path):
+    """Validation's end (where FID runs) and checkpoint saves are not training time: a callback
+    sleeping 1.5 s in each leaves the training clock under 1.5 s for a fit that trains in less."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "model.net.width=8",
+            "trainer.max_epochs=2",
+            "logger=csv",
+            "+callbacks.sleep._target_=helpers.SleepIn",
+            "+callbacks.sleep.seconds=1.5",
+            *FAST,
+        ],
+    )
+    train_task(cfg)
+    summary = summary_of(cfg)
+    timed = 2 * (1294 // 64) - 3  # batches of two epochs, less the warm-up
+    seconds = timed * 64 / summary["perf"]["train_images_per_s"]
+    assert seconds < 1.5 < summary["durations_s"]["fit"] / 4  # 5+ sleeps happened in the fit
+
+
 def test_flop_count_matches_the_analytic_count():
     # Linear a->b, ReLU, Linear b->c (no bias), n images: the forward is 2n(ab + bc); the
     # backward computes both weight gradients (2n(ab + bc)) and the input gradient of the

@@ -16,7 +16,9 @@ import torch
 
 from conftest import REPO, make_cfg, run_cli, summary_of
 from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
+from litlab.config import build
 from litlab.errors import CheckpointError
+from litlab.metrics.fid import domain_classifier
 from litlab.train import train_task
 
 QUIET = ["extras.print_config=false", "callbacks.progress_bar=null"]
@@ -83,6 +85,56 @@ def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
     for name in a:
         assert torch.equal(a[name], b[name]), name
     assert val_rows(folder) == val_rows(run_folder(tmp_path / "straight"))  # metrics of every epoch
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_gan_under_ddp_ranks_draw_their_own_noise_and_resume_bit_identically(tmp_path):
+    """2 CPU ranks: the ranks' training noise differs, FID's generated images are N distinct
+    ones split over the ranks, and SIGTERM + resume= ends as an uninterrupted run on both
+    ranks (weights, and each rank's own random state)."""
+    # The FID extractor cached beforehand: no rank trains it (which would shift that rank's
+    # global random generator, and hide identical noise on the others).
+    cfg = make_cfg(tmp_path / "cfg", GAN_MODEL)
+    images, labels = build(cfg.data, "data").arrays("train")
+    domain_classifier(images, labels, cfg.data.mean, cfg.data.std, tmp_path / "cache")
+    ddp = [*GAN, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp"]
+    ddp += [f"callbacks.fid.cache_dir={tmp_path / 'cache'}"]
+    ddp += ["+callbacks.capture._target_=helpers.CaptureNoise"]
+    straight = run_cli(
+        *ddp,
+        f"+callbacks.capture.folder={tmp_path / 'a'}",
+        f"paths.log_dir={tmp_path / 'straight'}",
+    )
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    ranks = [torch.load(tmp_path / "a" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for z0, z1 in zip(ranks[0]["train"], ranks[1]["train"], strict=True):
+        assert z0.shape == z1.shape and not torch.equal(z0, z1)  # every batch, D's and G's noise
+    fid = [torch.cat(rank["fid"]).unique(dim=0) for rank in ranks]
+    # 64 test images -> N = 64 generated images per evaluation: 32 latents per rank, reused for
+    # G_ema and G and at every evaluation, none shared between the ranks.
+    assert [len(f) for f in fid] == [32, 32]
+    assert len(torch.cat(fid).unique(dim=0)) == 64
+    assert not torch.equal(ranks[0]["rng"], ranks[1]["rng"])  # augmentation/dropout streams
+
+    stopped = run_cli(
+        *ddp,
+        f"+callbacks.capture.folder={tmp_path / 'b'}",
+        f"paths.log_dir={tmp_path / 'stopped'}",
+        "+callbacks.stop._target_=helpers.SignalAt",
+        "+callbacks.stop.batch=4",
+    )
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    folder = run_folder(tmp_path / "stopped")
+    resumed = run_cli(f"resume={folder}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = final_state(run_folder(tmp_path / "straight")), final_state(folder)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    for r in (0, 1):
+        resumed_rank = torch.load(tmp_path / "b" / f"rank{r}.pt", weights_only=True)
+        assert torch.equal(resumed_rank["rng"], ranks[r]["rng"]), f"rank {r}"
+    assert val_rows(folder) == val_rows(run_folder(tmp_path / "straight"))
 
 
 def summary_status(folder: Path) -> str:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from omegaconf import open_dict
 
-from conftest import make_cfg, needs_fashion, run_cli, summary_of
+from conftest import make_cfg, needs_fashion, run_cli, summary_of, write_idx_dataset
 from litlab.evaluate import eval_task
 from litlab.train import train_task
 from wandb_records import offline_run
@@ -122,6 +123,45 @@ def test_eval_reproduces_the_test_accuracy_of_the_best_checkpoint(tmp_path):
     evaluated = summary_of(eval_cfg)
     assert evaluated["status"] == "completed"
     assert value == pytest.approx(trained["metrics"]["test/acc"], abs=1e-6)
+
+
+def test_eval_on_other_data_normalizes_it_as_the_model_was_trained(tmp_path):
+    """digits (mean 0.306, std 0.325) -> MNIST files (its own config says 0.1307, 0.3081)."""
+    cfg = make_cfg(tmp_path / "train", ["logger=csv", "trainer.max_epochs=1", "test=false", *FAST])
+    train_task(cfg)
+    write_idx_dataset(tmp_path / "mnist", n_train=64, n_test=256)
+    best = summary_of(cfg)["best_checkpoint"]
+
+    def evaluate(folder: str, *overrides: str) -> float:
+        eval_cfg = make_cfg(
+            tmp_path / folder,
+            [f"ckpt_path={best}", "data=mnist", "data.source.download=false", *overrides],
+            config_name="eval",
+        )
+        with open_dict(eval_cfg):
+            eval_cfg.data.source.data_dir = str(tmp_path / "mnist")
+        return eval_task(eval_cfg)
+
+    as_trained = evaluate("explicit", "data.mean=[0.306]", "data.std=[0.325]")
+    assert evaluate("chosen") == as_trained
+    assert evaluate("chosen-again") == as_trained  # and eval is seeded
+
+
+def test_last_checkpoint_every_epoch_when_validation_is_less_frequent(tmp_path):
+    """README: last.ckpt every epoch; Lightning saves after validation by default instead."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "logger=csv",
+            "trainer.max_epochs=2",
+            "trainer.check_val_every_n_epoch=3",  # no validation in this run at all
+            "test=false",
+            *FAST,
+        ],
+    )
+    train_task(cfg)
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["epoch"] == 1  # written at the second epoch's end
 
 
 def test_resume_from_a_checkpoint_continues_training(tmp_path):

@@ -12,9 +12,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from litlab.errors import CheckpointError, first_line
 
+# ckpt_path values that Lightning's Trainer resolves itself (trainer.fit/test(ckpt_path=...)).
+LIGHTNING_SHORTHANDS = ("last", "best", "hpc", "registry")
+
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint file on the CPU without unpickling arbitrary objects."""
+    if str(path) in LIGHTNING_SHORTHANDS:
+        raise CheckpointError(
+            f"ckpt_path={path} is Lightning's name for a checkpoint of the trainer at hand, which "
+            "a new litlab run does not have: continue a run with python train.py "
+            "resume=<run folder> (its newest checkpoint), or pass a .ckpt file, e.g. "
+            f"outputs/train/<date>/<time>/checkpoints/{'best' if str(path) == 'best' else 'last'}.ckpt"
+        )
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from litlab.distributed import run_dir
-from litlab.errors import ConfigError, LitlabError
+from litlab.errors import ConfigError, LitlabError, first_line
 
 
 def sweep_group() -> str | None:
@@ -145,6 +145,33 @@ def check_node(node: DictConfig, path: str) -> None:
             and name not in ("callbacks", "logger")
         ):
             raise ConfigError(f"{path}.{name} is required by {target}; set it in the config")
+    if partial:
+        probe_partial(node, path, built)
+
+
+def probe_partial(node: DictConfig, path: str, target: Any) -> None:
+    """Call an optimizer or LR-scheduler factory on stand-in arguments now, so that a value only
+    its constructor checks (a negative lr, pct_start above 1) is one line before the run starts,
+    not a traceback from inside the fit. Other partials are called by the code that uses them."""
+    import torch
+
+    if not inspect.isclass(target):
+        return
+    param = torch.nn.Parameter(torch.zeros(1))
+    try:
+        factory = hydra.utils.instantiate(node)
+        if issubclass(target, torch.optim.Optimizer):
+            factory(params=[param])
+        elif issubclass(target, torch.optim.lr_scheduler.LRScheduler):
+            given = getattr(factory, "keywords", {})
+            wanted = inspect.signature(target).parameters
+            length = {k: 100 for k in ("total_steps", "T_max", "total_iters") if k in wanted}
+            factory(
+                optimizer=torch.optim.SGD([param], lr=0.1),
+                **{k: v for k, v in length.items() if k not in given},
+            )
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{path}: {first_line(e)} (from {node._target_})") from e
 
 
 def check_all(cfg: DictConfig, path: str = "") -> None:
@@ -166,13 +193,21 @@ def check_all(cfg: DictConfig, path: str = "") -> None:
 
 
 def build(node: DictConfig, path: str, **kwargs: Any) -> Any:
-    """Instantiate one config node; a user error inside a constructor names the node."""
+    """Instantiate one config node; a user error inside a constructor names the node.
+
+    Constructors check values that no signature can (torch, torchvision, Lightning raise a
+    ValueError or Lightning's MisconfigurationException for them): those are config errors too.
+    """
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
     try:
         return hydra.utils.instantiate(node, **kwargs)
     except InstantiationException as e:
         cause = e.__cause__
         if isinstance(cause, LitlabError):
             raise type(cause)(f"{path}: {cause}") from cause
+        if isinstance(cause, ValueError | MisconfigurationException):
+            raise ConfigError(f"{path}: {first_line(cause)}") from cause
         raise
 
 
@@ -197,6 +232,37 @@ def check_objective(cfg: DictConfig) -> None:
         )
 
 
+def check_top_level(cfg: DictConfig, config_name: str) -> None:
+    """Refuse top-level keys that the task's config does not have (``+seeed=3``, a typo that
+    Hydra's ``+`` adds silently); keys inside the groups are checked against their targets."""
+    import difflib
+
+    primary = OmegaConf.to_container(OmegaConf.load(Path(config_dir()) / f"{config_name}.yaml"))
+    groups = [next(iter(entry)) for entry in primary.get("defaults", []) if isinstance(entry, dict)]
+    known = {*primary, *groups, "hydra"} - {"defaults"}
+    for key in cfg:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(
+                f"{key} is not a setting of the {config_name} task; {hint}its top-level settings "
+                f"are {', '.join(sorted(known - {'hydra'}))}"
+            )
+
+
+def check_augmentation(cfg: DictConfig) -> None:
+    """Refuse augmentation of real images alone for models that forbid it (GANs)."""
+    model = hydra.utils.get_object(cfg.model._target_)
+    augmented = [k for k in ("translate", "hflip") if cfg.data.get(k)]
+    if getattr(model, "augments_real_images_alone", True) is False and augmented:
+        raise ConfigError(
+            f"data.{augmented[0]} augments the real images only, which a GAN's discriminator "
+            "tells from the plain generated ones (the generator then learns the augmentation); "
+            "set data.translate=0 data.hflip=false, and model.diffaugment=[translation,cutout] "
+            "to augment real and generated images alike"
+        )
+
+
 def check_hardware(trainer: DictConfig) -> bool:
     """Refuse accelerator/precision/device choices this machine cannot run, saying what to use;
     return whether the run is on the CPU."""
@@ -217,9 +283,10 @@ def check_hardware(trainer: DictConfig) -> bool:
             "trainer.accelerator=mps but Apple's MPS is not available; use trainer.accelerator=auto"
         )
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not cuda and not mps)
-    if on_cpu and precision in ("16-mixed", "16", "16-true"):
+    if on_cpu and precision in ("16-mixed", "16"):  # Lightning would run bf16-mixed instead
         raise ConfigError(
-            f"trainer.precision={precision} needs a GPU; on CPU use trainer.precision=bf16-mixed or 32-true"
+            f"trainer.precision={precision} (float16 autocast) needs a GPU; on CPU use "
+            "trainer.precision=auto (the fastest this CPU runs natively), 32-true or bf16-mixed"
         )
     strategy = trainer.get("strategy", "auto")
     name = strategy if isinstance(strategy, str) else str(strategy.get("_target_", ""))
@@ -228,10 +295,6 @@ def check_hardware(trainer: DictConfig) -> bool:
     if on_cpu and devices == -1:
         raise ConfigError(
             "trainer.devices=-1 means every GPU; on CPU give a number of processes, e.g. trainer.devices=2"
-        )
-    if on_cpu and precision == "bf16-true" and "ddp" in name:
-        raise ConfigError(
-            "bf16-true with DDP on CPU is not supported by gloo; use trainer.precision=bf16-mixed"
         )
     if (isinstance(devices, int) and (devices == 0 or devices < -1)) or int(
         trainer.get("num_nodes", 1)

@@ -2,37 +2,55 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import hydra
+import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.gan import save_generated_images
 from litlab.checkpoint import load_checkpoint, stored_config
-from litlab.config import build, check_all, check_hardware, config_dir, require
+from litlab.config import (
+    build,
+    check_all,
+    check_hardware,
+    check_top_level,
+    config_dir,
+    require,
+)
+from litlab.errors import ConfigError
+from litlab.hardware import resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list
 from litlab.train import setup_extras
+
+log = logging.getLogger("litlab")
 
 USAGE = "python eval.py ckpt_path=outputs/train/<date>/<time>/checkpoints/best.ckpt"
 
 
 def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     """Test the checkpoint on the stored data config (or data=... given here)."""
+    check_top_level(cfg, "eval")
     path = require(cfg, "ckpt_path", USAGE)
     checkpoint = load_checkpoint(path)
     stored = stored_config(checkpoint, path)
     # The stored config is resolved; a data=... choice made here is resolved against this run.
     parts = OmegaConf.create(
-        {"data": cfg.data if cfg.get("data") else stored.data, "model": stored.model}
+        {"data": other_data(cfg.data, stored.data) if cfg.get("data") else stored.data}
     )
+    parts.model = stored.model
     check_all(parts)
+    run.summary["precision"] = resolve_precision(cfg.trainer)
     check_all(cfg)
     check_hardware(cfg.trainer)
     setup_extras(cfg)
+    L.seed_everything(cfg.seed, workers=True)
     run.summary["checkpoint"] = str(path)
     run.summary["trained_config_digest"] = stored.get("config_digest")
+    run.summary["metric"] = eval_metric(stored)
 
     datamodule = build(parts.data, "data")
     model = build(parts.model, "model")
@@ -56,11 +74,40 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     return run.summary["metrics"]
 
 
+def other_data(chosen: DictConfig, trained: DictConfig) -> DictConfig:
+    """The data chosen for testing, normalized as the model was trained (the network only
+    knows the inputs it was trained on), and refused when its images or classes differ."""
+    data = OmegaConf.to_container(chosen, resolve=True)
+    before = OmegaConf.to_container(trained, resolve=True)
+    for key in ("image_shape", "num_classes"):
+        if data[key] != before[key]:
+            raise ConfigError(
+                f"the model was trained on data.{key}={before[key]} but this data has "
+                f"{data[key]}; test it on data of the same {key.replace('_', ' ')}"
+            )
+    if (data["mean"], data["std"]) != (before["mean"], before["std"]):
+        log.info(
+            "normalizing this data as in training: mean %s, std %s (not %s, %s)",
+            before["mean"],
+            before["std"],
+            data["mean"],
+            data["std"],
+        )
+        data["mean"], data["std"] = before["mean"], before["std"]
+    return OmegaConf.create(data)
+
+
+def eval_metric(stored: DictConfig) -> str:
+    """The test counterpart of the metric the trained run optimized (objective group)."""
+    metric = str((stored.get("objective") or {}).get("metric", "val/acc"))
+    return "test/" + metric.split("/", 1)[-1]
+
+
 def eval_task(cfg: DictConfig) -> float | None:
     """Everything `python eval.py` does once Hydra has composed the config."""
     with Run(cfg, "eval") as run:
         metrics = evaluate(cfg, run)
-        return metrics.get("test/acc", metrics.get("test/fid"))
+        return metrics.get(run.summary["metric"])
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="eval")

@@ -39,6 +39,9 @@ class _NoAdverts(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdverts())
 # lightning 2.6 calls a torch.utils._pytree API that torch 2.14 deprecates; nothing for users to do.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+# Lightning counts trainer.log_every_n_steps across epochs (since 2.0), so epochs shorter than
+# the interval still get their per-step curves; its warning says otherwise.
+warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller")
 
 
 def build_list(node: DictConfig | None, path: str) -> list[Any]:

@@ -20,9 +20,18 @@ from omegaconf import DictConfig, OmegaConf
 from litlab.callbacks import PeakMemory, Throughput
 from litlab.callbacks.resume import hand_over_preemption
 from litlab.checkpoint import check_resumable, load_checkpoint
-from litlab.config import build, check_all, check_hardware, check_objective, config_dir
+from litlab.config import (
+    build,
+    check_all,
+    check_augmentation,
+    check_hardware,
+    check_objective,
+    check_top_level,
+    config_dir,
+)
 from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
 from litlab.errors import ConfigError, TrainingDiverged
+from litlab.hardware import resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.resume import continue_in_place, resume_argv
 from litlab.run import Run, build_list, print_config_tree
@@ -44,6 +53,8 @@ def setup_extras(cfg: DictConfig) -> None:
 
 def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     """Train and test one model as the config says; return the final metrics."""
+    check_top_level(cfg, "train")
+    run.summary["precision"] = resolve_precision(cfg.trainer)
     check_all(cfg)
     if check_hardware(cfg.trainer) and cfg.trainer.get("sync_batchnorm"):
         # trainer=ddp turns it on for GPUs; torch's SyncBatchNorm has no CPU implementation
@@ -52,6 +63,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         )
         cfg.trainer.sync_batchnorm = False
     check_objective(cfg)
+    check_augmentation(cfg)
     continued = continue_in_place(cfg)  # a requeued cluster job picks up its own checkpoints
     setup_extras(cfg)
     # Batch size and LR finders (tune.*) write what they find into cfg, before anything is built.
@@ -80,7 +92,9 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         layout.get("devices", cfg.trainer.devices),
         layout.get("num_nodes", cfg.trainer.num_nodes),
     )
-    strategy = strategy_for(model, cfg.trainer.strategy, devices, num_nodes)
+    strategy = strategy_for(
+        model, cfg.trainer.strategy, devices, num_nodes, cfg.trainer.get("accelerator", "auto")
+    )
     trainer: L.Trainer = build(
         cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy, **layout
     )

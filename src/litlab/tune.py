@@ -164,7 +164,7 @@ def find_batch_size(
     datamodule.setup("fit")
     # Lightning cannot see the length of the device-resident loader and would double past
     # the data; a batch never holds more than the training split.
-    train_size = len(datamodule.datasets["train"])
+    train_size = len(datamodule.datasets["fit"])
     options["max_val"] = min(int(options.get("max_val", 8192)), train_size)
     size = Tuner(trainer).scale_batch_size(model, datamodule=datamodule, **options)
     if size is None:  # fast_dev_run: Lightning skips the search

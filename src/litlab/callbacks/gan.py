@@ -16,9 +16,10 @@ from litlab.errors import ConfigError
 from litlab.metrics.fid import (
     ClassifierFeatures,
     InceptionFeatures,
-    class_entropy,
+    class_histogram,
     classifier_from_checkpoint,
     domain_classifier,
+    entropy,
 )
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,12 @@ class FID(Callback):
     Logged: ``<stage>/fid`` (EMA generator; the objective), ``<stage>/fid_g`` (raw generator),
     ``<stage>/fid_<extractor tag>``, ``<stage>/fid_floor`` (real test vs real train images),
     ``<stage>/class_entropy``. The extractor is never part of the GAN's checkpoint.
+
+    Sample counts: the real statistics come from ``num_real`` training images, a seeded
+    class-stratified subset. FID is biased by the number N of images compared, so the generated
+    side and the floor's real test side use the same N: ``num_samples``, or the test split's size
+    when that is smaller. Under DDP each rank generates its share of the N images from its own
+    noise (the same latents at every evaluation), and the statistics are summed over ranks.
     """
 
     used_in_eval = True
@@ -100,23 +107,31 @@ class FID(Callback):
         self.metric = FrechetInceptionDistance(feature=extractor, reset_real_features=False)
         log.info("FID extractor: %s", self.tag)
 
-    def _feed_real(self, trainer: L.Trainer, split: str, real: bool) -> None:
-        """Add this rank's shard of a split's real images to the real (or fake) statistics."""
-        images, _ = trainer.datamodule.arrays(split, self.num_real)
+    def sample_count(self, trainer: L.Trainer) -> int:
+        """N, the number of images on the generated side (and the floor's test side)."""
+        return min(self.num_samples, trainer.datamodule.split_size("test"))
+
+    def _feed_real(self, trainer: L.Trainer, split: str, count: int, real: bool) -> None:
+        """Add this rank's shard of ``count`` real images of a split (a seeded, class-stratified
+        subset) to the real (or generated-side) statistics."""
+        images, _ = trainer.datamodule.arrays(split, count)
         shard = images[trainer.global_rank :: trainer.world_size]
         for start in range(0, len(shard), self.batch_size):
             batch = shard[start : start + self.batch_size].to(self.metric.device).float() / 255
             self.metric.update(batch, real=real)
 
     def _feed_generated(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, ema: bool
+        self, trainer: L.Trainer, pl_module: L.LightningModule, total: int, ema: bool
     ) -> torch.Tensor:
-        n = max(1, self.num_samples // trainer.world_size)
+        """This rank's share of ``total`` generated images, from its own "fid" noise stream:
+        the same latents at every evaluation (and for G_ema and G), distinct across ranks."""
+        rank, world = trainer.global_rank, trainer.world_size
+        n = total // world + (1 if rank < total % world else 0)
+        generator = pl_module.random_stream("fid")
         logits = []
         for start in range(0, n, self.batch_size):
-            images = pl_module.sample(
-                pl_module.random_noise(min(self.batch_size, n - start)), ema=ema
-            )
+            noise = pl_module.random_noise(min(self.batch_size, n - start), generator)
+            images = pl_module.sample(noise, ema=ema)
             self.metric.update(images, real=False)
             if isinstance(self.metric.inception, ClassifierFeatures):
                 logits.append(self.metric.inception.features_and_logits(images)[1])
@@ -127,27 +142,39 @@ class FID(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str
     ) -> dict[str, float]:
         metric = self.metric.to(pl_module.device)
+        total = self.sample_count(trainer)
         if int(metric.real_features_num_samples) == 0:
-            self._feed_real(trainer, "train", real=True)
+            self._feed_real(trainer, "train", self.num_real, real=True)
         values: dict[str, float] = {}
         if self._floor is None:
-            self._feed_real(trainer, "test", real=False)
+            if total < self.num_samples and trainer.is_global_zero:
+                log.info(
+                    "FID compares %d generated images (callbacks.fid.num_samples=%d), the test "
+                    "split's size, so that the floor is measured at the same N",
+                    total,
+                    self.num_samples,
+                )
+            self._feed_real(trainer, "test", total, real=False)
             self._floor = float(metric.compute())
             metric.reset()
         values[f"{stage}/fid_floor"] = self._floor
         has_ema = getattr(pl_module, "generator_ema", None) is not None
         for ema in (True, False) if has_ema else (False,):
-            logits = self._feed_generated(trainer, pl_module, ema)
+            logits = self._feed_generated(trainer, pl_module, total, ema)
             fid = float(metric.compute())
             metric.reset()
             if ema or not has_ema:
                 values[f"{stage}/fid"] = values[f"{stage}/fid_{self.tag}"] = fid
                 if len(logits):
-                    values[f"{stage}/class_entropy"] = class_entropy(logits)
+                    counts = class_histogram(logits)
+                    counts = trainer.strategy.reduce(counts, reduce_op="sum")
+                    values[f"{stage}/class_entropy"] = entropy(counts)
             if not ema:
                 values[f"{stage}/fid_g"] = fid
         for name, value in values.items():
-            pl_module.log(name, value, on_epoch=True)
+            # The same value on every rank (from statistics summed over ranks): the mean over
+            # ranks is the value itself, and Lightning wants epoch metrics reduced.
+            pl_module.log(name, value, on_epoch=True, sync_dist=True)
         return values
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -214,9 +241,11 @@ def save_generated_images(
     """Write ``count`` images from the EMA generator as PNG files 000000.png, 000001.png, ..."""
     _require_gan(pl_module, "generate")
     folder.mkdir(parents=True, exist_ok=True)
+    generator = pl_module.random_stream("generate")
     written = 0
     while written < count:
-        images = pl_module.sample(pl_module.random_noise(min(batch_size, count - written)))
+        noise = pl_module.random_noise(min(batch_size, count - written), generator)
+        images = pl_module.sample(noise)
         for image in images.cpu():
             save_image(image, folder / f"{written:06d}.png")
             written += 1

@@ -92,12 +92,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def over_ranks(trainer: L.Trainer, values: list[float], op: str) -> list[float]:
+    """The sum or max ("sum", "max") of a few numbers over all ranks: one collective."""
+    if trainer.world_size == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
+    return trainer.strategy.reduce(tensor, reduce_op=op).tolist()
+
+
+def log_job_value(pl_module: L.LightningModule, name: str, value: float) -> None:
+    """Log a value that is already the job's (the same on every rank). Lightning asks for
+    epoch metrics to be reduced over ranks; the max of equal values is exactly the value."""
+    pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="max")
+
+
 class _Clock:
-    """Seconds, samples and batches of one stage; paused while another stage runs."""
+    """Seconds, samples and batches of one stage; it runs only while that stage works."""
 
     def __init__(self) -> None:
         self.seconds, self.samples, self.batches = 0.0, 0, 0
         self._t0: float | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._t0 is not None
 
     def start(self) -> None:
         self._t0 = time.perf_counter()
@@ -107,17 +125,26 @@ class _Clock:
             self.seconds += time.perf_counter() - self._t0
             self._t0 = None
 
+    def add(self, other: _Clock) -> None:
+        self.seconds += other.seconds
+        self.samples += other.samples
+        self.batches += other.batches
+
 
 class Throughput(Callback):
     """Images/s (train, val, test) and batches/s (train) per epoch; training FLOPs per image and
     MFU for classifiers on GPUs listed in ``PEAK_FLOPS``.
 
-    No per-step host sync: ``time.perf_counter()`` around each epoch, CUDA synchronized only at
-    epoch boundaries, samples counted from batch shapes (Lightning's ThroughputMonitor
-    synchronizes after every batch). The first ``warmup_batches`` of a fit are not timed (CUDA
-    context, cuDNN and allocator warm-up, compilation). Images/s count all devices (each rank's
-    rate x world size); MFU is per device. FLOPs are counted once, for ``pl_module.net``
-    (GANs report images/s only).
+    No per-step host sync: ``time.perf_counter()`` around the work, CUDA synchronized only where
+    the clock stops, samples counted from batch shapes (Lightning's ThroughputMonitor
+    synchronizes after every batch). The training clock runs from a training batch's start and
+    stops for whatever is not training: validation (a GAN's FID with it), checkpoint writes, the
+    epoch's end; it restarts at the next training batch. The first ``warmup_batches`` of a fit
+    are not timed (CUDA context, cuDNN and allocator warm-up, compilation).
+
+    Figures are the job's: images/s and batches/s are summed over ranks (each rank's own rate,
+    one collective per epoch), MFU is per device (the mean over ranks). FLOPs are counted once,
+    for ``pl_module.net`` (GANs report images/s only).
     """
 
     def __init__(self, warmup_batches: int = 3) -> None:
@@ -127,6 +154,7 @@ class Throughput(Callback):
         self.flops_per_image: float | None = None
         self.peak: float | None = None
         self.totals: dict[str, _Clock] = {}
+        self.job: dict[str, float] = {}  # run-level rates summed over ranks, for summary.json
         self._clocks: dict[str, _Clock] = {}
         self._net: nn.Module | None = None
         self._warmup = 0
@@ -148,38 +176,53 @@ class Throughput(Callback):
         if isinstance(net, nn.Module) and self.flops_per_image is None:
             self._net = copy.deepcopy(net).to("meta")
 
-    def _start(self, stage: str) -> None:
+    def _begin(self, stage: str) -> None:
         _sync(self._device)
         self._clocks[stage] = _Clock()
         self._clocks[stage].start()
 
+    def _pause(self, stage: str) -> None:
+        clock = self._clocks.get(stage)
+        if clock is not None and clock.running:
+            _sync(self._device)  # the work queued so far belongs to this stage
+            clock.stop()
+
     def _count(self, stage: str, batch: Any) -> None:
         clock = self._clocks.get(stage)
-        if clock is not None:
+        if clock is not None and clock.running:
             clock.samples += extract_batch_size(batch)
             clock.batches += 1
 
-    def _finish(self, stage: str, pl_module: L.LightningModule) -> _Clock | None:
-        """Stop a stage's clock, add it to the run totals and log its images/s."""
-        clock = self._clocks.pop(stage, None)
-        if clock is None or clock.batches == 0:
-            return None
-        _sync(self._device)
-        clock.stop()
-        if clock.seconds <= 0:
-            return None
+    def _finish(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str
+    ) -> list[float] | None:
+        """End a stage's epoch: log the job's images/s; return the job's [epoch images/s,
+        epoch batches/s] (summed over ranks), or None when nothing was timed."""
+        self._pause(stage)
+        clock = self._clocks.pop(stage, None) or _Clock()
         total = self.totals.setdefault(stage, _Clock())
-        total.seconds, total.samples = total.seconds + clock.seconds, total.samples + clock.samples
-        total.batches += clock.batches
-        rate = clock.samples * self._world / clock.seconds
-        pl_module.log(f"perf/{stage}_images_per_s", rate, on_step=False, on_epoch=True)
-        return clock
+        total.add(clock)
+        # Every rank takes part in the sum, timed or not (a collective must not be skipped).
+        rates = [
+            clock.samples / clock.seconds if clock.seconds > 0 else 0.0,
+            clock.batches / clock.seconds if clock.seconds > 0 else 0.0,
+            total.samples / total.seconds if total.seconds > 0 else 0.0,
+            total.batches / total.seconds if total.seconds > 0 else 0.0,
+        ]
+        epoch_images, epoch_batches, run_images, run_batches = over_ranks(trainer, rates, "sum")
+        self.job[f"{stage}_images_per_s"] = run_images
+        if stage == "train":
+            self.job["train_batches_per_s"] = run_batches
+        if clock.batches == 0 or epoch_images <= 0:
+            return None
+        log_job_value(pl_module, f"perf/{stage}_images_per_s", epoch_images)
+        return [epoch_images, epoch_batches]
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         batches = trainer.num_training_batches
         if batches != float("inf"):  # an epoch no longer than the warm-up is timed whole
             self._warmup = min(self._warmup, max(int(batches) - 1, 0))
-        self._start("train")
+        self._clocks["train"] = _Clock()
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -192,34 +235,42 @@ class Throughput(Callback):
                 # A metric must never stop a run: without a count there is no MFU, only images/s.
                 log.warning("could not count the net's FLOPs (%s); MFU is not reported", e)
             self._net = None
+        clock = self._clocks.get("train")
+        if clock is not None and not clock.running and not self._warmup:
+            _sync(self._device)  # what ran before (warm-up, validation) is not this clock's
+            clock.start()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
     ) -> None:
-        self._count("train", batch)
         if self._warmup:
             self._warmup -= 1
-            if not self._warmup:
-                self._start("train")
+        else:
+            self._count("train", batch)
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._pause("train")  # writing a checkpoint is not training
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        clock = self._finish("train", pl_module)
-        if clock is None:
+        job = self._finish(trainer, pl_module, "train")
+        if job is None:
             return
-        pl_module.log("perf/train_batches_per_s", clock.batches * self._world / clock.seconds)
+        log_job_value(pl_module, "perf/train_batches_per_s", job[1])
         if self.flops_per_image is not None:
-            pl_module.log("perf/flops_per_image", self.flops_per_image)
+            log_job_value(pl_module, "perf/flops_per_image", self.flops_per_image)
             if self.peak:
-                rate = clock.samples / clock.seconds
-                pl_module.log("perf/mfu", mfu(self.flops_per_image, rate, self.peak))
+                per_device = job[0] / trainer.world_size
+                log_job_value(
+                    pl_module, "perf/mfu", mfu(self.flops_per_image, per_device, self.peak)
+                )
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        _sync(self._device)
-        if "train" in self._clocks:  # validation inside a training epoch: pause its clock
-            self._clocks["train"].stop()
-        self._start("val")
+        self._pause("train")  # validation inside a training epoch
+        self._begin("val")
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
@@ -228,14 +279,13 @@ class Throughput(Callback):
             self._count("val", batch)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
-        self._finish("val", pl_module)
-        if "train" in self._clocks:
-            self._clocks["train"].start()
+        # The FID callback evaluates at this hook too, after this one (callbacks/gan.yaml lists
+        # it after the default callbacks): its time counts neither as validation nor training.
+        if not trainer.sanity_checking:
+            self._finish(trainer, pl_module, "val")
 
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start("test")
+        self._begin("test")
 
     def on_test_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
@@ -243,19 +293,16 @@ class Throughput(Callback):
         self._count("test", batch)
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._finish("test", pl_module)
+        self._finish(trainer, pl_module, "test")
 
     def summary(self) -> dict[str, Any]:
-        """The run's rates over every timed epoch, for summary.json."""
-        perf: dict[str, Any] = dict(self._labels)
-        for stage, total in self.totals.items():
-            perf[f"{stage}_images_per_s"] = total.samples * self._world / total.seconds
-        train = self.totals.get("train")
-        if train is not None:
-            perf["train_batches_per_s"] = train.batches * self._world / train.seconds
+        """The run's rates over every timed epoch, summed over ranks, for summary.json."""
+        perf: dict[str, Any] = {**self._labels, **{k: v for k, v in self.job.items() if v > 0}}
         perf.update(flops_per_image=self.flops_per_image, peak_flops=self.peak, mfu=None)
-        if train is not None and self.flops_per_image is not None and self.peak:
-            perf["mfu"] = mfu(self.flops_per_image, train.samples / train.seconds, self.peak)
+        train = self.totals.get("train")
+        if train is not None and self.job.get("train_images_per_s") and self.flops_per_image:
+            per_device = self.job["train_images_per_s"] / self._world
+            perf["mfu"] = mfu(self.flops_per_image, per_device, self.peak) if self.peak else None
         return {"perf": perf}
 
 
@@ -267,7 +314,8 @@ def rss_gb() -> float:
 
 class PeakMemory(Callback):
     """Peak CUDA memory per training and test epoch (allocated by tensors, reserved by the
-    caching allocator) and the process's peak RSS; no device sync (allocator counters)."""
+    caching allocator) and the process's peak RSS, of the fullest rank; no device sync
+    (allocator counters)."""
 
     def __init__(self) -> None:
         self.peaks: dict[str, float] = {}
@@ -288,24 +336,29 @@ class PeakMemory(Callback):
         if self._device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self._device)
 
-    def _log(self, pl_module: L.LightningModule) -> None:
-        for name, value in self.current().items():
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the epoch's peaks of the fullest rank (max over ranks: what must fit)."""
+        current = self.current()
+        names = sorted(current)
+        fullest = over_ranks(trainer, [current[n] for n in names], "max")
+        for name, value in zip(names, fullest, strict=True):
             self.peaks[name] = max(self.peaks.get(name, 0.0), value)
-            pl_module.log(f"mem/{name}", value, on_step=False, on_epoch=True)
+            log_job_value(pl_module, f"mem/{name}", value)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._log(pl_module)
+        self._log(trainer, pl_module)
 
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._log(pl_module)
+        self._log(trainer, pl_module)
 
     def summary(self) -> dict[str, Any]:
-        """The run's peaks (also those of an epoch cut short by an error), for summary.json."""
+        """The run's peaks (the fullest rank's at each epoch end; this rank's since, also for an
+        epoch cut short by an error), for summary.json."""
         now = self.current()
         return {"memory": {k: max(self.peaks.get(k, 0.0), v) for k, v in now.items()}}

@@ -16,38 +16,86 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from litlab.compat import stop_at_batch_end
 from litlab.errors import Requeued
+from litlab.rng import mixed_seed, seed_rank
 
 log = logging.getLogger(__name__)
 
 
+def _rank_and_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _capture() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _restore(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 class RNGState(Callback):
-    """Saves and restores every random generator with the checkpoint (Lightning does not), so
-    that augmentation, dropout and GAN noise continue exactly where an interrupted run stopped."""
+    """Every rank's own global random generators: distinct per rank, saved and restored with
+    the checkpoint (Lightning does neither), so that augmentation and dropout differ between
+    ranks and continue exactly where an interrupted run stopped.
+
+    At the start of a multi-process fit, ranks > 0 reseed from (seed, rank) (litlab.rng). A
+    checkpoint holds one state per rank, gathered from all ranks when it is written (Lightning
+    writes checkpoints from every rank together). Resumed on another number of processes, rank
+    0 continues its stream and the others start fresh ones, with a warning.
+    """
 
     @property
     def state_key(self) -> str:
         return "RNGState"
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and trainer.world_size > 1:
+            seed_rank(int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank)
+
     def state_dict(self) -> dict[str, Any]:
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state = {
-            "torch": torch.get_rng_state(),
-            "python": random.getstate(),
-            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
-        }
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        return state
+        own = _capture()
+        _, world = _rank_and_world()
+        if world == 1:
+            return {"ranks": [own]}
+        states: list[Any] = [None] * world
+        torch.distributed.all_gather_object(states, own)
+        return {"ranks": states}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        torch.set_rng_state(state["torch"])
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        ranks = state.get("ranks", [state])  # older checkpoints hold one state, rank 0's
+        rank, world = _rank_and_world()
+        if len(ranks) == world:
+            _restore(ranks[rank])
+            return
+        if rank == 0:
+            _restore(ranks[0])
+            log.warning(
+                "the checkpoint holds the random state of %d process(es) and this run has %d: "
+                "ranks other than 0 start fresh random streams (not bit-identical to the "
+                "interrupted run)",
+                len(ranks),
+                world,
+            )
+        else:
+            seed_rank(mixed_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), world), rank)
 
 
 def _submitit_signal() -> signal.Signals | None:
@@ -61,13 +109,16 @@ class Preemption(Callback):
     """On SIGTERM (and SIGUSR1 outside SLURM) finish the current batch, save ``last.ckpt`` in
     the checkpoint folder, and stop; ``python train.py resume=<run folder>`` continues.
 
-    Lightning turns SIGTERM into a SIGTERMException at the next batch boundary (on every rank);
-    SIGUSR1 is routed the same way here. Under SLURM with auto-requeue, Lightning handles
-    SIGUSR1 itself (hpc checkpoint and requeue). Inside a submitit job (Hydra's submitit
-    launcher) submitit's preemption signal (USR2) is routed the same way too, and once the
-    run has saved ``last.ckpt`` and closed its loggers, :meth:`hand_over` lets submitit's own
-    handler requeue the job, which then continues in the same folder
-    (litlab.resume.continue_in_place).
+    The signal only marks the run; at the end of the batch every rank agrees whether any of
+    them was signalled (one small collective a batch under DDP), and all stop after that same
+    batch, raising Lightning's SIGTERMException, and write the checkpoint together. (Lightning's
+    own SIGTERM handler broadcasts from inside the handler and stops the signalled rank alone:
+    under DDP the ranks then wait on different collectives forever.) Under SLURM with
+    auto-requeue, Lightning handles SIGUSR1 itself (hpc checkpoint and requeue). Inside a
+    submitit job (Hydra's submitit launcher) submitit's preemption signal (USR2) is routed the
+    same way too, and once the run has saved ``last.ckpt`` and closed its loggers,
+    :meth:`hand_over` lets submitit's own handler requeue the job, which then continues in the
+    same folder (litlab.resume.continue_in_place).
 
     The handlers are set when training starts, after Lightning has taken its snapshot of the
     signal handlers, so that Lightning's teardown puts the originals back.
@@ -85,13 +136,24 @@ class Preemption(Callback):
             trainer._accelerator_connector.cluster_environment.__class__.__name__
             == "SLURMEnvironment"
         )
-        for signum in {None if slurm else signal.SIGUSR1, _submitit_signal()} - {None}:
+        signals = {signal.SIGTERM, None if slurm else signal.SIGUSR1, _submitit_signal()}
+        for signum in signals - {None}:
             with contextlib.suppress(ValueError):  # not in the main thread: leave signals alone
-                self._taken[signum] = signal.signal(signum, self._stop)
+                self._taken[signum] = signal.signal(signum, self._mark)
 
-    def _stop(self, signum: int, frame: Any) -> None:
-        self._received = signal.Signals(signum)
-        signal.raise_signal(signal.SIGTERM)
+    def _mark(self, signum: int, frame: Any) -> None:
+        if self._received is None:  # the first signal says why (submitit's decides a requeue)
+            self._received = signal.Signals(signum)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
+    ) -> None:
+        stop = self._received is not None
+        if trainer.world_size > 1:  # every rank stops after the same batch
+            flag = torch.tensor([float(stop)], device=trainer.strategy.root_device)
+            stop = bool(trainer.strategy.reduce(flag, reduce_op="max").item())
+        if stop:
+            stop_at_batch_end(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from litlab.data.loader import DeviceLoader
-from litlab.data.sources import Source, fixed_split
+from litlab.data.sources import Source, fixed_split, stratified_indices
 from litlab.data.transforms import BatchTransform
 from litlab.errors import ConfigError, DataError
 
@@ -24,13 +24,26 @@ def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
     return tuple(dataset[0][0].shape)
 
 
-def _class_count(dataset: Dataset) -> int:
-    """How many classes the labels need: max label + 1, or the folder count of an ImageFolder."""
+def _class_count(dataset: Dataset) -> tuple[int, bool]:
+    """(classes, exact): the class folders of an ImageFolder (exact), else max label + 1 (a
+    split need not hold every class)."""
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
     if isinstance(dataset, TensorDataset):
-        return int(dataset.tensors[1].max()) + 1
-    return len(dataset.classes)
+        return int(dataset.tensors[1].max()) + 1, False
+    return len(dataset.classes), True
+
+
+def _labels(dataset: Dataset) -> torch.Tensor:
+    """All labels of a dataset, without decoding its images where it keeps them apart."""
+    if isinstance(dataset, Subset):
+        return _labels(dataset.dataset)[torch.as_tensor(dataset.indices, dtype=torch.long)]
+    if isinstance(dataset, TensorDataset):
+        return dataset.tensors[1]
+    targets = getattr(dataset, "targets", None)  # torchvision's ImageFolder
+    if targets is not None:
+        return torch.as_tensor(targets, dtype=torch.long)
+    return torch.tensor([int(dataset[i][1]) for i in range(len(dataset))])
 
 
 class DataModule(L.LightningDataModule):
@@ -58,6 +71,7 @@ class DataModule(L.LightningDataModule):
         num_workers: int = 0,
         pin_memory: bool = True,
         loader: LoaderKind = "device",
+        train_fraction: float = 1.0,
     ) -> None:
         super().__init__()
         if loader not in ("device", "dataloader"):
@@ -78,6 +92,8 @@ class DataModule(L.LightningDataModule):
             raise ConfigError(f"std must be positive, got {list(std)}")
         if translate < 0 or num_workers < 0:
             raise ConfigError("translate and num_workers must be >= 0")
+        if not 0.0 < train_fraction <= 1.0:
+            raise ConfigError(f"train_fraction must lie in (0, 1], got {train_fraction}")
         self.source = source
         self.image_shape = tuple(image_shape)
         self.num_classes = num_classes
@@ -85,6 +101,7 @@ class DataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size or batch_size
         self.val_fraction = val_fraction
         self.split_seed = split_seed
+        self.train_fraction = train_fraction
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.loader = loader
@@ -109,14 +126,18 @@ class DataModule(L.LightningDataModule):
         # A fixed split seed keeps the validation set identical across runs and sweep trials.
         train_idx, val_idx = fixed_split(len(train_full), self.val_fraction, self.split_seed)
         self.datasets["train"] = Subset(train_full, train_idx.tolist())
+        # What the model learns from: all of the training split, or a seeded class-stratified
+        # fraction of it (data-efficiency studies); metrics of the data (FID) use all of it.
+        self.datasets["fit"] = self.datasets["train"]
+        if self.train_fraction < 1.0:
+            train = self.datasets["train"]
+            keep = stratified_indices(
+                _labels(train), max(1, round(len(train) * self.train_fraction)), self.split_seed
+            )
+            self.datasets["fit"] = Subset(train, keep.tolist())
         self.datasets["val"] = Subset(train_full, val_idx.tolist())
         self.datasets["test"] = self.source.load("test")
         self._check(self.datasets["test"], "test")
-        if len(self.datasets["train"]) < self.batch_size:
-            raise ConfigError(
-                f"batch_size {self.batch_size} exceeds the {len(self.datasets['train'])} training "
-                "images; lower data.batch_size"
-            )
 
     def _check(self, dataset: Dataset, split: str) -> None:
         if len(dataset) == 0:
@@ -127,8 +148,8 @@ class DataModule(L.LightningDataModule):
                 f"data.image_shape is {list(self.image_shape)} but the {self.source.name} {split} "
                 f"images are {list(shape)}; set data.image_shape=[{','.join(map(str, shape))}]"
             )
-        classes = _class_count(dataset)
-        if classes > self.num_classes:
+        classes, exact = _class_count(dataset)
+        if classes > self.num_classes or (exact and classes != self.num_classes):
             raise ConfigError(
                 f"the {self.source.name} {split} split has {classes} classes but data.num_classes "
                 f"is {self.num_classes}; set data.num_classes={classes}"
@@ -164,7 +185,12 @@ class DataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader | DeviceLoader:
-        return self._loader("train", train=True)
+        if len(self.datasets["fit"]) < self.batch_size:  # drop_last would leave no batch at all
+            raise ConfigError(
+                f"batch_size {self.batch_size} exceeds the {len(self.datasets['fit'])} training "
+                "images; lower data.batch_size"
+            )
+        return self._loader("fit", train=True)
 
     def val_dataloader(self) -> DataLoader | DeviceLoader:
         return self._loader("val", train=False)
@@ -172,21 +198,33 @@ class DataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader | DeviceLoader:
         return self._loader("test", train=False)
 
-    def arrays(self, split: str, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``limit`` uint8 images and labels of a split (for metrics such as FID)."""
+    def arrays(
+        self, split: str, limit: int | None = None, seed: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A split's uint8 images and labels (for metrics such as FID): all of them, or a seeded
+        class-stratified random subset of ``limit`` (splits are stored class by class, so a
+        head would hold the first classes only)."""
         self.setup()
         dataset = self.datasets[split]
-        indices = list(range(len(dataset)))[:limit]
-        base, index = dataset, torch.tensor(indices)
-        if isinstance(base, Subset) and isinstance(base.dataset, TensorDataset):
-            base, index = base.dataset, torch.tensor(base.indices)[index]
+        labels = _labels(dataset)
+        index = stratified_indices(labels, len(labels) if limit is None else limit, seed)
+        base, within = dataset, index
+        while isinstance(base, Subset):  # index the tensors themselves, not one sample at a time
+            base, within = base.dataset, torch.as_tensor(base.indices, dtype=torch.long)[within]
         if isinstance(base, TensorDataset):
-            return base.tensors[0][index], base.tensors[1][index]
-        pairs = [dataset[i] for i in indices]
-        return torch.stack([p[0] for p in pairs]), torch.tensor([int(p[1]) for p in pairs])
+            return base.tensors[0][within], base.tensors[1][within]
+        images = torch.stack([dataset[i][0] for i in index.tolist()])
+        return images, labels[index]
+
+    def split_size(self, split: str) -> int:
+        self.setup()
+        return len(self.datasets[split])
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         images, labels = batch
         training = self.trainer is not None and self.trainer.training
         images = self.transform(images, train=training).contiguous(memory_format=self.memory_format)
+        if self.trainer is not None:  # "true" precisions (bf16-true, 16-true) take their dtype;
+            # Lightning converts float batches before this hook, and these were still uint8
+            images = self.trainer.precision_plugin.convert_input(images)
         return images, labels

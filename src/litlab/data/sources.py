@@ -33,6 +33,24 @@ def fixed_split(n: int, fraction: float, seed: int = 0) -> tuple[torch.Tensor, t
     return order[held:].sort().values, order[:held].sort().values
 
 
+def stratified_indices(labels: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:
+    """``n`` indices of ``labels`` (sorted), drawn at random within each class, with every class
+    represented in proportion (largest remainders); all indices when ``n`` covers them all."""
+    if n >= len(labels):
+        return torch.arange(len(labels))
+    generator = torch.Generator().manual_seed(seed)
+    classes, counts = labels.unique(return_counts=True)
+    quota = counts.double() * n / len(labels)
+    take = quota.floor().long()
+    by_remainder = torch.argsort(quota - take, descending=True, stable=True)
+    take[by_remainder[: n - int(take.sum())]] += 1
+    picks = []
+    for label, k in zip(classes.tolist(), take.tolist(), strict=True):
+        members = (labels == label).nonzero().flatten()
+        picks.append(members[torch.randperm(len(members), generator=generator)[:k]])
+    return torch.cat(picks).sort().values
+
+
 class Source(ABC):
     """Where the pixels and labels of one dataset come from."""
 

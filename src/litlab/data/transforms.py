@@ -12,20 +12,25 @@ import torch
 import torch.nn.functional as F
 
 
-def random_hflip(images: torch.Tensor) -> torch.Tensor:
+def random_hflip(images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Mirror a random half of the batch left-right."""
-    flip = torch.rand(images.shape[0], device=images.device) < 0.5
+    flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
     return torch.where(flip[:, None, None, None], images.flip(3), images)
 
 
-def random_translate(images: torch.Tensor, max_shift: int) -> torch.Tensor:
+def random_translate(
+    images: torch.Tensor, max_shift: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Shift each image by up to ``max_shift`` pixels in x and y, filling with zeros.
 
-    Same as torchvision's RandomCrop(size, padding=max_shift), drawn per sample.
+    Same as torchvision's RandomCrop(size, padding=max_shift), drawn per sample. An index
+    gather: differentiable with respect to the pixels (DiffAugment uses it on generated images).
     """
     n, c, h, w = images.shape
     padded = F.pad(images, (max_shift,) * 4)
-    dy, dx = torch.randint(0, 2 * max_shift + 1, (2, n, 1), device=images.device)
+    dy, dx = torch.randint(
+        0, 2 * max_shift + 1, (2, n, 1), device=images.device, generator=generator
+    )
     rows = (dy + torch.arange(h, device=images.device))[:, None, :, None]
     cols = (dx + torch.arange(w, device=images.device))[:, None, None, :]
     batch = torch.arange(n, device=images.device)[:, None, None, None]

@@ -26,17 +26,27 @@ from litlab.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def _many_processes(devices: Any, num_nodes: int) -> bool:
+def _many_processes(devices: Any, num_nodes: int, accelerator: str, cuda_devices: int) -> bool:
+    """Whether Lightning will start more than one process for these trainer settings."""
     if num_nodes > 1:
         return True
+    if devices in ("auto", -1, "-1"):  # Lightning's auto: every GPU (on a GPU accelerator), else 1
+        return accelerator in ("auto", "gpu", "cuda") and cuda_devices > 1
     if isinstance(devices, int):
-        return devices > 1 or devices == -1
+        return devices > 1
     if isinstance(devices, str):
-        return devices not in ("1", "auto") and not (devices.isdigit() and int(devices) == 1)
+        return "," in devices.strip(",") or (devices.isdigit() and int(devices) > 1)
     return len(devices) > 1
 
 
-def strategy_for(model: L.LightningModule, strategy: Any, devices: Any, num_nodes: int) -> Any:
+def strategy_for(
+    model: L.LightningModule,
+    strategy: Any,
+    devices: Any,
+    num_nodes: int,
+    accelerator: str = "auto",
+    cuda_devices: int | None = None,
+) -> Any:
     """The Lightning strategy to use for this model, given the configured one.
 
     A GAN steps G and D separately (manual optimization): in D's step G's parameters produce
@@ -53,11 +63,29 @@ def strategy_for(model: L.LightningModule, strategy: Any, devices: Any, num_node
             f"trainer.strategy={name} does not support GANs (Lightning's FSDP has no manual "
             "optimization); use trainer.strategy=ddp"
         )
-    if strategy == "ddp" or (strategy == "auto" and _many_processes(devices, num_nodes)):
+    if cuda_devices is None:
+        cuda_devices = torch.cuda.device_count()
+    many = _many_processes(devices, num_nodes, str(accelerator), cuda_devices)
+    if strategy == "ddp" or (strategy == "auto" and many):
         return "ddp_find_unused_parameters_true"
     if strategy == "ddp_spawn":
         return "ddp_spawn_find_unused_parameters_true"
     return strategy
+
+
+def broadcast_buffers(module: L.LightningModule) -> None:
+    """Give every rank global rank 0's buffers (BatchNorm running statistics, EMA counters).
+
+    Buffers are not parameters: each rank updates its own in its forward passes (under a GAN's
+    manual optimization DDP never re-broadcasts them), so they drift apart between ranks, and
+    checkpoints hold rank 0's. Called before every evaluation, so that all ranks evaluate the
+    model that is saved, and a resumed run evaluates as an uninterrupted one.
+    """
+    trainer = module._trainer
+    if trainer is None or trainer.world_size == 1:
+        return
+    for buffer in module.buffers():
+        torch.distributed.broadcast(buffer.data, src=0)
 
 
 _LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")

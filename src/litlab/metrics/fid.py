@@ -70,9 +70,13 @@ class ClassifierFeatures(nn.Module):
         return self.features_and_logits(images)[0]
 
 
-def class_entropy(logits: Tensor) -> float:
-    """Entropy (nats) of the histogram of predicted classes: low when the generator mode-collapses."""
-    counts = torch.bincount(logits.argmax(dim=1), minlength=logits.shape[1]).float()
+def class_histogram(logits: Tensor) -> Tensor:
+    """How many images the extractor's classifier puts in each class (float, for summing)."""
+    return torch.bincount(logits.argmax(dim=1), minlength=logits.shape[1]).float()
+
+
+def entropy(counts: Tensor) -> float:
+    """Entropy (nats) of a class histogram: low when the generator mode-collapses."""
     p = counts / counts.sum()
     return float(-(p[p > 0] * p[p > 0].log()).sum())
 
@@ -98,9 +102,14 @@ def classifier_from_checkpoint(path: str | Path) -> ClassifierFeatures:
     return ClassifierFeatures(net, config.data.mean, config.data.std, config.data.image_shape)
 
 
-def _data_hash(images: Tensor, labels: Tensor) -> str:
+def _training_hash(
+    images: Tensor, labels: Tensor, mean: Sequence[float], std: Sequence[float], seed: int
+) -> str:
+    """What the domain classifier is trained from: pixels, labels, normalization and seed (a
+    classifier trained under another normalization computes other features)."""
     digest = hashlib.sha256(images.contiguous().numpy().tobytes())
     digest.update(labels.contiguous().numpy().tobytes())
+    digest.update(repr(([float(m) for m in mean], [float(s) for s in std], seed)).encode())
     return digest.hexdigest()[:16]
 
 
@@ -119,8 +128,13 @@ def domain_classifier(
 
     num_classes = int(labels.max()) + 1
     image_shape = tuple(images.shape[1:])
-    path = Path(cache_dir) / f"fid-classifier-{_data_hash(images, labels)}-w{width}.pt"
-    net = SmallCNN(image_shape[0], num_classes, width=width)
+    key = _training_hash(images, labels, mean, std, seed)
+    path = Path(cache_dir) / f"fid-classifier-{key}-w{width}.pt"
+    # Its own random stream: the run's (and so its results) must not depend on whether the
+    # extractor was cached, and the cached weights on nothing but what the key names.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = SmallCNN(image_shape[0], num_classes, width=width)
     if path.is_file():
         net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         log.info("FID extractor: cached domain classifier %s", path)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
-from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
 from litlab.models.optim import Interval, build_optimizer, fit_schedules_to_run
 
@@ -41,6 +42,8 @@ class ImageClassifier(L.LightningModule):
         scheduler: Callable[..., Any] | None = None,
         scheduler_interval: Interval = "step",
         label_smoothing: float = 0.0,
+        scheduler_monitor: str | None = None,
+        scheduler_mode: Literal["min", "max"] = "max",
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -51,10 +54,16 @@ class ImageClassifier(L.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.scheduler_interval = scheduler_interval
+        # What ReduceLROnPlateau watches, and in which direction (the configs: the objective).
+        self.scheduler_monitor, self.scheduler_mode = scheduler_monitor, scheduler_mode
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.train_metrics = accuracy_metrics(num_classes, "train/")
         self.val_metrics = accuracy_metrics(num_classes, "val/")
         self.test_metrics = accuracy_metrics(num_classes, "test/")
+        # Lightning logs a metric object's step value unsynced and syncs its epoch value once,
+        # at the epoch's end; a tensor logged with sync_dist would be reduced at every step.
+        # nan_strategy="disable": the NaN check is a host sync per step (DivergenceGuard checks).
+        self.train_loss = MeanMetric(nan_strategy="disable")
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint: a resumed run keeps its best
 
@@ -70,9 +79,16 @@ class ImageClassifier(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = self._step(batch, self.train_metrics)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.train_loss(loss.detach())
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
+
+    def on_validation_epoch_start(self) -> None:
+        broadcast_buffers(self)  # every rank evaluates rank 0's BatchNorm statistics
+
+    def on_test_epoch_start(self) -> None:
+        broadcast_buffers(self)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss = self._step(batch, self.val_metrics)
@@ -101,6 +117,8 @@ class ImageClassifier(L.LightningModule):
             self.scheduler_factory,
             self.scheduler_interval,
             self.trainer,
+            self.scheduler_monitor,
+            self.scheduler_mode,
         )
         return (
             optimizer if scheduler is None else {"optimizer": optimizer, "lr_scheduler": scheduler}

@@ -12,9 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import ConstantLR
 from torch.optim.swa_utils import AveragedModel
 
+from litlab import rng
+from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
+from litlab.models.diffaugment import diff_augment, parse_policy
 
 Loss = Literal["bce", "wgan_gp", "hinge"]
 
@@ -40,14 +44,16 @@ def g_loss_fn(loss: Loss, fake: Tensor) -> Tensor:
     return -fake.mean()
 
 
-def gradient_penalty(discriminator: nn.Module, real: Tensor, fake: Tensor) -> Tensor:
+def gradient_penalty(
+    discriminator: nn.Module, real: Tensor, fake: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
     """WGAN-GP penalty (Gulrajani et al. 2017), in float32 even under autocast.
 
     Under 16-bit autocast the inner gradient can overflow and it is not covered by the
     loss scaler, so both the interpolation and its gradient are computed in float32.
     """
     with torch.autocast(device_type=real.device.type, enabled=False):
-        alpha = torch.rand(real.shape[0], 1, 1, 1, device=real.device)
+        alpha = torch.rand(real.shape[0], 1, 1, 1, device=real.device, generator=generator)
         mixed = (alpha * real.float() + (1 - alpha) * fake.float()).requires_grad_(True)
         (grad,) = torch.autograd.grad(discriminator(mixed).float().sum(), mixed, create_graph=True)
         return ((grad.flatten(1).norm(2, dim=1) - 1.0) ** 2).mean()
@@ -73,6 +79,29 @@ def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tenso
     return update
 
 
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+@contextmanager
+def batch_statistics(net: nn.Module) -> Iterator[nn.Module]:
+    """Run ``net``'s batch norms on the batch's own statistics, as in a training step, without
+    changing their running statistics (momentum 0 keeps them; the batch counter is put back).
+    Only the norms switch mode: spectral norm's power iteration, for one, must not advance."""
+    norms = [m for m in net.modules() if isinstance(m, _BATCH_NORMS)]
+    saved = [(m.training, m.momentum, m.num_batches_tracked) for m in norms]
+    for m in norms:
+        m.train()
+        m.momentum = 0.0
+        if m.num_batches_tracked is not None:
+            m.num_batches_tracked = m.num_batches_tracked.clone()
+    try:
+        yield net
+    finally:
+        for m, (training, momentum, tracked) in zip(norms, saved, strict=True):
+            m.train(training)
+            m.momentum, m.num_batches_tracked = momentum, tracked
+
+
 class GAN(L.LightningModule):
     """Generator G, discriminator D, and an EMA copy of G used for samples and FID.
 
@@ -80,7 +109,15 @@ class GAN(L.LightningModule):
     batches. Lightning's ``global_step`` counts both optimizers' steps, so ``trainer.max_steps``
     is (1 + 1/n_critic) x batches; ``max_g_steps`` budgets generator iterations instead, and
     ``g/step`` is logged as the generator-iteration x-axis.
+
+    Randomness: the noise (and DiffAugment's and the penalty's draws) of training batch k comes
+    from a generator seeded with (noise_seed, global rank, k) (litlab.rng): under DDP every rank
+    draws its own, and a resumed run draws what an uninterrupted one would.
     """
+
+    # The DataModule must not augment real images: D would tell augmented reals from plain
+    # fakes and G would learn the augmentation. ``diffaugment`` augments both alike.
+    augments_real_images_alone = False
 
     def __init__(
         self,
@@ -98,6 +135,7 @@ class GAN(L.LightningModule):
         gradient_clip_val: float | None = None,
         num_fixed_noise: int = 64,
         noise_seed: int = 0,
+        diffaugment: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         if loss not in ("bce", "wgan_gp", "hinge"):
@@ -124,6 +162,8 @@ class GAN(L.LightningModule):
         self.g_optimizer_factory, self.d_optimizer_factory = g_optimizer, d_optimizer
         self.loss, self.n_critic, self.gp_weight = loss, n_critic, gp_weight
         self.max_g_steps, self.gradient_clip_val = max_g_steps, gradient_clip_val
+        self.augment_policy = parse_policy(diffaugment)
+        self.noise_seed = noise_seed
         self.latent_dim = generator.latent_dim
         # Normalized data -> [-1, 1] (the generator's Tanh range): x * scale + shift.
         mean = torch.tensor(data_mean, dtype=torch.float32).view(1, -1, 1, 1)
@@ -162,25 +202,35 @@ class GAN(L.LightningModule):
         with self._eval_mode(net):
             return (net(noise.to(self.device)).float() + 1) / 2
 
-    def random_noise(self, n: int) -> Tensor:
-        return torch.randn(n, self.latent_dim, device=self.device)
+    def random_stream(self, name: str, step: int = 0) -> torch.Generator:
+        """This rank's generator for ``name`` ("train", "fid", "generate") at ``step``."""
+        return rng.stream(self.noise_seed, self.global_rank, name, step, self.device)
+
+    def random_noise(self, n: int, generator: torch.Generator) -> Tensor:
+        return torch.randn(n, self.latent_dim, device=self.device, generator=generator)
+
+    def augment(self, images: Tensor, generator: torch.Generator) -> Tensor:
+        """What D sees of any image, real or generated: DiffAugment's policies (or the image)."""
+        return diff_augment(images, self.augment_policy, generator)
 
     # -- training ---------------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
         g_opt, d_opt = self.optimizers()
         n = real.shape[0]
+        generator = self.random_stream("train", self.d_steps)
 
         with self.toggled_optimizer(d_opt):
             # No graph for G in D's step: cheaper, and a compiled G traced here (grad mode is
             # part of torch.compile's guards) is not reused for G's own step.
             with torch.no_grad():
-                fake = self.generator(self.random_noise(n))
+                fake = self.generator(self.random_noise(n, generator))
+            real, fake = self.augment(real, generator), self.augment(fake, generator)
             real_logits, fake_logits = self.discriminator(real), self.discriminator(fake)
             d_loss = d_loss_fn(self.loss, real_logits, fake_logits)
             logs = {"d/loss": d_loss, "d/real": real_logits.mean(), "d/fake": fake_logits.mean()}
             if self.loss == "wgan_gp":
-                penalty = gradient_penalty(self.discriminator, real, fake)
+                penalty = gradient_penalty(self.discriminator, real, fake, generator)
                 d_loss = d_loss + self.gp_weight * penalty
                 logs["d/gp"] = penalty
             d_opt.zero_grad(set_to_none=True)
@@ -190,9 +240,8 @@ class GAN(L.LightningModule):
 
         if self.d_steps % self.n_critic == 0:
             with self.toggled_optimizer(g_opt):
-                g_loss = g_loss_fn(
-                    self.loss, self.discriminator(self.generator(self.random_noise(n)))
-                )
+                fake = self.augment(self.generator(self.random_noise(n, generator)), generator)
+                g_loss = g_loss_fn(self.loss, self.discriminator(fake))
                 g_opt.zero_grad(set_to_none=True)
                 self.manual_backward(g_loss)
                 g_opt.step()
@@ -214,20 +263,36 @@ class GAN(L.LightningModule):
                 optimizer, gradient_clip_val=self.gradient_clip_val, gradient_clip_algorithm="norm"
             )
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        """D's mean logit on held-out real images: drifting from d/real signals D memorizing."""
+    def _d_real(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
+        """D's mean logit on held-out real images, with batch statistics as in training (where
+        d/real is measured): staying below d/real as it rises signals D memorizing."""
         real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
-        self.log("val/d_real", self.discriminator(real).mean(), on_epoch=True, sync_dist=True)
+        with batch_statistics(self.discriminator):
+            logit = self.discriminator(real).mean()
+        self.log(f"{stage}/d_real", logit, on_epoch=True, sync_dist=True)
+
+    def on_validation_epoch_start(self) -> None:
+        broadcast_buffers(self)  # every rank evaluates rank 0's G (its BatchNorm statistics)
+
+    def on_test_epoch_start(self) -> None:
+        broadcast_buffers(self)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._d_real(batch, "val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
-        self.log("test/d_real", self.discriminator(real).mean(), on_epoch=True, sync_dist=True)
+        self._d_real(batch, "test")
 
-    def configure_optimizers(self) -> list[Optimizer]:
-        return [
-            self.g_optimizer_factory(params=self.generator.parameters()),
-            self.d_optimizer_factory(params=self.discriminator.parameters()),
+    def configure_optimizers(self) -> tuple[list[Optimizer], list[dict[str, Any]]]:
+        g_opt = self.g_optimizer_factory(params=self.generator.parameters())
+        d_opt = self.d_optimizer_factory(params=self.discriminator.parameters())
+        # Constant schedules, only so that Lightning's LR monitor names the two learning rates
+        # for what they are (it calls optimizers without a scheduler lr-Adam, lr-Adam-1).
+        named = [
+            {"scheduler": ConstantLR(opt, factor=1.0, total_iters=0), "name": f"lr/{name}"}
+            for opt, name in ((g_opt, "generator"), (d_opt, "discriminator"))
         ]
+        return [g_opt, d_opt], named
 
     # -- state that must survive a restart ---------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import torch
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR
+from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR, ReduceLROnPlateau
 
 from litlab.errors import ConfigError
 
@@ -34,13 +34,33 @@ def build_optimizer(
     scheduler: Callable[..., Any] | None,
     interval: Interval,
     trainer: Any,
+    monitor: str | None = None,
+    mode: Literal["min", "max"] = "max",
 ) -> tuple[Optimizer, dict[str, Any] | None]:
-    """Call the optimizer factory on params, and the scheduler factory on it, filling the length."""
+    """Call the optimizer factory on params, and the scheduler factory on it, filling the length.
+
+    ReduceLROnPlateau watches ``monitor`` in the direction ``mode`` (the run's objective, unless
+    the scheduler config sets its own mode); it steps after each validation, which only epochs
+    of ``trainer.check_val_every_n_epoch`` have.
+    """
     optimizer = factory(params=params)
     if scheduler is None:
         return optimizer, None
     func = getattr(scheduler, "func", scheduler)
     given = getattr(scheduler, "keywords", {})
+    if inspect.isclass(func) and issubclass(func, ReduceLROnPlateau):
+        if monitor is None:
+            raise ConfigError(
+                "ReduceLROnPlateau needs a metric to watch: set model.scheduler_monitor"
+            )
+        built = scheduler(optimizer=optimizer, **({} if "mode" in given else {"mode": mode}))
+        every = int(getattr(trainer, "check_val_every_n_epoch", None) or 1)
+        return optimizer, {
+            "scheduler": built,
+            "interval": "epoch",
+            "frequency": every,
+            "monitor": monitor,
+        }
     wanted = inspect.signature(func).parameters
     length = {
         arg: schedule_length(trainer, interval)

@@ -88,9 +88,13 @@ def machine(device: torch.device) -> str:
     """One line naming the hardware and the versions, for the table's caption."""
     import torchvision
 
+    from litlab.hardware import cpu_has_native_bf16
+
     gpu = f"{torch.cuda.get_device_name(device)}, " if device.type == "cuda" else ""
+    bf16 = "AVX512-BF16/AMX" if cpu_has_native_bf16() else "no native bf16"
     return (
-        f"{gpu}{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; "
+        f"{gpu}{cpu_model()} ({bf16}), {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} torch threads; "
         f"torch {torch.__version__}, lightning {L.__version__}, torchvision "
         f"{torchvision.__version__}, python {platform.python_version()}"
     )
@@ -232,8 +236,13 @@ def litlab_run(overrides: Sequence[str]) -> tuple[float, dict[str, Any]]:
 
 
 def autocast(cfg: DictConfig, device: torch.device) -> torch.autocast:
-    """The autocast the config's trainer.precision runs under (32-true: off)."""
+    """The autocast the config's trainer.precision runs under (32-true: off; auto: as litlab
+    resolves it on this machine)."""
+    from litlab.hardware import fastest_precision
+
     precision = str(cfg.trainer.precision)
+    if precision == "auto":
+        precision = fastest_precision(device.type)[0]
     if precision not in ("32-true", "32", "bf16-mixed"):
         sys.exit(f"the raw loop runs 32-true or bf16-mixed, not trainer.precision={precision}")
     return torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16-mixed")
@@ -272,7 +281,7 @@ def raw_classifier(
     net = build(cfg.model.net, "model.net").to(device, memory_format=memory_format).train()
     if speed.get("compile"):
         net.compile()
-    images, labels = datamodule.arrays("train")
+    images, labels = datamodule.arrays("fit")
     loader = DeviceLoader(
         images, labels, cfg.data.batch_size, True, True, seed=cfg.seed, device=device
     )

@@ -134,6 +134,29 @@ def write_png_folder(
             Image.fromarray(pixels).save(root / c / f"{i}.png")
 
 
+def write_unusual_images(folder: Path) -> list[str]:
+    """Files of the kinds real folders hold beside good images: damaged ones (truncated, not
+    an image, empty), and unusual modes and sizes (CMYK, grayscale, RGBA, 16-bit, large).
+    Returns the names of the unreadable ones."""
+    import io
+
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rgb = np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, "JPEG")
+    (folder / "truncated.jpg").write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 3])
+    (folder / "not-an-image.jpg").write_bytes(b"this is not a picture\n" * 10)
+    (folder / "empty.png").write_bytes(b"")
+    Image.fromarray(rgb).convert("CMYK").save(folder / "cmyk.jpg")
+    Image.fromarray(rgb[..., 0]).save(folder / "grayscale.jpg")
+    Image.fromarray(np.dstack([rgb, rgb[..., :1]])).save(folder / "rgba.png")
+    Image.fromarray(rgb[..., 0].astype(np.uint16) * 257).save(folder / "sixteen-bit.png")
+    Image.fromarray(rgb).resize((3000, 2000)).save(folder / "huge.jpg")
+    return ["truncated.jpg", "not-an-image.jpg", "empty.png"]
+
+
 needs_fashion = pytest.mark.skipif(
     not (FASHION_SYSTEM_DIR / "train-images-idx3-ubyte.gz").is_file(),
     reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)",

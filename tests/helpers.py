@@ -75,8 +75,12 @@ class CaptureNoise(Callback):
         pl_module.generator_ema.module.register_forward_pre_hook(record)
 
     def on_train_end(self, trainer, pl_module) -> None:
+        from litlab.callbacks import Throughput
+
         self.folder.mkdir(parents=True, exist_ok=True)
+        (clock,) = [c.totals["train"] for c in trainer.callbacks if isinstance(c, Throughput)]
         state = {**self.seen, "rng": torch.get_rng_state()}
+        state["train_rate"] = clock.samples / clock.seconds  # this rank's own images/s
         torch.save(state, self.folder / f"rank{trainer.global_rank}.pt")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +16,12 @@ from conftest import (
     REPO,
     make_cfg,
     needs_fashion,
+    summary_of,
     write_cifar_batches,
     write_idx,
     write_idx_dataset,
     write_png_folder,
+    write_unusual_images,
 )
 from litlab.data import (
     CIFAR10,
@@ -30,9 +33,11 @@ from litlab.data import (
     ImageFolder,
     Synthetic,
 )
-from litlab.data.sources import read_idx
-from litlab.data.transforms import BatchTransform, random_hflip, random_translate
+from litlab.data.folder import cached_folder, load_image
+from litlab.data.sources import read_idx, stratified_indices
+from litlab.data.transforms import BatchTransform, crop_boxes, random_hflip, random_translate
 from litlab.errors import ConfigError, DataError
+from litlab.train import train_task
 
 
 def test_digits_is_embedded_upsampled_and_split_the_same_way_every_time():
@@ -128,19 +133,24 @@ def test_missing_cifar_without_download_says_what_to_do(tmp_path):
 def test_image_folder_with_train_and_test_subfolders(tmp_path):
     write_png_folder(tmp_path / "train")
     write_png_folder(tmp_path / "test", per_class=2)
-    source = ImageFolder(str(tmp_path), size=24)
-    train, test = source.load("train"), source.load("test")
-    image, label = train[0]
-    assert image.shape == (3, 24, 24) and image.dtype == torch.uint8
-    assert len(train) == 18 and len(test) == 6 and label == 0
+    for cache in (True, False):
+        source = ImageFolder(str(tmp_path), size=24, cache=cache, cache_dir=str(tmp_path / "c"))
+        train, test = source.load("train"), source.load("test")
+        image, label = train[0]
+        assert image.shape == (3, 24, 24) and image.dtype == torch.uint8
+        assert len(train) == 18 and len(test) == 6 and label == 0
 
 
 def test_image_folder_single_folder_is_split_and_grayscale_works(tmp_path):
-    write_png_folder(tmp_path, per_class=10)
-    source = ImageFolder(str(tmp_path), size=16, channels=1, test_fraction=0.2)
+    write_png_folder(tmp_path / "images", per_class=10)
+    source = ImageFolder(
+        str(tmp_path / "images"), size=16, channels=1, cache_dir=str(tmp_path / "cache")
+    )
     train, test = source.load("train"), source.load("test")
     assert len(train) == 24 and len(test) == 6
     assert train[0][0].shape == (1, 16, 16)
+    labels = [int(test[i][1]) for i in range(len(test))]
+    assert sorted(labels) == [0, 0, 1, 1, 2, 2]  # held out per class
 
 
 def test_synthetic_is_deterministic_and_any_shape():
@@ -272,10 +282,11 @@ def test_device_is_the_default_and_keeps_the_splits_of_the_dataloader_path():
 
 
 def test_loader_choice_is_checked(tmp_path):
-    with pytest.raises(ConfigError, match=r"'device' .* or 'dataloader' .*got 'gpu'"):
+    with pytest.raises(ConfigError, match=r"'device' .*'dataloader' .*'auto', got 'gpu'"):
         make_dm(loader="gpu")
     write_png_folder(tmp_path)
-    folder = make_dm(source=ImageFolder(str(tmp_path), size=28, channels=1), num_classes=3)
+    files = ImageFolder(str(tmp_path), size=28, channels=1, cache=False)
+    folder = make_dm(source=files, num_classes=3)
     with pytest.raises(ConfigError, match=r"set data\.loader=dataloader"):
         folder.setup()
 
@@ -284,4 +295,107 @@ def test_loader_choice_is_checked(tmp_path):
 def test_in_memory_sources_default_to_the_device_loader(tmp_path, option):
     data = make_cfg(tmp_path, [f"data={option}"]).data
     file_backed = data.source._target_ == "litlab.data.ImageFolder"
-    assert data.loader == ("dataloader" if file_backed else "device")
+    assert data.loader == ("auto" if file_backed else "device")  # auto: device once cached
+
+
+def test_stratified_subsets_follow_the_class_proportions_at_random():
+    labels = torch.arange(10).repeat_interleave(100)  # sorted by class, as splits are stored
+    picks = stratified_indices(labels, 50, seed=1)
+    assert len(picks) == 50 and len(set(picks.tolist())) == 50
+    assert labels[picks].bincount(minlength=10).tolist() == [5] * 10  # not the first classes
+    assert not torch.equal(picks, stratified_indices(labels, 50, seed=2))
+    assert torch.equal(picks, stratified_indices(labels, 50, seed=1))
+    assert torch.equal(stratified_indices(labels, 5000), torch.arange(1000))
+
+
+def test_train_fraction_trains_on_a_stratified_part_and_keeps_the_rest():
+    dm = make_dm(train_fraction=0.1)
+    dm.setup()
+    fit, train = dm.arrays("fit")[1], dm.arrays("train")[1]
+    assert len(fit) == round(0.1 * len(train))
+    assert (fit.bincount(minlength=10) > 0).all()  # every class
+    assert len(dm.train_dataloader()) == len(fit) // 32
+
+
+def test_unusual_images_are_converted_and_damaged_ones_skipped_and_counted(tmp_path):
+    write_png_folder(tmp_path / "images", per_class=4)
+    unreadable = write_unusual_images(tmp_path / "images" / "cat")
+    sixteen = np.full((8, 8), 65535, dtype=np.uint16)  # white, in 16 bits
+    assert load_image_from(tmp_path, sixteen).min() == 255
+    for name, channels in (("cmyk.jpg", 3), ("rgba.png", 3), ("grayscale.jpg", 3), ("huge.jpg", 1)):
+        image = load_image(tmp_path / "images" / "cat" / name, 20, channels)
+        assert image.shape == (channels, 20, 20) and image.dtype == np.uint8, name
+    source = ImageFolder(str(tmp_path / "images"), size=20, cache_dir=str(tmp_path / "cache"))
+    whole = source.load("train")
+    report = source.report["all"]
+    assert report["skipped"] == len(unreadable) == 3
+    assert sorted(Path(f["file"]).name for f in report["skipped_files"]) == sorted(unreadable)
+    assert report["images"] == 12 + 5 and len(whole) + len(source.load("test")) == 17
+
+
+def load_image_from(tmp_path, pixels: np.ndarray) -> np.ndarray:
+    from PIL import Image
+
+    path = tmp_path / "probe.png"
+    Image.fromarray(pixels).save(path)  # uint16: mode I;16
+    return load_image(path, 8, 1)
+
+
+def test_the_cache_is_built_once_and_again_when_a_file_changes(tmp_path):
+    write_png_folder(tmp_path / "images", per_class=3)
+    first = cached_folder(tmp_path / "images", 16, 3, tmp_path / "cache")
+    again = cached_folder(tmp_path / "images", 16, 3, tmp_path / "cache")
+    assert again.path == first.path and torch.equal(first.images, again.images)
+    assert first.images.shape == (9, 3, 16, 16)
+    from PIL import Image
+
+    Image.new("RGB", (30, 30), "red").save(tmp_path / "images" / "cat" / "0.png")
+    changed = cached_folder(tmp_path / "images", 16, 3, tmp_path / "cache")
+    assert changed.path != first.path and changed.images[0, 0].float().mean() > 250  # red
+    assert len(list((tmp_path / "cache").iterdir())) == 2  # no half-built folder left
+
+
+def test_random_resized_crops_are_drawn_per_image_and_evaluation_is_the_centre():
+    boxes = crop_boxes(64, 40, 40, (0.35, 1.0))
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) / 1600
+    assert areas.min() >= 0.35 * 0.99 and areas.max() <= 1.0 + 1e-6
+    assert len(set(areas.tolist())) == 64  # one draw per image, not one per batch
+    assert (boxes[:, :2] >= 0).all() and (boxes[:, 2:] <= 40 + 1e-4).all()
+    images = torch.arange(40.0).repeat(2, 3, 40, 1).to(torch.uint8)  # a horizontal ramp
+    transform = BatchTransform([0.0], [1 / 255], size=(32, 32), crop_scale=(0.35, 1.0))
+    evaluated = transform(images, train=False)
+    assert evaluated.shape == (2, 3, 32, 32) and torch.equal(evaluated[0], evaluated[1])
+    assert transform(images, train=True).shape == (2, 3, 32, 32)
+    centre = BatchTransform([0.0], [1 / 255], size=(32, 32), eval_crop=0.875)(images, False)
+    assert abs(float(centre[0, 0, 0, 0]) - 2.5) < 1.0  # the crop starts 2.5 px in
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache):
+    write_png_folder(tmp_path / "images", per_class=12)
+    write_unusual_images(tmp_path / "images" / "dog")
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "data=image_folder",
+            f"data.source.root={tmp_path / 'images'}",
+            f"data.source.cache={cache}",
+            "data.source.size=20",
+            "data.image_shape=[3,16,16]",
+            "data.num_classes=3",
+            "data.batch_size=8",
+            "data.num_workers=0",
+            "model.net.width=8",
+            "trainer.max_epochs=2",
+            "logger=csv",
+            "extras.print_config=false",
+            "callbacks.progress_bar=null",
+        ],
+    )
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
+    if cache:
+        assert summary["data"]["all"]["skipped"] == 3
+    else:  # seen as they are read: every epoch's training batches, and evaluation
+        assert summary["data"]["skipped_while_loading"] >= 3

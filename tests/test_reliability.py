@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,6 +117,12 @@ def test_gan_under_ddp_ranks_draw_their_own_noise_and_resume_bit_identically(tmp
     assert [len(f) for f in fid] == [32, 32]
     assert len(torch.cat(fid).unique(dim=0)) == 64
     assert not torch.equal(ranks[0]["rng"], ranks[1]["rng"])  # augmentation/dropout streams
+    # No Lightning warning (epoch metrics are reduced as they mean), and the job's throughput
+    # is the sum of the ranks' own.
+    warned = re.findall(r".*\.py:\d+: .*", straight.stderr)  # how Python prints a warning
+    assert not warned, warned
+    perf = json.loads((run_folder(tmp_path / "straight") / "summary.json").read_text())["perf"]
+    assert perf["train_images_per_s"] == pytest.approx(sum(r["train_rate"] for r in ranks))
 
     stopped = run_cli(
         *ddp,

@@ -117,6 +117,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         raise
     finally:
         record_performance(trainer, run)
+        if hasattr(datamodule, "report"):  # images per split, unreadable files skipped
+            run.summary["data"] = datamodule.report()
         finish_loggers(trainer.loggers)
         if preempted:  # checkpoint saved, loggers closed: a cluster scheduler may requeue now
             hand_over_preemption(trainer)

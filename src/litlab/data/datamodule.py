@@ -11,16 +11,32 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from litlab.data.loader import DeviceLoader
-from litlab.data.sources import Source, fixed_split, stratified_indices
+from litlab.data.sources import FileImages, Source, fixed_split, skip_unreadable, stratified_indices
 from litlab.data.transforms import BatchTransform
 from litlab.errors import ConfigError, DataError
 
-LoaderKind = Literal["device", "dataloader"]
+LoaderKind = Literal["auto", "device", "dataloader"]
+
+
+def _in_memory(dataset: Dataset) -> bool:
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return isinstance(dataset, TensorDataset)
+
+
+def _reads_files(dataset: Dataset) -> bool:
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return isinstance(dataset, FileImages)
 
 
 def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
     if isinstance(dataset, TensorDataset):
         return tuple(dataset.tensors[0].shape[1:])
+    if isinstance(dataset, FileImages):
+        return (dataset.channels, dataset.size, dataset.size)
     return tuple(dataset[0][0].shape)
 
 
@@ -52,7 +68,13 @@ class DataModule(L.LightningDataModule):
     Images travel as uint8 and are converted, augmented and normalized per batch on the device
     the batch lands on (``on_after_batch_transfer``): cheap for the host, and one code path.
     ``loader="device"`` keeps in-memory splits on the run's device and indexes whole batches
-    there (``DeviceLoader``); ``"dataloader"`` is torch's DataLoader, for file-backed sources.
+    there (``DeviceLoader``); ``"dataloader"`` is torch's DataLoader, for file-backed sources;
+    ``"auto"`` picks the first for in-memory (and cached) data, else the second.
+
+    Images stored larger than ``image_shape`` (an image folder's ``size``) are cropped and
+    resized on the device: a random resized crop per training image with area fraction in
+    ``random_resized_crop`` (null: the whole image), the centre ``eval_crop`` of the side for
+    evaluation.
     """
 
     def __init__(
@@ -72,13 +94,23 @@ class DataModule(L.LightningDataModule):
         pin_memory: bool = True,
         loader: LoaderKind = "device",
         train_fraction: float = 1.0,
+        random_resized_crop: Sequence[float] | None = None,
+        eval_crop: float = 1.0,
     ) -> None:
         super().__init__()
-        if loader not in ("device", "dataloader"):
+        if loader not in ("auto", "device", "dataloader"):
             raise ConfigError(
-                f"loader must be 'device' (in-memory sources) or 'dataloader' (torch DataLoader), "
-                f"got {loader!r}"
+                f"loader must be 'device' (in-memory sources), 'dataloader' (torch DataLoader) "
+                f"or 'auto', got {loader!r}"
             )
+        crop = random_resized_crop
+        if crop is not None and (len(crop) != 2 or not 0 < crop[0] <= crop[1] <= 1):
+            raise ConfigError(
+                f"random_resized_crop is the [min, max] fraction of the area a crop keeps, "
+                f"0 < min <= max <= 1 (e.g. [0.35, 1]), or null; got {list(crop)}"
+            )
+        if not 0 < eval_crop <= 1:
+            raise ConfigError(f"eval_crop must lie in (0, 1], got {eval_crop}")
         if batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size}")
         if not 0.0 < val_fraction < 1.0:
@@ -105,7 +137,16 @@ class DataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.loader = loader
-        self.transform = BatchTransform(mean, std, hflip=hflip, translate=translate)
+        self.transform = BatchTransform(
+            mean,
+            std,
+            hflip=hflip,
+            translate=translate,
+            size=self.image_shape[1:],
+            crop_scale=random_resized_crop,
+            eval_crop=eval_crop,
+        )
+        self.skipped_in_loading = 0  # unreadable files dropped by the file-reading loader
         # Set by litlab.callbacks.Speed(channels_last=True) to match the model's weights.
         self.memory_format = torch.contiguous_format
         self.datasets: dict[str, Dataset] = {}
@@ -117,7 +158,9 @@ class DataModule(L.LightningDataModule):
         if self.datasets:
             return
         train_full = self.source.load("train")
-        if self.loader == "device" and not isinstance(train_full, TensorDataset):
+        if self.loader == "auto":
+            self.loader = "device" if _in_memory(train_full) else "dataloader"
+        if self.loader == "device" and not _in_memory(train_full):
             raise ConfigError(
                 f"data.loader=device needs an in-memory source, but {self.source.name} reads "
                 "files as it goes; set data.loader=dataloader"
@@ -143,9 +186,11 @@ class DataModule(L.LightningDataModule):
         if len(dataset) == 0:
             raise DataError(f"the {self.source.name} {split} split is empty")
         shape = _sample_shape(dataset)
-        if shape != self.image_shape:
+        want = self.image_shape
+        # Stored larger is fine (cropped and resized on the device), never smaller.
+        if shape[0] != want[0] or shape[1] < want[1] or shape[2] < want[2]:
             raise ConfigError(
-                f"data.image_shape is {list(self.image_shape)} but the {self.source.name} {split} "
+                f"data.image_shape is {list(want)} but the {self.source.name} {split} "
                 f"images are {list(shape)}; set data.image_shape=[{','.join(map(str, shape))}]"
             )
         classes, exact = _class_count(dataset)
@@ -166,13 +211,16 @@ class DataModule(L.LightningDataModule):
                 num_workers=self.num_workers,
                 pin_memory=self.pin_memory and torch.cuda.is_available(),
                 persistent_workers=self.num_workers > 0,
+                # files can be unreadable: such batches carry the count of those skipped
+                collate_fn=skip_unreadable if _reads_files(self.datasets[split]) else None,
             )
-        images, labels = self.arrays(split)
+        images, labels, rows = self._tensors(split)
         trainer = self.trainer
         return DeviceLoader(
             images,
             labels,
             batch_size,
+            rows=rows,
             # Lightning turns shuffling off for overfit_batches only on torch DataLoaders.
             shuffle=train and not (trainer and trainer.overfit_batches),
             drop_last=train,
@@ -216,12 +264,34 @@ class DataModule(L.LightningDataModule):
         images = torch.stack([dataset[i][0] for i in index.tolist()])
         return images, labels[index]
 
+    def _tensors(self, split: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The in-memory tensors a split lives in and its rows in them, without copying (an
+        image folder's cache stays memory-mapped on the CPU)."""
+        dataset, rows = self.datasets[split], None
+        while isinstance(dataset, Subset):
+            index = torch.as_tensor(dataset.indices, dtype=torch.long)
+            rows = index if rows is None else index[rows]
+            dataset = dataset.dataset
+        images, labels = dataset.tensors
+        return images, labels, torch.arange(len(labels)) if rows is None else rows
+
     def split_size(self, split: str) -> int:
         self.setup()
         return len(self.datasets[split])
 
+    def report(self) -> dict[str, Any]:
+        """What the data was, for summary.json: images per split, and files skipped."""
+        report = dict(getattr(self.source, "report", {}) or {})
+        if self.skipped_in_loading:
+            report["skipped_while_loading"] = self.skipped_in_loading
+        return report
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        images, labels = batch
+        if len(batch) == 3:  # from the file-reading loader: (images, labels, files skipped)
+            images, labels, skipped = batch
+            self.skipped_in_loading += skipped
+        else:
+            images, labels = batch
         training = self.trainer is not None and self.trainer.training
         images = self.transform(images, train=training).contiguous(memory_format=self.memory_format)
         if self.trainer is not None:  # "true" precisions (bf16-true, 16-true) take their dtype;

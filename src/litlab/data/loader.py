@@ -100,6 +100,7 @@ class DeviceLoader:
         rank: int = 0,
         world_size: int = 1,
         device: torch.device | str = "cpu",
+        rows: Tensor | None = None,
     ) -> None:
         if images.dtype != torch.uint8 or images.ndim != 4 or labels.shape != images.shape[:1]:
             raise ValueError(
@@ -110,10 +111,13 @@ class DeviceLoader:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.images = images
         self.labels = labels.long()
+        # The split's rows of images/labels (a view of a larger array, e.g. train within
+        # train+val); all of them when None.
+        self.rows = torch.arange(len(labels)) if rows is None else rows.long()
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.device = torch.device(device)
-        self.sampler = ShardSampler(len(labels), shuffle, drop_last, seed, rank, world_size)
+        self.sampler = ShardSampler(len(self.rows), shuffle, drop_last, seed, rank, world_size)
         # Lightning reads .batch_sampler wherever it finds .sampler (as on a torch DataLoader).
         self.batch_sampler = None
         self._progress = (0, 0)  # (epoch, batches of it handed out)
@@ -133,7 +137,7 @@ class DeviceLoader:
         self._progress = (epoch, start)
         if self.images.device != self.device:
             self.images, self.labels = self.images.to(self.device), self.labels.to(self.device)
-        order = self.sampler.indices().to(self.device)
+        order = self.rows[self.sampler.indices()].to(self.device)
         for b in range(start, len(self)):
             index = order[b * self.batch_size : (b + 1) * self.batch_size]
             self._progress = (epoch, b + 1)

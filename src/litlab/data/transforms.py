@@ -2,10 +2,12 @@
 
 torchvision's v2 transforms draw one random parameter per call, i.e. per batch; augmentation
 here draws per sample, which is what training wants when whole batches are transformed at once.
+Random resized crops use torchvision's roi_align: one batched call, a box per image.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -38,25 +40,91 @@ def random_translate(
     return padded[batch, channel, rows, cols]
 
 
+def crop_boxes(
+    n: int,
+    height: int,
+    width: int,
+    scale: Sequence[float],
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """RandomResizedCrop's boxes, one per image: a fraction ``scale`` of the area with aspect
+    ``ratio`` (log-uniform) at a uniform position; [n, 4] as (x1, y1, x2, y2) in pixels.
+
+    torchvision retries a draw that does not fit 10 times, then takes the centre; here a box
+    wider or taller than the image is clipped to it (same areas in the common case, one pass)."""
+    area = torch.empty(n, device=device).uniform_(scale[0], scale[1], generator=generator)
+    log_ratio = torch.empty(n, device=device).uniform_(
+        math.log(ratio[0]), math.log(ratio[1]), generator=generator
+    )
+    aspect = log_ratio.exp()
+    w = (area * height * width * aspect).sqrt().clamp(max=width)
+    h = (area * height * width / aspect).sqrt().clamp(max=height)
+    x = torch.rand(n, device=device, generator=generator) * (width - w)
+    y = torch.rand(n, device=device, generator=generator) * (height - h)
+    return torch.stack([x, y, x + w, y + h], dim=1)
+
+
+def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """Each image's box, resized to ``size``: bilinear samples, as many per output pixel as the
+    box shrinks (an area average when downscaling, exact at 1:1): torchvision's roi_align, one
+    batched call for the whole batch."""
+    from torchvision.ops import roi_align
+
+    index = torch.arange(len(boxes), device=boxes.device, dtype=boxes.dtype)[:, None]
+    return roi_align(images, torch.cat([index, boxes], 1), tuple(size), 1.0, -1, aligned=True)
+
+
 class BatchTransform:
-    """uint8 batch -> (optionally augmented) float batch normalized with mean/std (one, or per channel)."""
+    """uint8 batch -> (optionally augmented) float batch normalized with mean/std (one, or per
+    channel), at ``size`` when given (images stored larger are cropped and resized).
+
+    Training: a random resized crop per image (``crop_scale``: area fraction range, e.g.
+    (0.35, 1)), translation, flip; evaluation: the centre square of ``eval_crop`` of the side,
+    resized (torchvision's Resize + CenterCrop at 0.875 for ImageNet-style evaluation)."""
 
     def __init__(
-        self, mean: Sequence[float], std: Sequence[float], hflip: bool = False, translate: int = 0
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        hflip: bool = False,
+        translate: int = 0,
+        size: Sequence[int] | None = None,
+        crop_scale: Sequence[float] | None = None,
+        eval_crop: float = 1.0,
     ):
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
         self.hflip = hflip
         self.translate = translate
+        self.size = tuple(size) if size is not None else None
+        self.crop_scale = tuple(crop_scale) if crop_scale is not None else None
+        self.eval_crop = eval_crop
+
+    def _resize(self, images: torch.Tensor, train: bool) -> torch.Tensor:
+        """uint8 [N, C, H, W] -> float [N, C, *size] in 0..255 (cropped as the split wants)."""
+        n, _, h, w = images.shape
+        images = images.float()
+        if train and self.crop_scale is not None:
+            boxes = crop_boxes(n, h, w, self.crop_scale, device=images.device)
+        elif (h, w) != self.size or self.eval_crop < 1.0:
+            side = min(h, w) * self.eval_crop
+            x, y = (w - side) / 2, (h - side) / 2
+            boxes = torch.tensor([[x, y, x + side, y + side]], device=images.device).expand(n, 4)
+        else:
+            return images
+        return resized_crops(images, boxes, self.size)
 
     def __call__(self, images: torch.Tensor, train: bool) -> torch.Tensor:
+        images = self._resize(images, train) if self.size is not None else images.float()
         if train and self.translate:
             images = random_translate(images, self.translate)
         if train and self.hflip:
             images = random_hflip(images)
         if self.mean.device != images.device:
             self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
-        return (images.float() / 255.0 - self.mean) / self.std
+        return (images / 255.0 - self.mean) / self.std
 
     def to_unit(self, normalized: torch.Tensor) -> torch.Tensor:
         """Map normalized images back to [0, 1] pixels (for grids and feature extractors)."""

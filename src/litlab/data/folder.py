@@ -1,0 +1,192 @@
+"""Folders of image files: scanned once, decoded in parallel, cached as uint8 at a fixed size.
+
+Decoding is what makes image folders slow: a JPEG is decoded every time a per-sample pipeline
+reads it, every epoch. Here every image is decoded once, by every core, into a square uint8
+array at the stored size (the centre square of the shorter side, resized with antialiasing;
+JPEGs are decoded at 1/2 to 1/8 scale when that still covers the stored size), and written to a
+memory-mapped file under the cache folder, keyed by the folder's file list, sizes and times.
+Later epochs, and later runs, index that array like any in-memory dataset (litlab's
+DeviceLoader); crops, flips and normalization happen per batch on the device.
+
+Files that cannot be read (truncated, not an image, empty, too large for PIL's
+decompression-bomb guard) are skipped with a warning and counted; unusual modes are converted
+(CMYK, palette, grayscale, RGBA without its alpha, 16-bit scaled to 8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import warnings
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from litlab.errors import DataError
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+CACHE_FORMAT = 1  # bump when what the cache holds changes
+
+
+@dataclass
+class FolderIndex:
+    """The image files of a folder of class folders, in a fixed order, and their labels."""
+
+    root: Path
+    classes: list[str]
+    files: list[str] = field(default_factory=list)  # relative to root
+    labels: list[int] = field(default_factory=list)
+
+
+def scan(root: Path) -> FolderIndex:
+    """``root/<class>/**/<image>``, classes and files sorted (torchvision's ImageFolder order)."""
+    if not root.is_dir():
+        raise DataError(f"image folder {root} does not exist; put images in {root}/<class name>/")
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise DataError(f"{root} has no class folders; put images in {root}/<class name>/")
+    index = FolderIndex(root, classes)
+    for label, name in enumerate(classes):
+        found = []
+        for folder, _, names in os.walk(root / name, followlinks=True):
+            found += [
+                os.path.relpath(os.path.join(folder, n), root)
+                for n in names
+                if Path(n).suffix.lower() in IMAGE_SUFFIXES
+            ]
+        index.files += sorted(found)
+        index.labels += [label] * len(found)
+    if not index.files:
+        raise DataError(f"{root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    return index
+
+
+def _eight_bit(image: Image.Image, channels: int) -> Image.Image:
+    """Any PIL mode as 8-bit grayscale (channels=1) or RGB (3)."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit (or wider) gray: scale
+        pixels = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if pixels.max() > 255 else 255.0
+        image = Image.fromarray((pixels * (255.0 / top)).clip(0, 255).astype(np.uint8))
+    return image.convert("L" if channels == 1 else "RGB")  # CMYK, P, LA, RGBA, 1, ...
+
+
+def load_image(path: str | Path, size: int, channels: int) -> np.ndarray:
+    """The centre square of an image file, resized to ``size``: uint8 [channels, size, size]."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)  # refuse, don't thrash
+        with Image.open(path) as image:
+            # JPEG: decode at the smallest 1/2..1/8 scale that still covers size x size.
+            image.draft("L" if channels == 1 else "RGB", (size, size))
+            image = _eight_bit(image, channels)
+            w, h = image.size
+            side = min(w, h)
+            box = ((w - side) // 2, (h - side) // 2, (w - side) // 2 + side, (h - side) // 2 + side)
+            image = image.resize((size, size), Image.Resampling.BICUBIC, box=box, reducing_gap=3.0)
+            pixels = np.array(image, dtype=np.uint8)  # a writable copy
+    return pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
+
+
+def _decode_into(
+    paths: list[str], start: int, target: str, shape: tuple[int, ...]
+) -> list[tuple[int, str]]:
+    """Worker: decode files start.. into rows of the memory-mapped array; return the failures."""
+    images = np.memmap(target, dtype=np.uint8, mode="r+", shape=shape)
+    failed = []
+    for offset, path in enumerate(paths):
+        try:
+            images[start + offset] = load_image(path, shape[-1], shape[1])
+        except Exception as e:  # PIL raises many kinds for damaged files; every one is a skip
+            failed.append((start + offset, f"{type(e).__name__}: {e}".splitlines()[0][:200]))
+    images.flush()
+    return failed
+
+
+def cache_key(index: FolderIndex, size: int, channels: int) -> str:
+    """What the cached array depends on: every file's name, size and time, and the stored size."""
+    digest = hashlib.sha256(repr((CACHE_FORMAT, size, channels, index.classes)).encode())
+    for name, label in zip(index.files, index.labels, strict=True):
+        stat = os.stat(index.root / name)
+        digest.update(f"{name}\0{label}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class CachedFolder:
+    """A folder's decoded images (memory-mapped uint8 tensor), labels, classes and skips."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: list[str]
+    skipped: list[dict[str, str]]
+    path: Path
+
+
+def _open(folder: Path) -> CachedFolder:
+    meta = json.loads((folder / "meta.json").read_text())
+    count, shape = meta["count"], tuple(meta["shape"])
+    images = torch.from_file(
+        str(folder / "images.u8"), shared=False, size=count * int(np.prod(shape)), dtype=torch.uint8
+    ).view(count, *shape)
+    labels = torch.from_numpy(np.load(folder / "labels.npy"))
+    return CachedFolder(images, labels, meta["classes"], meta["skipped"], folder)
+
+
+def cached_folder(
+    root: Path, size: int, channels: int, cache_dir: Path, workers: int | None = None
+) -> CachedFolder:
+    """The folder decoded once into ``cache_dir`` (reused while its files are unchanged)."""
+    index = scan(root)
+    key = cache_key(index, size, channels)
+    folder = cache_dir / f"folder-{root.name}-{size}px-{key}"
+    if (folder / "meta.json").is_file():
+        return _open(folder)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    building = folder.with_name(folder.name + f".building-{os.getpid()}")
+    building.mkdir(parents=True, exist_ok=True)
+    shape = (len(index.files), channels, size, size)
+    target = building / "images.u8"
+    np.memmap(target, dtype=np.uint8, mode="w+", shape=shape).flush()
+    paths = [str(index.root / f) for f in index.files]
+    workers = max(1, workers or os.cpu_count() or 1)
+    chunk = max(64, min(4096, len(paths) // (workers * 8) or 1))
+    failed: list[tuple[int, str]] = []
+    from rich.progress import Progress
+
+    with Progress(transient=True) as progress, ProcessPoolExecutor(workers) as pool:
+        task = progress.add_task(f"decoding {root} once ({size} px)", total=len(paths))
+        jobs = {
+            pool.submit(_decode_into, paths[i : i + chunk], i, str(target), shape): len(
+                paths[i : i + chunk]
+            )
+            for i in range(0, len(paths), chunk)
+        }
+        for job in as_completed(jobs):
+            failed += job.result()
+            progress.advance(task, jobs[job])
+    keep = np.setdiff1d(np.arange(len(paths)), [i for i, _ in failed])
+    if failed:  # compact: the cache holds the readable images only
+        images = np.memmap(target, dtype=np.uint8, mode="r+", shape=shape)
+        for row, source in enumerate(keep):
+            images[row] = images[source]
+        images.flush()
+        del images
+        os.truncate(target, len(keep) * int(np.prod(shape[1:])))
+    skipped = [{"file": index.files[i], "reason": reason} for i, reason in sorted(failed)]
+    np.save(building / "labels.npy", np.asarray(index.labels, dtype=np.int64)[keep])
+    meta = {"count": len(keep), "shape": list(shape[1:]), "classes": index.classes}
+    meta.update(root=str(root), files=len(paths), skipped=skipped, format=CACHE_FORMAT)
+    (building / "meta.json").write_text(json.dumps(meta, indent=1))
+    try:
+        building.rename(folder)  # another process may have finished the same cache first
+    except OSError:
+        shutil.rmtree(building, ignore_errors=True)
+    return _open(folder)

@@ -238,6 +238,7 @@ def test_image_folder_whose_classes_disagree_with_num_classes(tmp_path, capsys):
         [
             "data=image_folder",
             f"data.source.root={tmp_path / 'images'}",
+            f"data.source.cache_dir={tmp_path / 'cache'}",
             "data.num_classes=5",
             "model.num_classes=5",
             "data.num_workers=0",

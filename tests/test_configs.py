@@ -69,6 +69,7 @@ def data_fixture(option: str, tmp_path: Path) -> list[str]:
         write_png_folder(tmp_path / "images")
         return [
             f"data.source.root={tmp_path / 'images'}",
+            f"data.source.cache_dir={tmp_path / 'cache'}",
             "data.num_classes=3",
             "data.batch_size=4",
             "data.num_workers=0",
@@ -85,13 +86,13 @@ def test_data_option_instantiates_and_loads(option, tmp_path):
     dm.prepare_data()
     dm.setup("fit")
     images, labels = next(iter(dm.train_dataloader()))
-    assert images.dtype.is_floating_point is False and tuple(images.shape[1:]) == tuple(
-        cfg.data.image_shape
-    )
+    assert images.dtype == torch.uint8 and images.shape[1] == cfg.data.image_shape[0]
     assert int(labels.max()) < cfg.data.num_classes
-    # The model reads the image shape and class count from the data config: no number written twice.
+    # The model reads the image shape and class count from the data config: no number written
+    # twice; images stored larger (an image folder's) reach it at that shape.
     model = build(cfg.model, "model")
     x, _ = dm.on_after_batch_transfer((images, labels), 0)
+    assert tuple(x.shape[1:]) == tuple(cfg.data.image_shape) and x.dtype == torch.float32
     assert model(x).shape == (images.shape[0], cfg.data.num_classes)
 
 
@@ -131,7 +132,8 @@ def test_plumbing_options_instantiate(group, tmp_path):
 @pytest.mark.parametrize("option", options("debug") + options("experiment"))
 def test_overlays_compose_and_instantiate(option, tmp_path):
     group = "debug" if option in options("debug") else "experiment"
-    cfg = make_cfg(tmp_path, [f"{group}={option}"])
+    folder = data_fixture("image_folder", tmp_path) if option.startswith("folder_") else []
+    cfg = make_cfg(tmp_path, [f"{group}={option}", *folder])
     resolve_precision(cfg.trainer)
     check_all(cfg)
     build(cfg.data, "data")

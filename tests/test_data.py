@@ -379,6 +379,7 @@ def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache):
         [
             "data=image_folder",
             f"data.source.root={tmp_path / 'images'}",
+            f"data.source.cache_dir={tmp_path / 'cache'}",
             f"data.source.cache={cache}",
             "data.source.size=20",
             "data.image_shape=[3,16,16]",

@@ -241,13 +241,14 @@ def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
         metrics["val/fid_floor"] < metrics["val/fid"]
     )  # real vs real beats an untrained generator
     # The extractor stays out of the GAN's checkpoint.
-    ckpt = torch.load(summary_of(cfg)["best_checkpoint"], weights_only=True)
+    best = summary_of(cfg)["best_checkpoint"]
+    ckpt = torch.load(best, weights_only=True)
     assert not any("inception" in k or "extractor" in k for k in ckpt["state_dict"])
     # eval.py recomputes FID with the same extractor and writes a grid and N images.
     eval_cfg = make_cfg(
         tmp_path / "eval",
         [
-            f"ckpt_path={summary_of(cfg)['best_checkpoint']}",
+            f"ckpt_path={best}",
             "generate=10",
             "extras.print_config=false",
         ],
@@ -258,16 +259,16 @@ def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
     assert tag.replace("val/", "test/") in evaluated["metrics"]
     # eval returns the objective's test metric, and a GAN's FID from eval is reproducible.
     assert value == evaluated["metrics"]["test/fid"]
-    again = make_cfg(
-        tmp_path / "again",
-        [f"ckpt_path={summary_of(cfg)['best_checkpoint']}", "extras.print_config=false"],
-        config_name="eval",
-    )
-    assert eval_task(again) == value
     out = Path(eval_cfg.paths.output_dir)
     assert (out / "samples" / "test.png").is_file() and len(
         list((out / "generated").glob("*.png"))
     ) == 10
+    again = make_cfg(
+        tmp_path / "again",
+        [f"ckpt_path={best}", "extras.print_config=false"],
+        config_name="eval",
+    )
+    assert eval_task(again) == value
 
 
 def test_fid_extractor_of_the_wrong_kind(tmp_path, capsys):

@@ -44,7 +44,9 @@ def cpu_has_native_bf16() -> bool:
 
 
 def on_gpu(accelerator: str) -> bool:
-    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    """Whether the run computes on a CUDA GPU (a GPU asked for on a machine without one is
+    refused later, by litlab.config.check_hardware, with what to use instead)."""
+    return accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
 
 
 def fastest_precision(accelerator: str) -> tuple[str, str]:

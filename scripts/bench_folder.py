@@ -1,0 +1,204 @@
+"""P2 folder rows: a folder of JPEG files through torchvision's per-sample pipeline and litlab's.
+
+    python scripts/make_image_folder.py .data/fashion64 --size 64 --rgb --limit 20000
+    python scripts/bench_folder.py .data/fashion64 --size 64
+    python scripts/make_image_folder.py .data/fashion400 --size 400 --rgb --jitter 0.25 --limit 2000
+    python scripts/bench_folder.py .data/fashion400 --size 224 --stored 256 --epochs 1
+
+The same files (``<folder>/train/<class>/*.jpg``), batch 128, a random resized crop (area 0.35-1)
+and flip per image at --size, normalized float batches on --device:
+- torchvision: ``datasets.ImageFolder`` + PIL + ``RandomResizedCrop`` + ``RandomHorizontalFlip``
+  + ToTensor/Normalize (v2), ``DataLoader(num_workers=<cores>)``: every epoch decodes every file;
+- litlab, cold: ``data=image_folder`` with an empty cache: every file decoded once (all cores,
+  at --stored px) into the memory-mapped cache, then the epochs from it (crops on the device);
+- litlab, warm: the same once the cache exists (every later run on the folder);
+- litlab, files: ``data.source.cache=false``: decoded at --stored px by DataLoader workers every
+  epoch (PIL's reduced-scale JPEG decoding), crops on the device.
+Rows: (a) data path, seconds for --epochs epochs; (b) end to end, seconds for --epochs epochs of
+Lightning training litlab's SmallCNN (width 16) through each path. Medians of --repeats rounds,
+the sides of a round back to back in alternating order. Results: docs/benchmarks.md, "P2 folders".
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+
+import benchlib
+import lightning as L
+import torch
+import torchvision
+from benchlib import sync
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from litlab.data import DataModule, ImageFolder
+from litlab.models import ImageClassifier
+from litlab.nets import SmallCNN
+
+BATCH = 128
+MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
+SIDES = ("torchvision", "litlab, cold cache", "litlab, warm cache", "litlab, files")
+
+
+def torchvision_loader(root: Path, size: int, workers: int) -> DataLoader:
+    transform = v2.Compose(
+        [
+            v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(MEAN, STD),
+        ]
+    )
+    dataset = torchvision.datasets.ImageFolder(str(root / "train"), transform=transform)
+    return DataLoader(
+        dataset, BATCH, shuffle=True, drop_last=True, num_workers=workers, persistent_workers=True
+    )
+
+
+def litlab_datamodule(root: Path, size: int, stored: int, cache: Path | None, workers: int):
+    source = ImageFolder(
+        str(root),
+        size=stored,
+        cache=cache is not None,
+        cache_dir=str(cache or "."),
+        workers=workers,
+    )
+    datamodule = DataModule(
+        source,
+        image_shape=[3, size, size],
+        num_classes=len([p for p in (root / "train").iterdir() if p.is_dir()]),
+        mean=MEAN,
+        std=STD,
+        batch_size=BATCH,
+        val_fraction=0.01,
+        hflip=True,
+        random_resized_crop=[0.35, 1.0],
+        loader="auto",
+        num_workers=workers,
+    )
+    datamodule.prepare_data()  # the decode of a cold cache
+    datamodule.setup()
+    return datamodule
+
+
+def batches(loader: Iterable, datamodule: DataModule | None, device: torch.device) -> int:
+    """Run through one epoch of normalized float batches on the device; return the images."""
+    count = 0
+    for batch in loader:
+        images = batch[0].to(device, non_blocking=True)
+        if datamodule is not None:  # litlab's per-batch crop, flip and normalization
+            images = datamodule.transform(images, train=True)
+        count += len(images)
+    sync(device)
+    return count
+
+
+def train(make: Callable[[], tuple], device: torch.device, epochs: int) -> None:
+    """Lightning trains SmallCNN(width=16) for the epochs on the loader or DataModule."""
+    torch.manual_seed(0)
+    loader, datamodule = make()
+    model = ImageClassifier(
+        SmallCNN(3, 10, width=16), partial(torch.optim.AdamW, lr=3e-3), num_classes=10
+    )
+    trainer = L.Trainer(
+        accelerator=device.type if device.type == "cuda" else "cpu",
+        devices=1,
+        precision="bf16-mixed" if device.type == "cuda" else "32-true",
+        max_epochs=epochs,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    if datamodule is not None:
+        trainer.fit(model, datamodule=datamodule)
+    else:
+        trainer.fit(model, train_dataloaders=loader)
+
+
+def main() -> None:
+    parser = benchlib.arguments(__doc__, repeats=1, data_dir=False)
+    parser.add_argument(
+        "folder", type=Path, help="a folder with train/<class>/ (make_image_folder.py)"
+    )
+    parser.add_argument("--size", type=int, default=64, help="crop side the model sees")
+    parser.add_argument("--stored", type=int, help="litlab's stored side (default: 1.15 x size)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    device = benchlib.start(args)
+    stored = args.stored or round(args.size * 1.15)
+    scratch = Path(tempfile.mkdtemp(prefix="litlab-bench-folder-"))
+    warm_cache = scratch / "warm"
+    litlab_datamodule(args.folder, args.size, stored, warm_cache, args.workers)  # built once
+
+    def side(name: str) -> Callable[[], tuple]:
+        def make() -> tuple:
+            if name == "torchvision":
+                return torchvision_loader(args.folder, args.size, args.workers), None
+            if name == "litlab, cold cache":
+                cold = scratch / "cold"
+                shutil.rmtree(cold, ignore_errors=True)
+                datamodule = litlab_datamodule(args.folder, args.size, stored, cold, args.workers)
+            elif name == "litlab, warm cache":
+                datamodule = litlab_datamodule(
+                    args.folder, args.size, stored, warm_cache, args.workers
+                )
+            else:
+                datamodule = litlab_datamodule(args.folder, args.size, stored, None, args.workers)
+            return datamodule.train_dataloader(), datamodule
+
+        return make
+
+    def measure(name: str) -> Callable[[bool], dict[str, float]]:
+        make = side(name)
+
+        def run(warm_up: bool) -> dict[str, float]:
+            epochs = 1 if warm_up else args.epochs
+            start = time.perf_counter()
+            loader, datamodule = make()
+            images = sum(batches(loader, datamodule, device) for _ in range(epochs))
+            data_s = time.perf_counter() - start
+            start = time.perf_counter()
+            train(make, device, epochs)
+            return {"data s": data_s, "images": images, "e2e s": time.perf_counter() - start}
+
+        return run
+
+    results = benchlib.medians(benchlib.interleaved({n: measure(n) for n in SIDES}, args.repeats))
+    base = results["torchvision"]
+    rows = [
+        [
+            name,
+            f"{m['data s']:.1f}",
+            f"{m['images'] / m['data s']:,.0f}",
+            f"{base['data s'] / m['data s']:.2f}",
+            f"{m['e2e s']:.1f}",
+            f"{base['e2e s'] / m['e2e s']:.2f}",
+        ]
+        for name, m in results.items()
+    ]
+    header = [
+        "side",
+        f"data path s ({args.epochs} ep)",
+        "img/s",
+        "x faster",
+        "end to end s",
+        "x faster",
+    ]
+    print(f"\n{args.folder}: crops of {args.size} px (litlab stores {stored} px), batch {BATCH}")
+    print(benchlib.table(header, rows))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

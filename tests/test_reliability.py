@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import REPO, make_cfg, run_cli, summary_of
+from litlab import rng
 from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
 from litlab.config import build
 from litlab.errors import CheckpointError
@@ -111,6 +112,9 @@ def test_gan_under_ddp_ranks_draw_their_own_noise_and_resume_bit_identically(tmp
     ranks = [torch.load(tmp_path / "a" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     for z0, z1 in zip(ranks[0]["train"], ranks[1]["train"], strict=True):
         assert z0.shape == z1.shape and not torch.equal(z0, z1)  # every batch, D's and G's noise
+    for r, rank in enumerate(ranks):  # from the rank's own stream, not the global generator
+        expected = torch.randn(32, 100, generator=rng.stream(42, r, "train", 0))
+        assert torch.equal(rank["train"][0], expected), f"rank {r}"
     fid = [torch.cat(rank["fid"]).unique(dim=0) for rank in ranks]
     # 64 test images -> N = 64 generated images per evaluation: 32 latents per rank, reused for
     # G_ema and G and at every evaluation, none shared between the ranks.

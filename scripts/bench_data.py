@@ -130,19 +130,8 @@ def end_to_end(
         num_classes=10,
     )
     timer = EpochTimer()
-    trainer = L.Trainer(
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
-        precision="bf16-mixed" if device.type == "cuda" else "32-true",
-        max_epochs=1,
-        limit_train_batches=limit,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=[timer],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = benchlib.bare_trainer(
+        device, max_epochs=1, limit_train_batches=limit, callbacks=[timer]
     )
     if path == PATHS[2]:  # through the DataModule, which makes the DeviceLoader on the run's device
         trainer.fit(model, datamodule=datamodule)

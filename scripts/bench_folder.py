@@ -30,7 +30,6 @@ from functools import partial
 from pathlib import Path
 
 import benchlib
-import lightning as L
 import torch
 import torchvision
 from benchlib import sync
@@ -107,18 +106,7 @@ def train(make: Callable[[], tuple], device: torch.device, epochs: int) -> None:
     model = ImageClassifier(
         SmallCNN(3, 10, width=16), partial(torch.optim.AdamW, lr=3e-3), num_classes=10
     )
-    trainer = L.Trainer(
-        accelerator=device.type if device.type == "cuda" else "cpu",
-        devices=1,
-        precision="bf16-mixed" if device.type == "cuda" else "32-true",
-        max_epochs=epochs,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = benchlib.bare_trainer(device, max_epochs=epochs)
     if datamodule is not None:
         trainer.fit(model, datamodule=datamodule)
     else:

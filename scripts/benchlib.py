@@ -235,6 +235,23 @@ def litlab_run(overrides: Sequence[str]) -> tuple[float, dict[str, Any]]:
     return seconds, summary
 
 
+def bare_trainer(device: torch.device, **kwargs: Any) -> L.Trainer:
+    """A Trainer with the loop alone, as benchmarks time it: one device in trainer=gpu's
+    precision there (32-true on CPU); no validation, logger, checkpoints, bar or summary."""
+    return L.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
+        precision="bf16-mixed" if device.type == "cuda" else "32-true",
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
+
+
 def autocast(cfg: DictConfig, device: torch.device) -> torch.autocast:
     """The autocast the config's trainer.precision runs under (32-true: off; auto: as litlab
     resolves it on this machine)."""

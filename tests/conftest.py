@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -32,6 +33,9 @@ TINY_GAN_DATA = [
     "model.discriminator.width=8",
 ]
 TINY_GAN = ["model=dcgan", *TINY_GAN_DATA]
+# A test run's console: no config tree, no progress bar (and with QUIET_CSV, CSV logs only).
+QUIET = ["extras.print_config=false", "callbacks.progress_bar=null"]
+QUIET_CSV = [*QUIET, "logger=csv"]
 
 
 @pytest.fixture(autouse=True)
@@ -55,6 +59,17 @@ def make_cfg(tmp_path: Path, overrides: list[str] = (), config_name: str = "trai
         cfg.paths.data_dir = str(tmp_path / "data")
     HydraConfig.instance().set_config(cfg)
     return cfg
+
+
+def bare_trainer(**kwargs) -> L.Trainer:
+    """Lightning's Trainer with the loop alone: no logger, checkpoints, progress bar or summary."""
+    defaults = dict(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    return L.Trainer(**{**defaults, **kwargs})
 
 
 def run_cli(

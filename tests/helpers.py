@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import lightning as L
 import torch
@@ -84,20 +85,31 @@ class CaptureNoise(Callback):
         torch.save(state, self.folder / f"rank{trainer.global_rank}.pt")
 
 
-class SleepIn(Callback):
-    """Sleeps in the hooks that are not training: validation's end (where FID runs) and every
-    checkpoint save, so that a clock counting them as training shows it."""
+class ProbeTrainingClock(Callback):
+    """Records whether the Throughput callback's training clock runs: inside training batches,
+    at validation's end (where FID runs) and while a checkpoint is saved. Listed after the
+    default callbacks, so it sees their hooks' effect."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    last: ClassVar[dict[str, list[bool]]] = {}  # the newest instance's records
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[bool]] = {"batch": [], "validation end": [], "saving": []}
+        ProbeTrainingClock.last = self.seen
+
+    def _running(self, trainer) -> bool | None:
+        from litlab.callbacks import Throughput
+
+        (throughput,) = [c for c in trainer.callbacks if isinstance(c, Throughput)]
+        clock = throughput._clocks.get("train")
+        return None if clock is None else clock.running
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx >= 5:  # after the warm-up
+            self.seen["batch"].append(self._running(trainer))
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        import time
-
         if not trainer.sanity_checking:
-            time.sleep(self.seconds)
+            self.seen["validation end"].append(self._running(trainer))
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        import time
-
-        time.sleep(self.seconds)
+        self.seen["saving"].append(self._running(trainer))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import QUIET_CSV as QUIET
 from conftest import make_cfg, run_cli, write_idx_dataset, write_png_folder
 from litlab.evaluate import eval_task
 from litlab.train import train_task
@@ -58,9 +59,6 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
     summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     assert summary["status"] == "failed" and needle in summary["error"]
     return summary
-
-
-QUIET = ["extras.print_config=false", "logger=csv"]
 
 
 @pytest.mark.parametrize(

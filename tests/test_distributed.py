@@ -13,15 +13,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import REPO, make_cfg, run_cli
+from conftest import QUIET, REPO, make_cfg, run_cli
 from litlab.config import build, check_hardware
-from litlab.distributed import checkpoint_folder, rank0_dir, run_dir, strategy_for
+from litlab.distributed import rank0_dir, strategy_for
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
 from litlab.models import GAN, ImageClassifier
+from litlab.resume import checkpoint_folder, run_dir
 from wandb_records import offline_run
 
-QUIET = ["extras.print_config=false", "callbacks.progress_bar=null"]
 SYNTH = [
     "data=synthetic",
     "data.image_shape=[1,16,16]",

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import TINY_GAN_DATA, make_cfg, run_cli, summary_of
+from conftest import QUIET_CSV as QUIET
+from conftest import TINY_GAN_DATA, bare_trainer, make_cfg, run_cli, summary_of
 from litlab import rng
 from litlab.config import check_augmentation
 from litlab.errors import ConfigError
@@ -21,7 +21,6 @@ from litlab.models.gan import GAN, batch_statistics, gradient_penalty
 from litlab.nets import Discriminator, Generator
 from litlab.train import train_task
 
-QUIET = ["extras.print_config=false", "callbacks.progress_bar=null", "logger=csv"]
 SMALL = [
     *TINY_GAN_DATA,
     "callbacks.fid.num_samples=64",
@@ -470,15 +469,7 @@ def test_discriminator_sees_real_and_generated_images_augmented_alike(policy):
     seen: list[torch.Tensor] = []
     gan.discriminator.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
     data = TensorDataset(torch.rand(16, 1, 16, 16), torch.zeros(16, dtype=torch.long))
-    trainer = L.Trainer(
-        max_epochs=1,
-        limit_train_batches=1,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = bare_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0)
     trainer.fit(gan, DataLoader(data, batch_size=16))
     assert len(seen) == 3  # D's step: real, generated; G's step: generated
     holes = [int((images == 0).flatten(1).sum(1).min()) for images in seen]

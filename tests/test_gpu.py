@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, make_cfg, needs_cuda, summary_of
+from conftest import QUIET_CSV, REPO, make_cfg, needs_cuda, summary_of
 from litlab.evaluate import eval_task
 from litlab.train import train_task
 
 pytestmark = [pytest.mark.gpu, needs_cuda]
 
-QUIET = ["extras.print_config=false", "callbacks.progress_bar=null", "logger=csv", "trainer=gpu"]
+QUIET = [*QUIET_CSV, "trainer=gpu"]
 CLF = [
     "data=synthetic",
     "data.image_shape=[3,32,32]",

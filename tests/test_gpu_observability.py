@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_cfg, needs_cuda, summary_of
+from conftest import QUIET_CSV, make_cfg, needs_cuda, summary_of
 from litlab.train import train_task
 
 pytestmark = [pytest.mark.gpu, needs_cuda]
 
-QUIET = ["extras.print_config=false", "callbacks.progress_bar=null", "logger=csv", "test=false"]
+QUIET = [*QUIET_CSV, "test=false"]
 
 
 def resnet50(batch: int, batches_per_epoch: int) -> list[str]:

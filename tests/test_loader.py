@@ -12,13 +12,12 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
-from conftest import make_cfg, needs_cuda, summary_of
+from conftest import QUIET as FAST
+from conftest import bare_trainer, make_cfg, needs_cuda, summary_of
 from litlab.config import build
 from litlab.data import DataModule, DeviceLoader, Source
 from litlab.data.loader import ShardSampler
 from litlab.train import train_task
-
-FAST = ["extras.print_config=false", "callbacks.progress_bar=null"]
 
 
 def indexed(n: int) -> tuple[Tensor, Tensor]:
@@ -165,15 +164,12 @@ def fit(tmp_path: Path, callbacks: list[Callback], ckpt_path: str | None = None)
     that a batch's hash depends on the loader alone)."""
     small = ["data.source.size=12", "model.net.width=4", "model.scheduler=null"]
     cfg = make_cfg(tmp_path, ["data.translate=0", "data.batch_size=128", *small])
-    trainer = L.Trainer(
+    trainer = bare_trainer(
         accelerator="cpu",
         max_epochs=2,
         callbacks=callbacks,
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
         num_sanity_val_steps=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(build(cfg.model, "model"), build(cfg.data, "data"), ckpt_path=ckpt_path)
@@ -244,16 +240,8 @@ class RecordLabels(L.LightningModule):
 def test_ddp_ranks_train_on_disjoint_shards_of_each_epoch(tmp_path):
     dm = DataModule(Indexed(), [1, 4, 4], 200, mean=[0.0], std=[1.0], batch_size=8)
     dm.setup()
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp_spawn",
-        max_epochs=2,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
+    trainer = bare_trainer(
+        accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=2, limit_val_batches=0
     )
     trainer.fit(RecordLabels(str(tmp_path)), dm)
     records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, make_cfg, run_cli, summary_of
+from conftest import QUIET, REPO, make_cfg, run_cli, summary_of
 from litlab import rng
 from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
 from litlab.config import build
@@ -23,7 +23,6 @@ from litlab.errors import CheckpointError
 from litlab.metrics.fid import domain_classifier
 from litlab.train import train_task
 
-QUIET = ["extras.print_config=false", "callbacks.progress_bar=null"]
 CLF = ["data.batch_size=128", "trainer.max_epochs=4", "model.net.width=8", "logger=csv", *QUIET]
 GAN_MODEL = [
     "model=dcgan",

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import QUIET_CSV as QUIET
 from conftest import TINY_GAN_DATA, make_cfg, summary_of
 from litlab.evaluate import eval_task
 from litlab.train import train_task
 
-QUIET = ["extras.print_config=false", "callbacks.progress_bar=null", "logger=csv"]
 SMALL = [
     "data=synthetic",
     "data.image_shape=[3,16,16]",

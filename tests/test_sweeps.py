@@ -12,10 +12,8 @@ import optuna
 import pytest
 import yaml
 
-from conftest import REPO, run_cli
+from conftest import QUIET, REPO, run_cli
 from wandb_records import offline_run
-
-QUIET = ["extras.print_config=false", "callbacks.progress_bar=null"]
 
 
 def sweep_dirs(root: Path) -> list[Path]:

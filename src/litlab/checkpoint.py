@@ -82,21 +82,3 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-
-
-def check_resumable(
-    checkpoint: dict[str, Any], path: str | Path, model_target: str, max_epochs: int | None
-) -> None:
-    """Refuse to resume from a checkpoint of another model family, or past the run's end."""
-    trained = stored_config(checkpoint, path).model.get("_target_")
-    if trained != model_target:
-        raise CheckpointError(
-            f"{path} holds a {trained} but this run builds a {model_target}; pick the matching "
-            "model (e.g. model=dcgan for a GAN checkpoint) or another checkpoint"
-        )
-    epoch = int(checkpoint.get("epoch", 0))
-    if max_epochs is not None and max_epochs >= 0 and epoch >= max_epochs:
-        raise CheckpointError(
-            f"{path} is already at epoch {epoch} and trainer.max_epochs={max_epochs}; "
-            f"set trainer.max_epochs above {epoch} to train further"
-        )

@@ -1,19 +1,179 @@
-"""Every touch of a framework's private parts, each with why no public API serves and the
-version it was checked against. tests/test_compat.py fails when one of them changes, so that an
-upgrade breaks a test here rather than a user's run."""
+"""Every touch of a framework's private parts, in one place.
+
+Each function says why no public API serves and the version it was checked against (Lightning
+2.6.6, torch 2.14.1, OmegaConf 2.3, wandb 0.31). tests/test_compat.py exercises every one of
+them, so that an upgrade that changes one breaks a test here rather than a user's run.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
 import lightning as L
+import torch
+from omegaconf import DictConfig
+
+# -- Lightning ---------------------------------------------------------------------------------
 
 
 def stop_at_batch_end(trainer: L.Trainer) -> None:
     """Make Lightning stop training after the current batch as it does for SIGTERM: it raises
     SIGTERMException once the batch's bookkeeping is done, and callbacks see it in on_exception.
 
-    Private: Lightning 2.6's ``trainer._signal_connector.received_sigterm`` (the flag its SIGTERM
-    handler sets; ``trainer.should_stop`` instead ends the fit as finished, without the exception
-    that marks a preemption). Lightning's own handler is not used under DDP: it broadcasts from
-    inside the signal handler, and only the signalled rank raises, so ranks deadlock.
+    ``trainer._signal_connector.received_sigterm`` is the flag Lightning's SIGTERM handler sets;
+    ``trainer.should_stop`` instead ends the fit as finished, without the exception that marks a
+    preemption. (Lightning's own handler is not used under DDP: it broadcasts from inside the
+    signal handler, and only the signalled rank raises, so ranks deadlock.)
     """
     trainer._signal_connector.received_sigterm = True
+
+
+def _child_observer_class() -> type:
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    class JobObserver(_ChildProcessObserver):
+        """Lightning's watcher of the rank processes it started, with a grace period: the
+        SIGKILL of every process waits until ``grace_s`` has passed without the main process
+        leaving the job (a job whose ranks all fail is then failed by the main process)."""
+
+        def __init__(self, *args: Any, grace_s: float = 60, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.job_over = threading.Event()
+            self.grace_s = grace_s
+
+        def _run(self) -> bool:
+            return self.job_over.is_set() or super()._run()
+
+        def _terminate_all(self) -> None:
+            if not self.job_over.wait(self.grace_s):  # still in the job: hung, as feared
+                super()._terminate_all()
+
+    return JobObserver
+
+
+@contextmanager
+def rank_watchers_with_grace(grace_s: float = 60) -> Iterator[list[Any]]:
+    """While the block runs, Lightning's script launcher watches the rank processes it starts
+    with a grace period (see _child_observer_class). Lightning kills every process, the main
+    one included, as soon as a rank exits with an error; a sweep (run by the main process)
+    would lose its later jobs. No public switch exists: the launcher module's private
+    ``_launch_process_observer`` is replaced for the block (absent: Lightning's default)."""
+    import lightning.pytorch.strategies.launchers.subprocess_script as script_launcher
+
+    started: list[Any] = []
+    original = getattr(script_launcher, "_launch_process_observer", None)
+    observer_class = _child_observer_class()
+
+    def launch(child_processes: list[subprocess.Popen]) -> None:
+        observer = observer_class(
+            main_pid=os.getpid(), child_processes=child_processes, grace_s=grace_s
+        )
+        observer.start()
+        started.append(observer)
+
+    if original is not None:
+        script_launcher._launch_process_observer = launch
+    try:
+        yield started
+    finally:
+        if original is not None:
+            script_launcher._launch_process_observer = original
+        for observer in started:
+            observer.job_over.set()
+
+
+def flat_hyperparameters(params: dict[str, Any]) -> dict[str, Any]:
+    """A nested config as flat "a.b.c" keys with loggable values, as Lightning's loggers make
+    them (its ``_convert_params``/``_flatten_dict``: private, and the same rules for W&B)."""
+    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+
+    return _flatten_dict(_convert_params(params), delimiter=".")
+
+
+def appending_csv_logger() -> type:
+    """Lightning's CSVLogger whose writer keeps an existing metrics.csv (a resumed run appends
+    to it). Its ExperimentWriter deletes the file in the private ``_check_log_dir_exists``, with
+    no option, and the logger makes its writer in ``experiment`` from private ``_fs`` and
+    ``_experiment``: both are replaced here."""
+    import csv
+
+    from lightning.pytorch.loggers import csv_logs
+    from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+    class AppendingWriter(csv_logs.ExperimentWriter):
+        def _check_log_dir_exists(self) -> None:
+            if self._fs.isfile(self.metrics_file_path):
+                with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                    self.metrics_keys = next(csv.reader(f), [])  # old columns stay; rows append
+
+    class CSVLogger(csv_logs.CSVLogger):
+        """Lightning's CSVLogger that keeps the history of a resumed run (same run folder)."""
+
+        @property
+        @rank_zero_experiment
+        def experiment(self) -> csv_logs.ExperimentWriter:
+            if self._experiment is None:
+                self._fs.makedirs(self.root_dir, exist_ok=True)
+                self._experiment = AppendingWriter(log_dir=self.log_dir)
+            return self._experiment
+
+    return CSVLogger
+
+
+# -- W&B (through Lightning's WandbLogger) -------------------------------------------------------
+
+
+def wandb_init_arguments(logger: Any) -> dict[str, Any]:
+    """The keyword arguments WandbLogger will pass to ``wandb.init`` (its private
+    ``_wandb_init``): litlab switches a failed online start to offline there, and drops
+    Lightning's ``anonymous=None``; the logger has no public way to change them once built."""
+    return logger._wandb_init
+
+
+def wandb_started(logger: Any) -> bool:
+    """Whether the W&B run exists (reading ``logger.experiment`` would start one)."""
+    return logger._experiment is not None
+
+
+# -- OmegaConf -------------------------------------------------------------------------------------
+
+
+def config_node(cfg: DictConfig, key: str) -> Any:
+    """``cfg[key]`` as a node, without resolving interpolations or ``???`` (``_get_node``;
+    OmegaConf's public getters resolve, and a config is checked before it resolves)."""
+    return cfg._get_node(key)
+
+
+def is_none_node(node: Any) -> bool:
+    """Whether a config node holds None (``_is_none``; OmegaConf.is_none needs the parent)."""
+    return node._is_none()
+
+
+# -- torch -----------------------------------------------------------------------------------------
+
+
+def one_cycle_phases(scheduler: torch.optim.lr_scheduler.OneCycleLR) -> list[dict[str, Any]]:
+    """OneCycleLR's phases (dicts with ``end_step``): the constructor computes them from
+    total_steps and keeps them in the private ``_schedule_phases``; changing a running
+    schedule's length means changing them there."""
+    return scheduler._schedule_phases
+
+
+def cpu_probe_bf16() -> bool:
+    """torch's probe for AVX512-BF16 (``torch.cpu._is_avx512_bf16_supported``; no public one),
+    used where /proc/cpuinfo does not exist."""
+    probe: Callable[[], bool] | None = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(probe and probe())
+
+
+def ema_update(ema: Sequence[torch.Tensor], current: Sequence[torch.Tensor], decay: Any) -> None:
+    """ema <- decay * ema + (1 - decay) * current for every tensor, in multi-tensor kernels, with
+    ``decay`` a device tensor (no host sync): ``torch._foreach_mul_``/``_foreach_add_``, as
+    torch's own swa_utils EMA uses; there is no public multi-tensor op."""
+    torch._foreach_mul_(list(ema), decay)
+    torch._foreach_add_(list(ema), torch._foreach_mul(list(current), 1.0 - decay))

@@ -1,8 +1,11 @@
 """Config location, validation against the constructors' signatures, and instantiation.
 
-Only this module and the task files know Hydra. Every object is built with
-``hydra.utils.instantiate``; before that, each ``_target_`` node is checked against the
-signature of what it builds, so a typo or a wrong type fails with one line naming the key.
+Nets, models, data and callbacks know nothing of Hydra. Hydra is known here, by the tasks
+(train, evaluate), by the Hydra callbacks litlab adds (folders, sweep), and where Hydra's
+runtime must be read or changed (the tuners' saved config, multirun x DDP, resume's argv).
+Every object is built with ``build`` (``hydra.utils.instantiate``); before that, each
+``_target_`` node is checked against the signature of what it builds, so a typo or a wrong type
+fails with one line naming the key.
 """
 
 from __future__ import annotations
@@ -19,16 +22,24 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from litlab.distributed import run_dir
+from litlab.compat import config_node, is_none_node
+from litlab.distributed.strategy import strategy_name
 from litlab.errors import ConfigError, LitlabError, first_line
+
+
+def in_sweep() -> bool:
+    """Whether this process runs a job of a Hydra multirun (-m)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def sweep_group() -> str | None:
     """W&B group of a sweep's jobs: "<task>-<sweep folder date>_<time>"; None outside a sweep."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+    if not in_sweep():
         return None
     sweep = Path(HydraConfig.get().sweep.dir)
     return f"{HydraConfig.get().job.name}-{sweep.parent.name}_{sweep.name}"
@@ -37,6 +48,13 @@ def sweep_group() -> str | None:
 def optuna_direction(mode: str) -> str:
     """objective.mode (max/min) in the words Optuna uses (maximize/minimize)."""
     return {"max": "maximize", "min": "minimize"}[mode]
+
+
+def run_dir(base: str, stamp: str) -> str:
+    """hydra.run.dir: litlab.resume.run_dir (imported here when used: it imports this module)."""
+    from litlab.resume import run_dir as folder
+
+    return folder(base, stamp)
 
 
 # cached: the folder is looked at once, and every later read of hydra.run.dir agrees
@@ -89,7 +107,7 @@ def _hint_name(hint: Any) -> str:
 
 
 def _is_target_node(node: Any) -> bool:
-    return isinstance(node, DictConfig) and not node._is_none() and "_target_" in node
+    return isinstance(node, DictConfig) and not is_none_node(node) and "_target_" in node
 
 
 def check_node(node: DictConfig, path: str) -> None:
@@ -115,7 +133,7 @@ def check_node(node: DictConfig, path: str) -> None:
                 k for k, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
             )
             raise ConfigError(f"{path}.{key} is not an option of {target}; known options: {known}")
-        value = node._get_node(key)
+        value = config_node(node, key)
         if _is_target_node(value):
             check_node(value, f"{path}.{key}")
             continue
@@ -171,18 +189,18 @@ def probe_partial(node: DictConfig, path: str, target: Any) -> None:
                 **{k: v for k, v in length.items() if k not in given},
             )
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{path}: {first_line(e)} (from {node._target_})") from e
+        raise ConfigError(f"{path}: {first_line(e)} (from {node['_target_']})") from e
 
 
 def check_all(cfg: DictConfig, path: str = "") -> None:
     """Check every ``_target_`` node below ``cfg`` (outermost first)."""
     try:
         for key in cfg:
-            child = cfg._get_node(key)
+            child = config_node(cfg, key)
             where = f"{path}.{key}" if path else str(key)
             if _is_target_node(child):
                 check_node(child, where)
-            elif isinstance(child, DictConfig) and not child._is_none():
+            elif isinstance(child, DictConfig) and not is_none_node(child):
                 check_all(child, where)
     except LitlabError:
         raise
@@ -209,6 +227,14 @@ def build(node: DictConfig, path: str, **kwargs: Any) -> Any:
         if isinstance(cause, ValueError | MisconfigurationException):
             raise ConfigError(f"{path}: {first_line(cause)}") from cause
         raise
+
+
+def get_class(name: str, path: str) -> type:
+    """A class by its dotted name, or one line naming the config key."""
+    try:
+        return hydra.utils.get_class(name)
+    except Exception as e:
+        raise ConfigError(f"{path}: cannot import {name!r} ({first_line(e)})") from e
 
 
 def require(cfg: DictConfig, key: str, hint: str) -> Any:
@@ -289,8 +315,7 @@ def check_hardware(trainer: DictConfig) -> bool:
             f"trainer.precision={precision} (float16 autocast) needs a GPU; on CPU use "
             "trainer.precision=auto (the fastest this CPU runs natively), 32-true or bf16-mixed"
         )
-    strategy = trainer.get("strategy", "auto")
-    name = strategy if isinstance(strategy, str) else str(strategy.get("_target_", ""))
+    name = strategy_name(trainer.get("strategy", "auto"))
     if on_cpu and "fsdp" in name.lower():
         raise ConfigError("FSDP shards models across CUDA GPUs; on CPU use trainer.strategy=ddp")
     if on_cpu and devices == -1:

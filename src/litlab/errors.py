@@ -1,10 +1,19 @@
 """Errors a user can fix: each carries one line that says what to do."""
 
+import sys
+from typing import NoReturn
+
 
 def first_line(error: BaseException, limit: int = 200) -> str:
     """A library's exception in one short line (its message's first line, or its type)."""
     text = str(error).strip()
     return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
+def fail(message: str) -> NoReturn:
+    """End the process as litlab ends on a user's mistake: one line on stderr, exit status 2."""
+    print(f"litlab: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 class LitlabError(Exception):

@@ -7,13 +7,14 @@ traceback; this check runs first and says what to do instead.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from litlab.errors import fail
 
 
 def _check(folder: str, key: str) -> None:
@@ -23,12 +24,10 @@ def _check(folder: str, key: str) -> None:
         probe.touch()
         probe.unlink()
     except OSError as e:
-        print(
-            f"litlab: error: cannot write the run folder {folder} ({e.strerror or e}); "
-            f"choose a writable place with paths.log_dir=<folder> (or {key}=<folder>)",
-            file=sys.stderr,
+        fail(
+            f"cannot write the run folder {folder} ({e.strerror or e}); "
+            f"choose a writable place with paths.log_dir=<folder> (or {key}=<folder>)"
         )
-        raise SystemExit(2) from e
 
 
 class CheckOutputFolder(Callback):

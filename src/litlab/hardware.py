@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from litlab.compat import cpu_probe_bf16
+
 log = logging.getLogger("litlab")
 
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -38,9 +40,7 @@ def cpu_has_native_bf16() -> bool:
     flags = cpu_flags()
     if flags is not None:
         return any(flag in flags for flag in BF16_CPU_FLAGS)
-    # Not Linux: torch's own probe (private; it has no public one), else assume emulation.
-    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    return bool(probe and probe())
+    return cpu_probe_bf16()  # not Linux: torch's own probe
 
 
 def on_gpu(accelerator: str) -> bool:

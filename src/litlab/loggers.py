@@ -7,7 +7,6 @@ wandb itself is imported only when a W&B logger is actually built.
 from __future__ import annotations
 
 import contextlib
-import csv
 import logging
 import netrc
 import os
@@ -15,11 +14,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
-from lightning.pytorch.loggers import Logger, WandbLogger, csv_logs
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
+from litlab.compat import (
+    appending_csv_logger,
+    flat_hyperparameters,
+    wandb_init_arguments,
+    wandb_started,
+)
 from litlab.errors import first_line
 
 log = logging.getLogger(__name__)
@@ -27,25 +30,8 @@ log = logging.getLogger(__name__)
 Mode = Literal["auto", "online", "offline", "disabled"]
 
 
-class _AppendingWriter(ExperimentWriter):
-    """Lightning's CSV writer, but a resumed run appends to metrics.csv instead of deleting it."""
-
-    def _check_log_dir_exists(self) -> None:
-        if self._fs.isfile(self.metrics_file_path):
-            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
-                self.metrics_keys = next(csv.reader(f), [])  # old columns stay; rows append
-
-
-class CSVLogger(csv_logs.CSVLogger):
-    """Lightning's CSVLogger that keeps the history of a resumed run (same run folder)."""
-
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _AppendingWriter(log_dir=self.log_dir)
-        return self._experiment
+# Lightning's CSVLogger, but a resumed run appends to metrics.csv instead of deleting it.
+CSVLogger = appending_csv_logger()
 
 
 def wandb_credentials() -> bool:
@@ -98,14 +84,15 @@ class LitlabWandbLogger(WandbLogger):
     @property
     @rank_zero_experiment
     def experiment(self) -> Any:
-        if self._experiment is None and self._wandb_init.get("mode") == "online":
+        init = wandb_init_arguments(self)
+        if not wandb_started(self) and init.get("mode") == "online":
             try:
                 return WandbLogger.experiment.fget(self)
             except Exception as e:  # wandb raises CommError, UsageError, timeouts...
                 log.warning(
                     "W&B could not start online (%s); logging offline instead", first_line(e)
                 )
-                self._wandb_init["mode"] = "offline"
+                init["mode"] = "offline"
         return WandbLogger.experiment.fget(self)
 
     _lost = False  # W&B's service process has gone
@@ -125,8 +112,7 @@ class LitlabWandbLogger(WandbLogger):
             log.warning("W&B stopped taking data (%s); training goes on without it", first_line(e))
 
     def log_hyperparams(self, params: dict[str, Any] | Any) -> None:
-        flat = _flatten_dict(_convert_params(params), delimiter=".")
-        self._send(super().log_hyperparams, flat)
+        self._send(super().log_hyperparams, flat_hyperparameters(params))
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         self._send(super().log_metrics, metrics, step)
@@ -167,8 +153,8 @@ def wandb_logger(
     )
     # Lightning passes anonymous=None to wandb.init, which wandb >= 0.19 warns about on every
     # run; not passing it at all means the same.
-    if logger._wandb_init.get("anonymous") is None:
-        logger._wandb_init.pop("anonymous", None)
+    if wandb_init_arguments(logger).get("anonymous") is None:
+        wandb_init_arguments(logger).pop("anonymous", None)
     return logger
 
 
@@ -180,7 +166,7 @@ def finish_loggers(loggers: list[Logger]) -> None:
     never replaces how the run itself ended, and the files written so far stay in place.
     """
     for logger in loggers:
-        if isinstance(logger, WandbLogger) and logger._experiment is not None:
+        if isinstance(logger, WandbLogger) and wandb_started(logger):
             run = logger.experiment
             offline = getattr(run.settings, "mode", "") in ("offline", "dryrun")
             sync_dir = getattr(run.settings, "sync_dir", None)

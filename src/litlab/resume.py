@@ -1,15 +1,21 @@
-"""`python train.py resume=<run folder>`: continue a run in its own folder, config and W&B run.
+"""How a run continues: the one place for `resume=`, requeued cluster jobs and checkpoints.
 
-Hydra has no notion of "continue that run", so the switch is turned into plain Hydra arguments
-before Hydra parses the command line: the folder's saved config as the primary config, the
-folder as the run dir (its .hydra files are left as they are), its newest checkpoint as
-ckpt_path, and its W&B run id. Further overrides on the command line still apply.
+- `python train.py resume=<run folder>` (``resume_argv``): Hydra has no notion of "continue
+  that run", so the switch is turned into plain Hydra arguments before Hydra parses the command
+  line: the folder's saved config as the primary config, the folder as the run dir (its .hydra
+  files are left as they are), its newest checkpoint as ckpt_path, and its W&B run id.
+- A requeued job (SLURM, submitit) runs the same command again: in a SLURM job the run folder is
+  fixed per job (``run_dir``), and a run that starts in a folder holding its own checkpoints
+  continues from the newest (``continue_in_place``) with the values its tuners found.
+- Either way, ``check_resumable`` refuses a checkpoint of another model or past the run's end.
+What a checkpoint restores beyond Lightning's own state (every rank's random generators) and
+the signals that write one are litlab.callbacks.preemption's.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +23,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litlab.checkpoint import load_checkpoint, stored_config
-from litlab.distributed import checkpoint_folder
-from litlab.errors import ConfigError
+from litlab.distributed import global_rank, rank0_dir
+from litlab.errors import CheckpointError, ConfigError, fail
 from litlab.run import config_digest
-from litlab.tune import take_tuned_values
+from litlab.tune import TUNED_KEYS
 
 log = logging.getLogger("litlab")
 
@@ -45,11 +51,6 @@ def wandb_run_id(folder: Path) -> str | None:
     return runs[-1].name.rsplit("-", 1)[-1] if runs else None
 
 
-def _fail(message: str) -> None:
-    print(f"litlab: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def resume_argv(argv: list[str]) -> list[str]:
     """Rewrite `resume=<folder>` into the Hydra arguments that continue that run."""
     picks = [arg for arg in argv[1:] if arg.startswith("resume=")]
@@ -58,12 +59,12 @@ def resume_argv(argv: list[str]) -> list[str]:
     folder = Path(picks[-1].split("=", 1)[1]).expanduser().resolve()
     saved = folder / ".hydra" / "config.yaml"
     if not saved.is_file():
-        _fail(
+        fail(
             f"{folder} is not a litlab run folder (no .hydra/config.yaml); pass resume=<run folder>"
         )
     checkpoint = newest_checkpoint(folder)
     if checkpoint is None:
-        _fail(
+        fail(
             f"{folder} has no checkpoint to resume from (checkpoints/last.ckpt); start a new run instead"
         )
     args = [
@@ -97,7 +98,7 @@ def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
     """A training run that starts in a folder holding its own checkpoints continues from them.
 
     That is a requeued cluster job: SLURM (the run folder is fixed per job, see
-    litlab.distributed.run_dir) or submitit (the sweep folder is fixed) starts the same
+    run_dir) or submitit (the sweep folder is fixed) starts the same
     command again after a preemption. The newest checkpoint and the folder's W&B run are
     picked up, as ``resume=<folder>`` would. Checkpoints of a run with another config are
     never trained over: that is one clear error. Returns the checkpoint it continues from,
@@ -125,3 +126,105 @@ def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
         with open_dict(wandb):
             wandb.id = run_id
     return checkpoint
+
+
+def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> None:
+    """A run continued from a checkpoint uses the values its finders found, without searching
+    again: the switches that are on take their values from the checkpoint's config."""
+    switches = cfg.get("tune") or {}
+    for switch, key in TUNED_KEYS.items():
+        if switches.get(switch):
+            OmegaConf.update(cfg, key, OmegaConf.select(stored, key), merge=False)
+            OmegaConf.update(cfg, f"tune.{switch}", False, merge=False)
+
+
+def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
+    """Refuse to resume from a checkpoint of another model family, or past the run's end."""
+    path, max_epochs = cfg.ckpt_path, cfg.trainer.get("max_epochs")
+    trained = stored_config(checkpoint, path).model.get("_target_")
+    if trained != cfg.model._target_:
+        raise CheckpointError(
+            f"{path} holds a {trained} but this run builds a {cfg.model._target_}; pick the "
+            "matching model (e.g. model=dcgan for a GAN checkpoint) or another checkpoint"
+        )
+    epoch = int(checkpoint.get("epoch", 0))
+    if max_epochs is not None and max_epochs >= 0 and epoch >= max_epochs:
+        raise CheckpointError(
+            f"{path} is already at epoch {epoch} and trainer.max_epochs={max_epochs}; "
+            f"set trainer.max_epochs above {epoch} to train further"
+        )
+
+
+# -- SLURM: a requeued job finds its run folder ------------------------------------------------
+
+
+def slurm_job() -> str | None:
+    """This SLURM job's id (array jobs: <job>_<task>; srun steps: .<step>), None outside one.
+
+    An allocation used by hand (job name "bash" or "interactive", as Lightning's SLURM
+    detection has it) is not a job to requeue: None.
+    """
+    if "SLURM_JOB_ID" not in os.environ or os.environ.get("SLURM_JOB_NAME") in (
+        "bash",
+        "interactive",
+    ):
+        return None
+    job = os.environ["SLURM_JOB_ID"]
+    if os.environ.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    step = os.environ.get("SLURM_STEP_ID")
+    return f"{job}.{step}" if step else job
+
+
+def slurm_attempt() -> int:
+    """How many times SLURM has requeued this job (0 on its first run)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+_CLAIM = ".slurm-attempt"
+
+
+def _claim_slurm_folder(base: str, job: str) -> str:
+    """The folder of this run in the job: <job>, then <job>-1, <job>-2, ... for the second,
+    third, ... run of the same job step (a batch script that trains several times), each
+    marked with the attempt that took it. A requeued attempt takes them again in the same
+    order, so every run of the script finds its own folder."""
+    attempt, k = slurm_attempt(), 0
+    while True:
+        folder = Path(base, "slurm", job if k == 0 else f"{job}-{k}")
+        claim = folder / _CLAIM
+        taken = int(claim.read_text() or -1) if claim.is_file() else None
+        if not folder.exists() or (taken is not None and taken < attempt):
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                claim.write_text(str(attempt))
+            except OSError:  # unwritable: the output-folder check says so in one line
+                pass
+            return str(folder)
+        k += 1
+
+
+def run_dir(base: str, stamp: str) -> str:
+    """Hydra resolver for the folder of a single run: ``<base>/<stamp>`` (date/time) by default.
+
+    In a SLURM job it is ``<base>/slurm/<job id>[.<step>]``: when SLURM requeues the job
+    (preemption, time limit) the same command starts again in the same folder and continues
+    from its checkpoints (litlab.resume.continue_in_place). Ranks other than 0 of an srun
+    step write their Hydra files to a scratch folder, as under torchrun.
+    """
+    job = slurm_job()
+    if job is not None and global_rank() == 0:
+        return _claim_slurm_folder(base, job)
+    return rank0_dir(f"{base}/{stamp}")
+
+
+def checkpoint_folder(output_dir: str, base: str) -> Path:
+    """The run folder as global rank 0 has it (where the run's checkpoints are).
+
+    Ranks other than 0 of a requeued srun step have a scratch output folder; an srun step
+    runs one command, so rank 0's folder is the step's first: <base>/slurm/<job>.<step>.
+    """
+    job = slurm_job()
+    if job is not None and global_rank() != 0 and slurm_attempt() > 0:
+        return Path(base, "slurm", job)
+    return Path(output_dir)

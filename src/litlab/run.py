@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import litlab
 from litlab.config import build
-from litlab.errors import ConfigError, LitlabError, Requeued
+from litlab.errors import ConfigError, LitlabError, Requeued, fail
 
 log = logging.getLogger("litlab")
 
@@ -176,8 +176,7 @@ class Run:
             log.error("litlab: job failed (the sweep goes on): %s", self.summary["error"])
             return True
         if isinstance(exc, LitlabError):
-            print(f"litlab: error: {exc}", file=sys.stderr)
-            sys.exit(2)
+            fail(str(exc))
         return False
 
     @property

@@ -11,15 +11,13 @@ from typing import Any
 
 import hydra
 import lightning as L
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks import PeakMemory, Throughput
-from litlab.callbacks.resume import hand_over_preemption
-from litlab.checkpoint import check_resumable, load_checkpoint
+from litlab.callbacks.preemption import hand_over_preemption
+from litlab.checkpoint import load_checkpoint
 from litlab.config import (
     build,
     check_all,
@@ -28,12 +26,13 @@ from litlab.config import (
     check_objective,
     check_top_level,
     config_dir,
+    in_sweep,
 )
 from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
 from litlab.errors import ConfigError, TrainingDiverged
 from litlab.hardware import resolve_precision
 from litlab.loggers import finish_loggers
-from litlab.resume import continue_in_place, resume_argv
+from litlab.resume import check_resumable, continue_in_place, resume_argv
 from litlab.run import Run, build_list, print_config_tree
 from litlab.tune import log_lr_plot, out_of_memory_explained, tune
 
@@ -53,21 +52,10 @@ def setup_extras(cfg: DictConfig) -> None:
 
 def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     """Train and test one model as the config says; return the final metrics."""
-    check_top_level(cfg, "train")
-    run.summary["precision"] = resolve_precision(cfg.trainer)
-    check_all(cfg)
-    if check_hardware(cfg.trainer) and cfg.trainer.get("sync_batchnorm"):
-        # trainer=ddp turns it on for GPUs; torch's SyncBatchNorm has no CPU implementation
-        log.info(
-            "trainer.sync_batchnorm=false: SyncBatchNorm needs CUDA GPUs; each CPU process keeps its own BatchNorm statistics"
-        )
-        cfg.trainer.sync_batchnorm = False
-    check_objective(cfg)
-    check_augmentation(cfg)
+    check(cfg, run)
     continued = continue_in_place(cfg)  # a requeued cluster job picks up its own checkpoints
     setup_extras(cfg)
-    # Batch size and LR finders (tune.*) write what they find into cfg, before anything is built.
-    tuned = tune(cfg, run.dir)
+    tuned = tune(cfg, run.dir)  # batch size and LR finders write what they find into cfg
     if tuned:
         run.summary["tuned"] = tuned
     L.seed_everything(cfg.seed, workers=True)
@@ -75,29 +63,11 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     datamodule = build(cfg.data, "data")
     model = build(cfg.model, "model")
     if cfg.get("ckpt_path"):  # one clear line for a missing, corrupt or foreign checkpoint
-        checkpoint = continued or load_checkpoint(cfg.ckpt_path)
-        check_resumable(
-            checkpoint, cfg.ckpt_path, cfg.model._target_, cfg.trainer.get("max_epochs")
-        )
+        check_resumable(continued or load_checkpoint(cfg.ckpt_path), cfg)
         run.summary["resumed_from"] = str(cfg.ckpt_path)
     # The resolved config travels in every checkpoint and goes to every logger as hparams.
-    hparams = OmegaConf.to_container(cfg, resolve=True)
-    hparams.pop("hydra", None)
-    model.save_hyperparameters(hparams)
-    callbacks = build_list(cfg.get("callbacks"), "callbacks")
-    loggers = build_list(cfg.get("logger"), "logger")
-    log_lr_plot(loggers, tuned)
-    layout = torchrun_layout(cfg.trainer.devices, cfg.trainer.num_nodes)
-    devices, num_nodes = (
-        layout.get("devices", cfg.trainer.devices),
-        layout.get("num_nodes", cfg.trainer.num_nodes),
-    )
-    strategy = strategy_for(
-        model, cfg.trainer.strategy, devices, num_nodes, cfg.trainer.get("accelerator", "auto")
-    )
-    trainer: L.Trainer = build(
-        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy, **layout
-    )
+    model.save_hyperparameters(resolved_config(cfg))
+    trainer = build_trainer(cfg, model, tuned)
 
     preempted = False
     try:
@@ -116,13 +86,50 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         preempted = True
         raise
     finally:
-        record_performance(trainer, run)
-        if hasattr(datamodule, "report"):  # images per split, unreadable files skipped
-            run.summary["data"] = datamodule.report()
+        record_performance(trainer, datamodule, run)
         finish_loggers(trainer.loggers)
         if preempted:  # checkpoint saved, loggers closed: a cluster scheduler may requeue now
             hand_over_preemption(trainer)
     return run.summary["metrics"]
+
+
+def check(cfg: DictConfig, run: Run) -> None:
+    """Everything that can be refused before anything starts, in one line each; and
+    trainer.precision=auto resolved for this machine."""
+    check_top_level(cfg, "train")
+    run.summary["precision"] = resolve_precision(cfg.trainer)
+    check_all(cfg)
+    if check_hardware(cfg.trainer) and cfg.trainer.get("sync_batchnorm"):
+        # trainer=ddp turns it on for GPUs; torch's SyncBatchNorm has no CPU implementation
+        log.info(
+            "trainer.sync_batchnorm=false: SyncBatchNorm needs CUDA GPUs; each CPU process "
+            "keeps its own BatchNorm statistics"
+        )
+        cfg.trainer.sync_batchnorm = False
+    check_objective(cfg)
+    check_augmentation(cfg)
+
+
+def resolved_config(cfg: DictConfig) -> dict[str, Any]:
+    hparams = OmegaConf.to_container(cfg, resolve=True)
+    hparams.pop("hydra", None)
+    return hparams
+
+
+def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, Any]) -> L.Trainer:
+    """Callbacks, loggers and the Trainer, with the strategy the model needs and the devices
+    and nodes an external launcher (torchrun) laid out."""
+    callbacks = build_list(cfg.get("callbacks"), "callbacks")
+    loggers = build_list(cfg.get("logger"), "logger")
+    log_lr_plot(loggers, tuned)
+    layout = torchrun_layout(cfg.trainer.devices, cfg.trainer.num_nodes)
+    devices = layout.get("devices", cfg.trainer.devices)
+    num_nodes = layout.get("num_nodes", cfg.trainer.num_nodes)
+    accelerator = cfg.trainer.get("accelerator", "auto")
+    strategy = strategy_for(model, cfg.trainer.strategy, devices, num_nodes, accelerator)
+    return build(
+        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy, **layout
+    )
 
 
 def record_checkpoints(trainer: L.Trainer, run: Run) -> None:
@@ -138,11 +145,14 @@ def record_checkpoints(trainer: L.Trainer, run: Run) -> None:
         run.summary["best_score"] = float(checkpoint.best_model_score)
 
 
-def record_performance(trainer: L.Trainer, run: Run) -> None:
-    """The throughput and memory monitors' run totals, also when training failed (out of memory)."""
+def record_performance(trainer: L.Trainer, datamodule: L.LightningDataModule, run: Run) -> None:
+    """The throughput and memory monitors' run totals and what the data was (images, files
+    skipped), also when training failed (out of memory)."""
     for callback in trainer.callbacks:
         if isinstance(callback, Throughput | PeakMemory):
             run.summary.update(callback.summary())
+    if hasattr(datamodule, "report"):
+        run.summary["data"] = datamodule.report()
 
 
 def objective_value(cfg: DictConfig, run: Run, required: bool) -> None:
@@ -160,10 +170,6 @@ def objective_value(cfg: DictConfig, run: Run, required: bool) -> None:
             raise ConfigError(message)
         if cfg.get("train"):  # with train=false nothing validates: no objective is expected
             log.warning(message)
-
-
-def in_sweep() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def train_task(cfg: DictConfig) -> float | None:

@@ -126,16 +126,6 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     return found
 
 
-def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> None:
-    """A run continued from a checkpoint uses the values its finders found, without searching
-    again: the switches that are on take their values from the checkpoint's config."""
-    switches = cfg.get("tune") or {}
-    for switch, key in TUNED_KEYS.items():
-        if switches.get(switch):
-            OmegaConf.update(cfg, key, OmegaConf.select(stored, key), merge=False)
-            OmegaConf.update(cfg, f"tune.{switch}", False, merge=False)
-
-
 def check_lr_tunable(cfg: DictConfig, model: L.LightningModule) -> None:
     """The LR range test needs one optimizer under automatic optimization and an lr to write."""
     if not model.automatic_optimization:

@@ -4,8 +4,8 @@ preemption, GAN evaluation, a progress bar without per-step syncs, throughput an
 from litlab.callbacks.gan import FID, SampleGrid
 from litlab.callbacks.guard import DivergenceGuard
 from litlab.callbacks.monitor import PeakMemory, Throughput
+from litlab.callbacks.preemption import Preemption, RNGState
 from litlab.callbacks.progress import ProgressBar
-from litlab.callbacks.resume import Preemption, RNGState
 from litlab.callbacks.speed import Speed
 
 __all__ = [

@@ -21,7 +21,7 @@ from pathlib import Path
 from PIL import Image
 
 from litlab.data.folder import FolderIndex, load_image, scan
-from litlab.errors import DataError
+from litlab.errors import DataError, fail
 
 
 def probe(path: str, size: int) -> tuple[str, tuple[int, int] | None, str | None]:
@@ -59,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         found = splits(args.root)
     except DataError as e:
-        print(f"litlab: error: {e}", file=sys.stderr)
-        return 2
+        fail(str(e))
     bad_total = 0
     for split, index in found.items():
         paths = [str(index.root / f) for f in index.files]

@@ -41,13 +41,14 @@ def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
 
 
 def _class_count(dataset: Dataset) -> tuple[int, bool]:
-    """(classes, exact): the class folders of an ImageFolder (exact), else max label + 1 (a
+    """(classes, exact): the class folders of an image folder (exact), else max label + 1 (a
     split need not hold every class)."""
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
-    if isinstance(dataset, TensorDataset):
-        return int(dataset.tensors[1].max()) + 1, False
-    return len(dataset.classes), True
+    classes = getattr(dataset, "classes", None)
+    if classes is not None:
+        return len(classes), True
+    return int(dataset.tensors[1].max()) + 1, False
 
 
 def _labels(dataset: Dataset) -> torch.Tensor:

@@ -14,6 +14,11 @@ import torch
 import torch.nn.functional as F
 
 
+def per_channel(values: Sequence[float], device: torch.device | str | None = None) -> torch.Tensor:
+    """One value per channel (or one for all), shaped [1, C, 1, 1] to broadcast over a batch."""
+    return torch.tensor(values, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+
+
 def random_hflip(images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Mirror a random half of the batch left-right."""
     flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
@@ -94,8 +99,7 @@ class BatchTransform:
         crop_scale: Sequence[float] | None = None,
         eval_crop: float = 1.0,
     ):
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        self.mean, self.std = per_channel(mean), per_channel(std)
         self.hflip = hflip
         self.translate = translate
         self.size = tuple(size) if size is not None else None

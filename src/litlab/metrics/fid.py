@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from litlab.data.transforms import per_channel
 from litlab.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,8 @@ class ClassifierFeatures(nn.Module):
         self.net = net.eval().requires_grad_(False)
         self.num_features = heads[-1].in_features
         self.image_shape = tuple(image_shape)
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("mean", per_channel(mean))
+        self.register_buffer("std", per_channel(std))
         self._captured: Tensor | None = None
         heads[-1].register_forward_hook(self._capture)
         self.tag = f"domain-{weights_hash(net)}"
@@ -83,9 +84,8 @@ def entropy(counts: Tensor) -> float:
 
 def classifier_from_checkpoint(path: str | Path) -> ClassifierFeatures:
     """A litlab classifier checkpoint (e.g. from experiment=fashion_cnn) as an FID extractor."""
-    import hydra
-
     from litlab.checkpoint import load_checkpoint, stored_config
+    from litlab.config import build
 
     checkpoint = load_checkpoint(path)
     config = stored_config(checkpoint, path)
@@ -94,7 +94,7 @@ def classifier_from_checkpoint(path: str | Path) -> ClassifierFeatures:
             f"{path} is a {config.model.get('_target_')} checkpoint; the FID extractor must be an "
             "image classifier checkpoint (e.g. from python train.py experiment=fashion_cnn)"
         )
-    net = hydra.utils.instantiate(config.model.net)
+    net = build(config.model.net, "model.net")
     prefix = "net."
     net.load_state_dict(
         {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
@@ -146,8 +146,7 @@ def domain_classifier(
         path,
     )
     generator = torch.Generator().manual_seed(seed)
-    m = torch.tensor(mean, device=device).view(1, -1, 1, 1)
-    s = torch.tensor(std, device=device).view(1, -1, 1, 1)
+    m, s = per_channel(mean, device), per_channel(std, device)
     net.to(device).train()
     images, labels = images.to(device), labels.to(device)
     optimizer = torch.optim.Adam(net.parameters(), lr=2e-3)

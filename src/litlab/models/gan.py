@@ -16,6 +16,8 @@ from torch.optim.lr_scheduler import ConstantLR
 from torch.optim.swa_utils import AveragedModel
 
 from litlab import rng
+from litlab.compat import ema_update
+from litlab.data.transforms import per_channel
 from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
 from litlab.models.diffaugment import diff_augment, parse_policy
@@ -73,8 +75,7 @@ def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tenso
                 e.copy_(c)
             return
         d = torch.clamp((1.0 + n_averaged) / (10.0 + n_averaged), max=decay).to(ema[0].dtype)
-        torch._foreach_mul_(ema, d)
-        torch._foreach_add_(ema, torch._foreach_mul(current, 1.0 - d))
+        ema_update(ema, current, d)
 
     return update
 
@@ -166,8 +167,7 @@ class GAN(L.LightningModule):
         self.noise_seed = noise_seed
         self.latent_dim = generator.latent_dim
         # Normalized data -> [-1, 1] (the generator's Tanh range): x * scale + shift.
-        mean = torch.tensor(data_mean, dtype=torch.float32).view(1, -1, 1, 1)
-        std = torch.tensor(data_std, dtype=torch.float32).view(1, -1, 1, 1)
+        mean, std = per_channel(data_mean), per_channel(data_std)
         self.register_buffer("to_tanh_scale", 2 * std, persistent=False)
         self.register_buffer("to_tanh_shift", 2 * mean - 1, persistent=False)
         # Fixed noise lives in the state dict: grids of one run, and of runs with the same

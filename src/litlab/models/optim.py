@@ -11,6 +11,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR, ReduceLROnPlateau
 
+from litlab.compat import one_cycle_phases
 from litlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def build_optimizer(
 
 def _one_cycle_phase_ends(scheduler: OneCycleLR, total: int) -> list[float]:
     """OneCycleLR's phase ends for ``total`` steps, as its constructor computes them."""
-    phases = scheduler._schedule_phases
+    phases = one_cycle_phases(scheduler)
     pct_start = (phases[0]["end_step"] + 1) / scheduler.total_steps
     if len(phases) == 3:
         return [pct_start * total - 1, 2 * pct_start * total - 2, total - 1]
@@ -114,7 +115,7 @@ def fit_schedules_to_run(trainer: Any) -> None:
                 )
             if isinstance(scheduler, OneCycleLR):
                 ends = _one_cycle_phase_ends(scheduler, new)
-                for phase, end in zip(scheduler._schedule_phases, ends, strict=True):
+                for phase, end in zip(one_cycle_phases(scheduler), ends, strict=True):
                     phase["end_step"] = end
             setattr(scheduler, arg, new)
             log.warning(

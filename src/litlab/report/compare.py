@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from litlab.report.runs import Run, number, override_key
+from litlab.report.runs import RunFolder, number, override_key
 
 KEY_METRICS = ("test/acc", "val/acc", "val/fid", "val/fid_floor", "train/loss", "g/loss", "d/loss")
 ERROR_CHARS = 90
@@ -17,10 +17,10 @@ STATUS_ORDER = ("completed", "failed", "interrupted", "running")
 class Comparison:
     """Runs ranked best first, with what the header and the table need to know about them."""
 
-    runs: list[Run]
+    runs: list[RunFolder]
     metric: str | None
     mode: str
-    best: Run | None
+    best: RunFolder | None
     metric_columns: list[str]
     varied: list[str]
 
@@ -44,11 +44,11 @@ class Comparison:
         """Titles of the columns to right-align."""
         return {"#", self.columns[4], *self.metric_columns, "duration"}
 
-    def comparable(self, run: Run) -> bool:
+    def comparable(self, run: RunFolder) -> bool:
         """Whether the run has a value for the report's objective (and did not fail)."""
         return comparable(run, self.metric)
 
-    def cells(self, rank: int, run: Run) -> list[str]:
+    def cells(self, rank: int, run: RunFolder) -> list[str]:
         """The plain-text table cells of one run, in column order."""
         return [
             str(rank),
@@ -61,18 +61,18 @@ class Comparison:
             run.best_checkpoint or "",
         ]
 
-    def objective_text(self, run: Run) -> str:
+    def objective_text(self, run: RunFolder) -> str:
         """The objective value; runs judged by another metric name it."""
         metric, _, value = run.objective
         if metric and metric != self.metric and value is not None:
             return f"{metric}={fmt(value)}"
         return fmt(value)
 
-    def varied_overrides(self, run: Run) -> list[str]:
+    def varied_overrides(self, run: RunFolder) -> list[str]:
         """The run's overrides whose key takes different values across runs."""
         return [o for o in run.overrides if override_key(o) in self.varied]
 
-    def label(self, run: Run) -> str:
+    def label(self, run: RunFolder) -> str:
         """A legend label: the run name and the overrides that set it apart."""
         varied = " ".join(self.varied_overrides(run))
         label = f"{run.name}: {varied}" if varied else run.name
@@ -80,12 +80,12 @@ class Comparison:
         return f"{label} ({run.status})" if run.failed else label
 
 
-def compare(runs: list[Run]) -> Comparison:
+def compare(runs: list[RunFolder]) -> Comparison:
     """Rank runs: by the most common objective (each run's mode), valueless then failed last."""
     objectives = Counter((r.objective[0], r.objective[1]) for r in runs if r.objective[0])
     metric, mode = objectives.most_common(1)[0][0] if objectives else (None, "max")
 
-    def order(run: Run) -> tuple[int, float]:
+    def order(run: RunFolder) -> tuple[int, float]:
         if run.failed:
             return 2, 0.0
         if not comparable(run, metric):
@@ -99,19 +99,19 @@ def compare(runs: list[Run]) -> Comparison:
     return Comparison(ranked, metric, mode, best, metric_columns, varied_params(runs))
 
 
-def comparable(run: Run, metric: str | None) -> bool:
+def comparable(run: RunFolder, metric: str | None) -> bool:
     """Whether a run that did not fail has a value for the given objective metric."""
     run_metric, _, value = run.objective
     return not run.failed and value is not None and run_metric == metric
 
 
-def varied_params(runs: list[Run]) -> list[str]:
+def varied_params(runs: list[RunFolder]) -> list[str]:
     """Override keys set to different values in different runs, in order of first appearance."""
     keys = dict.fromkeys(key for run in runs for key in run.params)
     return [k for k in keys if len({run.params[k] for run in runs if k in run.params}) > 1]
 
 
-def numeric_params(runs: list[Run], varied: list[str]) -> list[str]:
+def numeric_params(runs: list[RunFolder], varied: list[str]) -> list[str]:
     """Varied keys whose values are all finite numbers, with at least two distinct values."""
     numeric = []
     for key in varied:
@@ -146,7 +146,7 @@ def shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def status_text(run: Run) -> str:
+def status_text(run: RunFolder) -> str:
     """The status, followed by the (shortened) error when there is one."""
     return f"{run.status}: {shorten(run.error, ERROR_CHARS)}" if run.error else run.status
 

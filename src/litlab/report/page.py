@@ -9,7 +9,7 @@ from pathlib import Path
 
 from litlab.report.compare import Comparison, facts, numeric_params
 from litlab.report.plots import curve_metrics, curve_plot, sweep_plot
-from litlab.report.runs import Run
+from litlab.report.runs import RunFolder
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
@@ -62,7 +62,7 @@ def img(png: bytes, alt: str) -> str:
     return f'<img src="{data_uri(png)}" alt="{escape(alt)}">'
 
 
-def overrides_html(comparison: Comparison, run: Run) -> str:
+def overrides_html(comparison: Comparison, run: RunFolder) -> str:
     """Each override as a chip; the ones that differ between runs highlighted."""
     varied = set(comparison.varied_overrides(run))
     chips = (
@@ -72,7 +72,7 @@ def overrides_html(comparison: Comparison, run: Run) -> str:
     return "".join(chips)
 
 
-def cell_html(comparison: Comparison, run: Run, column: str, text: str) -> str:
+def cell_html(comparison: Comparison, run: RunFolder, column: str, text: str) -> str:
     """One <td>: numbers right-aligned, runs, overrides, status and paths styled."""
     if column == "run":
         badge = '<span class="badge">★ best</span>' if run is comparison.best else ""

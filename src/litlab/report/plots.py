@@ -11,7 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from litlab.report.compare import Comparison
-from litlab.report.runs import Run, number
+from litlab.report.runs import RunFolder, number
 
 CURVE_METRICS = ("val/acc", "val/fid", "val/loss", "train/loss_step", "g/loss", "d/loss")
 MARKERS_UP_TO = 30  # points per line; denser lines are drawn without markers
@@ -29,7 +29,7 @@ def png(fig: Figure) -> bytes:
 
 
 def style(index: int, count: int) -> dict:
-    """Run index's colour (line style too past 20 runs) among count runs, the same in every plot."""
+    """RunFolder index's colour (line style too past 20 runs) among count runs, the same in every plot."""
     palette = colormaps["tab10" if count <= 10 else "tab20"]
     return {
         "color": palette(index % palette.N),
@@ -76,7 +76,7 @@ def curve_plot(comparison: Comparison, metric: str) -> bytes:
     return png(fig)
 
 
-def sweep_points(comparison: Comparison, key: str) -> list[tuple[float, float, Run]]:
+def sweep_points(comparison: Comparison, key: str) -> list[tuple[float, float, RunFolder]]:
     """(parameter value, objective value, run) for runs comparable on the objective."""
     points = []
     for run in comparison.runs:

@@ -34,7 +34,7 @@ def number(value: object) -> float | None:
 
 
 @dataclass
-class Run:
+class RunFolder:
     """One run folder: its summary, its overrides and the files the report shows."""
 
     name: str
@@ -178,7 +178,7 @@ def run_name(folder: Path, run_dir: Path, prefix: bool) -> str:
     return f"{folder.resolve().name}/{relative}" if prefix and relative != "." else name
 
 
-def find_runs(folders: list[Path]) -> list[Run]:
+def find_runs(folders: list[Path]) -> list[RunFolder]:
     """Every run folder (one holding summary.json) in or under the given folders, once each."""
     for folder in folders:
         if not folder.exists():
@@ -194,7 +194,7 @@ def find_runs(folders: list[Path]) -> list[Run]:
             seen.add(run_dir.resolve())
             name = run_name(folder, run_dir, prefix=len(folders) > 1)
             runs.append(
-                Run(name, run_dir, read_summary(run_dir), read_overrides(run_dir / OVERRIDES))
+                RunFolder(name, run_dir, read_summary(run_dir), read_overrides(run_dir / OVERRIDES))
             )
     if not runs:
         given = " ".join(str(f) for f in folders)

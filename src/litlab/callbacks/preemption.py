@@ -1,4 +1,5 @@
-"""State for exact resumption, and checkpoints on preemption signals."""
+"""What a checkpoint needs beyond Lightning's own state (every rank's random generators), and
+checkpoints on preemption signals; how a run then continues is litlab.resume's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -132,10 +134,7 @@ class Preemption(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._received = self._scheduler = None
-        slurm = (
-            trainer._accelerator_connector.cluster_environment.__class__.__name__
-            == "SLURMEnvironment"
-        )
+        slurm = SLURMEnvironment.detect()  # then Lightning handles SIGUSR1 (hpc save, requeue)
         signals = {signal.SIGTERM, None if slurm else signal.SIGUSR1, _submitit_signal()}
         for signum in signals - {None}:
             with contextlib.suppress(ValueError):  # not in the main thread: leave signals alone

@@ -1,0 +1,70 @@
+"""Multirun x DDP: every job of a Hydra sweep runs its own ranks on its own config."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, read_write
+
+from litlab.compat import rank_watchers_with_grace
+
+_LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@contextmanager
+def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
+    """Make Lightning's DDP launcher start ranks 1..N-1 on exactly this Hydra job, then clean up.
+
+    Lightning starts the other ranks by re-running ``sys.argv`` plus ``hydra.run.dir=<run dir>``.
+    Under a multirun (``-m``) that would start a whole new sweep in every child, in the wrong
+    folder. While this job runs, ``sys.argv`` names this job's config (saved as
+    .hydra/ranks.yaml) and the run dir is the job's folder, so every child runs exactly this
+    job's config in this job's folder. A job whose ranks all fail is failed by this process
+    rather than killed by Lightning's watcher (litlab.compat.rank_watchers_with_grace). Afterwards the process
+    group, launcher environment and children are cleaned up so that the next job of a sweep
+    starts fresh (its own port, no orphans).
+    """
+    if not HydraConfig.initialized():
+        yield
+        return
+    folder = Path(cfg.paths.output_dir)
+    # The job's config as this process holds it (with every override, e.g. a resume's ckpt_path).
+    saved = folder / ".hydra" / "ranks.yaml"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), saved)
+    hydra_cfg = HydraConfig.get()
+    argv, run_dir = sys.argv[:], hydra_cfg.run.dir
+    env = {k: os.environ.get(k) for k in _LAUNCH_ENV}
+    sys.argv = [argv[0], f"--config-path={saved.parent}", "--config-name=ranks"]
+    with read_write(hydra_cfg):
+        hydra_cfg.run.dir = str(folder)
+    try:
+        with rank_watchers_with_grace():
+            yield
+    finally:
+        sys.argv = argv
+        with read_write(hydra_cfg):
+            hydra_cfg.run.dir = run_dir
+        launcher = getattr(trainer.strategy, "launcher", None)
+        for proc in getattr(launcher, "procs", []):  # children of the subprocess-script launcher
+            if not isinstance(proc, subprocess.Popen):
+                continue
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,136 @@
+"""litlab.compat: each touch of a framework's private parts still works with the versions here.
+
+An upgrade of Lightning, torch, OmegaConf or W&B that changes one of them fails a test in this
+file, named after what litlab needs, instead of a user's run.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from conftest import bare_trainer
+from litlab import compat
+
+
+class Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def tiny_fit(callbacks: list, max_epochs: int = 1) -> L.Trainer:
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    trainer = bare_trainer(max_epochs=max_epochs, callbacks=callbacks)
+    trainer.fit(Tiny(), DataLoader(data, batch_size=4))
+    return trainer
+
+
+def test_stop_at_batch_end_raises_lightnings_sigterm_exception_after_that_batch():
+    class StopAt(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 2:
+                compat.stop_at_batch_end(trainer)
+
+    seen = []
+
+    class Record(L.Callback):
+        def on_exception(self, trainer, pl_module, exception):
+            seen.append(
+                (type(exception), trainer.fit_loop.epoch_loop.batch_progress.total.completed)
+            )
+
+    with pytest.raises(SIGTERMException):
+        tiny_fit([StopAt(), Record()])
+    assert seen == [(SIGTERMException, 3)]  # the batch finished, its bookkeeping done
+
+
+def test_rank_watchers_with_grace_replace_lightnings_observer_for_the_block():
+    import lightning.pytorch.strategies.launchers.subprocess_script as launcher
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    original = launcher._launch_process_observer
+    assert callable(original)
+    for method in ("_run", "_terminate_all"):
+        assert callable(getattr(_ChildProcessObserver, method))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with compat.rank_watchers_with_grace(grace_s=0.01) as started:
+            assert launcher._launch_process_observer is not original
+            launcher._launch_process_observer([child])  # as Lightning's launcher calls it
+            (observer,) = started
+            assert observer._run() is False  # a rank still runs: keep watching
+        assert launcher._launch_process_observer is original
+        assert observer._run() is True  # the job is over: the watch ends, nothing is killed
+    finally:
+        child.kill()
+
+
+def test_flat_hyperparameters_as_lightnings_loggers_make_them():
+    flat = compat.flat_hyperparameters({"model": {"optimizer": {"lr": 0.1}}, "seed": 3})
+    assert flat == {"model.optimizer.lr": 0.1, "seed": 3}
+
+
+def test_the_csv_logger_appends_to_an_existing_history(tmp_path):
+    logger_class = compat.appending_csv_logger()
+    first = logger_class(tmp_path, name="csv", version="")
+    first.log_metrics({"loss": 1.0}, step=0)
+    first.save()
+    again = logger_class(tmp_path, name="csv", version="")
+    again.log_metrics({"loss": 0.5}, step=1)
+    again.save()
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        assert [row["loss"] for row in csv.DictReader(f)] == ["1.0", "0.5"]
+
+
+def test_wandb_init_arguments_and_start_are_readable_without_starting_a_run(tmp_path):
+    from litlab.loggers import wandb_logger
+
+    logger = wandb_logger(str(tmp_path), mode="offline")
+    arguments = compat.wandb_init_arguments(logger)
+    assert arguments["mode"] == "offline" and "anonymous" not in arguments
+    assert not compat.wandb_started(logger)
+    logger.experiment  # noqa: B018 - starts the run
+    assert compat.wandb_started(logger)
+    logger.experiment.finish()
+
+
+def test_config_nodes_without_resolving():
+    cfg = OmegaConf.create({"a": "${missing}", "b": None, "c": {"d": 1}})
+    node = compat.config_node(cfg, "a")
+    assert node._value() == "${missing}"  # read, not resolved (resolving would fail)
+    assert compat.is_none_node(compat.config_node(cfg, "b"))
+    assert not compat.is_none_node(compat.config_node(cfg, "c"))
+
+
+def test_one_cycle_phases_hold_their_end_steps():
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=100)
+    phases = compat.one_cycle_phases(schedule)
+    assert [phase["end_step"] for phase in phases] == [29.0, 99]  # pct_start 0.3
+
+
+def test_torchs_cpu_bf16_probe_answers():
+    assert isinstance(compat.cpu_probe_bf16(), bool)
+
+
+def test_ema_update_is_the_weighted_average_without_a_host_sync():
+    ema, current = [torch.ones(3), torch.zeros(2)], [torch.zeros(3), torch.ones(2)]
+    compat.ema_update(ema, current, torch.tensor(0.75))
+    assert torch.allclose(ema[0], torch.full((3,), 0.75))
+    assert torch.allclose(ema[1], torch.full((2,), 0.25))

@@ -1,49 +1,76 @@
-"""P1 framework overhead: a litlab training run against a hand-written PyTorch loop doing the same work.
+"""P1 per-step overhead: what litlab adds to every training step, piece by piece, against a
+hand-written PyTorch loop doing the same work.
 
-    python scripts/bench_overhead.py                   # CPU: about 2.5 min on 2 cores
-    python scripts/bench_overhead.py --device cuda     # GPU
+    python scripts/bench_overhead.py --net mlp              # tiny MLP, 3 epochs (CPU: ~4 min)
+    python scripts/bench_overhead.py --net cnn              # SmallCNN, 200 steps
+    python scripts/bench_overhead.py --net cnn --device cuda
 
-Both sides train litlab's SmallCNN (model=cnn: width 32, AdamW, OneCycleLR stepped per batch) on
-Fashion-MNIST (litlab's 54,000-image training split, batch 128, no augmentation) for --steps
-steps from the same seed, and must end on the same training loss (checked to 5 decimals).
-- litlab: the train task on `data=fashion_mnist model=cnn logger=none trainer.max_steps=N
-  +trainer.limit_val_batches=0 test=false extras.print_config=false` (plus `trainer=gpu
-  trainer.deterministic=warn` on CUDA: deterministic kernels where CUDA has them, so that both
-  sides compute the same numbers; AdaptiveMaxPool2d(1)'s backward has none but writes each
-  gradient to one place, so it is deterministic anyway), default callbacks included; "no bar" adds
-  `callbacks.progress_bar=null +trainer.enable_progress_bar=false`.
-- raw: `benchlib.raw_classifier` on the same composed config: seed, the DataModule's split in a
-  DeviceLoader and its batch transform, the net, optimizer and schedule built from the config,
-  then a plain loop (bf16 autocast and deterministic kernels on CUDA, as the trainer there).
-Times: "run" = the whole task call (data load, build, fit, checkpoints) or the whole raw function;
-"loop" = first batch to last step. Validation is off on both sides: the same work is training.
-Every round runs each variant once, in alternating order; a short first round warms up and is
-not counted; medians of --repeats rounds, and "x raw paired": the median of the per-round loop
-ratios (robust to a machine whose speed drifts between rounds). Results: docs/benchmarks.md,
-"P1 framework overhead".
+Both nets train on Fashion-MNIST (litlab's 54,000-image training split, batch 128, no
+augmentation) from the same seed, and every variant must end on the same training loss
+(checked to 5 decimals): the same work, with more or less framework around it.
+- mlp: the net of a user's own module (scripts/tiny_mlp.py: 784-64-128-64-10 with BatchNorm),
+  through the train task as users name it (`model/net=custom model.net._target_=tiny_mlp.TinyMLP`),
+  Adam 1e-3, no schedule, 3 epochs;
+- cnn: litlab's SmallCNN (model=cnn: width 32, AdamW, OneCycleLR per step), 200 steps (2,000 on
+  CUDA, where `trainer=gpu trainer.deterministic=warn` on every side).
+Variants, each adding one piece to the one before:
+  raw loop            benchlib.raw_classifier: the DeviceLoader, the batch transform, the loop
+  bare Lightning      a minimal LightningModule (loss only) on litlab's DataModule, a Trainer
+                      without logger, callbacks, checkpoints, bar or summary
+  + metrics           litlab's ImageClassifier with its logging calls removed
+  + logging           litlab's ImageClassifier (self.log), still no logger
+  + loggers           and litlab's CSV + W&B (offline) loggers
+  + callbacks         the train task: litlab's default callbacks without the progress bar
+  + progress bar      the train task as `python train.py` runs it (litlab's default run)
+"loop s": first batch to last step, device synced. Every round runs each variant once, in
+alternating order; a short first round warms up and is not counted; medians of --repeats
+rounds and "x raw paired", the median of the per-round ratios to the raw loop (robust to a
+machine whose speed drifts). Results: docs/benchmarks.md, "P1 per-step overhead".
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import benchlib
+import lightning as L
 import torch
-from benchlib import Measure
+from benchlib import LoopTimer, Measure
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from litlab.config import build
+from litlab.models import ImageClassifier
+from litlab.models.optim import build_optimizer
 
 NO_BAR = ["callbacks.progress_bar=null", "+trainer.enable_progress_bar=false"]
+MLP = [
+    "model/net=custom",
+    "model.net._target_=tiny_mlp.TinyMLP",
+    "model.optimizer._target_=torch.optim.Adam",
+    "model.optimizer.lr=0.001",
+    "model.optimizer.weight_decay=0",
+    "model.scheduler=null",
+]
 
 
-def overrides(args: argparse.Namespace, device: torch.device, steps: int) -> list[str]:
-    """The command line of the litlab side, `python train.py <these>`."""
+def overrides(args: argparse.Namespace, device: torch.device, warm: bool) -> list[str]:
+    """The command line of the train task's variants, `python train.py <these>`."""
     gpu = ["trainer=gpu", "trainer.deterministic=warn"] if device.type == "cuda" else []
+    if args.net == "mlp":
+        length = ["trainer.max_steps=10"] if warm else ["trainer.max_epochs=3"]
+    else:
+        steps = 10 if warm else args.steps or (2000 if device.type == "cuda" else 200)
+        length = [f"trainer.max_steps={steps}"]
     return [
         "data=fashion_mnist",
-        "model=cnn",
+        *(MLP if args.net == "mlp" else ["model=cnn"]),
         *gpu,
-        "logger=none",
-        f"trainer.max_steps={steps}",
+        *length,
         "+trainer.limit_val_batches=0",
         "test=false",
         "extras.print_config=false",
@@ -52,74 +79,153 @@ def overrides(args: argparse.Namespace, device: torch.device, steps: int) -> lis
     ]
 
 
-def litlab_side(overrides: list[str]) -> Measure:
-    seconds, summary = benchlib.litlab_run([*overrides, *benchlib.timer_override()])
-    loop = benchlib.LoopTimer.last
-    return {"run s": seconds, "loop s": loop["s"], "loss": summary["metrics"]["train/loss_step"]}
+class Bare(L.LightningModule):
+    """The loss, the optimizer and schedule: nothing else."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.net = build(cfg.model.net, "model.net")
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.model.label_smoothing)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.criterion(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> Any:
+        schedule = instantiate(self.cfg.model.scheduler) if self.cfg.model.scheduler else None
+        optimizer, scheduler = build_optimizer(
+            instantiate(self.cfg.model.optimizer),
+            self.parameters(),
+            schedule,
+            self.cfg.model.scheduler_interval,
+            self.trainer,
+        )
+        return (
+            optimizer if scheduler is None else {"optimizer": optimizer, "lr_scheduler": scheduler}
+        )
+
+
+class WithoutLogging(ImageClassifier):
+    """litlab's classifier, its metrics updated but never handed to Lightning's logging."""
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_dict(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def lightning_side(cfg: DictConfig, device: torch.device, piece: str) -> Measure:
+    """A Trainer built here around litlab's DataModule, for the pieces below the train task."""
+    from litlab.loggers import CSVLogger, wandb_logger
+
+    L.seed_everything(cfg.seed, workers=True)  # the task's order: seed, data, model
+    datamodule = build(cfg.data, "data")
+    if piece == "bare Lightning":
+        model: L.LightningModule = Bare(cfg)
+    else:
+        kind = WithoutLogging if piece == "+ metrics" else ImageClassifier
+        model = build(cfg.model, "model", _target_=f"{kind.__module__}.{kind.__qualname__}")
+    scratch = tempfile.mkdtemp(prefix="litlab-bench-")
+    loggers = (
+        [CSVLogger(scratch, name="csv", version=""), wandb_logger(scratch, mode="offline")]
+        if piece == "+ loggers"
+        else False
+    )
+    trainer = L.Trainer(
+        accelerator=device.type if device.type == "cuda" else "cpu",
+        devices=1,
+        precision=str(cfg.trainer.precision),
+        deterministic=cfg.trainer.deterministic,
+        max_epochs=cfg.trainer.max_epochs,
+        max_steps=cfg.trainer.max_steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=loggers,
+        callbacks=[LoopTimer()],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    seconds = benchlib.timed(lambda: trainer.fit(model, datamodule=datamodule))
+    if loggers:
+        from litlab.loggers import finish_loggers
+
+        finish_loggers(trainer.loggers)
+    loop = LoopTimer.last
+    return {"run s": seconds, "loop s": loop["s"], "loss": loop["loss"], "steps": loop["batches"]}
+
+
+def task_side(overrides: list[str]) -> Measure:
+    seconds, _ = benchlib.litlab_run([*overrides, *benchlib.timer_override()])
+    loop = LoopTimer.last
+    return {"run s": seconds, "loop s": loop["s"], "loss": loop["loss"], "steps": loop["batches"]}
 
 
 def main() -> None:
-    parser = benchlib.arguments(__doc__)
-    parser.add_argument(
-        "--steps", type=int, help="training steps per run (default: 200 on CPU, 2,000 on CUDA)"
-    )
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        help="more overrides for both sides, e.g. callbacks.speed.compile=true",
-    )
+    parser = benchlib.arguments(__doc__, repeats=5)
+    parser.add_argument("--net", choices=("mlp", "cnn"), default="mlp")
+    parser.add_argument("--steps", type=int, help="cnn: steps per run (200 CPU, 2,000 CUDA)")
+    parser.add_argument("overrides", nargs="*", help="more overrides for every variant")
     args = parser.parse_args()
     device = benchlib.start(args)
-    steps = args.steps or (2000 if device.type == "cuda" else 200)
-    print(f"litlab: python train.py {' '.join(overrides(args, device, steps))}")
-    print(f"{steps} steps of batch 128; warm-up round: 10 steps")
+    sys.path.insert(0, str(Path(__file__).parent))  # tiny_mlp, the user's own module
+    print(f"litlab: python train.py {' '.join(overrides(args, device, warm=False))}")
 
-    def litlab(warm: bool) -> Measure:
-        return litlab_side(overrides(args, device, 10 if warm else steps))
+    def composed(warm: bool) -> DictConfig:
+        cfg = benchlib.compose(overrides(args, device, warm), benchlib.REPO / "outputs" / "unused")
+        from litlab.hardware import resolve_precision
 
-    def litlab_no_bar(warm: bool) -> Measure:
-        return litlab_side(overrides(args, device, 10 if warm else steps) + NO_BAR)
+        resolve_precision(cfg.trainer)
+        return cfg
 
-    def raw(warm: bool) -> Measure:
-        n = 10 if warm else steps
-        cfg = benchlib.compose(overrides(args, device, n), benchlib.REPO / "outputs" / "unused")
-        return benchlib.raw_classifier(cfg, device, steps=n)
+    def variant(piece: str):
+        def run(warm: bool) -> Measure:
+            if piece == "raw loop":
+                cfg = composed(warm)
+                steps = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
+                return benchlib.raw_classifier(cfg, device, steps=steps)
+            if piece in ("+ callbacks", "+ progress bar"):
+                bar = NO_BAR if piece == "+ callbacks" else []
+                return task_side([*overrides(args, device, warm), *bar])
+            return lightning_side(composed(warm), device, piece)
 
-    results = benchlib.interleaved(
-        {"litlab": litlab, "litlab, no bar": litlab_no_bar, "raw loop": raw}, args.repeats
-    )
+        return run
+
+    pieces = [
+        "raw loop",
+        "bare Lightning",
+        "+ metrics",
+        "+ logging",
+        "+ loggers",
+        "+ callbacks",
+        "+ progress bar",
+    ]
+    results = benchlib.interleaved({p: variant(p) for p in pieces}, args.repeats)
     for runs in zip(*results.values(), strict=True):
         losses = [m["loss"] for m in runs]
         if max(losses) - min(losses) >= 5e-6:
-            sys.exit(f"the final losses differ: {losses}; the sides did not do the same work")
+            sys.exit(f"the final losses differ: {losses}; the variants did not do the same work")
     m = benchlib.medians(results)
-    raw_m = m["raw loop"]
-    rows = [
-        [
-            name,
-            f"{v['run s']:.2f}",
-            f"{v['run s'] / raw_m['run s']:.3f}",
-            f"{v['loop s']:.2f}",
-            f"{v['loop s'] / raw_m['loop s']:.3f}",
-            f"{benchlib.paired_ratio(results, name, 'raw loop', 'loop s'):.3f}",
-            f"{(v['loop s'] - raw_m['loop s']) / steps * 1e3:+.2f}",
-            f"{steps * 128 / v['loop s']:,.0f}",
-            f"{v['loss']:.6f}",
-        ]
-        for name, v in m.items()
-    ]
-    header = [
-        "variant",
-        "run s",
-        "x raw",
-        "loop s",
-        "x raw",
-        "x raw paired",
-        "ms/step vs raw",
-        "loop img/s",
-        "final loss",
-    ]
-    print()
+    raw = m["raw loop"]
+    rows = []
+    previous = None
+    for name, v in m.items():
+        ms = v["loop s"] / v["steps"] * 1e3
+        rows.append(
+            [
+                name,
+                f"{ms:.3f}",
+                f"{ms - previous:+.3f}" if previous is not None else "",
+                f"{benchlib.paired_ratio(results, name, 'raw loop', 'loop s'):.3f}",
+                f"{v['steps'] * 128 / v['loop s']:,.0f}",
+                f"{raw['loop s'] / v['loop s']:.2f}",
+                f"{v['loss']:.6f}",
+            ]
+        )
+        previous = ms
+    header = ["variant", "ms/step", "added", "x raw paired", "img/s", "of raw img/s", "final loss"]
+    print(f"\n{args.net}: {int(m['raw loop']['steps'])} steps of batch 128")
     print(benchlib.table(header, rows))
 
 

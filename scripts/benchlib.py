@@ -202,12 +202,25 @@ class LoopTimer(Callback):
         sync(pl_module.device)
         self.t0, self.done0 = time.perf_counter(), self._done(trainer)
 
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, *_: Any
+    ) -> None:
+        self.loss = outputs["loss"] if isinstance(outputs, dict) else outputs  # no sync here
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         sync(pl_module.device)
         LoopTimer.last = {
             "s": time.perf_counter() - self.t0,
             "batches": self._done(trainer) - self.done0,
+            "loss": float(self.loss),
         }
+
+
+def timed(call: Callable[[], Any]) -> float:
+    """Seconds that a call takes."""
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
 
 
 def timer_override(skip: int = 0) -> list[str]:
@@ -335,7 +348,7 @@ def raw_classifier(
         if scheduler and scheduler["interval"] == "epoch":
             scheduler["scheduler"].step()
     sync(device)
-    result = {"loop s": time.perf_counter() - loop_start, "loss": loss.item()}
+    result = {"loop s": time.perf_counter() - loop_start, "loss": loss.item(), "steps": step}
     if cfg.get("test"):
         result["test acc"] = raw_accuracy(cfg, datamodule, net, device, memory_format)
     result["run s"] = time.perf_counter() - start

@@ -223,3 +223,30 @@ def test_recipes_ask_for_the_fastest_precision_this_machine_runs_natively(tmp_pa
     probes = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     if cpu_flags() is not None:
         assert native == probes
+
+
+def test_your_own_net_from_your_own_module(tmp_path, monkeypatch):
+    """README's bring-your-own-net line: a class on PYTHONPATH, named on the command line."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))  # tiny_mlp.TinyMLP, a user's module
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "data=synthetic",
+            "data.image_shape=[1,28,28]",
+            "model/net=custom",
+            "model.net._target_=tiny_mlp.TinyMLP",
+            "trainer.max_epochs=1",
+            "logger=csv",
+            "extras.print_config=false",
+            "callbacks.progress_bar=null",
+        ],
+    )
+    assert set(cfg.model.net) == {"_target_"}  # nothing of the default net is left over
+    train_task(cfg)
+    assert summary_of(cfg)["status"] == "completed"
+
+
+def test_your_own_net_must_be_named(tmp_path):
+    cfg = make_cfg(tmp_path, ["model/net=custom"])
+    with pytest.raises(ConfigError, match=r"model.net._target_ must be set"):
+        check_all(cfg)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import subprocess
 import sys
@@ -190,6 +191,35 @@ def test_resume_from_a_checkpoint_continues_training(tmp_path):
     )
 
 
+def test_training_accuracy_counts_as_torchmetrics_does():
+    from torchmetrics.classification import MulticlassAccuracy
+
+    from litlab.models.classifier import hits
+
+    logits, labels = torch.randn(257, 10), torch.randint(0, 10, (257,))
+    top1, top5 = hits(logits, labels, 5) / len(labels)
+    assert float(top1) == pytest.approx(
+        float(MulticlassAccuracy(10, average="micro")(logits, labels))
+    )
+    top5_metric = MulticlassAccuracy(10, top_k=5, average="micro")
+    assert float(top5) == pytest.approx(float(top5_metric(logits, labels)))
+
+
+def test_step_curves_every_n_steps_and_the_epochs_means(tmp_path):
+    cfg = make_cfg(
+        tmp_path, ["trainer.max_epochs=2", "trainer.log_every_n_steps=5", "logger=csv", *FAST]
+    )
+    train_task(cfg)
+    rows = metrics_csv(Path(cfg.paths.output_dir))
+    steps = [int(r["step"]) for r in rows if r.get("train/loss_step")]
+    assert len(steps) == 2 * (1294 // 64) // 5 and {
+        b - a for a, b in itertools.pairwise(steps)
+    } == {5}
+    epochs = [r for r in rows if r.get("train/acc")]
+    assert len(epochs) == 2 and all(float(r["train/loss"]) > 0 for r in epochs)
+    assert all(0.0 <= float(r["train/acc"]) <= float(r["train/acc_top5"]) <= 1.0 for r in epochs)
+
+
 def test_debug_fast_runs_one_batch_of_everything(tmp_path):
     cfg = make_cfg(tmp_path, ["debug=fast", "logger=csv", *FAST])
     train_task(cfg)
@@ -201,9 +231,9 @@ def test_debug_overfit_drives_the_loss_down(tmp_path):
     cfg = make_cfg(tmp_path, ["debug=overfit", "logger=csv", "trainer.max_epochs=15", *FAST])
     train_task(cfg)
     losses = [
-        float(r["train/loss_epoch"])
+        float(r["train/loss"])
         for r in metrics_csv(Path(cfg.paths.output_dir))
-        if r.get("train/loss_epoch")
+        if r.get("train/loss")
     ]
     assert losses[-1] < 0.2 * losses[0]
 

@@ -33,6 +33,14 @@ def stop_at_batch_end(trainer: L.Trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
+def logs_this_step(trainer: L.Trainer) -> bool:
+    """Whether Lightning hands this training step's logged values to the loggers (every
+    ``trainer.log_every_n_steps`` batches, counted across epochs). A step metric logged only
+    then costs Lightning's logging machinery once per interval instead of every step; the
+    decision is Lightning's private ``_logger_connector.should_update_logs`` (no public one)."""
+    return trainer._logger_connector.should_update_logs
+
+
 def _child_observer_class() -> type:
     from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 

@@ -107,11 +107,16 @@ def _hint_name(hint: Any) -> str:
 
 
 def _is_target_node(node: Any) -> bool:
-    return isinstance(node, DictConfig) and not is_none_node(node) and "_target_" in node
+    # keys(), not `in`: `"_target_" in node` is False when the target is ??? (to be set)
+    return isinstance(node, DictConfig) and not is_none_node(node) and "_target_" in node.keys()  # noqa: SIM118
 
 
 def check_node(node: DictConfig, path: str) -> None:
     """Check a ``_target_`` node's keys and simple value types against its target's signature."""
+    if OmegaConf.is_missing(node, "_target_"):
+        raise ConfigError(
+            f"{path}._target_ must be set (it is ??? in the config): add {path}._target_=..."
+        )
     target = node.get("_target_")
     try:
         built = hydra.utils.get_object(target)

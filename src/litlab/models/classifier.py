@@ -9,12 +9,19 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
-from torchmetrics import MaxMetric, MeanMetric, MetricCollection
+from torchmetrics import MaxMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from litlab.compat import logs_this_step
 from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
 from litlab.models.optim import Interval, build_optimizer, fit_schedules_to_run
+
+
+def hits(logits: Tensor, labels: Tensor, k: int) -> Tensor:
+    """[top-1 hits, top-k hits] of a batch (float64, on the logits' device; k=0: top-1 twice)."""
+    top = logits.topk(max(k, 1), dim=1).indices == labels[:, None]
+    return torch.stack([top[:, 0].sum(), top.any(dim=1).sum()]).double()
 
 
 def accuracy_metrics(num_classes: int, prefix: str) -> MetricCollection:
@@ -57,13 +64,14 @@ class ImageClassifier(L.LightningModule):
         # What ReduceLROnPlateau watches, and in which direction (the configs: the objective).
         self.scheduler_monitor, self.scheduler_mode = scheduler_monitor, scheduler_mode
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-        self.train_metrics = accuracy_metrics(num_classes, "train/")
+        self.top_k = 5 if num_classes > 5 else 0
+        # The training epoch's sums on the device: loss x images, top-1 and top-k hits, images.
+        # A few tensor ops a step (torchmetrics' update and Lightning's self.log cost more than
+        # a small net's step: docs/benchmarks.md, P1); reduced over ranks once, at the epoch's
+        # end; saved with checkpoints, so that a run resumed mid-epoch reports the whole epoch.
+        self.register_buffer("train_sums", torch.zeros(4, dtype=torch.float64), persistent=False)
         self.val_metrics = accuracy_metrics(num_classes, "val/")
         self.test_metrics = accuracy_metrics(num_classes, "test/")
-        # Lightning logs a metric object's step value unsynced and syncs its epoch value once,
-        # at the epoch's end; a tensor logged with sync_dist would be reduced at every step.
-        # nan_strategy="disable": the NaN check is a host sync per step (DivergenceGuard checks).
-        self.train_loss = MeanMetric(nan_strategy="disable")
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint: a resumed run keeps its best
 
@@ -78,11 +86,31 @@ class ImageClassifier(L.LightningModule):
         return loss
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        loss = self._step(batch, self.train_metrics)
-        self.train_loss(loss.detach())
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
-        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        images, labels = batch
+        logits = self(images)
+        loss = self.criterion(logits, labels)
+        with torch.no_grad():  # device ops only: no host sync, no tensor from the host
+            counts = hits(logits, labels, self.top_k)
+            size = counts.new_full((1,), len(labels))
+            self.train_sums += torch.cat([loss.detach().double().view(1) * size, counts, size])
+        # The step curve: every trainer.log_every_n_steps (when Lightning writes it), and at an
+        # epoch's last batch, so that the run ends with its last value.
+        if logs_this_step(self.trainer) or self.trainer.is_last_batch:
+            self.log("train/loss_step", loss.detach(), prog_bar=True)
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        # The epoch's means over every rank's images: one collective. The values are then the
+        # same on every rank; Lightning wants epoch values reduced, and the max is exact.
+        sums = self.trainer.strategy.reduce(self.train_sums.clone(), reduce_op="sum")
+        self.train_sums.zero_()
+        if sums[3] == 0:  # no batch this epoch (a resumed run that stopped at its end)
+            return
+        means = {"train/loss": sums[0], "train/acc": sums[1]}
+        if self.top_k:
+            means["train/acc_top5"] = sums[2]
+        for name, total in means.items():
+            self.log(name, (total / sums[3]).float(), sync_dist=True, reduce_fx="max")
 
     def on_validation_epoch_start(self) -> None:
         broadcast_buffers(self)  # every rank evaluates rank 0's BatchNorm statistics
@@ -106,6 +134,14 @@ class ImageClassifier(L.LightningModule):
         loss = self._step(batch, self.test_metrics)
         self.log("test/loss", loss, on_step=False, on_epoch=True, sync_dist=True)
         self.log_dict(self.test_metrics, on_step=False, on_epoch=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["classifier"] = {"train_sums": self.train_sums.cpu()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("classifier", {}).get("train_sums")
+        if saved is not None:
+            self.train_sums.copy_(saved)
 
     def on_train_start(self) -> None:  # after Lightning restored a resumed run's schedule
         fit_schedules_to_run(self.trainer)  # which then ends at this run's end

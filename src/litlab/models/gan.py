@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import ConstantLR
 from torch.optim.swa_utils import AveragedModel
 
 from litlab import rng
-from litlab.compat import ema_update
+from litlab.compat import ema_update, logs_this_step
 from litlab.data.transforms import per_channel
 from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
@@ -251,8 +251,10 @@ class GAN(L.LightningModule):
                 self.generator_ema.update_parameters(self.generator)
             if self.max_g_steps is not None and self.g_steps >= self.max_g_steps:
                 self.trainer.should_stop = True
-        logs["g/step"] = float(self.g_steps)
-        self.log_dict(logs, on_step=True, on_epoch=False, prog_bar=False)
+        # The step curves: every trainer.log_every_n_steps (when Lightning writes them), and at
+        # an epoch's last batch, so that the run ends with its last values (summary.json).
+        if logs_this_step(self.trainer) or self.trainer.is_last_batch:
+            self.log_dict({**logs, "g/step": float(self.g_steps)}, on_step=True, on_epoch=False)
         return {k: v for k, v in logs.items() if k in ("d/loss", "g/loss")}
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:

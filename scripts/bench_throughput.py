@@ -38,6 +38,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.optim.swa_utils import AveragedModel
 
+from litlab import rng
 from litlab.callbacks.monitor import peak_flops, training_flops_per_image
 from litlab.config import build
 from litlab.data import DeviceLoader
@@ -122,9 +123,11 @@ def raw_dcgan(cfg: DictConfig, device: torch.device, steps: int, skip: int) -> M
                 loop_start = time.perf_counter()
             real = transform(images, train=True) * scale + shift
             n = real.shape[0]
+            # the batch's noise stream, as litlab's GAN draws it (litlab.rng: seed, rank, step)
+            noise = rng.stream(cfg.model.noise_seed, 0, "train", step, device)
             with benchlib.autocast(cfg, device):
                 generator.requires_grad_(False)  # as Lightning's toggled_optimizer does
-                fake = generator(torch.randn(n, latent, device=device)).detach()
+                fake = generator(torch.randn(n, latent, device=device, generator=noise)).detach()
                 d_loss = F.softplus(-discriminator(real)).mean()
                 d_loss = d_loss + F.softplus(discriminator(fake)).mean()
                 d_opt.zero_grad(set_to_none=True)
@@ -132,7 +135,7 @@ def raw_dcgan(cfg: DictConfig, device: torch.device, steps: int, skip: int) -> M
                 d_opt.step()
                 generator.requires_grad_(True)
                 discriminator.requires_grad_(False)
-                fake = generator(torch.randn(n, latent, device=device))
+                fake = generator(torch.randn(n, latent, device=device, generator=noise))
                 g_loss = F.softplus(-discriminator(fake)).mean()
                 g_opt.zero_grad(set_to_none=True)
                 g_loss.backward()

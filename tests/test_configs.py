@@ -18,10 +18,10 @@ from conftest import (
     write_idx_dataset,
     write_png_folder,
 )
-from litlab.config import build, check_all, check_hardware
+from litlab.config import build, check_all
 from litlab.data import DataModule
 from litlab.errors import ConfigError
-from litlab.hardware import cpu_flags, cpu_has_native_bf16, resolve_precision
+from litlab.hardware import check_hardware, cpu_flags, cpu_has_native_bf16, resolve_precision
 from litlab.models import GAN, ImageClassifier
 from litlab.run import build_list
 from litlab.train import train_task

@@ -14,10 +14,11 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import QUIET, REPO, make_cfg, run_cli
-from litlab.config import build, check_hardware
+from litlab.config import build
 from litlab.distributed import rank0_dir, strategy_for
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
+from litlab.hardware import check_hardware
 from litlab.models import GAN, ImageClassifier
 from litlab.resume import checkpoint_folder, run_dir
 from wandb_records import offline_run

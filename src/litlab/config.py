@@ -23,7 +23,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from litlab.compat import config_node, is_none_node
-from litlab.distributed.strategy import strategy_name
 from litlab.errors import ConfigError, LitlabError, first_line
 
 
@@ -293,54 +292,3 @@ def check_augmentation(cfg: DictConfig) -> None:
             "model.diffaugment=[translation,cutout] "
             "to augment real and generated images alike"
         )
-
-
-def check_hardware(trainer: DictConfig) -> bool:
-    """Refuse accelerator/precision/device choices this machine cannot run, saying what to use;
-    return whether the run is on the CPU."""
-    import torch
-
-    accelerator = str(trainer.get("accelerator", "auto"))
-    precision = str(trainer.get("precision", "32-true"))
-    devices = trainer.get("devices", 1)
-    cuda = torch.cuda.device_count()
-    mps = torch.backends.mps.is_available()
-    if accelerator in ("gpu", "cuda") and not cuda and not (accelerator == "gpu" and mps):
-        raise ConfigError(
-            f"trainer.accelerator={accelerator} but this machine has no CUDA GPU; "
-            "use trainer=cpu (or trainer.accelerator=auto)"
-        )
-    if accelerator == "mps" and not mps:
-        raise ConfigError(
-            "trainer.accelerator=mps but Apple's MPS is not available; use trainer.accelerator=auto"
-        )
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not cuda and not mps)
-    if on_cpu and precision in ("16-mixed", "16"):  # Lightning would run bf16-mixed instead
-        raise ConfigError(
-            f"trainer.precision={precision} (float16 autocast) needs a GPU; on CPU use "
-            "trainer.precision=auto (the fastest this CPU runs natively), 32-true or bf16-mixed"
-        )
-    name = strategy_name(trainer.get("strategy", "auto"))
-    if on_cpu and "fsdp" in name.lower():
-        raise ConfigError("FSDP shards models across CUDA GPUs; on CPU use trainer.strategy=ddp")
-    if on_cpu and devices == -1:
-        raise ConfigError(
-            "trainer.devices=-1 means every GPU; on CPU give a number of processes, e.g. trainer.devices=2"
-        )
-    if (isinstance(devices, int) and (devices == 0 or devices < -1)) or int(
-        trainer.get("num_nodes", 1)
-    ) < 1:
-        raise ConfigError(
-            f"trainer.devices must be a positive count, -1 (all) or auto and trainer.num_nodes at "
-            f"least 1, got devices={devices}, num_nodes={trainer.get('num_nodes')}"
-        )
-    if cuda and not on_cpu and precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
-        raise ConfigError(
-            f"this GPU has no bfloat16 support; use trainer.precision=16-mixed instead of {precision}"
-        )
-    if isinstance(devices, int) and not on_cpu and cuda and devices > cuda:
-        raise ConfigError(
-            f"trainer.devices={devices} but this machine has {cuda} CUDA GPU(s); "
-            f"use trainer.devices={cuda} (or -1 for all)"
-        )
-    return on_cpu

@@ -15,13 +15,12 @@ from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.config import (
     build,
     check_all,
-    check_hardware,
     check_top_level,
     config_dir,
     require,
 )
 from litlab.errors import ConfigError
-from litlab.hardware import resolve_precision
+from litlab.hardware import check_hardware, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list
 from litlab.train import setup_extras

@@ -1,4 +1,5 @@
-"""What the machine at hand computes natively, for ``trainer.precision=auto``.
+"""What the machine at hand can run: its native precision (``trainer.precision=auto``), and the
+accelerator, precision and device choices it refuses.
 
 bfloat16 is fast only where the hardware has it: GPUs from Ampere on, and x86 CPUs with
 AVX512-BF16 or AMX. Elsewhere torch emulates it: measured on a 2-core AVX2 EPYC,
@@ -16,6 +17,8 @@ import torch
 from omegaconf import DictConfig
 
 from litlab.compat import cpu_probe_bf16
+from litlab.distributed.strategy import strategy_name
+from litlab.errors import ConfigError
 
 log = logging.getLogger("litlab")
 
@@ -45,7 +48,7 @@ def cpu_has_native_bf16() -> bool:
 
 def on_gpu(accelerator: str) -> bool:
     """Whether the run computes on a CUDA GPU (a GPU asked for on a machine without one is
-    refused later, by litlab.config.check_hardware, with what to use instead)."""
+    refused later, by check_hardware, with what to use instead)."""
     return accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
 
 
@@ -89,3 +92,54 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
             "bfloat16 (AVX512-BF16/AMX)" if requested.startswith("bf16") else "float16",
         )
     return {"requested": requested, "chosen": requested, "why": "as configured"}
+
+
+def check_hardware(trainer: DictConfig) -> bool:
+    """Refuse accelerator/precision/device choices this machine cannot run, saying what to use;
+    return whether the run is on the CPU."""
+    import torch
+
+    accelerator = str(trainer.get("accelerator", "auto"))
+    precision = str(trainer.get("precision", "32-true"))
+    devices = trainer.get("devices", 1)
+    cuda = torch.cuda.device_count()
+    mps = torch.backends.mps.is_available()
+    if accelerator in ("gpu", "cuda") and not cuda and not (accelerator == "gpu" and mps):
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} but this machine has no CUDA GPU; "
+            "use trainer=cpu (or trainer.accelerator=auto)"
+        )
+    if accelerator == "mps" and not mps:
+        raise ConfigError(
+            "trainer.accelerator=mps but Apple's MPS is not available; use trainer.accelerator=auto"
+        )
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not cuda and not mps)
+    if on_cpu and precision in ("16-mixed", "16"):  # Lightning would run bf16-mixed instead
+        raise ConfigError(
+            f"trainer.precision={precision} (float16 autocast) needs a GPU; on CPU use "
+            "trainer.precision=auto (the fastest this CPU runs natively), 32-true or bf16-mixed"
+        )
+    name = strategy_name(trainer.get("strategy", "auto"))
+    if on_cpu and "fsdp" in name.lower():
+        raise ConfigError("FSDP shards models across CUDA GPUs; on CPU use trainer.strategy=ddp")
+    if on_cpu and devices == -1:
+        raise ConfigError(
+            "trainer.devices=-1 means every GPU; on CPU give a number of processes, e.g. trainer.devices=2"
+        )
+    if (isinstance(devices, int) and (devices == 0 or devices < -1)) or int(
+        trainer.get("num_nodes", 1)
+    ) < 1:
+        raise ConfigError(
+            f"trainer.devices must be a positive count, -1 (all) or auto and trainer.num_nodes at "
+            f"least 1, got devices={devices}, num_nodes={trainer.get('num_nodes')}"
+        )
+    if cuda and not on_cpu and precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
+        raise ConfigError(
+            f"this GPU has no bfloat16 support; use trainer.precision=16-mixed instead of {precision}"
+        )
+    if isinstance(devices, int) and not on_cpu and cuda and devices > cuda:
+        raise ConfigError(
+            f"trainer.devices={devices} but this machine has {cuda} CUDA GPU(s); "
+            f"use trainer.devices={cuda} (or -1 for all)"
+        )
+    return on_cpu

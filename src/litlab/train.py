@@ -22,7 +22,6 @@ from litlab.config import (
     build,
     check_all,
     check_augmentation,
-    check_hardware,
     check_objective,
     check_top_level,
     config_dir,
@@ -30,7 +29,7 @@ from litlab.config import (
 )
 from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
 from litlab.errors import ConfigError, TrainingDiverged
-from litlab.hardware import resolve_precision
+from litlab.hardware import check_hardware, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.resume import check_resumable, continue_in_place, resume_argv
 from litlab.run import Run, build_list, print_config_tree

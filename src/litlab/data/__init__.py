@@ -1,8 +1,9 @@
 """Image data: sources say where pixels come from; the DataModule owns everything else."""
 
 from litlab.data.datamodule import DataModule
+from litlab.data.folder import ImageFolder
 from litlab.data.loader import DeviceLoader
-from litlab.data.sources import CIFAR10, MNIST, Digits, FashionMNIST, ImageFolder, Source, Synthetic
+from litlab.data.sources import CIFAR10, MNIST, Digits, FashionMNIST, Source, Synthetic
 
 __all__ = [
     "CIFAR10",

@@ -10,8 +10,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from litlab.data.folder import FileImages, skip_unreadable
 from litlab.data.loader import DeviceLoader
-from litlab.data.sources import FileImages, Source, fixed_split, skip_unreadable, stratified_indices
+from litlab.data.sources import Source, fixed_split, stratified_indices
 from litlab.data.transforms import BatchTransform
 from litlab.errors import ConfigError, DataError
 

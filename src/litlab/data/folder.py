@@ -1,4 +1,5 @@
-"""Folders of image files: scanned once, decoded in parallel, cached as uint8 at a fixed size.
+"""Folders of image files (the ImageFolder source): scanned once, decoded in parallel, cached
+as uint8 at a fixed size.
 
 Decoding is what makes image folders slow: a JPEG is decoded every time a per-sample pipeline
 reads it, every epoch. Here every image is decoded once, by every core, into a square uint8
@@ -21,6 +22,7 @@ import logging
 import os
 import shutil
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import Dataset, TensorDataset
 
-from litlab.errors import DataError
+from litlab.data.sources import Source, Split, stratified_indices
+from litlab.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -190,3 +194,135 @@ def cached_folder(
     except OSError:
         shutil.rmtree(building, ignore_errors=True)
     return _open(folder)
+
+
+class FileImages(Dataset):
+    """Images decoded from their files as they are read (DataLoader workers): for folders too
+    large to cache. An unreadable file yields None, which ``skip_unreadable`` drops."""
+
+    def __init__(self, index: FolderIndex, positions: Sequence[int], size: int, channels: int):
+        self.index, self.positions = index, list(positions)
+        self.size, self.channels = size, channels
+        self.targets = [index.labels[p] for p in self.positions]
+        self.classes = index.classes
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
+        path = self.index.root / self.index.files[self.positions[i]]
+        try:
+            pixels = load_image(path, self.size, self.channels)
+        except Exception as e:
+            warnings.warn(f"skipped unreadable image {path}: {e}", stacklevel=1)
+            return None
+        return torch.from_numpy(pixels), self.targets[i]
+
+
+def skip_unreadable(batch: list) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Collate the readable samples of a batch; the third element counts the skipped ones."""
+    good = [b for b in batch if b is not None]
+    if not good:
+        return torch.empty(0), torch.empty(0, dtype=torch.long), len(batch)
+    images, labels = torch.utils.data.default_collate(good)
+    return images, labels, len(batch) - len(good)
+
+
+class ImageFolder(Source):
+    """Your own images: ``root/<class>/<image>``, or ``root/train/<class>/`` beside
+    ``root/test/<class>/`` (or ``root/val/``, ImageNet's layout); JPEG, PNG, WebP, ... of any
+    size and mode. Each image becomes the centre square of its shorter side at ``size`` pixels.
+
+    ``cache=True`` (default): every image is decoded once, by ``workers`` processes (every core
+    by default), into a memory-mapped uint8 array under ``cache_dir``, reused by later epochs
+    and runs while the folder's files are unchanged (litlab.data.folder). ``cache=False``:
+    decoded as read by the DataLoader's workers, for folders whose decoded size
+    (images x channels x size^2 bytes) is more than the disk or memory can hold. Unreadable
+    files are skipped with a warning and counted (summary.json "data"). Without a split folder,
+    ``test_fraction`` of the images (stratified by class, fixed) is held out for testing.
+    """
+
+    name = "image_folder"
+
+    def __init__(
+        self,
+        root: str,
+        size: int,
+        channels: int = 3,
+        test_fraction: float = 0.2,
+        cache: bool = True,
+        cache_dir: str = ".cache/litlab",
+        workers: int | None = None,
+    ) -> None:
+        if channels not in (1, 3):
+            raise ConfigError(f"channels must be 1 or 3, got {channels}")
+        if size < 1:
+            raise ConfigError(f"size must be a positive number of pixels, got {size}")
+        self.root = Path(root).expanduser()
+        self.size, self.channels = size, channels
+        self.test_fraction = test_fraction
+        self.cache, self.cache_dir, self.workers = cache, Path(cache_dir), workers
+        self._loaded: dict[str, Dataset] = {}
+        self.report: dict[str, object] = {}
+
+    def _split_folders(self) -> dict[str, Path] | None:
+        """train/ and test/ (or val/) when the folder is laid out in splits."""
+        held_out = next((self.root / n for n in ("test", "val") if (self.root / n).is_dir()), None)
+        if (self.root / "train").is_dir() and held_out is not None:
+            return {"train": self.root / "train", "test": held_out}
+        return None
+
+    def prepare(self) -> None:
+        """Scan (and, cached, decode) every split once per node, before any process loads."""
+        if not self.root.is_dir():
+            raise DataError(
+                f"image folder {self.root} does not exist; set data.source.root to a folder of "
+                "class subfolders"
+            )
+        if self.cache:
+            for folder in (self._split_folders() or {"all": self.root}).values():
+                cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers)
+
+    def _whole(self, folder: Path, split: str) -> Dataset:
+        """Every image of one folder of class folders: cached (a TensorDataset over the
+        memory-mapped array) or as files."""
+        if not self.cache:
+            index = scan(folder)
+            return FileImages(index, range(len(index.files)), self.size, self.channels)
+        cached = cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers)
+        dataset = TensorDataset(cached.images, cached.labels)
+        dataset.classes = cached.classes  # type: ignore[attr-defined]
+        if split not in self.report:
+            self.report[split] = {"images": len(cached.labels), "skipped": len(cached.skipped)}
+            if cached.skipped:
+                self.report[split]["skipped_files"] = cached.skipped[:20]
+                first = cached.skipped[0]
+                log.warning(
+                    "skipped %d unreadable file(s) in %s, e.g. %s (%s)",
+                    len(cached.skipped),
+                    folder,
+                    first["file"],
+                    first["reason"],
+                )
+        return dataset
+
+    def load(self, split: Split) -> Dataset:
+        self.prepare()
+        folders = self._split_folders()
+        if folders is not None:
+            return self._whole(folders[split], split)
+        whole = self._whole(self.root, "all")
+        labels = _dataset_labels(whole)
+        test = stratified_indices(labels, max(1, round(len(labels) * self.test_fraction)), seed=0)
+        keep = torch.ones(len(labels), dtype=torch.bool)
+        keep[test] = False
+        chosen = test if split == "test" else keep.nonzero().flatten()
+        subset = torch.utils.data.Subset(whole, chosen.tolist())
+        subset.classes = whole.classes  # type: ignore[attr-defined]
+        return subset
+
+
+def _dataset_labels(dataset: Dataset) -> torch.Tensor:
+    if isinstance(dataset, TensorDataset):
+        return dataset.tensors[1]
+    return torch.as_tensor(dataset.targets, dtype=torch.long)

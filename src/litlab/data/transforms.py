@@ -72,13 +72,28 @@ def crop_boxes(
 
 
 def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """Each image's box, resized to ``size``: bilinear samples, as many per output pixel as the
-    box shrinks (an area average when downscaling, exact at 1:1): torchvision's roi_align, one
-    batched call for the whole batch."""
+    """Each uint8 image's box, resized to ``size`` (float, 0..255), antialiased when shrinking.
+
+    On an accelerator: torchvision's roi_align, one batched call (as many bilinear samples per
+    output pixel as the box shrinks: an area average when downscaling, exact at 1:1). On the
+    CPU that call is slower than torch's uint8 antialiased resize per image (AVX2 kernels,
+    channels_last; docs/benchmarks.md, P2 folders), which crops at whole pixels as torchvision's
+    RandomResizedCrop does."""
+    if images.device.type == "cpu":
+        n, c = images.shape[:2]
+        out = torch.empty((n, c, *size), dtype=torch.uint8).contiguous(
+            memory_format=torch.channels_last
+        )
+        for i, (x1, y1, x2, y2) in enumerate(boxes.round().long().tolist()):
+            crop = images[i : i + 1, :, y1 : max(y2, y1 + 1), x1 : max(x2, x1 + 1)]
+            crop = crop.contiguous(memory_format=torch.channels_last)
+            out[i : i + 1] = F.interpolate(crop, size=tuple(size), mode="bilinear", antialias=True)
+        return out.float()
     from torchvision.ops import roi_align
 
     index = torch.arange(len(boxes), device=boxes.device, dtype=boxes.dtype)[:, None]
-    return roi_align(images, torch.cat([index, boxes], 1), tuple(size), 1.0, -1, aligned=True)
+    boxes = torch.cat([index, boxes], 1)
+    return roi_align(images.float(), boxes, tuple(size), 1.0, -1, aligned=True)
 
 
 class BatchTransform:
@@ -109,7 +124,6 @@ class BatchTransform:
     def _resize(self, images: torch.Tensor, train: bool) -> torch.Tensor:
         """uint8 [N, C, H, W] -> float [N, C, *size] in 0..255 (cropped as the split wants)."""
         n, _, h, w = images.shape
-        images = images.float()
         if train and self.crop_scale is not None:
             boxes = crop_boxes(n, h, w, self.crop_scale, device=images.device)
         elif (h, w) != self.size or self.eval_crop < 1.0:
@@ -117,7 +131,7 @@ class BatchTransform:
             x, y = (w - side) / 2, (h - side) / 2
             boxes = torch.tensor([[x, y, x + side, y + side]], device=images.device).expand(n, 4)
         else:
-            return images
+            return images.float()
         return resized_crops(images, boxes, self.size)
 
     def __call__(self, images: torch.Tensor, train: bool) -> torch.Tensor:

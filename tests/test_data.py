@@ -35,7 +35,14 @@ from litlab.data import (
 )
 from litlab.data.folder import cached_folder, load_image
 from litlab.data.sources import read_idx, stratified_indices
-from litlab.data.transforms import BatchTransform, crop_boxes, random_hflip, random_translate
+from litlab.data.transforms import (
+    BatchTransform,
+    crop_boxes,
+    random_hflip,
+    random_translate,
+    resized_crops,
+    roi_crops,
+)
 from litlab.errors import ConfigError, DataError
 from litlab.train import train_task
 
@@ -368,6 +375,18 @@ def test_random_resized_crops_are_drawn_per_image_and_evaluation_is_the_centre()
     assert transform(images, train=True).shape == (2, 3, 32, 32)
     centre = BatchTransform([0.0], [1 / 255], size=(32, 32), eval_crop=0.875)(images, False)
     assert abs(float(centre[0, 0, 0, 0]) - 2.5) < 1.0  # the crop starts 2.5 px in
+
+
+def test_cpu_crops_match_the_accelerators_roi_align_crops():
+    """The CPU resizes each crop with torch's uint8 kernel, accelerators with roi_align: the
+    same boxes must give the same pictures (wrong axes or offsets would not)."""
+    y, x = torch.meshgrid(torch.arange(48.0), torch.arange(64.0), indexing="ij")
+    smooth = torch.stack([x * 3, y * 4, 128 + 60 * torch.sin(x / 9) * torch.cos(y / 7)])
+    images = smooth.clamp(0, 255).to(torch.uint8).repeat(3, 1, 1, 1)
+    boxes = torch.tensor([[0.0, 0.0, 64.0, 48.0], [8.0, 4.0, 40.0, 44.0], [20.0, 10.0, 60.0, 30.0]])
+    cpu, roi = resized_crops(images, boxes, (24, 24)), roi_crops(images, boxes, (24, 24))
+    assert cpu.shape == roi.shape == (3, 3, 24, 24)
+    assert (cpu - roi).abs().mean() < 1.0, (cpu - roi).abs().mean(dim=(1, 2, 3))
 
 
 @pytest.mark.parametrize("cache", [True, False])

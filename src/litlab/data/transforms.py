@@ -89,6 +89,11 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]
             crop = crop.contiguous(memory_format=torch.channels_last)
             out[i : i + 1] = F.interpolate(crop, size=tuple(size), mode="bilinear", antialias=True)
         return out.float()
+    return roi_crops(images, boxes, size)
+
+
+def roi_crops(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """resized_crops in one batched torchvision roi_align call (any device)."""
     from torchvision.ops import roi_align
 
     index = torch.arange(len(boxes), device=boxes.device, dtype=boxes.dtype)[:, None]

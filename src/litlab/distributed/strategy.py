@@ -71,8 +71,8 @@ def broadcast_buffers(module: L.LightningModule) -> None:
     checkpoints hold rank 0's. Called before every evaluation, so that all ranks evaluate the
     model that is saved, and a resumed run evaluates as an uninterrupted one.
     """
-    trainer = module._trainer
-    if trainer is None or trainer.world_size == 1:
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     for buffer in module.buffers():
         torch.distributed.broadcast(buffer.data, src=0)

@@ -3,15 +3,17 @@
     python scripts/bench_throughput.py --device cuda     # GPU: ResNet-50 224 px batch 256, DCGAN 64 px batch 128
     python scripts/bench_throughput.py                   # CPU smoke: ResNet-50 64 px batch 4, 3 steps
 
-P4: torchvision ResNet-50 (1,000 classes, SGD) on synthetic images, bf16-mixed + channels_last,
+P4: torchvision ResNet-50 (1,000 classes, SGD) on synthetic images, precision auto (bf16-mixed on
+GPUs and AVX512-BF16/AMX CPUs, else 32-true) + channels_last,
 without and with torch.compile. litlab: the train task on `model=torchvision
 model.net.name=resnet50 model.scheduler=null data=synthetic data.image_shape=[3,S,S]
-data.num_classes=1000 data.batch_size=B trainer.precision=bf16-mixed callbacks.speed.channels_last=true
+data.num_classes=1000 data.batch_size=B trainer.precision=auto callbacks.speed.channels_last=true
 callbacks.speed.compile=<false|true> trainer.max_steps=W+N` (plus trainer=gpu on CUDA); raw:
 `benchlib.raw_classifier` on the same config. MFU = model FLOPs per image (forward + backward,
 counted by torch.utils.flop_counter) x images/s / the device's dense bf16 peak: the same count
 and peak table (litlab.callbacks.monitor) as the Throughput callback's perf/mfu.
-P5: DCGAN (width 64, batch 128) on synthetic 64 px images, bf16-mixed; litlab: `model=dcgan
+P5: DCGAN (width 64, batch 128) on synthetic 64 px images (--gan-size/--gan-channels/--gan-width:
+the digits recipe's 1x28x28 at width 32), precision auto; litlab: `model=dcgan
 data=synthetic data.image_shape=[3,64,64] callbacks.fid=null callbacks.samples=null` (evaluation
 callbacks off); raw: the same G and D steps, Adam, EMA and requires_grad toggling by hand.
 Both: `logger=none extras.print_config=false +trainer.limit_val_batches=0 test=false
@@ -57,7 +59,8 @@ def common(device: torch.device, batch: int) -> list[str]:
     batches_per_epoch = 8  # a small synthetic set: 224 px uint8 images are 150 kB each
     return [
         *(["trainer=gpu"] if device.type == "cuda" else ["trainer=cpu"]),
-        "trainer.precision=bf16-mixed",
+        # bf16-mixed where the hardware has it (GPUs, AVX512-BF16/AMX CPUs), else 32-true
+        "trainer.precision=auto",
         "data=synthetic",
         f"data.batch_size={batch}",
         f"data.source.train_size={math.ceil(batch * batches_per_epoch / 0.9)}",
@@ -89,7 +92,9 @@ def resnet_overrides(
 def dcgan_overrides(args: argparse.Namespace, device: torch.device, steps: int) -> list[str]:
     return [
         "model=dcgan",
-        "data.image_shape=[3,64,64]",
+        f"data.image_shape=[{args.gan_channels},{args.gan_size},{args.gan_size}]",
+        f"model.generator.width={args.gan_width}",
+        f"model.discriminator.width={args.gan_width}",
         *common(device, args.gan_batch),
         "callbacks.fid=null",
         "callbacks.samples=null",
@@ -157,6 +162,9 @@ def main() -> None:
     parser.add_argument(
         "--image-size", type=int, help="ResNet-50 pixels (default: 224 CUDA, 64 CPU)"
     )
+    parser.add_argument("--gan-size", type=int, default=64, help="DCGAN pixels (digits: 28)")
+    parser.add_argument("--gan-channels", type=int, default=3, help="DCGAN channels (digits: 1)")
+    parser.add_argument("--gan-width", type=int, default=64, help="DCGAN widths (digits_dcgan: 32)")
     parser.add_argument("--steps", type=int, help="timed steps per run (default: 50 CUDA, 3 CPU)")
     parser.add_argument(
         "--warm-steps", type=int, help="untimed steps starting every run (default: 15 CUDA, 2 CPU)"
@@ -235,7 +243,10 @@ def main() -> None:
             "litlab": litlab(make_gan, args.gan_batch),
             "raw": raw(make_gan, args.gan_batch, gan=True),
         }
-        print(f"\nP5 DCGAN, 64 px, batch {args.gan_batch}")
+        print(
+            f"\nP5 DCGAN, {args.gan_channels}x{args.gan_size}x{args.gan_size}, "
+            f"width {args.gan_width}, batch {args.gan_batch}"
+        )
         m = benchlib.medians(benchlib.interleaved(variants, args.repeats))
         rows = [
             [n, f"{v['img/s']:,.0f}", f"{v['img/s'] / m['raw']['img/s']:.3f}"] for n, v in m.items()

@@ -205,7 +205,8 @@ class LoopTimer(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, *_: Any
     ) -> None:
-        self.loss = outputs["loss"] if isinstance(outputs, dict) else outputs  # no sync here
+        # no sync here; a GAN's step returns {"d/loss": ..., "g/loss": ...}: the first
+        self.loss = next(iter(outputs.values())) if isinstance(outputs, dict) else outputs
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         sync(pl_module.device)

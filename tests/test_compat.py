@@ -7,6 +7,7 @@ file, named after what litlab needs, instead of a user's run.
 from __future__ import annotations
 
 import csv
+import pickle
 import subprocess
 import sys
 
@@ -87,7 +88,8 @@ def test_flat_hyperparameters_as_lightnings_loggers_make_them():
 
 
 def test_the_csv_logger_appends_to_an_existing_history(tmp_path):
-    logger_class = compat.appending_csv_logger()
+    logger_class = compat.AppendingCSVLogger
+    assert pickle.loads(pickle.dumps(logger_class(tmp_path))).root_dir  # ddp_spawn pickles it
     first = logger_class(tmp_path, name="csv", version="")
     first.log_metrics({"loss": 1.0}, step=0)
     first.save()

@@ -7,6 +7,7 @@ them, so that an upgrade that changes one breaks a test here rather than a user'
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import threading
@@ -16,6 +17,8 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import csv_logs
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig
 
 # -- Lightning ---------------------------------------------------------------------------------
@@ -103,34 +106,29 @@ def flat_hyperparameters(params: dict[str, Any]) -> dict[str, Any]:
     return _flatten_dict(_convert_params(params), delimiter=".")
 
 
-def appending_csv_logger() -> type:
-    """Lightning's CSVLogger whose writer keeps an existing metrics.csv (a resumed run appends
-    to it). Its ExperimentWriter deletes the file in the private ``_check_log_dir_exists``, with
-    no option, and the logger makes its writer in ``experiment`` from private ``_fs`` and
-    ``_experiment``: both are replaced here."""
-    import csv
+class AppendingWriter(csv_logs.ExperimentWriter):
+    """Lightning's CSV ExperimentWriter that keeps an existing metrics.csv (a resumed run
+    appends to it): Lightning's deletes the file in the private ``_check_log_dir_exists``, with
+    no option."""
 
-    from lightning.pytorch.loggers import csv_logs
-    from lightning.pytorch.loggers.logger import rank_zero_experiment
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = next(csv.reader(f), [])  # old columns stay; rows append
 
-    class AppendingWriter(csv_logs.ExperimentWriter):
-        def _check_log_dir_exists(self) -> None:
-            if self._fs.isfile(self.metrics_file_path):
-                with self._fs.open(self.metrics_file_path, "r", newline="") as f:
-                    self.metrics_keys = next(csv.reader(f), [])  # old columns stay; rows append
 
-    class CSVLogger(csv_logs.CSVLogger):
-        """Lightning's CSVLogger that keeps the history of a resumed run (same run folder)."""
+class AppendingCSVLogger(csv_logs.CSVLogger):
+    """Lightning's CSVLogger that keeps the history of a resumed run (same run folder). The
+    logger makes its writer in ``experiment`` from the private ``_fs`` and ``_experiment``.
+    At module level: ddp_spawn pickles the trainer's loggers."""
 
-        @property
-        @rank_zero_experiment
-        def experiment(self) -> csv_logs.ExperimentWriter:
-            if self._experiment is None:
-                self._fs.makedirs(self.root_dir, exist_ok=True)
-                self._experiment = AppendingWriter(log_dir=self.log_dir)
-            return self._experiment
-
-    return CSVLogger
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> csv_logs.ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
 
 
 # -- W&B (through Lightning's WandbLogger) -------------------------------------------------------

@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from litlab.compat import (
-    appending_csv_logger,
+    AppendingCSVLogger,
     flat_hyperparameters,
     wandb_init_arguments,
     wandb_started,
@@ -31,7 +31,7 @@ Mode = Literal["auto", "online", "offline", "disabled"]
 
 
 # Lightning's CSVLogger, but a resumed run appends to metrics.csv instead of deleting it.
-CSVLogger = appending_csv_logger()
+CSVLogger = AppendingCSVLogger
 
 
 def wandb_credentials() -> bool:

@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from torchmetrics.image.fid import FrechetInceptionDistance
 from torchvision.utils import make_grid, save_image
 
+from litlab.distributed import log_job_value
 from litlab.errors import ConfigError
 from litlab.metrics.fid import (
     ClassifierFeatures,
@@ -171,10 +172,8 @@ class FID(Callback):
                     values[f"{stage}/class_entropy"] = entropy(counts)
             if not ema:
                 values[f"{stage}/fid_g"] = fid
-        for name, value in values.items():
-            # The same value on every rank (from statistics summed over ranks): the mean over
-            # ranks is the value itself, and Lightning wants epoch metrics reduced.
-            pl_module.log(name, value, on_epoch=True, sync_dist=True)
+        for name, value in values.items():  # the same on every rank (statistics summed over ranks)
+            log_job_value(pl_module, name, value)
         return values
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import nn
 
+from litlab.distributed import log_job_value
 from litlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -98,12 +99,6 @@ def over_ranks(trainer: L.Trainer, values: list[float], op: str) -> list[float]:
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
     return trainer.strategy.reduce(tensor, reduce_op=op).tolist()
-
-
-def log_job_value(pl_module: L.LightningModule, name: str, value: float) -> None:
-    """Log a value that is already the job's (the same on every rank). Lightning asks for
-    epoch metrics to be reduced over ranks; the max of equal values is exactly the value."""
-    pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="max")
 
 
 class _Clock:

@@ -8,6 +8,7 @@ from litlab.distributed.multirun import ranks_run_this_job
 from litlab.distributed.strategy import (
     broadcast_buffers,
     fsdp_strategy,
+    log_job_value,
     strategy_for,
     strategy_name,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "broadcast_buffers",
     "fsdp_strategy",
     "global_rank",
+    "log_job_value",
     "rank0_dir",
     "ranks_run_this_job",
     "strategy_for",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,6 +78,26 @@ def broadcast_buffers(module: L.LightningModule) -> None:
         return
     for buffer in module.buffers():
         torch.distributed.broadcast(buffer.data, src=0)
+
+
+_QUIETED: set[str] = set()
+
+
+def log_job_value(module: L.LightningModule, name: str, value: float | torch.Tensor) -> None:
+    """Log an epoch value that is already the job's: the same on every rank (reduced by the
+    caller, in the same hook on every rank).
+
+    Not ``sync_dist=True``: Lightning reduces such values lazily, when something first reads the
+    epoch's metrics, and its progress bar reads them on rank 0 alone, so rank 0 would reduce
+    there while the other ranks reduce later, and any collective in between (one a model runs in
+    ``on_train_epoch_end``) pairs with the wrong one: a gloo size mismatch or a hang. Lightning's
+    advice to sync epoch values is silenced for these names only.
+    """
+    if name not in _QUIETED:
+        _QUIETED.add(name)
+        message = f"It is recommended to use `self.log({name!r}, ..., sync_dist=True)`"
+        warnings.filterwarnings("ignore", message=re.escape(message))
+    module.log(name, value, on_step=False, on_epoch=True, sync_dist=False)
 
 
 def fsdp_strategy(wrap: Sequence[str] = (), state_dict_type: str = "full", **kwargs: Any) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -162,7 +163,7 @@ def domain_classifier(
             optimizer.step()
     net.cpu()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes may build the same one at once
     torch.save(net.state_dict(), tmp)
     tmp.replace(path)
     return ClassifierFeatures(net, mean, std, image_shape)

@@ -13,7 +13,7 @@ from torchmetrics import MaxMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from litlab.compat import logs_this_step
-from litlab.distributed import broadcast_buffers
+from litlab.distributed import broadcast_buffers, log_job_value
 from litlab.errors import ConfigError
 from litlab.models.optim import Interval, build_optimizer, fit_schedules_to_run
 
@@ -100,8 +100,8 @@ class ImageClassifier(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        # The epoch's means over every rank's images: one collective. The values are then the
-        # same on every rank; Lightning wants epoch values reduced, and the max is exact.
+        # The epoch's means over every rank's images: one collective; the values are then the
+        # same on every rank.
         sums = self.trainer.strategy.reduce(self.train_sums.clone(), reduce_op="sum")
         self.train_sums.zero_()
         if sums[3] == 0:  # no batch this epoch (a resumed run that stopped at its end)
@@ -110,7 +110,7 @@ class ImageClassifier(L.LightningModule):
         if self.top_k:
             means["train/acc_top5"] = sums[2]
         for name, total in means.items():
-            self.log(name, (total / sums[3]).float(), sync_dist=True, reduce_fx="max")
+            log_job_value(self, name, (total / sums[3]).float())
 
     def on_validation_epoch_start(self) -> None:
         broadcast_buffers(self)  # every rank evaluates rank 0's BatchNorm statistics
@@ -127,8 +127,8 @@ class ImageClassifier(L.LightningModule):
         # torchmetrics syncs across ranks in compute(); Lightning reuses the cached value. The
         # sanity check's partial pass does not count towards the best.
         if not self.trainer.sanity_checking:
-            self.val_acc_best.update(self.val_metrics["acc"].compute())
-            self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
+            self.val_acc_best.update(self.val_metrics["acc"].compute())  # synced over ranks
+            log_job_value(self, "val/acc_best", self.val_acc_best.compute())
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss = self._step(batch, self.test_metrics)

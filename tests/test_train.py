@@ -266,7 +266,9 @@ def test_default_cnn_one_epoch_on_real_fashion_mnist_reaches_85_percent(tmp_path
 
 
 @needs_fashion
-def test_a_folder_of_fashion_mnist_files_caches_the_very_pixels_and_labels_of_the_idx_files(tmp_path):
+def test_a_folder_of_fashion_mnist_files_caches_the_very_pixels_and_labels_of_the_idx_files(
+    tmp_path,
+):
     """Fashion-MNIST written as PNG files in ImageNet's layout (lossless, at its own 28 px), then
     scanned, decoded by every core and cached: every image and label is the IDX file's. (The
     same as 70,000 JPEGs trains to the IDX files' accuracy: docs/benchmarks.md, P2 folders.)"""

@@ -2,27 +2,33 @@
 # One bounded session on a GPU machine: the GPU test tier, then the GPU benchmarks, each under a
 # time limit and all of it under a deadline; logs and a compact table go to the folder $1.
 #   bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS]   (device tool: carry .whl and .data)
-# Needs CUDA: without it, it stops at once with a clear line and exit status 2.
+#   DRY_RUN=1 bash scripts/gpu_check.sh OUT_DIR            (here, before a loan: every step on the
+#                                                           CPU at smoke size; GPU tests skip)
+# Needs CUDA unless DRY_RUN=1: without it, it stops at once with a clear line and exit status 2.
 set -uo pipefail
 OUT=${1:?usage: bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS]}
 DEADLINE=${2:-400}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
+DRY=${DRY_RUN:-0}
 PY=${PYTHON:-python3}
+[ "$DRY" = 1 ] && [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
 
-if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "gpu_check: no CUDA GPU visible to torch; this script only runs on a GPU machine" | tee "$OUT/summary.txt"
+DEV=cuda; [ "$DRY" = 1 ] && DEV=cpu
+if [ "$DRY" != 1 ] && ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_check: no CUDA GPU visible to torch; this script only runs on a GPU machine (DRY_RUN=1: a CPU dry run)" | tee "$OUT/summary.txt"
   exit 2
 fi
 # The GPU machine has torch/lightning but not hydra/omegaconf: install the carried wheels.
-if [ -d .whl ]; then $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; fi
+if [ "$DRY" != 1 ] && [ -d .whl ]; then $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; fi
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 export WANDB_MODE=disabled
 DATA=$PWD/.data  # Fashion-MNIST IDX files carried from the development machine
 mkdir -p data && cp -n "$DATA"/*.gz data/ 2>/dev/null  # data/ is where litlab looks first
 
-{ date -u +"%Y-%m-%d %H:%M UTC"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+{ date -u +"%Y-%m-%d %H:%M UTC"; [ "$DRY" = 1 ] && echo "DRY RUN on the CPU: smoke sizes, not measurements"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   lscpu | grep "Model name"; nproc
   $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"; } \
   > "$OUT/machine.txt" 2>&1
@@ -49,11 +55,23 @@ step tests_compile 150 $PYTEST -m "gpu and compile" tests/test_gpu.py &
 step tests_observability 150 $PYTEST -m gpu tests/test_gpu_observability.py &
 wait
 
-# Benchmarks, most informative first (docs/benchmarks.md says what each measures).
+# Benchmarks, most informative first (docs/benchmarks.md says what each measures). A dry run
+# gives each the smallest size that runs every code path.
+DDIR="--data-dir data"; ls data/*.gz >/dev/null 2>&1 || DDIR=""  # else: data/, then the system's
 RECIPE=fashion_fast; [ -f conf/experiment/$RECIPE.yaml ] || RECIPE=fashion_cnn
-step bench_p4_p5_throughput 110 $PY scripts/bench_throughput.py --device cuda --repeats 1
-step bench_p3_time_to_acc 60 $PY scripts/bench_time_to_accuracy.py --device cuda --repeats 1 \
-  --experiment "$RECIPE" --data-dir data
-step bench_p1_overhead 50 $PY scripts/bench_overhead.py --device cuda --repeats 1 --data-dir data
-step bench_p0_gpu_vs_cpu 90 $PY scripts/bench_gpu_vs_cpu.py --device cuda --repeats 1 --data-dir data
+if [ "$DRY" = 1 ]; then
+  SMALL_P45="--steps 1 --warm-steps 1"; SMALL_P3="trainer.max_epochs=1 ++trainer.limit_train_batches=5"
+  SMALL_P1="--steps 5"; SMALL_P0="--max-batches 5"
+else
+  SMALL_P45=""; SMALL_P3=""; SMALL_P1=""; SMALL_P0=""
+fi
+step bench_p4_p5_throughput 110 $PY scripts/bench_throughput.py --device $DEV --repeats 1 $SMALL_P45
+step bench_p3_time_to_acc 60 $PY scripts/bench_time_to_accuracy.py --device $DEV --repeats 1 \
+  --experiment "$RECIPE" $DDIR $SMALL_P3
+step bench_p1_overhead 50 $PY scripts/bench_overhead.py --device $DEV --net cnn --repeats 1 \
+  $DDIR $SMALL_P1
+[ "$DRY" = 1 ] || step bench_p1_overhead_mlp 60 $PY scripts/bench_overhead.py --device $DEV \
+  --net mlp --repeats 1 $DDIR  # 3 epochs: minutes on a CPU, seconds on the GPU
+step bench_p0_gpu_vs_cpu 90 $PY scripts/bench_gpu_vs_cpu.py --device $DEV --repeats 1 $DDIR \
+  $SMALL_P0
 echo "total ${SECONDS}s" | tee -a "$OUT/summary.txt"

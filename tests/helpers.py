@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,6 +25,19 @@ class DumpWeights(Callback):
         self.folder.mkdir(parents=True, exist_ok=True)
         parameters = {name: p.detach().cpu() for name, p in pl_module.named_parameters()}
         torch.save(parameters, self.folder / f"rank{trainer.global_rank}.pt")
+
+
+class RecordEpochSums(Callback):
+    """Rank 0 writes every rank's own training sums (the classifier's epoch_sums) at each
+    training epoch's end, before the model reduces them: rank{r}: [loss x n, top-1, top-k, n]."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        sums = pl_module.all_gather(pl_module.epoch_sums()).reshape(-1, 4)
+        if trainer.global_rank == 0:
+            self.path.write_text(json.dumps({f"rank{r}": s for r, s in enumerate(sums.tolist())}))
 
 
 class InjectNaN(Callback):

@@ -186,11 +186,20 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
         "trainer.devices=2",
         "trainer.max_epochs=1",
         f"paths.log_dir={tmp_path / 'out'}",
+        "+callbacks.sums._target_=helpers.RecordEpochSums",
+        f"+callbacks.sums.path={tmp_path / 'sums.json'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (summary,) = summaries(tmp_path / "out")
     assert summary["status"] == "completed"
     assert len(wandb_runs(tmp_path / "out")) == 1
+    # The epoch's training accuracy and loss are over both ranks' images, each rank counting
+    # its own shard (a rank's sums are not rank 0's: DDP copies buffers from rank 0).
+    ranks = json.loads((tmp_path / "sums.json").read_text())
+    assert ranks["rank0"] != ranks["rank1"] and ranks["rank0"][3] == ranks["rank1"][3] > 0
+    total = [a + b for a, b in zip(ranks["rank0"], ranks["rank1"], strict=True)]
+    assert summary["metrics"]["train/acc"] == pytest.approx(total[1] / total[3], abs=1e-6)
+    assert summary["metrics"]["train/loss"] == pytest.approx(total[0] / total[3], rel=1e-6)
     # The DDP test accuracy (256 test images split over 2 ranks, synced by torchmetrics) equals
     # the accuracy of the same checkpoint tested by one process.
     cfg = make_cfg(

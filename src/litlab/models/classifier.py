@@ -69,11 +69,20 @@ class ImageClassifier(L.LightningModule):
         # A few tensor ops a step (torchmetrics' update and Lightning's self.log cost more than
         # a small net's step: docs/benchmarks.md, P1); reduced over ranks once, at the epoch's
         # end; saved with checkpoints, so that a run resumed mid-epoch reports the whole epoch.
-        self.register_buffer("train_sums", torch.zeros(4, dtype=torch.float64), persistent=False)
+        # Not a buffer: DDP copies rank 0's buffers to every rank at each forward, which would
+        # make every rank's sums rank 0's.
+        self._train_sums = torch.zeros(4, dtype=torch.float64)
         self.val_metrics = accuracy_metrics(num_classes, "val/")
         self.test_metrics = accuracy_metrics(num_classes, "test/")
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint: a resumed run keeps its best
+
+    def epoch_sums(self) -> Tensor:
+        """This rank's sums of the training epoch so far (loss x images, top-1 hits, top-k hits,
+        images), on the module's device."""
+        if self._train_sums.device != self.device:
+            self._train_sums = self._train_sums.to(self.device)
+        return self._train_sums
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)
@@ -92,7 +101,7 @@ class ImageClassifier(L.LightningModule):
         with torch.no_grad():  # device ops only: no host sync, no tensor from the host
             counts = hits(logits, labels, self.top_k)
             size = counts.new_full((1,), len(labels))
-            self.train_sums += torch.cat([loss.detach().double().view(1) * size, counts, size])
+            self.epoch_sums().add_(torch.cat([loss.detach().double().view(1) * size, counts, size]))
         # The step curve: every trainer.log_every_n_steps (when Lightning writes it), and at an
         # epoch's last batch, so that the run ends with its last value.
         if logs_this_step(self.trainer) or self.trainer.is_last_batch:
@@ -102,8 +111,8 @@ class ImageClassifier(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         # The epoch's means over every rank's images: one collective; the values are then the
         # same on every rank.
-        sums = self.trainer.strategy.reduce(self.train_sums.clone(), reduce_op="sum")
-        self.train_sums.zero_()
+        sums = self.trainer.strategy.reduce(self.epoch_sums().clone(), reduce_op="sum")
+        self._train_sums.zero_()
         if sums[3] == 0:  # no batch this epoch (a resumed run that stopped at its end)
             return
         means = {"train/loss": sums[0], "train/acc": sums[1]}
@@ -136,12 +145,17 @@ class ImageClassifier(L.LightningModule):
         self.log_dict(self.test_metrics, on_step=False, on_epoch=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["classifier"] = {"train_sums": self.train_sums.cpu()}
+        # The job's sums so far (every rank writes a checkpoint together: one collective). A
+        # resumed run hands them to its rank 0 alone, so that the epoch's reduce counts every
+        # image once, on any number of ranks.
+        total = self.trainer.strategy.reduce(self.epoch_sums().clone(), reduce_op="sum")
+        checkpoint["classifier"] = {"train_sums": total.cpu()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("classifier", {}).get("train_sums")
         if saved is not None:
-            self.train_sums.copy_(saved)
+            saved = saved.to(torch.float64)
+            self._train_sums = saved if self.global_rank == 0 else torch.zeros_like(saved)
 
     def on_train_start(self) -> None:  # after Lightning restored a resumed run's schedule
         fit_schedules_to_run(self.trainer)  # which then ends at this run's end

@@ -97,8 +97,6 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
 def check_hardware(trainer: DictConfig) -> bool:
     """Refuse accelerator/precision/device choices this machine cannot run, saying what to use;
     return whether the run is on the CPU."""
-    import torch
-
     accelerator = str(trainer.get("accelerator", "auto"))
     precision = str(trainer.get("precision", "32-true"))
     devices = trainer.get("devices", 1)

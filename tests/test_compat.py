@@ -136,3 +136,50 @@ def test_ema_update_is_the_weighted_average_without_a_host_sync():
     compat.ema_update(ema, current, torch.tensor(0.75))
     assert torch.allclose(ema[0], torch.full((3,), 0.75))
     assert torch.allclose(ema[1], torch.full((2,), 0.25))
+
+
+class PositionLoader:
+    """Batches with a position that Lightning saves in checkpoints and gives back on resume."""
+
+    def __init__(self) -> None:
+        self.position, self.loaded = 0, []
+
+    def __len__(self) -> int:
+        return 8
+
+    def __iter__(self):
+        for i in range(self.position, len(self)):
+            self.position = i + 1
+            yield torch.randn(4, 4), torch.randint(0, 2, (4,))
+        self.position = 0
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loaded.append(state)
+        self.position = state["position"]
+
+
+def test_stepping_batches_leave_the_checkpoints_loader_state_to_the_resumed_fit(tmp_path):
+    class StepScheduled(Tiny):
+        def configure_optimizers(self):
+            self.steps = compat.stepping_batches(self.trainer)
+            return super().configure_optimizers()
+
+    class StopAndSave(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 2:
+                compat.stop_at_batch_end(trainer)
+
+        def on_exception(self, trainer, pl_module, exception):
+            trainer.save_checkpoint(tmp_path / "mid.ckpt")
+
+    model = StepScheduled()
+    with pytest.raises(SIGTERMException):
+        bare_trainer(max_epochs=2, callbacks=[StopAndSave()]).fit(model, PositionLoader())
+    assert model.steps == 16
+    resumed, loader = StepScheduled(), PositionLoader()
+    bare_trainer(max_epochs=2).fit(resumed, loader, ckpt_path=tmp_path / "mid.ckpt")
+    assert resumed.steps == 16
+    assert loader.loaded == [{"position": 3}]  # the rest of the epoch, not all of it again

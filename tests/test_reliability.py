@@ -56,11 +56,13 @@ def val_rows(folder: Path) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, args, stop_batch", [("classifier", CLF, 19), ("gan", GAN, 13)])
+@pytest.mark.parametrize("family, args, stop_batch", [("classifier", CLF, 14), ("gan", GAN, 13)])
 def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
     tmp_path, family, args, stop_batch
 ):
-    """A real SIGTERM at an epoch boundary, `resume=<folder>`, and the same weights as never stopping."""
+    """A real SIGTERM mid-epoch (the classifier: its one-cycle schedule asks Lightning for the
+    run's length before the checkpoint is restored), `resume=<folder>`, and the same weights as
+    never stopping."""
     straight = run_cli(*args, f"paths.log_dir={tmp_path / 'straight'}")
     assert straight.returncode == 0, straight.stderr[-3000:]
 

@@ -44,6 +44,23 @@ def logs_this_step(trainer: L.Trainer) -> bool:
     return trainer._logger_connector.should_update_logs
 
 
+def stepping_batches(trainer: L.Trainer) -> int:
+    """``trainer.estimated_stepping_batches``, without its side effect on a resumed run.
+
+    Asked before the checkpoint is restored (in configure_optimizers, for a schedule counted
+    in steps), Lightning builds the train loader then, and later never gives it the loader state
+    the checkpoint holds (``fit_loop.setup_data`` returns early once a loader exists, and only it
+    loads those states): a run resumed mid-epoch would start that epoch again from its first
+    batch. Dropping the loader built for the estimate (private ``fit_loop._combined_loader``)
+    lets the fit build it again after the restore, as it does without a step schedule.
+    """
+    built = trainer.fit_loop._combined_loader is not None
+    steps = int(trainer.estimated_stepping_batches)
+    if not built:
+        trainer.fit_loop._combined_loader = None
+    return steps
+
+
 def _child_observer_class() -> type:
     from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 

@@ -11,7 +11,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR, ReduceLROnPlateau
 
-from litlab.compat import one_cycle_phases
+from litlab.compat import one_cycle_phases, stepping_batches
 from litlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ Interval = Literal["step", "epoch"]
 def schedule_length(trainer: Any, interval: Interval) -> int:
     """Training length in the scheduler's unit: optimizer steps or epochs."""
     if interval == "step":
-        return int(trainer.estimated_stepping_batches)
+        return stepping_batches(trainer)
     return int(trainer.max_epochs)
 
 

@@ -149,6 +149,20 @@ def write_png_folder(
             Image.fromarray(pixels).save(root / c / f"{i}.png")
 
 
+def write_digits_folder(root: Path) -> Path:
+    """scikit-learn's 1,797 digits as 28-px grayscale PNGs in root/<digit>/ (a flat folder)."""
+    from PIL import Image
+
+    from litlab.data import Digits
+
+    for split in ("train", "test"):
+        images, labels = Digits().load(split).tensors
+        for i, (image, label) in enumerate(zip(images, labels.tolist(), strict=True)):
+            (root / str(label)).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image[0].numpy()).save(root / str(label) / f"{split}{i}.png")
+    return root
+
+
 def write_unusual_images(folder: Path) -> list[str]:
     """Files of the kinds real folders hold beside good images: damaged ones (truncated, not
     an image, empty), and unusual modes and sizes (CMYK, grayscale, RGBA, 16-bit, large).

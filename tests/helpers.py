@@ -127,3 +127,38 @@ class ProbeTrainingClock(Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         self.seen["saving"].append(self._running(trainer))
+
+
+class RecordImages(Callback):
+    """Each rank writes a fingerprint of every image it was given (per training epoch and at
+    test), so that a test can see which images each rank saw. Needs deterministic transforms
+    (no random crop or flip): the uint8 pixels are recovered from the normalized batch."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.seen: dict[str, list[list[int]]] = {"test": []}
+
+    def _fingerprints(self, trainer, images: torch.Tensor) -> list[int]:
+        transform = trainer.datamodule.transform
+        pixels = ((images.float() * transform.std + transform.mean) * 255).round().long()
+        return fingerprints(pixels.cpu())
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        key = f"epoch{trainer.current_epoch}"
+        self.seen.setdefault(key, []).append(self._fingerprints(trainer, batch[0]))
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self.seen["test"].append(self._fingerprints(trainer, batch[0]))
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+def fingerprints(pixels: torch.Tensor) -> list[int]:
+    """One integer per uint8 image (exact: a fixed integer projection of its pixels)."""
+    flat = pixels.flatten(1).long()
+    weights = torch.randint(
+        0, 1 << 20, (flat.shape[1],), generator=torch.Generator().manual_seed(0)
+    )
+    return (flat * weights).sum(1).tolist()

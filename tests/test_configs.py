@@ -74,6 +74,17 @@ def data_fixture(option: str, tmp_path: Path) -> list[str]:
             "data.batch_size=4",
             "data.num_workers=0",
         ]
+    if option == "streaming":
+        from litlab.data.optimize import convert
+
+        write_png_folder(tmp_path / "images")
+        convert(tmp_path / "images", str(tmp_path / "chunks"), workers=1)
+        return [
+            f"data.source.input_dir={tmp_path / 'chunks'}",
+            "data.num_classes=3",
+            "data.batch_size=4",
+            "data.num_workers=0",
+        ]
     return []
 
 
@@ -85,13 +96,14 @@ def test_data_option_instantiates_and_loads(option, tmp_path):
     assert isinstance(dm, DataModule)
     dm.prepare_data()
     dm.setup("fit")
-    images, labels = next(iter(dm.train_dataloader()))
+    batch = next(iter(dm.train_dataloader()))  # files: and a count of unreadable ones
+    images, labels = batch[:2]
     assert images.dtype == torch.uint8 and images.shape[1] == cfg.data.image_shape[0]
     assert int(labels.max()) < cfg.data.num_classes
     # The model reads the image shape and class count from the data config: no number written
     # twice; images stored larger (an image folder's) reach it at that shape.
     model = build(cfg.model, "model")
-    x, _ = dm.on_after_batch_transfer((images, labels), 0)
+    x, _ = dm.on_after_batch_transfer(batch, 0)
     assert tuple(x.shape[1:]) == tuple(cfg.data.image_shape) and x.dtype == torch.float32
     assert model(x).shape == (images.shape[0], cfg.data.num_classes)
 

@@ -301,8 +301,9 @@ def test_loader_choice_is_checked(tmp_path):
 @pytest.mark.parametrize("option", sorted(p.stem for p in (REPO / "conf" / "data").glob("*.yaml")))
 def test_in_memory_sources_default_to_the_device_loader(tmp_path, option):
     data = make_cfg(tmp_path, [f"data={option}"]).data
-    file_backed = data.source._target_ == "litlab.data.ImageFolder"
-    assert data.loader == ("auto" if file_backed else "device")  # auto: device once cached
+    file_backed = data.source._target_ in ("litlab.data.ImageFolder", "litlab.data.Streaming")
+    # auto: the device loader once a folder is cached, LitData's loader for streams
+    assert data.loader == ("auto" if file_backed else "device")
 
 
 def test_stratified_subsets_follow_the_class_proportions_at_random():

@@ -4,6 +4,7 @@ from litlab.data.datamodule import DataModule
 from litlab.data.folder import ImageFolder
 from litlab.data.loader import DeviceLoader
 from litlab.data.sources import CIFAR10, MNIST, Digits, FashionMNIST, Source, Synthetic
+from litlab.data.streaming import Streaming
 
 __all__ = [
     "CIFAR10",
@@ -14,5 +15,6 @@ __all__ = [
     "FashionMNIST",
     "ImageFolder",
     "Source",
+    "Streaming",
     "Synthetic",
 ]

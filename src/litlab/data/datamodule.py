@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
 from litlab.data.folder import FileImages, skip_unreadable
 from litlab.data.loader import DeviceLoader
@@ -31,14 +31,18 @@ def _reads_files(dataset: Dataset) -> bool:
     return isinstance(dataset, FileImages)
 
 
+def _streams(dataset: Dataset) -> bool:
+    """A dataset read as a stream (LitData's StreamingDataset), not indexed by a sampler."""
+    return isinstance(dataset, IterableDataset)
+
+
 def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
     if isinstance(dataset, TensorDataset):
         return tuple(dataset.tensors[0].shape[1:])
-    if isinstance(dataset, FileImages):
-        return (dataset.channels, dataset.size, dataset.size)
-    return tuple(dataset[0][0].shape)
+    shape = getattr(dataset, "sample_shape", None)  # sources that decode files as they go
+    return tuple(shape) if shape is not None else tuple(dataset[0][0].shape)
 
 
 def _class_count(dataset: Dataset) -> tuple[int, bool]:
@@ -62,6 +66,23 @@ def _labels(dataset: Dataset) -> torch.Tensor:
     if targets is not None:
         return torch.as_tensor(targets, dtype=torch.long)
     return torch.tensor([int(dataset[i][1]) for i in range(len(dataset))])
+
+
+def _stream_sample(
+    dataset: Dataset, limit: int | None, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded uniform random subset of a streamed split, read item by item: its labels are
+    not known without reading every item, so the subset is representative in expectation, not
+    stratified."""
+    if limit is None:
+        raise ConfigError(
+            "a streamed split is too large to hold in memory whole: FID on streamed data needs "
+            "callbacks.fid.extractor=inception (the auto extractor trains on the whole split)"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.randperm(len(dataset), generator=generator)[:limit].sort().values
+    items = [item for i in index.tolist() if (item := dataset[i]) is not None]
+    return torch.stack([image for image, _ in items]), torch.tensor([y for _, y in items])
 
 
 class DataModule(L.LightningDataModule):
@@ -159,6 +180,9 @@ class DataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
+        if getattr(self.source, "own_validation_split", False):
+            self._setup_given_splits()
+            return
         train_full = self.source.load("train")
         if self.loader == "auto":
             self.loader = "device" if _in_memory(train_full) else "dataloader"
@@ -184,6 +208,25 @@ class DataModule(L.LightningDataModule):
         self.datasets["test"] = self.source.load("test")
         self._check(self.datasets["test"], "test")
 
+    def _setup_given_splits(self) -> None:
+        """A source that holds its own train, val and test splits (streamed datasets, split
+        when they were converted): taken as they are."""
+        if self.train_fraction < 1.0:
+            raise ConfigError(
+                f"data.train_fraction is not available with {self.source.name} (its splits were "
+                "fixed at conversion); convert a smaller folder instead"
+            )
+        if self.loader == "device":
+            raise ConfigError(
+                f"data.loader=device needs an in-memory source, but {self.source.name} streams; "
+                "set data.loader=auto"
+            )
+        self.loader = "dataloader"
+        for split in ("train", "val", "test"):
+            self.datasets[split] = self.source.load(split)
+            self._check(self.datasets[split], split)
+        self.datasets["fit"] = self.datasets["train"]
+
     def _check(self, dataset: Dataset, split: str) -> None:
         if len(dataset) == 0:
             raise DataError(f"the {self.source.name} {split} split is empty")
@@ -204,6 +247,8 @@ class DataModule(L.LightningDataModule):
 
     def _loader(self, split: str, train: bool) -> DataLoader | DeviceLoader:
         batch_size = self.batch_size if train else self.eval_batch_size
+        if _streams(self.datasets[split]):
+            return self._streaming_loader(split, train, batch_size)
         if self.loader == "dataloader":
             return DataLoader(
                 self.datasets[split],
@@ -234,6 +279,31 @@ class DataModule(L.LightningDataModule):
             device=trainer.strategy.root_device if trainer else "cpu",
         )
 
+    def _streaming_loader(self, split: str, train: bool, batch_size: int) -> DataLoader:
+        """LitData's loader: each rank and worker streams its own chunks. Training drops the
+        last items so that every rank runs the same number of batches; evaluation reads every
+        item once (the last rank takes the items left over from whole batches, so ranks may run
+        a different number of batches: no step of evaluation syncs)."""
+        from litlab.data.streaming import streaming_loader_class
+
+        dataset = self.datasets[split]
+        dataset.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # the run's seed, every rank
+        if not train:  # LitData deals whole batches to ranks: a batch per rank at least
+            world_size = self.trainer.world_size if self.trainer else 1
+            batch_size = min(batch_size, max(1, dataset.images // world_size))
+        loader = streaming_loader_class()(
+            dataset,
+            batch_size=batch_size,
+            shuffle=train,
+            drop_last=train,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            collate_fn=skip_unreadable,
+        )
+        if train and self.trainer is not None:
+            loader.start_at_epoch(self.trainer.current_epoch)
+        return loader
+
     def train_dataloader(self) -> DataLoader | DeviceLoader:
         if len(self.datasets["fit"]) < self.batch_size:  # drop_last would leave no batch at all
             raise ConfigError(
@@ -256,6 +326,8 @@ class DataModule(L.LightningDataModule):
         head would hold the first classes only)."""
         self.setup()
         dataset = self.datasets[split]
+        if _streams(dataset):
+            return _stream_sample(dataset, limit, seed)
         labels = _labels(dataset)
         index = stratified_indices(labels, len(labels) if limit is None else limit, seed)
         base, within = dataset, index

@@ -26,13 +26,14 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset, TensorDataset
 
-from litlab.data.sources import Source, Split, stratified_indices
+from litlab.data.sources import Source, Split, stratified_split
 from litlab.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,9 @@ def _eight_bit(image: Image.Image, channels: int) -> Image.Image:
     return image.convert("L" if channels == 1 else "RGB")  # CMYK, P, LA, RGBA, 1, ...
 
 
-def load_image(path: str | Path, size: int, channels: int) -> np.ndarray:
-    """The centre square of an image file, resized to ``size``: uint8 [channels, size, size]."""
+def load_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndarray:
+    """The centre square of an image (a file, or its bytes in a file object), resized to
+    ``size``: uint8 [channels, size, size]."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)  # refuse, don't thrash
         with Image.open(path) as image:
@@ -209,6 +211,10 @@ class FileImages(Dataset):
     def __len__(self) -> int:
         return len(self.positions)
 
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        return (self.channels, self.size, self.size)
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
         path = self.index.root / self.index.files[self.positions[i]]
         try:
@@ -312,11 +318,8 @@ class ImageFolder(Source):
         if folders is not None:
             return self._whole(folders[split], split)
         whole = self._whole(self.root, "all")
-        labels = _dataset_labels(whole)
-        test = stratified_indices(labels, max(1, round(len(labels) * self.test_fraction)), seed=0)
-        keep = torch.ones(len(labels), dtype=torch.bool)
-        keep[test] = False
-        chosen = test if split == "test" else keep.nonzero().flatten()
+        keep, test = stratified_split(_dataset_labels(whole), self.test_fraction)
+        chosen = test if split == "test" else keep
         subset = torch.utils.data.Subset(whole, chosen.tolist())
         subset.classes = whole.classes  # type: ignore[attr-defined]
         return subset

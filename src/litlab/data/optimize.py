@@ -1,0 +1,217 @@
+"""Convert an image folder into LitData chunks that ``data=streaming`` trains on.
+
+    python -m litlab.data.optimize /path/to/images /path/to/chunks
+    python -m litlab.data.optimize /path/to/images s3://bucket/chunks --max-side 512
+
+SRC is laid out as for ``data=image_folder``: ``SRC/<class>/*`` (a fixed, class-stratified
+``--test-fraction`` is held out for testing) or ``SRC/train/<class>/`` beside ``SRC/test/`` (or
+``val/``). ``--val-fraction`` of the training images (the same fixed split as the DataModule's
+``data.val_fraction``) become the validation split, so the three splits hold the very images
+``data=image_folder`` would use. Each image is stored as its file's bytes (JPEG, PNG, WebP as
+they are), or re-encoded as JPEG when ``--max-side`` shrinks it; files that do not decode are
+skipped with a warning and counted. LitData's ``optimize`` does the writing, on every core, with
+its progress bar, to a folder or an object store (credentials from the environment). Re-running
+is safe: a finished conversion of the same files and options is left alone, an unfinished one
+is written again from the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import sys
+import warnings
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from litlab.data.folder import FolderIndex, cache_key, scan
+from litlab.data.sources import fixed_split, stratified_split
+from litlab.data.streaming import META_FORMAT, _litdata, join, read_meta
+from litlab.errors import DataError, LitlabError, fail
+
+# Workers forked from this process start at once; spawned ones import torch again (~5 s each).
+START_METHOD = "fork" if sys.platform == "linux" else None
+Item = tuple[str, int, str]  # (path, label, name relative to SRC)
+
+
+def source_splits(
+    root: Path, test_fraction: float, val_fraction: float
+) -> tuple[list[str], dict[str, list[Item]], str]:
+    """(classes, {split: items}, key): the images of each split, as an image folder and the
+    DataModule split them, and a key of every file's name, size and time and the fractions."""
+    held_out = next((n for n in ("test", "val") if (root / n).is_dir()), None)
+    if (root / "train").is_dir() and held_out:
+        train, test = scan(root / "train"), scan(root / held_out)
+        if train.classes != test.classes:
+            raise DataError(
+                f"{root}/train and {root}/{held_out} have different class folders; give both "
+                "the same classes"
+            )
+        indexes = [train, test]
+        train_items, test_items = _items(train), _items(test)
+    else:
+        whole = scan(root)
+        indexes = [whole]
+        items = _items(whole)
+        keep, test = stratified_split(torch.tensor(whole.labels), test_fraction)
+        train_items = [items[i] for i in keep.tolist()]
+        test_items = [items[i] for i in test.tolist()]
+    fit, val = fixed_split(len(train_items), val_fraction, 0)
+    splits = {
+        "train": [train_items[i] for i in fit.tolist()],
+        "val": [train_items[i] for i in val.tolist()],
+        "test": test_items,
+    }
+    key = hashlib.sha256(
+        repr([cache_key(i, 0, 0) for i in indexes] + [test_fraction, val_fraction]).encode()
+    )
+    return indexes[0].classes, splits, key.hexdigest()[:16]
+
+
+def _items(index: FolderIndex) -> list[Item]:
+    return [
+        (str(index.root / f), label, f) for f, label in zip(index.files, index.labels, strict=True)
+    ]
+
+
+def encode(item: Item, max_side: int | None, quality: int) -> Any:
+    """One image as a LitData sample: its file's bytes (re-encoded as JPEG when ``max_side``
+    shrinks it), label and name; nothing at all for a file that does not decode."""
+    path, label, name = item
+    try:
+        data = Path(path).read_bytes()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                image.load()  # the whole file: a truncated one fails here, not in training
+                if max_side and max(image.size) > max_side:
+                    image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+                    buffer = io.BytesIO()
+                    keep = "L" if image.mode in ("1", "L", "I;16", "I") else "RGB"
+                    image.convert(keep).save(buffer, "JPEG", quality=quality)
+                    data = buffer.getvalue()
+    except Exception as e:  # every failure of a damaged file is a skip
+        print(f"skipped unreadable image {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        return
+    yield {"image": data, "label": label, "name": name}
+
+
+def _written(output_dir: str) -> int:
+    """How many samples LitData wrote to one split (its index.json)."""
+    litdata = _litdata()
+    return len(litdata.StreamingDataset(output_dir))
+
+
+def convert(
+    src: Path,
+    dst: str,
+    max_side: int | None = None,
+    quality: int = 90,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.1,
+    workers: int | None = None,
+    chunk_bytes: str = "64MB",
+) -> dict[str, Any]:
+    """Write SRC's splits to DST as LitData datasets, then DST/meta; return the meta."""
+    litdata = _litdata()
+    classes, splits, key = source_splits(src, test_fraction, val_fraction)
+    options = {"max_side": max_side, "quality": quality if max_side else None}
+    try:
+        meta = read_meta(dst)
+        if meta.get("source_key") == key and meta.get("options") == options:
+            print(f"{dst} already holds this conversion of {src}; nothing to do")
+            return meta
+    except DataError:
+        pass  # nothing there yet, or an unfinished conversion: write it all
+    report = {}
+    for split, items in splits.items():
+        if not items:
+            raise DataError(f"the {split} split of {src} would be empty; add images or fractions")
+        litdata.optimize(
+            fn=partial(encode, max_side=max_side, quality=quality),
+            inputs=items,
+            output_dir=join(dst, split),
+            chunk_bytes=chunk_bytes,
+            num_workers=max(1, min(workers or os.cpu_count() or 1, len(items))),
+            mode="overwrite",
+            start_method=START_METHOD,
+        )
+        written = _written(join(dst, split))
+        report[split] = {"images": written, "skipped": len(items) - written}
+    meta = {
+        "format": META_FORMAT,
+        "classes": classes,
+        "splits": report,
+        "source": str(src),
+        "source_key": key,
+        "options": options,
+        "fractions": {"test": test_fraction, "val": val_fraction},
+    }
+    # Written last: its presence marks a finished conversion.
+    litdata.optimize(
+        fn=_meta_item,
+        inputs=[json.dumps(meta)],
+        output_dir=join(dst, "meta"),
+        chunk_size=1,
+        num_workers=1,
+        mode="overwrite",
+        start_method=START_METHOD,
+        verbose=False,
+    )
+    return meta
+
+
+def _meta_item(text: str) -> dict[str, str]:
+    return {"json": text}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m litlab.data.optimize",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("src", type=Path, help="the image folder")
+    parser.add_argument("dst", help="output folder or URL (s3://, gs://, azure://)")
+    parser.add_argument("--max-side", type=int, default=None, help="shrink larger images to this")
+    parser.add_argument("--quality", type=int, default=90, help="JPEG quality of shrunk images")
+    parser.add_argument("--test-fraction", type=float, default=0.2, help="without SRC/test/")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="as data.val_fraction")
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
+    parser.add_argument("--chunk-bytes", default="64MB", help="LitData chunk size")
+    args = parser.parse_args(argv)
+    if args.max_side is not None and args.max_side < 1:
+        fail(f"--max-side must be a positive number of pixels, got {args.max_side}")
+    try:
+        meta = convert(
+            args.src,
+            args.dst,
+            args.max_side,
+            args.quality,
+            args.test_fraction,
+            args.val_fraction,
+            args.workers,
+            args.chunk_bytes,
+        )
+    except LitlabError as e:
+        fail(str(e))
+    counts = ", ".join(
+        f"{s} {r['images']} ({r['skipped']} skipped)" for s, r in meta["splits"].items()
+    )
+    print(f"{args.dst}: {len(meta['classes'])} classes; {counts}")
+    print(
+        f"train on it: python train.py data=streaming data.source.input_dir={args.dst} "
+        f"data.num_classes={len(meta['classes'])}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Datasets too big for one machine: LitData chunks streamed from a folder or an object store.
+
+``python -m litlab.data.optimize SRC DST`` writes, with LitData's ``optimize``, one LitData
+dataset per split (``DST/train``, ``DST/val``, ``DST/test``: chunks of encoded image bytes and
+labels, and their ``index.json``) and a one-item dataset ``DST/meta`` (classes, counts, how it
+was made). Keeping the metadata in LitData's own format means it is read wherever LitData reads
+(a folder, ``s3://``, ``gs://``, Azure) with LitData's credentials and nothing else.
+
+Training reads ``StreamingDataset``s through LitData's ``StreamingDataLoader``: each rank and
+worker streams its own chunks; images are decoded in the workers at ``size`` (the centre square,
+as an image folder's), then cropped, flipped and normalized per batch on the device by the
+DataModule, like every other source.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import warnings
+from typing import Any
+
+import torch
+
+from litlab.data.folder import load_image
+from litlab.data.sources import Source
+from litlab.errors import ConfigError, DataError
+
+META_FORMAT = 1  # bump when what DST holds changes
+SPLITS = ("train", "val", "test")
+
+
+def join(root: str, name: str) -> str:
+    """``root/name`` for a local folder or a URL alike."""
+    return f"{root.rstrip('/')}/{name}"
+
+
+def _litdata() -> Any:
+    try:
+        import litdata
+    except ImportError as e:
+        raise ConfigError(
+            "streaming needs LitData: pip install 'litlab[stream]' (or pip install litdata)"
+        ) from e
+    # LitData logs its cache budget at INFO for every dataset in every worker; keep warnings.
+    quiet = logging.getLogger("litdata")
+    if quiet.level == logging.NOTSET:
+        quiet.setLevel(logging.WARNING)
+    # Lightning warns that an IterableDataset's length may be wrong with several workers:
+    # LitData shards by worker itself, so its length is right.
+    warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
+    return litdata
+
+
+class DecodeImage:
+    """LitData transform, run in the loader's workers: an item's encoded bytes become uint8
+    [channels, size, size] (the centre square, as ``load_image`` makes for image folders), or
+    None when they do not decode (``skip_unreadable`` drops it and the run counts it)."""
+
+    def __init__(self, size: int, channels: int) -> None:
+        self.size, self.channels = size, channels
+
+    def __call__(self, item: dict[str, Any]) -> tuple[torch.Tensor, int] | None:
+        try:
+            pixels = load_image(io.BytesIO(item["image"]), self.size, self.channels)
+        except Exception as e:  # a damaged item is a skip, whatever PIL raises
+            warnings.warn(f"skipped unreadable image {item.get('name')}: {e}", stacklevel=1)
+            return None
+        return torch.from_numpy(pixels), int(item["label"])
+
+
+def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
+    """What ``litlab.data.optimize`` wrote about a converted dataset (``DST/meta``)."""
+    litdata = _litdata()
+    where = join(input_dir, "meta")
+    try:
+        item = litdata.StreamingDataset(where, cache_dir=cache_dir and join(cache_dir, "meta"))[0]
+    except Exception as e:  # missing folder, bucket or index: the same advice
+        raise DataError(
+            f"no litlab dataset at {input_dir} ({type(e).__name__}: {e}); convert one first: "
+            f"python -m litlab.data.optimize /path/to/images {input_dir}"
+        ) from e
+    meta = json.loads(item["json"])
+    if meta.get("format") != META_FORMAT:
+        raise DataError(
+            f"{input_dir} was written by another version of litlab.data.optimize (format "
+            f"{meta.get('format')}, this litlab reads {META_FORMAT}); convert it again"
+        )
+    return meta
+
+
+class Streaming(Source):
+    """A dataset converted by ``python -m litlab.data.optimize``, streamed from ``input_dir``
+    (a local folder or an ``s3://``, ``gs://``, ``azure://`` URL) with LitData. Remote chunks are
+    cached under ``cache_dir`` (LitData's default when null), at most ``max_cache_size`` of them
+    (e.g. "50GB"). Credentials come from the environment (``~/.aws``, AWS_* variables, ...) as
+    LitData and boto3 read them; nothing here takes or logs a secret."""
+
+    name = "streaming"
+    own_validation_split = True
+
+    def __init__(
+        self,
+        input_dir: str,
+        size: int,
+        channels: int = 3,
+        cache_dir: str | None = None,
+        max_cache_size: str | None = None,
+    ) -> None:
+        if channels not in (1, 3):
+            raise ConfigError(f"channels must be 1 or 3, got {channels}")
+        if size < 1:
+            raise ConfigError(f"size must be a positive number of pixels, got {size}")
+        self.input_dir = str(input_dir)
+        self.size, self.channels = size, channels
+        self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
+        self._meta: dict[str, Any] | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        if self._meta is None:
+            self._meta = read_meta(self.input_dir, self.cache_dir)
+        return self._meta
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """For summary.json: images per split and the files the conversion skipped."""
+        return {"streamed_from": self.input_dir, **self.meta["splits"]}
+
+    def prepare(self) -> None:
+        self.meta  # noqa: B018 - fails early, with what to do, when input_dir holds no dataset
+
+    def load(self, split: str) -> Any:
+        """The split as a ``StreamingDataset`` of (uint8 [C, size, size], label), with its
+        classes, image count and sample shape attached for the DataModule."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        dataset = _litdata().StreamingDataset(
+            join(self.input_dir, split),
+            cache_dir=self.cache_dir and join(self.cache_dir, split),
+            max_cache_size=self.max_cache_size,
+            transform=DecodeImage(self.size, self.channels),
+        )
+        dataset.classes = self.meta["classes"]
+        dataset.images = self.meta["splits"][split]["images"]  # all ranks' (len: this rank's)
+        dataset.sample_shape = (self.channels, self.size, self.size)
+        return dataset
+
+
+def streaming_loader_class() -> type:
+    """LitData's ``StreamingDataLoader``, with two guards for resuming (built on first use, so
+    that LitData is imported only by runs that stream)."""
+    litdata = _litdata()
+
+    class StreamingLoader(litdata.StreamingDataLoader):
+        """Starts at the epoch it is told (a run resumed at an epoch's end continues with the
+        next epoch's order, not the first's) and refuses to continue an epoch on another number
+        of ranks, workers or batch size (the rest of that epoch would be another set of images)."""
+
+        def start_at_epoch(self, epoch: int) -> None:
+            self.current_epoch = epoch  # LitData counts epochs from 1 and adds 1 at iter()
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            saved = state["dataset"]
+            dist = torch.distributed
+            world_size = dist.get_world_size() if dist.is_initialized() else 1
+            now = (world_size, max(1, self.num_workers), self.batch_size)
+            then = (saved["world_size"], saved["num_workers"], saved["batch_size"])
+            if now != then:
+                raise ConfigError(
+                    "this checkpoint stopped mid-epoch with (ranks, data.num_workers, "
+                    f"data.batch_size) = {then}, this run has {now}: resume with the same "
+                    "values (or from a checkpoint written at an epoch's end)"
+                )
+            super().load_state_dict(state)
+
+    return StreamingLoader

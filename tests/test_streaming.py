@@ -1,0 +1,233 @@
+"""Streaming (LitData): the conversion of an image folder, and training on its chunks."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import Subset
+
+from conftest import (
+    QUIET,
+    make_cfg,
+    run_cli,
+    write_digits_folder,
+    write_png_folder,
+    write_unusual_images,
+)
+from helpers import fingerprints
+from litlab.config import build
+from litlab.data.folder import load_image
+from litlab.data.optimize import convert
+from litlab.data.streaming import DecodeImage, join, streaming_loader_class
+from litlab.errors import ConfigError, DataError
+from litlab.evaluate import eval_task
+
+litdata = pytest.importorskip("litdata")
+
+
+def names_of(dataset) -> list[str]:
+    """The files behind a DataModule split of an uncached image folder, in its order."""
+    positions = list(range(len(dataset)))
+    while isinstance(dataset, Subset):
+        positions = [dataset.indices[p] for p in positions]
+        dataset = dataset.dataset
+    return [dataset.index.files[dataset.positions[p]] for p in positions]
+
+
+def streamed(dst: Path, split: str) -> list[dict]:
+    """A converted split's raw items (bytes, label, name), as LitData stores them."""
+    return list(litdata.StreamingDataset(join(str(dst), split)))
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> tuple[Path, Path, list[str]]:
+    """Three classes of 10 PNGs each, plus the unusual files of real folders in cat/ (three of
+    them unreadable, one 3000x2000), converted with --max-side 64."""
+    root = tmp_path_factory.mktemp("images")
+    write_png_folder(root, per_class=10)
+    bad = write_unusual_images(root / "cat")
+    dst = tmp_path_factory.mktemp("chunks")
+    convert(root, str(dst), max_side=64, workers=2)
+    return root, dst, bad
+
+
+def test_optimize_keeps_the_image_folders_splits_and_bytes_and_skips_bad_files(converted, tmp_path):
+    root, dst, bad = converted
+    meta = json.loads(streamed(dst, "meta")[0]["json"])
+    assert meta["classes"] == ["cat", "dog", "fox"]
+    assert sum(s["images"] for s in meta["splits"].values()) == 30 + 8 - len(bad)
+    assert sum(s["skipped"] for s in meta["splits"].values()) == len(bad)
+    # The very splits data=image_folder gives the DataModule (test held out by class, then the
+    # validation split of the rest), less the unreadable files.
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "data=image_folder",
+            f"data.source.root={root}",
+            "data.source.cache=false",
+            "data.num_classes=3",
+        ],
+    )
+    folder = build(cfg.data, "data")
+    folder.setup()
+    for split in ("train", "val", "test"):
+        items = streamed(dst, split)
+        want = {n for n in names_of(folder.datasets[split]) if Path(n).name not in bad}
+        assert sorted(i["name"] for i in items) == sorted(want), split
+        for item in items:
+            path = root / item["name"]
+            assert item["label"] == ["cat", "dog", "fox"].index(item["name"].split("/")[0])
+            if item["name"] != "cat/huge.jpg":  # within --max-side: the file's own bytes
+                assert item["image"] == path.read_bytes()
+                pixels, _ = DecodeImage(32, 3)(item)
+                assert torch.equal(pixels, torch.from_numpy(load_image(path, 32, 3)))
+    huge = [i for s in ("train", "val", "test") for i in streamed(dst, s) if "huge" in i["name"]]
+    assert len(huge) == 1 and len(huge[0]["image"]) < (root / "cat/huge.jpg").stat().st_size
+    # A second run over the same files and options writes nothing.
+    chunks = {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")}
+    assert convert(root, str(dst), max_side=64, workers=2) == meta
+    assert {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")} == chunks
+
+
+def test_streaming_config_mistakes_are_one_clear_line(converted, tmp_path):
+    _, dst, _ = converted
+    base = ["data=streaming", f"data.source.input_dir={dst}"]
+
+    def setup(*overrides: str) -> None:
+        build(make_cfg(tmp_path, [*base, *overrides]).data, "data").setup()
+
+    with pytest.raises(ConfigError, match=re.escape("set data.num_classes=3")):
+        setup("data.num_classes=5")
+    with pytest.raises(ConfigError, match="train_fraction"):
+        setup("data.num_classes=3", "data.train_fraction=0.5")
+    with pytest.raises(ConfigError, match=re.escape("data.loader=auto")):
+        setup("data.num_classes=3", "data.loader=device")
+    with pytest.raises(DataError, match=re.escape("python -m litlab.data.optimize")):
+        build(
+            make_cfg(
+                tmp_path, [base[0], f"data.source.input_dir={tmp_path}", "data.num_classes=3"]
+            ).data,
+            "data",
+        ).prepare_data()
+
+
+def test_a_streamed_epoch_cut_short_refuses_another_topology(converted):
+    _, dst, _ = converted
+    dataset = litdata.StreamingDataset(join(str(dst), "train"), transform=DecodeImage(32, 3))
+    loader = streaming_loader_class()(dataset, batch_size=4, num_workers=0, shuffle=True)
+    next(iter(loader))
+    state = loader.state_dict()
+    state["dataset"]["world_size"] = 2
+    with pytest.raises(ConfigError, match="resume with the same values"):
+        loader.load_state_dict(state)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_streaming_on_two_ranks_shards_exactly_and_resumes_bit_identically(tmp_path):
+    """2 CPU ranks on LitData chunks of the digits: each rank its own images (none shared, the
+    same number of batches), a new order every epoch, every test image tested once, and
+    SIGTERM mid-epoch + resume= ends with the uninterrupted run's weights."""
+    chunks = tmp_path / "chunks"
+    convert(write_digits_folder(tmp_path / "digits"), str(chunks), workers=2)
+    args = [
+        "data=streaming",
+        f"data.source.input_dir={chunks}",
+        "data.num_classes=10",
+        "data.source.channels=1",
+        "data.source.size=28",
+        "data.image_shape=[1,28,28]",
+        "data.random_resized_crop=null",  # deterministic images: fingerprints identify them
+        "data.eval_crop=1",
+        "data.hflip=false",
+        "data.batch_size=64",
+        "data.num_workers=1",
+        "trainer.max_epochs=2",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "logger=csv",
+        *QUIET,
+    ]
+    record = ["+callbacks.record._target_=helpers.RecordImages"]
+    straight = run_cli(
+        *args,
+        *record,
+        f"+callbacks.record.folder={tmp_path / 'seen'}",
+        f"paths.log_dir={tmp_path}/a",
+    )
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "seen" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # The digits hold a few identical images: count images as a multiset of fingerprints.
+    split = {s: Counter(images_of(chunks, s)) for s in ("train", "test")}
+    for epoch in ("epoch0", "epoch1"):
+        batches = [rank[epoch] for rank in ranks]
+        assert len(batches[0]) == len(batches[1]) == split["train"].total() // 2 // 64
+        seen = [Counter(x for batch in b for x in batch) for b in batches]
+        assert seen[0] + seen[1] <= split["train"]  # no image twice: disjoint shards
+        assert seen[0] != seen[1]
+    assert ranks[0]["epoch0"] != ranks[0]["epoch1"]  # reshuffled
+    tested = Counter(x for rank in ranks for batch in rank["test"] for x in batch)
+    assert tested == split["test"]  # every test image once, over the ranks
+    summary = summary_of_folder(tmp_path / "a")
+    assert summary["metrics"]["test/acc"] > 0.3  # learns (chance: 0.1) in 20 steps
+    # The DDP test accuracy is the accuracy of the same checkpoint tested by one process.
+    cfg = make_cfg(
+        tmp_path / "eval",
+        [f"ckpt_path={summary['best_checkpoint']}", "extras.print_config=false"],
+        config_name="eval",
+    )
+    assert eval_task(cfg) == pytest.approx(summary["metrics"]["test/acc"], abs=1e-7)
+
+    stopped = run_cli(
+        *args,
+        "+callbacks.stop._target_=helpers.SignalAt",
+        "+callbacks.stop.batch=13",  # mid-way through the second epoch
+        *record,
+        f"+callbacks.record.folder={tmp_path / 'resumed'}",
+        f"paths.log_dir={tmp_path}/b",
+    )
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    folder = next((tmp_path / "b").rglob("summary.json")).parent
+    resumed = run_cli(f"resume={folder}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for r, rank in enumerate(ranks):  # the rest of the second epoch, batch for batch
+        rest = json.loads((tmp_path / "resumed" / f"rank{r}.json").read_text())
+        assert rest["epoch1"] == rank["epoch1"][4:], f"rank {r}"
+    a = torch.load(Path(summary["best_checkpoint"]).parent / "last.ckpt", weights_only=True)
+    b = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)
+    for name, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][name]), name
+
+
+def images_of(chunks: Path, split: str) -> list[int]:
+    """Fingerprints of a converted split's images as the run decodes them (helpers.RecordImages)."""
+    decode = DecodeImage(28, 1)
+    return fingerprints(torch.stack([decode(item)[0] for item in streamed(chunks, split)]))
+
+
+def summary_of_folder(root: Path) -> dict:
+    return json.loads(next(root.rglob("summary.json")).read_text())
+
+
+def test_a_loader_started_at_an_epoch_streams_that_epochs_order(converted):
+    """A run resumed from an epoch's end (no loader state in its checkpoint) continues with the
+    next epoch's order, not the first epoch's again."""
+    _, dst, _ = converted
+
+    def epochs(start: int, count: int) -> list[list[str]]:
+        dataset = litdata.StreamingDataset(join(str(dst), "train"), shuffle=True, seed=7)
+        loader = streaming_loader_class()(
+            dataset, batch_size=4, shuffle=True, collate_fn=lambda items: [i["name"] for i in items]
+        )
+        loader.start_at_epoch(start)
+        return [[name for batch in loader for name in batch] for _ in range(count)]
+
+    first, second = epochs(0, 2)
+    assert first != second and sorted(first) == sorted(second)
+    assert epochs(1, 1) == [second]

@@ -146,6 +146,7 @@ class RecordImages(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         key = f"epoch{trainer.current_epoch}"
         self.seen.setdefault(key, []).append(self._fingerprints(trainer, batch[0]))
+        self.seen.setdefault(f"labels{trainer.current_epoch}", []).append(batch[1].tolist())
 
     def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         self.seen["test"].append(self._fingerprints(trainer, batch[0]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import Counter
@@ -26,6 +27,7 @@ from litlab.data.optimize import convert
 from litlab.data.streaming import DecodeImage, join, streaming_loader_class
 from litlab.errors import ConfigError, DataError
 from litlab.evaluate import eval_task
+from litlab.train import train_task
 
 litdata = pytest.importorskip("litdata")
 
@@ -88,6 +90,9 @@ def test_optimize_keeps_the_image_folders_splits_and_bytes_and_skips_bad_files(c
                 assert torch.equal(pixels, torch.from_numpy(load_image(path, 32, 3)))
     huge = [i for s in ("train", "val", "test") for i in streamed(dst, s) if "huge" in i["name"]]
     assert len(huge) == 1 and len(huge[0]["image"]) < (root / "cat/huge.jpg").stat().st_size
+    # Stored in a random order, not class by class (LitData shuffles within a window only).
+    labels = [i["label"] for i in streamed(dst, "train")]
+    assert sum(a != b for a, b in itertools.pairwise(labels)) > len(labels) / 3
     # A second run over the same files and options writes nothing.
     chunks = {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")}
     assert convert(root, str(dst), max_side=64, workers=2) == meta
@@ -172,6 +177,10 @@ def test_streaming_on_two_ranks_shards_exactly_and_resumes_bit_identically(tmp_p
         assert seen[0] + seen[1] <= split["train"]  # no image twice: disjoint shards
         assert seen[0] != seen[1]
     assert ranks[0]["epoch0"] != ranks[0]["epoch1"]  # reshuffled
+    # Representative batches: the folder lists its images class by class, and LitData shuffles
+    # only within a window: written in that order, a batch would hold one or two classes.
+    for rank in ranks:
+        assert min(len(set(labels)) for labels in rank["labels0"] + rank["labels1"]) >= 8
     tested = Counter(x for rank in ranks for batch in rank["test"] for x in batch)
     assert tested == split["test"]  # every test image once, over the ranks
     summary = summary_of_folder(tmp_path / "a")
@@ -231,3 +240,53 @@ def test_a_loader_started_at_an_epoch_streams_that_epochs_order(converted):
     first, second = epochs(0, 2)
     assert first != second and sorted(first) == sorted(second)
     assert epochs(1, 1) == [second]
+
+
+@pytest.mark.slow
+def test_an_s3_dataset_converts_and_trains_with_credentials_from_the_environment_only(
+    tmp_path, monkeypatch
+):
+    """The URL path against a local S3 server (moto): convert to s3://, train one epoch from it,
+    and the secret key appears nowhere in the run folder."""
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    from litdata.streaming import downloader
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        secret = "litlab-test-secret-7f3a9c"
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "litlab-test-key")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        # moto serves plain http, which LitData's obstore client refuses (real S3 is https):
+        # allowed here in this process (and the forked conversion workers) only.
+        monkeypatch.setitem(downloader._OBSTORE_CLIENT_OPTIONS, "allow_http", True)
+        boto3.client("s3").create_bucket(Bucket="litlab")
+        write_png_folder(tmp_path / "images", per_class=12)
+        meta = convert(tmp_path / "images", "s3://litlab/images", workers=2)
+        assert sum(s["images"] for s in meta["splits"].values()) == 36
+        cfg = make_cfg(
+            tmp_path,
+            [
+                "data=streaming",
+                "data.source.input_dir=s3://litlab/images",
+                f"data.source.cache_dir={tmp_path / 'cache'}",
+                "data.num_classes=3",
+                "data.batch_size=8",
+                "data.num_workers=0",
+                "trainer.max_epochs=1",
+                "logger=wandb",
+                *QUIET,
+            ],
+        )
+        train_task(cfg)
+    finally:
+        server.stop()
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
+    assert summary["data"]["test"]["images"] == meta["splits"]["test"]["images"]
+    for path in Path(cfg.paths.output_dir).rglob("*"):
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path

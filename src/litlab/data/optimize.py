@@ -65,14 +65,22 @@ def source_splits(
         test_items = [items[i] for i in test.tolist()]
     fit, val = fixed_split(len(train_items), val_fraction, 0)
     splits = {
-        "train": [train_items[i] for i in fit.tolist()],
-        "val": [train_items[i] for i in val.tolist()],
-        "test": test_items,
+        "train": shuffled([train_items[i] for i in fit.tolist()]),
+        "val": shuffled([train_items[i] for i in val.tolist()]),
+        "test": shuffled(test_items),
     }
     key = hashlib.sha256(
         repr([cache_key(i, 0, 0) for i in indexes] + [test_fraction, val_fraction]).encode()
     )
     return indexes[0].classes, splits, key.hexdigest()[:16]
+
+
+def shuffled(items: list[Item]) -> list[Item]:
+    """The items in a fixed random order. Folders list their images class by class, and LitData
+    shuffles the order of chunks and then items only within a window (256): written in folder
+    order, a chunk would hold one or two classes and so would every training batch."""
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(0))
+    return [items[i] for i in order.tolist()]
 
 
 def _items(index: FolderIndex) -> list[Item]:
@@ -140,6 +148,7 @@ def convert(
             output_dir=join(dst, split),
             chunk_bytes=chunk_bytes,
             num_workers=max(1, min(workers or os.cpu_count() or 1, len(items))),
+            reorder_files=False,  # LitData would sort by file size, which follows the class
             mode="overwrite",
             start_method=START_METHOD,
         )

@@ -26,7 +26,7 @@ from litlab.data.folder import load_image
 from litlab.data.sources import Source
 from litlab.errors import ConfigError, DataError
 
-META_FORMAT = 1  # bump when what DST holds changes
+META_FORMAT = 2  # bump when what DST holds changes (2: items in a random order)
 SPLITS = ("train", "val", "test")
 
 

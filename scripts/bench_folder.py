@@ -13,7 +13,10 @@ and flip per image at --size, normalized float batches on --device:
   at --stored px) into the memory-mapped cache, then the epochs from it (crops on the device);
 - litlab, warm: the same once the cache exists (every later run on the folder);
 - litlab, files: ``data.source.cache=false``: decoded at --stored px by DataLoader workers every
-  epoch (PIL's reduced-scale JPEG decoding), crops on the device.
+  epoch (PIL's reduced-scale JPEG decoding), crops on the device;
+- litlab, streamed: ``data=streaming`` on the folder converted once into local LitData chunks
+  (``python -m litlab.data.optimize``, timed apart): the files' bytes read from the chunks and
+  decoded at --stored px by LitData's workers every epoch, crops on the device.
 Rows: (a) data path, seconds for --epochs epochs; (b) end to end, seconds for --epochs epochs of
 Lightning training litlab's SmallCNN (width 16) through each path. Medians of --repeats rounds,
 the sides of a round back to back in alternating order. Results: docs/benchmarks.md, "P2 folders".
@@ -36,13 +39,20 @@ from benchlib import sync
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from litlab.data import DataModule, ImageFolder
+from litlab.data import DataModule, ImageFolder, Source, Streaming
+from litlab.data.optimize import convert
 from litlab.models import ImageClassifier
 from litlab.nets import SmallCNN
 
 BATCH = 128
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
-SIDES = ("torchvision", "litlab, cold cache", "litlab, warm cache", "litlab, files")
+SIDES = (
+    "torchvision",
+    "litlab, cold cache",
+    "litlab, warm cache",
+    "litlab, files",
+    "litlab, streamed",
+)
 
 
 def torchvision_loader(root: Path, size: int, workers: int) -> DataLoader:
@@ -69,6 +79,10 @@ def litlab_datamodule(root: Path, size: int, stored: int, cache: Path | None, wo
         cache_dir=str(cache or "."),
         workers=workers,
     )
+    return datamodule_of(source, root, size, workers)
+
+
+def datamodule_of(source: Source, root: Path, size: int, workers: int) -> DataModule:
     datamodule = DataModule(
         source,
         image_shape=[3, size, size],
@@ -122,12 +136,19 @@ def main() -> None:
     parser.add_argument("--stored", type=int, help="litlab's stored side (default: 1.15 x size)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--data-only", action="store_true", help="the data path rows alone")
     args = parser.parse_args()
     device = benchlib.start(args)
     stored = args.stored or round(args.size * 1.15)
     scratch = Path(tempfile.mkdtemp(prefix="litlab-bench-folder-"))
-    warm_cache = scratch / "warm"
-    litlab_datamodule(args.folder, args.size, stored, warm_cache, args.workers)  # built once
+    warm_cache, chunks = scratch / "warm", scratch / "chunks"
+    if "litlab, warm cache" in args.sides:
+        litlab_datamodule(args.folder, args.size, stored, warm_cache, args.workers)  # built once
+    if "litlab, streamed" in args.sides:
+        start = time.perf_counter()
+        convert(args.folder, str(chunks), workers=args.workers)
+        print(f"converted {args.folder} into LitData chunks in {time.perf_counter() - start:.1f} s")
 
     def side(name: str) -> Callable[[], tuple]:
         def make() -> tuple:
@@ -141,8 +162,11 @@ def main() -> None:
                 datamodule = litlab_datamodule(
                     args.folder, args.size, stored, warm_cache, args.workers
                 )
-            else:
+            elif name == "litlab, files":
                 datamodule = litlab_datamodule(args.folder, args.size, stored, None, args.workers)
+            else:
+                streamed = Streaming(str(chunks), size=stored)
+                datamodule = datamodule_of(streamed, args.folder, args.size, args.workers)
             return datamodule.train_dataloader(), datamodule
 
         return make
@@ -156,20 +180,24 @@ def main() -> None:
             loader, datamodule = make()
             images = sum(batches(loader, datamodule, device) for _ in range(epochs))
             data_s = time.perf_counter() - start
+            if args.data_only:
+                return {"data s": data_s, "images": images, "e2e s": float("nan")}
             start = time.perf_counter()
             train(make, device, epochs)
             return {"data s": data_s, "images": images, "e2e s": time.perf_counter() - start}
 
         return run
 
-    results = benchlib.medians(benchlib.interleaved({n: measure(n) for n in SIDES}, args.repeats))
+    sides = ["torchvision", *(n for n in args.sides if n != "torchvision")]  # the baseline
+    results = benchlib.medians(benchlib.interleaved({n: measure(n) for n in sides}, args.repeats))
     base = results["torchvision"]
     rows = [
         [
             name,
             f"{m['data s']:.1f}",
             f"{m['images'] / m['data s']:,.0f}",
-            f"{base['data s'] / m['data s']:.2f}",
+            # images/s, not seconds: the streamed split is the folder's less its validation part
+            f"{m['images'] / m['data s'] / (base['images'] / base['data s']):.2f}",
             f"{m['e2e s']:.1f}",
             f"{base['e2e s'] / m['e2e s']:.2f}",
         ]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import QUIET, REPO, make_cfg, run_cli
+from conftest import QUIET, REPO, make_cfg, run_cli, write_digits_folder
 from litlab.config import build
 from litlab.distributed import rank0_dir, strategy_for
 from litlab.errors import ConfigError
@@ -305,10 +305,10 @@ def torchrun(args: list[str], tmp_path: Path) -> subprocess.Popen:
     )
 
 
-def run_args(tmp_path: Path) -> list[str]:
+def run_args(tmp_path: Path, data: list[str] = SYNTH) -> list[str]:
     return [
         str(REPO / "train.py"),
-        *SYNTH,
+        *data,
         *QUIET,
         "logger=wandb",
         "trainer.max_epochs=1",
@@ -341,9 +341,31 @@ def test_torchrun_single_node(tmp_path):
     assert_one_run_identical_weights(tmp_path, 2)
 
 
+def streamed_digits(tmp_path: Path) -> list[str]:
+    """data=streaming over the digits converted into LitData chunks."""
+    from litlab.data.optimize import convert
+
+    convert(write_digits_folder(tmp_path / "digits"), str(tmp_path / "chunks"), workers=2)
+    return [
+        "data=streaming",
+        f"data.source.input_dir={tmp_path / 'chunks'}",
+        "data.num_classes=10",
+        "data.source.channels=1",
+        "data.source.size=28",
+        "data.image_shape=[1,28,28]",
+        "data.batch_size=64",
+        "data.num_workers=1",
+        "model.net.width=8",
+    ]
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 def test_torchrun_two_nodes_on_loopback(tmp_path):
+    """Two torchrun "nodes" of one process each on this machine: one run, the same weights on
+    both ranks, on streamed data (LitData finds its ranks under torchrun; the single-node test
+    above runs the in-memory loader)."""
+    args = run_args(tmp_path, streamed_digits(tmp_path))
     port = free_port()
     nodes = [
         torchrun(
@@ -353,7 +375,7 @@ def test_torchrun_two_nodes_on_loopback(tmp_path):
                 "--nproc_per_node=1",
                 "--master_addr=127.0.0.1",
                 f"--master_port={port}",
-                *run_args(tmp_path),
+                *args,
             ],
             tmp_path,
         )

@@ -290,3 +290,22 @@ def test_an_s3_dataset_converts_and_trains_with_credentials_from_the_environment
     assert summary["data"]["test"]["images"] == meta["splits"]["test"]["images"]
     for path in Path(cfg.paths.output_dir).rglob("*"):
         assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+
+
+def test_a_streamed_split_gives_a_seeded_random_sample_for_metrics(converted, tmp_path):
+    """What FID's real statistics read: a seeded random subset of the whole split (decoded as
+    training decodes), the same for the same seed, all of the split when it asks for more."""
+    _, dst, _ = converted
+    cfg = make_cfg(
+        tmp_path, ["data=streaming", f"data.source.input_dir={dst}", "data.num_classes=3"]
+    )
+    datamodule = build(cfg.data, "data")
+    total = datamodule.split_size("train")
+    images, labels = datamodule.arrays("train", 5, seed=1)
+    assert images.shape == (5, 3, 36, 36) and images.dtype == torch.uint8 and len(labels) == 5
+    again, _ = datamodule.arrays("train", 5, seed=1)
+    other, _ = datamodule.arrays("train", 5, seed=2)
+    assert torch.equal(images, again) and not torch.equal(images, other)
+    assert len(datamodule.arrays("train", total + 10)[0]) == total
+    with pytest.raises(ConfigError, match="extractor=inception"):
+        datamodule.arrays("train")

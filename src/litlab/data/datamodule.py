@@ -80,7 +80,7 @@ def _stream_sample(
             "callbacks.fid.extractor=inception (the auto extractor trains on the whole split)"
         )
     generator = torch.Generator().manual_seed(seed)
-    index = torch.randperm(len(dataset), generator=generator)[:limit].sort().values
+    index = torch.randperm(dataset.images, generator=generator)[:limit].sort().values
     items = [item for i in index.tolist() if (item := dataset[i]) is not None]
     return torch.stack([image for image, _ in items]), torch.tensor([y for _, y in items])
 
@@ -350,8 +350,10 @@ class DataModule(L.LightningDataModule):
         return images, labels, torch.arange(len(labels)) if rows is None else rows
 
     def split_size(self, split: str) -> int:
+        """Images in a split (all ranks': a stream's len() is this rank's share)."""
         self.setup()
-        return len(self.datasets[split])
+        dataset = self.datasets[split]
+        return dataset.images if _streams(dataset) else len(dataset)
 
     def report(self) -> dict[str, Any]:
         """What the data was, for summary.json: images per split, and files skipped."""

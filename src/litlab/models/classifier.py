@@ -117,7 +117,8 @@ class ImageClassifier(L.LightningModule):
         if self.erasing is not None:
             images = self.erasing(images)
         if self.mix is not None:
-            # One mixing weight (and CutMix box) per batch, partner = the batch rolled by one:
+            # One mixing weight (and CutMix box) per batch, partner = the batch rolled by one
+            # (random partners: training batches are shuffled):
             # torchvision's v2 transforms draw once per call (torchvision issue #8484), which for
             # mixup/cutmix is the standard (timm's default, mode="batch"). The draw is from the
             # global CPU generator: no device sync, and RNGState resumes it exactly.

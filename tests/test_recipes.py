@@ -154,7 +154,7 @@ def test_recipes_config_what_they_promise(tmp_path):
 @pytest.mark.parametrize(
     "recipe, smaller, bar",
     [
-        ("fashion_sprint", ["model.net.width=16", "data.train_fraction=0.1"], 0.65),
+        ("fashion_sprint", ["model.net.width=16", "data.train_fraction=0.1"], 0.65),  # 0.754 here
         (
             "fashion_best",
             [
@@ -163,14 +163,15 @@ def test_recipes_config_what_they_promise(tmp_path):
                 "data.train_fraction=0.25",
                 "callbacks.ema.decay=0.9",  # 0.999 averages over more steps than this run has
             ],
-            0.45,
+            0.35,  # 0.51 here (float32): one-cycle SGD under erasing and mixing starts slowly
         ),
     ],
 )
 def test_recipe_first_epoch_on_real_fashion_mnist(tmp_path, recipe, smaller, bar):
-    """Each recipe's first epoch, narrower and on a fraction of the training split (the whole
-    validation and test sets), in batches of 128 for enough steps; the CPU tries at larger
-    sizes are in docs/benchmarks.md (P3' recipes)."""
+    """Each recipe's first epoch end to end (augmentation, EMA, test-time flip, checkpoints,
+    test), narrower and on a fraction of the training split (the whole validation and test
+    sets), in batches of 128 for enough steps (about 15 s each on 2 cores); the CPU tries at
+    larger sizes are in docs/benchmarks.md (P3' recipes)."""
     cfg = make_cfg(
         tmp_path,
         [

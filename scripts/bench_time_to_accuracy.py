@@ -99,7 +99,7 @@ def main() -> None:
             ]
         )
     print()
-    header = ["side", "train + test s", "x raw", "test acc", f"s to {target:.0%}"]
+    header = ["side", "train + test s", "x raw", "test acc", f"s to {target:.1%}"]
     print(benchlib.table(header, rows))
     litlab_m = m["litlab"]
     print(f"\nlitlab phases: fit {litlab_m['fit s']:.1f} s, test {litlab_m['test s']:.1f} s")

@@ -60,7 +60,8 @@ wait
 DDIR="--data-dir data"; ls data/*.gz >/dev/null 2>&1 || DDIR=""  # else: data/, then the system's
 if [ "$DRY" = 1 ]; then
   SMALL_P45="--steps 1 --warm-steps 1"
-  SMALL_P3="trainer.max_epochs=1 ++trainer.limit_train_batches=5 ++trainer.limit_val_batches=2"
+  # 10 batches: torch's OneCycleLR divides by zero when pct_start x total steps = 1 (0.2 x 5)
+  SMALL_P3="trainer.max_epochs=1 ++trainer.limit_train_batches=10 ++trainer.limit_val_batches=2"
   SMALL_P3="$SMALL_P3 ++trainer.limit_test_batches=2 model.net.width=8"
   SMALL_P1="--steps 5"; SMALL_P0="--max-batches 5"; P3_REPEATS=1
 else

@@ -163,3 +163,27 @@ def fingerprints(pixels: torch.Tensor) -> list[int]:
         0, 1 << 20, (flat.shape[1],), generator=torch.Generator().manual_seed(0)
     )
     return (flat * weights).sum(1).tolist()
+
+
+class RecordEvalWeights(Callback):
+    """Saves the net's weights as the last validation batch and the test saw them:
+    {"validate": {name: tensor}, "test": {name: tensor}} (state_dict names)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.seen: dict[str, dict[str, torch.Tensor]] = {}
+
+    def _record(self, stage: str, pl_module: L.LightningModule) -> None:
+        state = pl_module.state_dict()
+        self.seen[stage] = {
+            k: v.detach().cpu().clone() for k, v in state.items() if k.startswith("net.")
+        }
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._record("validate", pl_module)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._record("test", pl_module)
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        torch.save(self.seen, self.path)

@@ -1,6 +1,7 @@
 """Lightning callbacks that litlab adds: speed switches, divergence guard, exact resume and
-preemption, GAN evaluation, a progress bar without per-step syncs, throughput and memory monitors."""
+preemption, EMA of the weights, GAN evaluation, a progress bar without per-step syncs, throughput and memory monitors."""
 
+from litlab.callbacks.ema import EMA
 from litlab.callbacks.gan import FID, SampleGrid
 from litlab.callbacks.guard import DivergenceGuard
 from litlab.callbacks.monitor import PeakMemory, Throughput
@@ -9,6 +10,7 @@ from litlab.callbacks.progress import ProgressBar
 from litlab.callbacks.speed import Speed
 
 __all__ = [
+    "EMA",
     "FID",
     "DivergenceGuard",
     "PeakMemory",

@@ -51,6 +51,9 @@ class ImageClassifier(L.LightningModule):
         label_smoothing: float = 0.0,
         scheduler_monitor: str | None = None,
         scheduler_mode: Literal["min", "max"] = "max",
+        tta_flip: bool = False,
+        erasing: Callable[[Tensor], Tensor] | None = None,
+        mix: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -63,7 +66,13 @@ class ImageClassifier(L.LightningModule):
         self.scheduler_interval = scheduler_interval
         # What ReduceLROnPlateau watches, and in which direction (the configs: the objective).
         self.scheduler_monitor, self.scheduler_mode = scheduler_monitor, scheduler_mode
+        # Accepts class indices and, from mixing, class probabilities (smoothed alike).
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        # Test-time flip: validation, test and predictions average the logits of each image and
+        # its mirror. Training-batch augmentation after the DataModule's per-image transform:
+        # erasing (litlab.models.augment.RandomErasing, per image), then mix (torchvision's
+        # MixUp/CutMix, one draw per batch).
+        self.tta_flip, self.erasing, self.mix = tta_flip, erasing, mix
         self.top_k = 5 if num_classes > 5 else 0
         # The training epoch's sums on the device: loss x images, top-1 and top-k hits, images.
         # A few tensor ops a step (torchmetrics' update and Lightning's self.log cost more than
@@ -87,17 +96,38 @@ class ImageClassifier(L.LightningModule):
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)
 
+    def evaluate(self, images: Tensor) -> Tensor:
+        """The logits an evaluation uses: the net's, or with tta_flip the mean over each image
+        and its left-right mirror (one forward pass of both)."""
+        if not self.tta_flip:
+            return self(images)
+        both = self(torch.cat([images, images.flip(3)]))
+        return both.view(2, len(images), -1).mean(dim=0)
+
     def _step(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection) -> Tensor:
         images, labels = batch
-        logits = self(images)
+        logits = self.evaluate(images)
         loss = self.criterion(logits, labels)
         metrics.update(logits, labels)
         return loss
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, labels = batch
+        targets = labels
+        if self.erasing is not None:
+            images = self.erasing(images)
+        if self.mix is not None:
+            # One mixing weight (and CutMix box) per batch, partner = the batch rolled by one
+            # (random partners: training batches are shuffled):
+            # torchvision's v2 transforms draw once per call (torchvision issue #8484), which for
+            # mixup/cutmix is the standard (timm's default, mode="batch"). The draw is from the
+            # global CPU generator: no device sync, and RNGState resumes it exactly.
+            images, targets = self.mix(images, labels)
+            if targets.ndim == 2:  # mixed (RandomApply may leave a batch as it is)
+                # train/acc then counts hits on the label holding the larger share of an image.
+                labels = targets.argmax(dim=1)
         logits = self(images)
-        loss = self.criterion(logits, labels)
+        loss = self.criterion(logits, targets)
         with torch.no_grad():  # device ops only: no host sync, no tensor from the host
             counts = hits(logits, labels, self.top_k)
             size = counts.new_full((1,), len(labels))
@@ -176,4 +206,4 @@ class ImageClassifier(L.LightningModule):
 
     @torch.no_grad()
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self(batch[0]).argmax(dim=1)
+        return self.evaluate(batch[0]).argmax(dim=1)

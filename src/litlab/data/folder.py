@@ -84,6 +84,14 @@ def _eight_bit(image: Image.Image, channels: int) -> Image.Image:
     return image.convert("L" if channels == 1 else "RGB")  # CMYK, P, LA, RGBA, 1, ...
 
 
+def check_decoded_shape(size: int, channels: int) -> None:
+    """What ``load_image`` can make: a positive side, gray or RGB."""
+    if channels not in (1, 3):
+        raise ConfigError(f"channels must be 1 or 3, got {channels}")
+    if size < 1:
+        raise ConfigError(f"size must be a positive number of pixels, got {size}")
+
+
 def load_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndarray:
     """The centre square of an image (a file, or its bytes in a file object), resized to
     ``size``: uint8 [channels, size, size]."""
@@ -260,10 +268,7 @@ class ImageFolder(Source):
         cache_dir: str = ".cache/litlab",
         workers: int | None = None,
     ) -> None:
-        if channels not in (1, 3):
-            raise ConfigError(f"channels must be 1 or 3, got {channels}")
-        if size < 1:
-            raise ConfigError(f"size must be a positive number of pixels, got {size}")
+        check_decoded_shape(size, channels)
         self.root = Path(root).expanduser()
         self.size, self.channels = size, channels
         self.test_fraction = test_fraction

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from litlab.data.folder import load_image
+from litlab.data.folder import check_decoded_shape, load_image
 from litlab.data.sources import Source
 from litlab.errors import ConfigError, DataError
 
@@ -107,10 +107,7 @@ class Streaming(Source):
         cache_dir: str | None = None,
         max_cache_size: str | None = None,
     ) -> None:
-        if channels not in (1, 3):
-            raise ConfigError(f"channels must be 1 or 3, got {channels}")
-        if size < 1:
-            raise ConfigError(f"size must be a positive number of pixels, got {size}")
+        check_decoded_shape(size, channels)
         self.input_dir = str(input_dir)
         self.size, self.channels = size, channels
         self.cache_dir, self.max_cache_size = cache_dir, max_cache_size

@@ -277,6 +277,9 @@ class DataModule(L.LightningDataModule):
             rank=trainer.global_rank if trainer else 0,
             world_size=trainer.world_size if trainer else 1,
             device=trainer.strategy.root_device if trainer else "cpu",
+            trained=(lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            if trainer and train
+            else None,
         )
 
     def _streaming_loader(self, split: str, train: bool, batch_size: int) -> DataLoader:

@@ -17,7 +17,7 @@ How Lightning drives it (lightning 2.6; read loops/fit_loop.py and utilities/com
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -101,6 +101,7 @@ class DeviceLoader:
         world_size: int = 1,
         device: torch.device | str = "cpu",
         rows: Tensor | None = None,
+        trained: Callable[[], int] | None = None,
     ) -> None:
         if images.dtype != torch.uint8 or images.ndim != 4 or labels.shape != images.shape[:1]:
             raise ValueError(
@@ -122,6 +123,10 @@ class DeviceLoader:
         self.batch_sampler = None
         self._progress = (0, 0)  # (epoch, batches of it handed out)
         self._resume = False
+        # How many of the epoch's batches the trainer counts as trained when it resumes: a
+        # checkpoint written inside a batch (Lightning's SLURM handler saves in the signal
+        # handler) holds a position one ahead, and the trainer runs that batch again.
+        self._trained = trained
 
     def __len__(self) -> int:
         whole, rest = divmod(len(self.sampler), self.batch_size)
@@ -133,6 +138,8 @@ class DeviceLoader:
         epoch = self.sampler.epoch
         resumed_epoch, position = self._progress
         start = position if self._resume and resumed_epoch == epoch else 0
+        if self._resume and self._trained is not None:
+            start = min(start, self._trained())
         self._resume = False
         self._progress = (epoch, start)
         if self.images.device != self.device:

@@ -309,3 +309,33 @@ def test_a_streamed_split_gives_a_seeded_random_sample_for_metrics(converted, tm
     assert len(datamodule.arrays("train", total + 10)[0]) == total
     with pytest.raises(ConfigError, match="extractor=inception"):
         datamodule.arrays("train")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_streamed_epoch_resumed_inside_a_batch_gives_that_batch_again(converted, workers):
+    """A checkpoint written inside a batch (Lightning's SLURM handler saves in the signal
+    handler) holds LitData's position a batch ahead of what the trainer counts as trained; the
+    loader continues from the trainer's count, so that batch is trained, not skipped."""
+    _, dst, _ = converted
+
+    def loader(trained=None):
+        dataset = litdata.StreamingDataset(join(str(dst), "train"), shuffle=True, seed=7)
+        return streaming_loader_class()(
+            dataset,
+            batch_size=4,
+            shuffle=True,
+            num_workers=workers,
+            collate_fn=lambda items: [i["name"] for i in items],
+            trained=trained,
+        )
+
+    whole = list(loader())
+    cut = loader()
+    batches = iter(cut)
+    handed_out = [next(batches) for _ in range(3)]  # the third is in flight when it saves
+    state = cut.state_dict()
+    del batches
+    resumed = loader(trained=lambda: 2)
+    resumed.load_state_dict(state)
+    assert handed_out == whole[:3]
+    assert list(resumed) == whole[2:]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -277,9 +277,7 @@ class DataModule(L.LightningDataModule):
             rank=trainer.global_rank if trainer else 0,
             world_size=trainer.world_size if trainer else 1,
             device=trainer.strategy.root_device if trainer else "cpu",
-            trained=(lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed)
-            if trainer and train
-            else None,
+            trained=self._trained_batches() if train else None,
         )
 
     def _streaming_loader(self, split: str, train: bool, batch_size: int) -> DataLoader:
@@ -302,10 +300,19 @@ class DataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             collate_fn=skip_unreadable,
+            trained=self._trained_batches() if train else None,
         )
         if train and self.trainer is not None:
             loader.start_at_epoch(self.trainer.current_epoch)
         return loader
+
+    def _trained_batches(self) -> Callable[[], int] | None:
+        """How many of the epoch's batches a resumed trainer counts as trained (its epoch loop's
+        processed count, which it will not run again); None without a trainer."""
+        trainer = self.trainer
+        if trainer is None:
+            return None
+        return lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
     def train_dataloader(self) -> DataLoader | DeviceLoader:
         if len(self.datasets["fit"]) < self.batch_size:  # drop_last would leave no batch at all

@@ -14,10 +14,12 @@ DataModule, like every other source.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -151,8 +153,15 @@ def streaming_loader_class() -> type:
 
     class StreamingLoader(litdata.StreamingDataLoader):
         """Starts at the epoch it is told (a run resumed at an epoch's end continues with the
-        next epoch's order, not the first's) and refuses to continue an epoch on another number
-        of ranks, workers or batch size (the rest of that epoch would be another set of images)."""
+        next epoch's order, not the first's), continues an epoch from the batches the trainer
+        counts as trained (``trained``: a checkpoint written inside a batch, as Lightning's SLURM
+        handler writes, holds a position one batch ahead, and the trainer runs that batch
+        again), and refuses to continue an epoch on another number of ranks, workers or batch
+        size (the rest of that epoch would be another set of images)."""
+
+        def __init__(self, *args: Any, trained: Callable[[], int] | None = None, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self._trained = trained
 
         def start_at_epoch(self, epoch: int) -> None:
             self.current_epoch = epoch  # LitData counts epochs from 1 and adds 1 at iter()
@@ -169,6 +178,23 @@ def streaming_loader_class() -> type:
                     f"data.batch_size) = {then}, this run has {now}: resume with the same "
                     "values (or from a checkpoint written at an epoch's end)"
                 )
+            if self._trained is not None:
+                state = _rewound(state, self._trained(), world_size)
             super().load_state_dict(state)
 
     return StreamingLoader
+
+
+def _rewound(state: dict[str, Any], trained: int, world_size: int) -> dict[str, Any]:
+    """A StreamingDataLoader state moved back to ``trained`` batches of its epoch, when it is
+    ahead (LitData counts what it handed out; its workers take batches in turn)."""
+    size, workers = state["dataset"]["batch_size"], state["dataset"]["num_workers"]
+    ahead = state["num_samples_yielded"] // size - trained
+    if ahead <= 0:
+        return state
+    state, back = copy.deepcopy(state), ahead * size
+    state["num_samples_yielded"] -= back
+    state["latest_worker_idx"] = (state["latest_worker_idx"] - ahead) % workers
+    state["dataset"]["num_samples_yielded"] -= back
+    state["dataset"]["sample_in_epoch"] -= back * world_size
+    return state

@@ -147,7 +147,7 @@ class Streaming(Source):
 
 
 def streaming_loader_class() -> type:
-    """LitData's ``StreamingDataLoader``, with two guards for resuming (built on first use, so
+    """LitData's ``StreamingDataLoader``, with what resuming needs (built on first use, so
     that LitData is imported only by runs that stream)."""
     litdata = _litdata()
 

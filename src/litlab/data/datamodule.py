@@ -31,6 +31,11 @@ def _reads_files(dataset: Dataset) -> bool:
     return isinstance(dataset, FileImages)
 
 
+def _run_seed() -> int:
+    """The run's seed (Lightning's seed_everything sets it for every rank), 0 outside a run."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
 def _streams(dataset: Dataset) -> bool:
     """A dataset read as a stream (LitData's StreamingDataset), not indexed by a sampler."""
     return isinstance(dataset, IterableDataset)
@@ -272,7 +277,7 @@ class DataModule(L.LightningDataModule):
             shuffle=train and not (trainer and trainer.overfit_batches),
             drop_last=train,
             # The run's seed, as Lightning seeds its DistributedSampler: the same on every rank.
-            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+            seed=_run_seed(),
             # Without a trainer (tests, notebooks): the CPU, one process.
             rank=trainer.global_rank if trainer else 0,
             world_size=trainer.world_size if trainer else 1,
@@ -288,7 +293,7 @@ class DataModule(L.LightningDataModule):
         from litlab.data.streaming import streaming_loader_class
 
         dataset = self.datasets[split]
-        dataset.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # the run's seed, every rank
+        dataset.seed = _run_seed()  # the same on every rank
         if not train:  # LitData deals whole batches to ranks: a batch per rank at least
             world_size = self.trainer.world_size if self.trainer else 1
             batch_size = min(batch_size, max(1, dataset.images // world_size))

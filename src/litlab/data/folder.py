@@ -133,6 +133,15 @@ def cache_key(index: FolderIndex, size: int, channels: int) -> str:
     return digest.hexdigest()[:16]
 
 
+def split_folders(root: Path) -> dict[str, Path] | None:
+    """``{"train": root/train, "test": root/test or root/val}`` when the folder is laid out in
+    splits (ImageNet's layout), else None."""
+    held_out = next((root / n for n in ("test", "val") if (root / n).is_dir()), None)
+    if (root / "train").is_dir() and held_out is not None:
+        return {"train": root / "train", "test": held_out}
+    return None
+
+
 @dataclass
 class CachedFolder:
     """A folder's decoded images (memory-mapped uint8 tensor), labels, classes and skips."""
@@ -277,11 +286,7 @@ class ImageFolder(Source):
         self.report: dict[str, object] = {}
 
     def _split_folders(self) -> dict[str, Path] | None:
-        """train/ and test/ (or val/) when the folder is laid out in splits."""
-        held_out = next((self.root / n for n in ("test", "val") if (self.root / n).is_dir()), None)
-        if (self.root / "train").is_dir() and held_out is not None:
-            return {"train": self.root / "train", "test": held_out}
-        return None
+        return split_folders(self.root)
 
     def prepare(self) -> None:
         """Scan (and, cached, decode) every split once per node, before any process loads."""

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from litlab.data.folder import FolderIndex, cache_key, scan
+from litlab.data.folder import FolderIndex, cache_key, scan, split_folders
 from litlab.data.sources import fixed_split, stratified_split
 from litlab.data.streaming import META_FORMAT, _litdata, join, read_meta
 from litlab.errors import DataError, LitlabError, fail
@@ -46,13 +46,13 @@ def source_splits(
 ) -> tuple[list[str], dict[str, list[Item]], str]:
     """(classes, {split: items}, key): the images of each split, as an image folder and the
     DataModule split them, and a key of every file's name, size and time and the fractions."""
-    held_out = next((n for n in ("test", "val") if (root / n).is_dir()), None)
-    if (root / "train").is_dir() and held_out:
-        train, test = scan(root / "train"), scan(root / held_out)
+    folders = split_folders(root)
+    if folders is not None:
+        train, test = scan(folders["train"]), scan(folders["test"])
         if train.classes != test.classes:
             raise DataError(
-                f"{root}/train and {root}/{held_out} have different class folders; give both "
-                "the same classes"
+                f"{folders['train']} and {folders['test']} have different class folders; give "
+                "both the same classes"
             )
         indexes = [train, test]
         train_items, test_items = _items(train), _items(test)

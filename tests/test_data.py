@@ -390,8 +390,10 @@ def test_cpu_crops_match_the_accelerators_roi_align_crops():
     assert (cpu - roi).abs().mean() < 1.0, (cpu - roi).abs().mean(dim=(1, 2, 3))
 
 
-@pytest.mark.parametrize("cache", [True, False])
-def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache):
+@pytest.mark.parametrize(
+    ("cache", "decode"), [(True, "workers"), (False, "workers"), (False, "device")]
+)
+def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache, decode):
     write_png_folder(tmp_path / "images", per_class=12)
     write_unusual_images(tmp_path / "images" / "dog")
     cfg = make_cfg(
@@ -401,6 +403,7 @@ def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache):
             f"data.source.root={tmp_path / 'images'}",
             f"data.source.cache_dir={tmp_path / 'cache'}",
             f"data.source.cache={cache}",
+            f"data.source.decode={decode}",  # device: JPEGs decoded a batch at a time here
             "data.source.size=20",
             "data.image_shape=[3,16,16]",
             "data.num_classes=3",

@@ -292,12 +292,19 @@ def test_an_s3_dataset_converts_and_trains_with_credentials_from_the_environment
         assert not path.is_file() or secret.encode() not in path.read_bytes(), path
 
 
-def test_a_streamed_split_gives_a_seeded_random_sample_for_metrics(converted, tmp_path):
+@pytest.mark.parametrize("decode", ["workers", "device"])
+def test_a_streamed_split_gives_a_seeded_random_sample_for_metrics(converted, tmp_path, decode):
     """What FID's real statistics read: a seeded random subset of the whole split (decoded as
     training decodes), the same for the same seed, all of the split when it asks for more."""
     _, dst, _ = converted
     cfg = make_cfg(
-        tmp_path, ["data=streaming", f"data.source.input_dir={dst}", "data.num_classes=3"]
+        tmp_path,
+        [
+            "data=streaming",
+            f"data.source.input_dir={dst}",
+            "data.num_classes=3",
+            f"data.source.decode={decode}",
+        ],
     )
     datamodule = build(cfg.data, "data")
     total = datamodule.split_size("train")
@@ -339,3 +346,29 @@ def test_a_streamed_epoch_resumed_inside_a_batch_gives_that_batch_again(converte
     resumed.load_state_dict(state)
     assert handed_out == whole[:3]
     assert list(resumed) == whole[2:]
+
+
+def test_streamed_jpegs_decoded_on_the_device_train_to_the_end(converted, tmp_path):
+    """data.source.decode=device: the loader hands JPEGs on encoded (PNGs as pixels), the run
+    decodes them a batch at a time and trains to the end."""
+    _, dst, _ = converted
+    overrides = [
+        "data=streaming",
+        f"data.source.input_dir={dst}",
+        "data.source.decode=device",
+        "data.num_classes=3",
+        "data.batch_size=8",
+        "data.num_workers=0",
+        "trainer.max_epochs=1",
+        "logger=csv",
+        *QUIET,
+    ]
+    cfg = make_cfg(tmp_path, overrides)
+    datamodule = build(cfg.data, "data")
+    datamodule.setup()
+    loaders = (datamodule.train_dataloader(), datamodule.val_dataloader())
+    kinds = {type(batch[0]).__name__ for loader in loaders for batch in loader}
+    assert "Encoded" in kinds  # some batches carry JPEG bytes, not pixels
+    train_task(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert summary["status"] == "completed" and "test/acc" in summary["metrics"]

@@ -10,7 +10,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
-from litlab.data.folder import FileImages, skip_unreadable
+from litlab.data.decode import Encoded, decode, pixels, skip_unreadable
+from litlab.data.folder import FileImages
 from litlab.data.loader import DeviceLoader
 from litlab.data.sources import Source, fixed_split, stratified_indices
 from litlab.data.transforms import BatchTransform
@@ -87,7 +88,9 @@ def _stream_sample(
     generator = torch.Generator().manual_seed(seed)
     index = torch.randperm(dataset.images, generator=generator)[:limit].sort().values
     items = [item for i in index.tolist() if (item := dataset[i]) is not None]
-    return torch.stack([image for image, _ in items]), torch.tensor([y for _, y in items])
+    c, size = dataset.sample_shape[:2]
+    images = [pixels(image, size, c) for image, _ in items]  # JPEGs left to the device
+    return torch.stack(images), torch.tensor([y for _, y in items])
 
 
 class DataModule(L.LightningDataModule):
@@ -175,6 +178,7 @@ class DataModule(L.LightningDataModule):
             eval_crop=eval_crop,
         )
         self.skipped_in_loading = 0  # unreadable files dropped by the file-reading loader
+        self.stored_shape: tuple[int, ...] = self.image_shape  # the split's, set at setup
         # Set by litlab.callbacks.Speed(channels_last=True) to match the model's weights.
         self.memory_format = torch.contiguous_format
         self.datasets: dict[str, Dataset] = {}
@@ -236,6 +240,7 @@ class DataModule(L.LightningDataModule):
         if len(dataset) == 0:
             raise DataError(f"the {self.source.name} {split} split is empty")
         shape = _sample_shape(dataset)
+        self.stored_shape = shape  # what a batch decoded on the device is made into
         want = self.image_shape
         # Stored larger is fine (cropped and resized on the device), never smaller.
         if shape[0] != want[0] or shape[1] < want[1] or shape[2] < want[2]:
@@ -350,7 +355,8 @@ class DataModule(L.LightningDataModule):
             base, within = base.dataset, torch.as_tensor(base.indices, dtype=torch.long)[within]
         if isinstance(base, TensorDataset):
             return base.tensors[0][within], base.tensors[1][within]
-        images = torch.stack([dataset[i][0] for i in index.tolist()])
+        c, size = _sample_shape(dataset)[:2]
+        images = torch.stack([pixels(dataset[i][0], size, c) for i in index.tolist()])
         return images, labels[index]
 
     def _tensors(self, split: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -380,6 +386,10 @@ class DataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if len(batch) == 3:  # from the file-reading loader: (images, labels, files skipped)
             images, labels, skipped = batch
+            if isinstance(images, Encoded):  # JPEGs left to this device (data.source.decode)
+                c, size = self.stored_shape[:2]
+                images, keep = decode(images, size, c, labels.device)
+                labels, skipped = labels[keep.to(labels.device)], skipped + int((~keep).sum())
             self.skipped_in_loading += skipped
         else:
             images, labels = batch

@@ -92,6 +92,18 @@ def check_decoded_shape(size: int, channels: int) -> None:
         raise ConfigError(f"size must be a positive number of pixels, got {size}")
 
 
+def check_decode(where: str, cache: bool = False) -> None:
+    """Where files read as they go are decoded: in the loader's workers (PIL) or on the run's
+    device (litlab.data.decode); a cached folder was decoded once already."""
+    if where not in ("workers", "device"):
+        raise ConfigError(f"data.source.decode must be 'workers' or 'device', got {where!r}")
+    if where == "device" and cache:
+        raise ConfigError(
+            "data.source.decode=device decodes files as they are read: set data.source.cache=false "
+            "(a cached folder is decoded once, by every core, and read as pixels)"
+        )
+
+
 def load_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndarray:
     """The centre square of an image (a file, or its bytes in a file object), resized to
     ``size``: uint8 [channels, size, size]."""
@@ -217,11 +229,20 @@ def cached_folder(
 
 class FileImages(Dataset):
     """Images decoded from their files as they are read (DataLoader workers): for folders too
-    large to cache. An unreadable file yields None, which ``skip_unreadable`` drops."""
+    large to cache. ``encoded``: JPEGs are handed on as their bytes, for the run's device to
+    decode (litlab.data.decode). An unreadable file yields None, which ``skip_unreadable`` drops.
+    """
 
-    def __init__(self, index: FolderIndex, positions: Sequence[int], size: int, channels: int):
+    def __init__(
+        self,
+        index: FolderIndex,
+        positions: Sequence[int],
+        size: int,
+        channels: int,
+        encoded: bool = False,
+    ):
         self.index, self.positions = index, list(positions)
-        self.size, self.channels = size, channels
+        self.size, self.channels, self.encoded = size, channels, encoded
         self.targets = [index.labels[p] for p in self.positions]
         self.classes = index.classes
 
@@ -235,20 +256,15 @@ class FileImages(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
         path = self.index.root / self.index.files[self.positions[i]]
         try:
+            if self.encoded:  # JPEGs left for the device to decode (litlab.data.decode)
+                from litlab.data.decode import worker_item
+
+                return worker_item(path.read_bytes(), self.size, self.channels), self.targets[i]
             pixels = load_image(path, self.size, self.channels)
         except Exception as e:
             warnings.warn(f"skipped unreadable image {path}: {e}", stacklevel=1)
             return None
         return torch.from_numpy(pixels), self.targets[i]
-
-
-def skip_unreadable(batch: list) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Collate the readable samples of a batch; the third element counts the skipped ones."""
-    good = [b for b in batch if b is not None]
-    if not good:
-        return torch.empty(0), torch.empty(0, dtype=torch.long), len(batch)
-    images, labels = torch.utils.data.default_collate(good)
-    return images, labels, len(batch) - len(good)
 
 
 class ImageFolder(Source):
@@ -260,7 +276,9 @@ class ImageFolder(Source):
     by default), into a memory-mapped uint8 array under ``cache_dir``, reused by later epochs
     and runs while the folder's files are unchanged (litlab.data.folder). ``cache=False``:
     decoded as read by the DataLoader's workers, for folders whose decoded size
-    (images x channels x size^2 bytes) is more than the disk or memory can hold. Unreadable
+    (images x channels x size^2 bytes) is more than the disk or memory can hold; with
+    ``decode="device"`` the workers only read the files and JPEGs are decoded a batch at a time
+    on the run's device (nvJPEG on a GPU; litlab.data.decode). Unreadable
     files are skipped with a warning and counted (summary.json "data"). Without a split folder,
     ``test_fraction`` of the images (stratified by class, fixed) is held out for testing.
     """
@@ -276,12 +294,15 @@ class ImageFolder(Source):
         cache: bool = True,
         cache_dir: str = ".cache/litlab",
         workers: int | None = None,
+        decode: str = "workers",
     ) -> None:
         check_decoded_shape(size, channels)
+        check_decode(decode, cache)
         self.root = Path(root).expanduser()
         self.size, self.channels = size, channels
         self.test_fraction = test_fraction
         self.cache, self.cache_dir, self.workers = cache, Path(cache_dir), workers
+        self.decode = decode
         self._loaded: dict[str, Dataset] = {}
         self.report: dict[str, object] = {}
 
@@ -304,7 +325,9 @@ class ImageFolder(Source):
         memory-mapped array) or as files."""
         if not self.cache:
             index = scan(folder)
-            return FileImages(index, range(len(index.files)), self.size, self.channels)
+            return FileImages(
+                index, range(len(index.files)), self.size, self.channels, self.decode == "device"
+            )
         cached = cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers)
         dataset = TensorDataset(cached.images, cached.labels)
         dataset.classes = cached.classes  # type: ignore[attr-defined]

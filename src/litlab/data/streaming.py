@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from litlab.data.folder import check_decoded_shape, load_image
+from litlab.data.decode import worker_item
+from litlab.data.folder import check_decode, check_decoded_shape, load_image
 from litlab.data.sources import Source
 from litlab.errors import ConfigError, DataError
 
@@ -57,18 +58,24 @@ def _litdata() -> Any:
 class DecodeImage:
     """LitData transform, run in the loader's workers: an item's encoded bytes become uint8
     [channels, size, size] (the centre square, as ``load_image`` makes for image folders), or
-    None when they do not decode (``skip_unreadable`` drops it and the run counts it)."""
+    None when they do not decode (``skip_unreadable`` drops it and the run counts it).
+    ``encoded``: JPEGs stay bytes, for the run's device to decode (litlab.data.decode)."""
 
-    def __init__(self, size: int, channels: int) -> None:
-        self.size, self.channels = size, channels
+    def __init__(self, size: int, channels: int, encoded: bool = False) -> None:
+        self.size, self.channels, self.encoded = size, channels, encoded
 
     def __call__(self, item: dict[str, Any]) -> tuple[torch.Tensor, int] | None:
         try:
-            pixels = load_image(io.BytesIO(item["image"]), self.size, self.channels)
+            if self.encoded:
+                image = worker_item(item["image"], self.size, self.channels)
+            else:
+                image = torch.from_numpy(
+                    load_image(io.BytesIO(item["image"]), self.size, self.channels)
+                )
         except Exception as e:  # a damaged item is a skip, whatever PIL raises
             warnings.warn(f"skipped unreadable image {item.get('name')}: {e}", stacklevel=1)
             return None
-        return torch.from_numpy(pixels), int(item["label"])
+        return image, int(item["label"])
 
 
 def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
@@ -96,7 +103,8 @@ class Streaming(Source):
     (a local folder or an ``s3://``, ``gs://``, ``azure://`` URL) with LitData. Remote chunks are
     cached under ``cache_dir`` (LitData's default when null), at most ``max_cache_size`` of them
     (e.g. "50GB"). Credentials come from the environment (``~/.aws``, AWS_* variables, ...) as
-    LitData and boto3 read them; nothing here takes or logs a secret."""
+    LitData and boto3 read them; nothing here takes or logs a secret. ``decode``: "workers"
+    (PIL in the loader's workers) or "device" (JPEGs a batch at a time on the run's device)."""
 
     name = "streaming"
     own_validation_split = True
@@ -108,8 +116,11 @@ class Streaming(Source):
         channels: int = 3,
         cache_dir: str | None = None,
         max_cache_size: str | None = None,
+        decode: str = "workers",
     ) -> None:
         check_decoded_shape(size, channels)
+        check_decode(decode)
+        self.decode = decode
         self.input_dir = str(input_dir)
         self.size, self.channels = size, channels
         self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
@@ -138,7 +149,7 @@ class Streaming(Source):
             join(self.input_dir, split),
             cache_dir=self.cache_dir and join(self.cache_dir, split),
             max_cache_size=self.max_cache_size,
-            transform=DecodeImage(self.size, self.channels),
+            transform=DecodeImage(self.size, self.channels, self.decode == "device"),
         )
         dataset.classes = self.meta["classes"]
         dataset.images = self.meta["splits"][split]["images"]  # all ranks' (len: this rank's)

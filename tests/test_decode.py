@@ -1,0 +1,146 @@
+"""data.source.decode=device: JPEGs travel encoded from the loader's workers and are decoded a
+whole batch at a time on the run's device (litlab.data.decode). On a CPU the same code runs
+with libjpeg-turbo; the CUDA tests (nvJPEG) run in the GPU tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from PIL import Image
+
+from conftest import needs_cuda, write_unusual_images
+from litlab.data import DataModule, ImageFolder
+from litlab.data.decode import Encoded, decode, skip_unreadable, worker_item
+from litlab.data.folder import load_image
+from litlab.errors import ConfigError
+
+SIZES = [(40, 48), (64, 40), (90, 90), (33, 71), (120, 80), (48, 40)]
+
+
+def smooth_picture(h: int, w: int, seed: int) -> np.ndarray:
+    """A photo-like RGB picture (smooth shapes, no pixel noise, which JPEG would smear)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w] / max(h, w)
+    freq, phase = rng.uniform(2, 6, (3, 2)), rng.uniform(0, 6, 3)
+    waves = [np.sin(freq[c, 0] * 6 * x + phase[c]) * np.cos(freq[c, 1] * 6 * y) for c in range(3)]
+    return (128 + 100 * np.stack(waves, -1)).clip(0, 255).astype(np.uint8)
+
+
+def write_jpeg_folder(root: Path, per_class: int = 6) -> list[Path]:
+    paths = []
+    for c, name in enumerate(("cat", "dog")):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            h, w = SIZES[i % len(SIZES)]
+            path = root / name / f"{i}.jpg"
+            Image.fromarray(smooth_picture(h, w, 10 * c + i)).save(path, quality=95)
+            paths.append(path)
+    return paths
+
+
+def pil_centre_square(path: Path, size: int) -> np.ndarray:
+    """The centre square of the shorter side, resized bicubic with antialiasing by PIL (no
+    JPEG draft shortcut): what the device path computes."""
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+        w, h = image.size
+        side = min(w, h)
+        box = ((w - side) // 2, (h - side) // 2, (w - side) // 2 + side, (h - side) // 2 + side)
+        resized = image.resize((size, size), Image.Resampling.BICUBIC, box=box)
+    return np.asarray(resized).transpose(2, 0, 1)
+
+
+def test_a_batch_of_jpegs_decodes_to_the_centre_squares_the_workers_make(tmp_path):
+    paths = write_jpeg_folder(tmp_path)
+    items = [worker_item(p.read_bytes(), 32, 3) for p in paths]
+    assert all(item.dim() == 1 for item in items)  # JPEGs stay encoded in the workers
+    images, keep = decode(Encoded(items), 32, 3, "cpu")
+    assert images.shape == (len(paths), 3, 32, 32) and images.dtype == torch.uint8
+    assert keep.all()
+    exact = torch.from_numpy(np.stack([pil_centre_square(p, 32) for p in paths])).float()
+    assert (images.float() - exact).abs().mean() < 0.5  # the same resize as PIL's
+    # the workers' PIL path decodes JPEGs at reduced scale first: close, not equal
+    workers = torch.from_numpy(np.stack([load_image(p, 32, 3) for p in paths])).float()
+    assert (images.float() - workers).abs().mean() < 3.0
+    # a one-pixel shift of the square, or swapped channels, is far from it
+    assert (images.float().roll(1, dims=3) - exact).abs().mean() > 2.0
+    assert (images.float().flip(1) - exact).abs().mean() > 10.0
+
+
+def test_damaged_and_unusual_jpegs_in_a_batch_are_decoded_or_skipped(tmp_path):
+    write_unusual_images(tmp_path)
+    items, names = [], []
+    for path in sorted(tmp_path.iterdir()):
+        try:
+            items.append(worker_item(path.read_bytes(), 20, 3))
+            names.append(path.name)
+        except Exception:  # the workers' PIL path skips these (not JPEGs: decoded there)
+            assert path.name in ("empty.png", "not-an-image.jpg")
+    assert [n for n, i in zip(names, items, strict=True) if i.dim() == 3] == [
+        "rgba.png",
+        "sixteen-bit.png",
+    ]
+    with pytest.warns(UserWarning, match="does not decode"):
+        images, keep = decode(Encoded(items), 20, 3, "cpu")
+    assert [n for n, k in zip(names, keep, strict=True) if not k] == ["truncated.jpg"]
+    assert images.shape == (len(names) - 1, 3, 20, 20)
+    cmyk = images[names.index("cmyk.jpg")].float()
+    reference = torch.from_numpy(pil_centre_square(tmp_path / "cmyk.jpg", 20)).float()
+    assert (cmyk - reference).abs().mean() < 2.0  # CMYK decoded as the picture it is
+    assert (255 - cmyk - reference).abs().mean() > 30.0  # (inverted ink would be far off)
+
+
+def test_the_datamodule_decodes_after_the_transfer_and_sees_the_workers_pictures(tmp_path):
+    write_jpeg_folder(tmp_path / "images", per_class=8)
+
+    def datamodule(decode_where: str) -> DataModule:
+        source = ImageFolder(str(tmp_path / "images"), size=24, cache=False, decode=decode_where)
+        dm = DataModule(
+            source, [3, 24, 24], 2, [0.5], [0.25], batch_size=4, eval_batch_size=4, loader="auto"
+        )
+        dm.setup()
+        return dm
+
+    device, workers = datamodule("device"), datamodule("workers")
+    batch = next(iter(device.test_dataloader()))
+    assert isinstance(batch[0], Encoded)  # the workers only read the files
+    batch = move_data_to_device(batch, "cpu")  # what Lightning does before the hook
+    assert isinstance(batch[0], Encoded)
+    images, labels = device.on_after_batch_transfer(batch, 0)
+    first = next(iter(workers.test_dataloader()))
+    reference, same_labels = workers.on_after_batch_transfer(first, 0)
+    assert images.shape == reference.shape == (3, 3, 24, 24) and torch.equal(labels, same_labels)
+    assert (images - reference).abs().mean() * 0.25 * 255 < 3.0  # in pixel levels
+    # metrics that read a split's images (FID's real statistics) get pixels, not bytes
+    pixels, _ = device.arrays("test", limit=3)
+    assert pixels.shape == (3, 3, 24, 24) and pixels.dtype == torch.uint8
+
+
+def test_decode_device_is_for_files_read_as_they_go(tmp_path):
+    with pytest.raises(ConfigError, match="cache=false"):
+        ImageFolder(str(tmp_path), size=24, cache=True, decode="device")
+    with pytest.raises(ConfigError, match="'workers' or 'device'"):
+        ImageFolder(str(tmp_path), size=24, cache=False, decode="gpu")
+
+
+def test_a_batch_of_pixels_only_is_collated_as_before():
+    pixels = [(torch.zeros(3, 8, 8, dtype=torch.uint8), 1), None, (torch.ones(3, 8, 8).byte(), 0)]
+    images, labels, skipped = skip_unreadable(pixels)
+    assert images.shape == (2, 3, 8, 8) and labels.tolist() == [1, 0] and skipped == 1
+
+
+@needs_cuda
+def test_nvjpeg_decodes_a_batch_as_the_cpu_does_and_falls_back_for_what_it_refuses(tmp_path):
+    paths = write_jpeg_folder(tmp_path / "good")
+    write_unusual_images(tmp_path / "odd")
+    odd = [tmp_path / "odd" / n for n in ("cmyk.jpg", "grayscale.jpg", "huge.jpg")]
+    items = [worker_item(p.read_bytes(), 32, 3) for p in [*paths, *odd]]
+    on_gpu, keep = decode(Encoded(items), 32, 3, "cuda")
+    on_cpu, _ = decode(Encoded(items), 32, 3, "cpu")
+    assert on_gpu.is_cuda and keep.all() and on_gpu.shape == on_cpu.shape
+    # nvJPEG's IDCT and colour conversion differ from libjpeg-turbo's by a level or so
+    assert (on_gpu.cpu().float() - on_cpu.float()).abs().mean() < 1.5

@@ -17,8 +17,15 @@ and flip per image at --size, normalized float batches on --device:
 - litlab, streamed: ``data=streaming`` on the folder converted once into local LitData chunks
   (``python -m litlab.data.optimize``, timed apart): the files' bytes read from the chunks and
   decoded at --stored px by LitData's workers every epoch, crops on the device.
+- "..., decoded on the device": the same two with ``data.source.decode=device``: the workers
+  only read the bytes, each batch of JPEGs is decoded in one call on --device (nvJPEG on a
+  GPU; on a CPU libjpeg-turbo in the main process, at full size: for GPUs, not CPUs).
+- synthetic: as many random images as the folder's, in memory at --stored px (the device
+  loader): what the model trains at when data costs nothing (the GPU goal: a JPEG folder at
+  >= 0.9 of it, end to end).
 Rows: (a) data path, seconds for --epochs epochs; (b) end to end, seconds for --epochs epochs of
-Lightning training litlab's SmallCNN (width 16) through each path. Medians of --repeats rounds,
+Lightning training through each path: litlab's SmallCNN (width 16), or with --model resnet50
+torchvision's ResNet-50 (channels_last; bf16-mixed on a GPU). Medians of --repeats rounds,
 the sides of a round back to back in alternating order. Results: docs/benchmarks.md, "P2 folders".
 """
 
@@ -36,10 +43,11 @@ import benchlib
 import torch
 import torchvision
 from benchlib import sync
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from litlab.data import DataModule, ImageFolder, Source, Streaming
+from litlab.data import DataModule, ImageFolder, Source, Streaming, Synthetic
 from litlab.data.optimize import convert
 from litlab.models import ImageClassifier
 from litlab.nets import SmallCNN
@@ -52,6 +60,9 @@ SIDES = (
     "litlab, warm cache",
     "litlab, files",
     "litlab, streamed",
+    "litlab, files, decoded on the device",
+    "litlab, streamed, decoded on the device",
+    "synthetic",
 )
 
 
@@ -71,13 +82,16 @@ def torchvision_loader(root: Path, size: int, workers: int) -> DataLoader:
     )
 
 
-def litlab_datamodule(root: Path, size: int, stored: int, cache: Path | None, workers: int):
+def litlab_datamodule(
+    root: Path, size: int, stored: int, cache: Path | None, workers: int, decode: str = "workers"
+):
     source = ImageFolder(
         str(root),
         size=stored,
         cache=cache is not None,
         cache_dir=str(cache or "."),
         workers=workers,
+        decode=decode,
     )
     return datamodule_of(source, root, size, workers)
 
@@ -105,21 +119,28 @@ def batches(loader: Iterable, datamodule: DataModule | None, device: torch.devic
     """Run through one epoch of normalized float batches on the device; return the images."""
     count = 0
     for batch in loader:
-        images = batch[0].to(device, non_blocking=True)
-        if datamodule is not None:  # litlab's per-batch crop, flip and normalization
-            images = datamodule.transform(images, train=True)
+        batch = move_data_to_device(batch, device)  # as Lightning moves it
+        if datamodule is not None:  # litlab's decode (where on the device), crop, flip, normalize
+            images, _ = datamodule.ready(batch, train=True)
+        else:
+            images = batch[0]
         count += len(images)
     sync(device)
     return count
 
 
-def train(make: Callable[[], tuple], device: torch.device, epochs: int) -> None:
-    """Lightning trains SmallCNN(width=16) for the epochs on the loader or DataModule."""
+def train(make: Callable[[], tuple], device: torch.device, epochs: int, net: str) -> None:
+    """Lightning trains SmallCNN(width=16) or ResNet-50 for the epochs on the loader or
+    DataModule."""
     torch.manual_seed(0)
     loader, datamodule = make()
-    model = ImageClassifier(
-        SmallCNN(3, 10, width=16), partial(torch.optim.AdamW, lr=3e-3), num_classes=10
-    )
+    if net == "resnet50":
+        module = torchvision.models.resnet50(num_classes=10).to(memory_format=torch.channels_last)
+        if datamodule is not None:
+            datamodule.memory_format = torch.channels_last
+    else:
+        module = SmallCNN(3, 10, width=16)
+    model = ImageClassifier(module, partial(torch.optim.AdamW, lr=3e-3), num_classes=10)
     trainer = benchlib.bare_trainer(device, max_epochs=epochs)
     if datamodule is not None:
         trainer.fit(model, datamodule=datamodule)
@@ -136,21 +157,29 @@ def main() -> None:
     parser.add_argument("--stored", type=int, help="litlab's stored side (default: 1.15 x size)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument(
+        "--sides", nargs="+", choices=SIDES, help="default: all (on a CPU, not the device decode)"
+    )
     parser.add_argument("--data-only", action="store_true", help="the data path rows alone")
+    parser.add_argument("--model", choices=("small_cnn", "resnet50"), default="small_cnn")
     args = parser.parse_args()
     device = benchlib.start(args)
+    if args.sides is None:
+        gpu = device.type != "cpu"
+        args.sides = [n for n in SIDES if gpu or not n.endswith("on the device")]
     stored = args.stored or round(args.size * 1.15)
     scratch = Path(tempfile.mkdtemp(prefix="litlab-bench-folder-"))
     warm_cache, chunks = scratch / "warm", scratch / "chunks"
     if "litlab, warm cache" in args.sides:
         litlab_datamodule(args.folder, args.size, stored, warm_cache, args.workers)  # built once
-    if "litlab, streamed" in args.sides:
+    if any(n.startswith("litlab, streamed") for n in args.sides):
         start = time.perf_counter()
         convert(args.folder, str(chunks), workers=args.workers)
         print(f"converted {args.folder} into LitData chunks in {time.perf_counter() - start:.1f} s")
 
     def side(name: str) -> Callable[[], tuple]:
+        where = "device" if name.endswith("on the device") else "workers"
+
         def make() -> tuple:
             if name == "torchvision":
                 return torchvision_loader(args.folder, args.size, args.workers), None
@@ -162,10 +191,17 @@ def main() -> None:
                 datamodule = litlab_datamodule(
                     args.folder, args.size, stored, warm_cache, args.workers
                 )
-            elif name == "litlab, files":
-                datamodule = litlab_datamodule(args.folder, args.size, stored, None, args.workers)
+            elif name == "synthetic":
+                images = sum(1 for p in (args.folder / "train").rglob("*") if p.is_file())
+                shape = (3, stored, stored)
+                source = Synthetic(shape, num_classes=10, train_size=images, test_size=BATCH)
+                datamodule = datamodule_of(source, args.folder, args.size, args.workers)
+            elif name.startswith("litlab, files"):
+                datamodule = litlab_datamodule(
+                    args.folder, args.size, stored, None, args.workers, where
+                )
             else:
-                streamed = Streaming(str(chunks), size=stored)
+                streamed = Streaming(str(chunks), size=stored, decode=where)
                 datamodule = datamodule_of(streamed, args.folder, args.size, args.workers)
             return datamodule.train_dataloader(), datamodule
 
@@ -183,7 +219,7 @@ def main() -> None:
             if args.data_only:
                 return {"data s": data_s, "images": images, "e2e s": float("nan")}
             start = time.perf_counter()
-            train(make, device, epochs)
+            train(make, device, epochs, args.model)
             return {"data s": data_s, "images": images, "e2e s": time.perf_counter() - start}
 
         return run
@@ -191,6 +227,7 @@ def main() -> None:
     sides = ["torchvision", *(n for n in args.sides if n != "torchvision")]  # the baseline
     results = benchlib.medians(benchlib.interleaved({n: measure(n) for n in sides}, args.repeats))
     base = results["torchvision"]
+    synthetic = results.get("synthetic", {"images": float("nan"), "e2e s": 1.0})
     rows = [
         [
             name,
@@ -200,6 +237,8 @@ def main() -> None:
             f"{m['images'] / m['data s'] / (base['images'] / base['data s']):.2f}",
             f"{m['e2e s']:.1f}",
             f"{base['e2e s'] / m['e2e s']:.2f}",
+            # the trainer runs the batches the data path counted: e2e images/s over synthetic's
+            f"{m['images'] / m['e2e s'] / (synthetic['images'] / synthetic['e2e s']):.2f}",
         ]
         for name, m in results.items()
     ]
@@ -210,6 +249,7 @@ def main() -> None:
         "x faster",
         "end to end s",
         "x faster",
+        "e2e img/s of synthetic's",
     ]
     print(f"\n{args.folder}: crops of {args.size} px (litlab stores {stored} px), batch {BATCH}")
     print(benchlib.table(header, rows))

@@ -50,7 +50,8 @@ step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), ke
 
 # GPU test tier: three pytest processes side by side (one GPU has room for all of them).
 PYTEST="$PY -m pytest -p no:cacheprovider -q -rA"
-step tests_core 150 $PYTEST -m "gpu and not compile" tests/test_gpu.py &
+step tests_core 150 $PYTEST -m "gpu and not compile" tests/test_gpu.py tests/test_decode.py \
+  tests/test_loader.py &
 step tests_compile 150 $PYTEST -m "gpu and compile" tests/test_gpu.py &
 step tests_observability 150 $PYTEST -m gpu tests/test_gpu_observability.py &
 wait
@@ -73,6 +74,19 @@ fi
 step bench_p3_sprint 90 $PY scripts/bench_time_to_accuracy.py --device $DEV \
   --repeats $P3_REPEATS --experiment fashion_sprint --target 0.94 $DDIR $SMALL_P3
 step bench_p4_p5_throughput 110 $PY scripts/bench_throughput.py --device $DEV --repeats 1 $SMALL_P45
+# P2 folders (issue 14): ResNet-50 (bf16, channels_last) on a JPEG folder of ImageNet-like sizes
+# through each data path, against the same number of synthetic images in memory (goal: the
+# folder at >= 0.9 of synthetic's images/s end to end; "decoded on the device" is nvJPEG).
+if [ "$DRY" = 1 ]; then
+  FOLDER="--size 96 --limit 300"; FOLDER_BENCH="--size 64 --stored 72 --epochs 1 --model small_cnn"
+else
+  FOLDER="--size 400 --limit 4000"; FOLDER_BENCH="--size 224 --stored 256 --epochs 2 --model resnet50"
+fi
+step make_jpeg_folder 40 $PY scripts/make_image_folder.py /tmp/litlab-jpegs --rgb --jitter 0.25 \
+  $FOLDER $DDIR
+step bench_p2_folder 120 $PY scripts/bench_folder.py /tmp/litlab-jpegs --device $DEV \
+  $FOLDER_BENCH --sides torchvision "litlab, warm cache" "litlab, files" \
+  "litlab, files, decoded on the device" synthetic
 step bench_p3_best 240 $PY scripts/bench_time_to_accuracy.py --device $DEV --repeats 1 \
   --experiment fashion_best --target 0.955 $DDIR $SMALL_P3
 step bench_p1_overhead 50 $PY scripts/bench_overhead.py --device $DEV --net cnn --repeats 1 \

@@ -12,11 +12,12 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from PIL import Image
 
-from conftest import needs_cuda, write_unusual_images
+from conftest import QUIET_CSV, make_cfg, needs_cuda, summary_of, write_unusual_images
 from litlab.data import DataModule, ImageFolder
 from litlab.data.decode import Encoded, decode, skip_unreadable, worker_item
 from litlab.data.folder import load_image
 from litlab.errors import ConfigError
+from litlab.train import train_task
 
 SIZES = [(40, 48), (64, 40), (90, 90), (33, 71), (120, 80), (48, 40)]
 
@@ -133,6 +134,7 @@ def test_a_batch_of_pixels_only_is_collated_as_before():
     assert images.shape == (2, 3, 8, 8) and labels.tolist() == [1, 0] and skipped == 1
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_nvjpeg_decodes_a_batch_as_the_cpu_does_and_falls_back_for_what_it_refuses(tmp_path):
     paths = write_jpeg_folder(tmp_path / "good")
@@ -144,3 +146,33 @@ def test_nvjpeg_decodes_a_batch_as_the_cpu_does_and_falls_back_for_what_it_refus
     assert on_gpu.is_cuda and keep.all() and on_gpu.shape == on_cpu.shape
     # nvJPEG's IDCT and colour conversion differ from libjpeg-turbo's by a level or so
     assert (on_gpu.cpu().float() - on_cpu.float()).abs().mean() < 1.5
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_gpu_run_decodes_a_jpeg_folder_on_the_gpu_to_the_end(tmp_path):
+    """The whole path as users run it: JPEG bytes from the workers, Lightning's transfer to
+    the GPU, nvJPEG, crops and training; damaged files skipped and counted."""
+    write_jpeg_folder(tmp_path / "images", per_class=40)
+    write_unusual_images(tmp_path / "images" / "dog")
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "data=image_folder",
+            f"data.source.root={tmp_path / 'images'}",
+            "data.source.cache=false",
+            "data.source.decode=device",
+            "data.source.size=36",
+            "data.num_classes=2",
+            "data.batch_size=8",
+            "data.num_workers=2",
+            "model.net.width=8",
+            "trainer=gpu",
+            "trainer.max_epochs=2",
+            *QUIET_CSV,
+        ],
+    )
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
+    assert summary["data"]["skipped_while_loading"] >= 3

@@ -253,6 +253,7 @@ def test_ddp_ranks_train_on_disjoint_shards_of_each_epoch(tmp_path):
     assert records[0]["seen"][0] != records[0]["seen"][1]  # a new order each epoch
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_batches_are_indexed_on_the_gpu_in_the_cpu_order():
     images, labels = indexed(300)
@@ -263,6 +264,7 @@ def test_batches_are_indexed_on_the_gpu_in_the_cpu_order():
         assert torch.equal(gi.cpu(), ci) and torch.equal(gl.cpu(), cl)
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_training_on_the_gpu_keeps_the_split_on_the_gpu(tmp_path):
     cfg = make_cfg(tmp_path, [])

@@ -383,7 +383,9 @@ class DataModule(L.LightningDataModule):
             report["skipped_while_loading"] = self.skipped_in_loading
         return report
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+    def ready(self, batch: Any, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A loader's batch, already on its device, as models see it: decoded where it came
+        encoded, cropped (and augmented when ``train``) and normalized; skipped files counted."""
         if len(batch) == 3:  # from the file-reading loader: (images, labels, files skipped)
             images, labels, skipped = batch
             if isinstance(images, Encoded):  # JPEGs left to this device (data.source.decode)
@@ -393,8 +395,12 @@ class DataModule(L.LightningDataModule):
             self.skipped_in_loading += skipped
         else:
             images, labels = batch
+        images = self.transform(images, train=train)
+        return images.contiguous(memory_format=self.memory_format), labels
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         training = self.trainer is not None and self.trainer.training
-        images = self.transform(images, train=training).contiguous(memory_format=self.memory_format)
+        images, labels = self.ready(batch, train=training)
         if self.trainer is not None:  # "true" precisions (bf16-true, 16-true) take their dtype;
             # Lightning converts float batches before this hook, and these were still uint8
             images = self.trainer.precision_plugin.convert_input(images)

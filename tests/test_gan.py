@@ -501,7 +501,8 @@ def test_gan_configs_turn_off_augmentation_of_real_images_alone(tmp_path):
     for data in ("digits", "cifar10", "fashion_mnist"):
         cfg = make_cfg(tmp_path / data, ["model=dcgan", f"data={data}"])
         assert cfg.data.translate == 0 and cfg.data.hflip is False, data
-    cfg = make_cfg(tmp_path / "explicit", ["model=dcgan", "data.translate=2"])
-    with pytest.raises(ConfigError, match="augments the real images only"):
-        check_augmentation(cfg)
+    for override in ("data.translate=2", "+data/augment=trivial"):
+        cfg = make_cfg(tmp_path / "explicit", ["model=dcgan", override])
+        with pytest.raises(ConfigError, match="augments the real images only"):
+            check_augmentation(cfg)
     check_augmentation(make_cfg(tmp_path / "clf", ["data=cifar10"]))  # classifiers may

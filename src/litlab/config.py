@@ -283,12 +283,14 @@ def check_top_level(cfg: DictConfig, config_name: str) -> None:
 def check_augmentation(cfg: DictConfig) -> None:
     """Refuse augmentation of real images alone for models that forbid it (GANs)."""
     model = hydra.utils.get_object(cfg.model._target_)
-    augmented = [k for k in ("translate", "hflip", "random_resized_crop") if cfg.data.get(k)]
+    keys = ("translate", "hflip", "random_resized_crop", "augment")
+    augmented = [k for k in keys if cfg.data.get(k)]
     if getattr(model, "augments_real_images_alone", True) is False and augmented:
         raise ConfigError(
             f"data.{augmented[0]} augments the real images only, which a GAN's discriminator "
             "tells from the plain generated ones (the generator then learns the augmentation); "
-            "set data.translate=0 data.hflip=false data.random_resized_crop=null, and "
+            "set data.translate=0 data.hflip=false data.random_resized_crop=null "
+            "data.augment=null, and "
             "model.diffaugment=[translation,cutout] "
             "to augment real and generated images alike"
         )

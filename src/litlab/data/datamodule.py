@@ -105,7 +105,8 @@ class DataModule(L.LightningDataModule):
     Images stored larger than ``image_shape`` (an image folder's ``size``) are cropped and
     resized on the device: a random resized crop per training image with area fraction in
     ``random_resized_crop`` (null: the whole image), the centre ``eval_crop`` of the side for
-    evaluation.
+    evaluation. ``augment`` runs on every training batch after the crop and flip (``data/augment``:
+    TrivialAugment or RandAugment, one op and magnitude drawn per image).
     """
 
     def __init__(
@@ -127,6 +128,7 @@ class DataModule(L.LightningDataModule):
         train_fraction: float = 1.0,
         random_resized_crop: Sequence[float] | None = None,
         eval_crop: float = 1.0,
+        augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         if loader not in ("auto", "device", "dataloader"):
@@ -176,6 +178,7 @@ class DataModule(L.LightningDataModule):
             size=self.image_shape[1:],
             crop_scale=random_resized_crop,
             eval_crop=eval_crop,
+            augment=augment,
         )
         self.skipped_in_loading = 0  # unreadable files dropped by the file-reading loader
         self.stored_shape: tuple[int, ...] = self.image_shape  # the split's, set at setup

@@ -8,7 +8,7 @@ Random resized crops use torchvision's roi_align: one batched call, a box per im
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -106,8 +106,10 @@ class BatchTransform:
     channel), at ``size`` when given (images stored larger are cropped and resized).
 
     Training: a random resized crop per image (``crop_scale``: area fraction range, e.g.
-    (0.35, 1)), translation, flip; evaluation: the centre square of ``eval_crop`` of the side,
-    resized (torchvision's Resize + CenterCrop at 0.875 for ImageNet-style evaluation)."""
+    (0.35, 1)), translation, flip, then ``augment`` (a callable on float 0..255 batches, e.g.
+    litlab.data.autoaugment.TrivialAugment); evaluation: the centre square of ``eval_crop`` of
+    the side, resized (torchvision's Resize + CenterCrop at 0.875 for ImageNet-style evaluation).
+    """
 
     def __init__(
         self,
@@ -118,8 +120,10 @@ class BatchTransform:
         size: Sequence[int] | None = None,
         crop_scale: Sequence[float] | None = None,
         eval_crop: float = 1.0,
+        augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.mean, self.std = per_channel(mean), per_channel(std)
+        self.augment = augment
         self.hflip = hflip
         self.translate = translate
         self.size = tuple(size) if size is not None else None
@@ -145,6 +149,8 @@ class BatchTransform:
             images = random_translate(images, self.translate)
         if train and self.hflip:
             images = random_hflip(images)
+        if train and self.augment is not None:
+            images = self.augment(images)
         if self.mean.device != images.device:
             self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
         return (images / 255.0 - self.mean) / self.std

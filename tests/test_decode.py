@@ -14,8 +14,8 @@ from PIL import Image
 
 from conftest import QUIET_CSV, make_cfg, needs_cuda, summary_of, write_unusual_images
 from litlab.data import DataModule, ImageFolder
-from litlab.data.decode import Encoded, decode, skip_unreadable, worker_item
-from litlab.data.folder import load_image
+from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
+from litlab.data.folder import load_image, worker_item
 from litlab.errors import ConfigError
 from litlab.train import train_task
 
@@ -72,27 +72,91 @@ def test_a_batch_of_jpegs_decodes_to_the_centre_squares_the_workers_make(tmp_pat
     assert (images.float().flip(1) - exact).abs().mean() > 10.0
 
 
-def test_damaged_and_unusual_jpegs_in_a_batch_are_decoded_or_skipped(tmp_path):
+def test_workers_leave_only_whole_rgb_and_gray_jpegs_encoded(tmp_path, monkeypatch):
+    """The rest is decoded (or refused) in the workers by PIL: other formats, CMYK (nvJPEG
+    refuses some), a JPEG without its end (truncated), and images past PIL's bomb guard."""
     write_unusual_images(tmp_path)
-    items, names = [], []
+    kinds = {}
     for path in sorted(tmp_path.iterdir()):
         try:
-            items.append(worker_item(path.read_bytes(), 20, 3))
-            names.append(path.name)
-        except Exception:  # the workers' PIL path skips these (not JPEGs: decoded there)
-            assert path.name in ("empty.png", "not-an-image.jpg")
-    assert [n for n, i in zip(names, items, strict=True) if i.dim() == 3] == [
-        "rgba.png",
-        "sixteen-bit.png",
-    ]
-    with pytest.warns(UserWarning, match="does not decode"):
-        images, keep = decode(Encoded(items), 20, 3, "cpu")
-    assert [n for n, k in zip(names, keep, strict=True) if not k] == ["truncated.jpg"]
-    assert images.shape == (len(names) - 1, 3, 20, 20)
-    cmyk = images[names.index("cmyk.jpg")].float()
+            kinds[path.name] = (
+                "bytes" if worker_item(path.read_bytes(), 20, 3).dim() == 1 else "pixels"
+            )
+        except Exception:
+            kinds[path.name] = "refused"
+    assert kinds == {
+        "cmyk.jpg": "pixels",
+        "empty.png": "refused",
+        "grayscale.jpg": "bytes",
+        "huge.jpg": "bytes",
+        "not-an-image.jpg": "refused",
+        "rgba.png": "pixels",
+        "sixteen-bit.png": "pixels",
+        "truncated.jpg": "refused",
+    }
+    cmyk = worker_item((tmp_path / "cmyk.jpg").read_bytes(), 20, 3).float()
     reference = torch.from_numpy(pil_centre_square(tmp_path / "cmyk.jpg", 20)).float()
-    assert (cmyk - reference).abs().mean() < 2.0  # CMYK decoded as the picture it is
-    assert (255 - cmyk - reference).abs().mean() > 30.0  # (inverted ink would be far off)
+    assert (255 - cmyk - reference).abs().mean() > 30.0  # not inverted ink
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # the 40x48 JPEG is now a "bomb"
+    with pytest.raises((Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        worker_item((tmp_path / "grayscale.jpg").read_bytes(), 20, 3)
+
+
+def corrupt_huffman_tables(jpeg: bytes) -> bytes:
+    """A JPEG with a whole header and end marker whose Huffman table cannot be decoded."""
+    bad = bytearray(jpeg)
+    at = bad.find(b"\xff\xc4")
+    bad[at + 5 : at + 21] = b"\xff" * 16
+    return bytes(bad)
+
+
+def test_a_jpeg_that_fails_the_batch_is_found_skipped_and_the_rest_keep_their_places(tmp_path):
+    paths = write_jpeg_folder(tmp_path, per_class=3)
+    data = [p.read_bytes() for p in paths]
+    data.insert(3, corrupt_huffman_tables(data[0]))
+    items = [worker_item(d, 24, 3) for d in data]
+    assert all(item.dim() == 1 for item in items)  # its header passes: the decoder finds it
+    with pytest.warns(UserWarning, match="does not decode"):
+        images, keep = decode(Encoded(items), 24, 3, "cpu")
+    assert keep.tolist() == [True, True, True, False, True, True, True]
+    alone = torch.cat([decode(Encoded([i]), 24, 3, "cpu")[0] for i in items[:3] + items[4:]])
+    assert torch.equal(images, alone)  # each picture in its place
+    labels = kept(torch.arange(7), keep)
+    assert labels.tolist() == [0, 1, 2, 4, 5, 6]
+
+
+def test_split_samples_for_metrics_decode_jpegs_and_drop_what_does_not_decode(tmp_path):
+    paths = write_jpeg_folder(tmp_path, per_class=3)
+    samples = [(worker_item(p.read_bytes(), 16, 3), i) for i, p in enumerate(paths)]
+    samples[2] = (
+        torch.frombuffer(
+            bytearray(corrupt_huffman_tables(paths[2].read_bytes())), dtype=torch.uint8
+        ),
+        2,
+    )
+    samples[4] = None  # unreadable in the worker
+    with pytest.warns(UserWarning, match="does not decode"):
+        images, labels = stack_samples(samples, (3, 16, 16), chunk=2)
+    assert images.shape == (4, 3, 16, 16) and labels.tolist() == [0, 1, 3, 5]
+    for image, label in zip(images, labels.tolist(), strict=True):
+        assert torch.equal(image, decode(Encoded([samples[label][0]]), 16, 3, "cpu")[0][0])
+
+
+def test_gray_runs_decode_jpegs_to_one_channel(tmp_path):
+    paths = write_jpeg_folder(tmp_path, per_class=2)
+    images, keep = decode(
+        Encoded([worker_item(p.read_bytes(), 16, 1) for p in paths]), 16, 1, "cpu"
+    )
+    assert images.shape == (4, 1, 16, 16) and keep.all()
+    gray = np.stack([load_image(p, 16, 1) for p in paths])
+    assert (images.float() - torch.from_numpy(gray).float()).abs().mean() < 4.0
+
+
+def test_pinning_leaves_an_encoded_batch_as_it_is():
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    batch = Encoded([torch.zeros(5, dtype=torch.uint8)])
+    assert pin_memory(batch) is batch
 
 
 def test_the_datamodule_decodes_after_the_transfer_and_sees_the_workers_pictures(tmp_path):
@@ -136,16 +200,23 @@ def test_a_batch_of_pixels_only_is_collated_as_before():
 
 @pytest.mark.gpu
 @needs_cuda
-def test_nvjpeg_decodes_a_batch_as_the_cpu_does_and_falls_back_for_what_it_refuses(tmp_path):
+def test_nvjpeg_decodes_a_batch_as_the_cpu_does_and_refuses_what_the_cpu_refuses(tmp_path):
     paths = write_jpeg_folder(tmp_path / "good")
     write_unusual_images(tmp_path / "odd")
-    odd = [tmp_path / "odd" / n for n in ("cmyk.jpg", "grayscale.jpg", "huge.jpg")]
-    items = [worker_item(p.read_bytes(), 32, 3) for p in [*paths, *odd]]
-    on_gpu, keep = decode(Encoded(items), 32, 3, "cuda")
-    on_cpu, _ = decode(Encoded(items), 32, 3, "cpu")
-    assert on_gpu.is_cuda and keep.all() and on_gpu.shape == on_cpu.shape
-    # nvJPEG's IDCT and colour conversion differ from libjpeg-turbo's by a level or so
-    assert (on_gpu.cpu().float() - on_cpu.float()).abs().mean() < 1.5
+    progressive = tmp_path / "progressive.jpg"
+    Image.open(paths[0]).save(progressive, progressive=True)
+    odd = [tmp_path / "odd" / n for n in ("grayscale.jpg", "huge.jpg")] + [progressive]
+    data = [p.read_bytes() for p in [*paths, *odd]]
+    data.insert(4, corrupt_huffman_tables(data[0]))
+    for channels in (3, 1):
+        items = [worker_item(d, 32, channels) for d in data]
+        assert all(item.dim() == 1 for item in items)
+        on_gpu, keep_gpu = decode(Encoded(items), 32, channels, "cuda")
+        on_cpu, keep_cpu = decode(Encoded(items), 32, channels, "cpu")
+        assert on_gpu.is_cuda and torch.equal(keep_gpu, keep_cpu) and not keep_gpu[4]
+        # nvJPEG's IDCT and colour conversion differ from libjpeg-turbo's by a level or so
+        per_image = (on_gpu.cpu().float() - on_cpu.float()).abs().mean(dim=(1, 2, 3))
+        assert per_image.max() < 2.0, per_image
 
 
 @pytest.mark.gpu

@@ -366,7 +366,11 @@ def test_streamed_jpegs_decoded_on_the_device_train_to_the_end(converted, tmp_pa
     cfg = make_cfg(tmp_path, overrides)
     datamodule = build(cfg.data, "data")
     datamodule.setup()
-    loaders = (datamodule.train_dataloader(), datamodule.val_dataloader())
+    loaders = (
+        datamodule.train_dataloader(),
+        datamodule.val_dataloader(),
+        datamodule.test_dataloader(),
+    )
     kinds = {type(batch[0]).__name__ for loader in loaders for batch in loader}
     assert "Encoded" in kinds  # some batches carry JPEG bytes, not pixels
     train_task(cfg)

@@ -10,7 +10,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
-from litlab.data.decode import Encoded, decode, pixels, skip_unreadable
+from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
 from litlab.data.folder import FileImages
 from litlab.data.loader import DeviceLoader
 from litlab.data.sources import Source, fixed_split, stratified_indices
@@ -87,10 +87,7 @@ def _stream_sample(
         )
     generator = torch.Generator().manual_seed(seed)
     index = torch.randperm(dataset.images, generator=generator)[:limit].sort().values
-    items = [item for i in index.tolist() if (item := dataset[i]) is not None]
-    c, size = dataset.sample_shape[:2]
-    images = [pixels(image, size, c) for image, _ in items]  # JPEGs left to the device
-    return torch.stack(images), torch.tensor([y for _, y in items])
+    return stack_samples([dataset[i] for i in index.tolist()], dataset.sample_shape)
 
 
 class DataModule(L.LightningDataModule):
@@ -358,9 +355,8 @@ class DataModule(L.LightningDataModule):
             base, within = base.dataset, torch.as_tensor(base.indices, dtype=torch.long)[within]
         if isinstance(base, TensorDataset):
             return base.tensors[0][within], base.tensors[1][within]
-        c, size = _sample_shape(dataset)[:2]
-        images = torch.stack([pixels(dataset[i][0], size, c) for i in index.tolist()])
-        return images, labels[index]
+        # files read one by one: some may not decode (dropped), JPEGs may come encoded
+        return stack_samples([dataset[i] for i in index.tolist()], _sample_shape(dataset))
 
     def _tensors(self, split: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The in-memory tensors a split lives in and its rows in them, without copying (an
@@ -394,7 +390,7 @@ class DataModule(L.LightningDataModule):
             if isinstance(images, Encoded):  # JPEGs left to this device (data.source.decode)
                 c, size = self.stored_shape[:2]
                 images, keep = decode(images, size, c, labels.device)
-                labels, skipped = labels[keep.to(labels.device)], skipped + int((~keep).sum())
+                labels, skipped = kept(labels, keep), skipped + int((~keep).sum())
             self.skipped_in_loading += skipped
         else:
             images, labels = batch

@@ -2,12 +2,14 @@
 
 With ``data.source.decode=device`` (files read as they go: an image folder with
 ``cache=false``, or streamed chunks), the loader's workers only read each file: a JPEG travels
-on as its encoded bytes, and the main process decodes the whole batch in one call of
-torchvision's ``decode_jpeg`` on the run's device (nvJPEG on CUDA, libjpeg-turbo on a CPU run),
-then takes each image's centre square at the stored size, as the workers' PIL path does
-(``folder.load_image``). Other formats (PNG, WebP, ...) are still decoded in the workers.
-CUDA is never touched inside a worker (it does not survive their fork); a JPEG nvJPEG refuses
-(some CMYK files) is decoded by PIL instead, and one nothing decodes is skipped and counted.
+on as its encoded bytes (``folder.worker_item``), and the main process decodes the whole batch
+in one call of torchvision's ``decode_jpeg`` on the run's device (nvJPEG on CUDA,
+libjpeg-turbo on a CPU run), then takes each image's centre square at the stored size, resized
+bicubic with antialiasing (PIL's exact resize; the workers' PIL path decodes JPEGs at reduced
+scale first, so the two paths' pixels differ by a few levels at high reduction). Other formats
+and unusual JPEGs are still decoded in the workers. CUDA is never touched inside a worker (it
+does not survive their fork); a JPEG the decoder refuses is decoded by PIL instead, and one
+nothing decodes is skipped and counted.
 
 torchvision 0.29 deprecates its decoders for TorchCodec's (same call, ``torchcodec.decoders``);
 torchvision's is used because it ships with every torch install, the GPU machines included.
@@ -25,21 +27,13 @@ from torch import Tensor
 
 from litlab.data.folder import load_image
 
-JPEG_START = b"\xff\xd8\xff"
-
-
-def worker_item(data: bytes, size: int, channels: int) -> Tensor:
-    """What a loader's worker hands on for one file: a JPEG as its bytes (uint8 [n]) for the
-    device to decode, any other format decoded here (uint8 [channels, size, size])."""
-    if data[:3] == JPEG_START:
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return torch.from_numpy(load_image(io.BytesIO(data), size, channels))
+RESIZE_BYTES = 1 << 30  # float pixels resized in one call at most (huge images: fewer a call)
 
 
 class Encoded:
     """A batch's images as the workers handed them (JPEG bytes or pixels). Not a tensor nor a
-    collection: Lightning's transfer to the device and the loader's pinning leave it on the
-    host, where ``decode_jpeg`` wants its input."""
+    collection: Lightning's transfer to the device and the loader's pinning (torch pins only
+    what has a ``pin_memory`` method) leave it on the host, where ``decode_jpeg`` wants it."""
 
     def __init__(self, items: Sequence[Tensor]) -> None:
         self.items = list(items)
@@ -57,23 +51,32 @@ def _decode_jpeg(data: list[Tensor], channels: int, device: torch.device) -> lis
         return decode_jpeg(data, mode=mode, device=device)
 
 
-def _one(data: Tensor, size: int, channels: int, device: torch.device) -> Tensor | None:
-    """One JPEG the batched call refused: on the device alone, else by PIL, else None."""
+def _decoded(
+    data: list[Tensor], size: int, channels: int, device: torch.device
+) -> list[Tensor | None]:
+    """The JPEGs decoded in one call; when the decoder refuses the call (one file fails it
+    all), each half again, down to the file, which PIL then decodes or nothing does (None)."""
     try:
-        return _decode_jpeg([data], channels, device)[0]
+        return list(_decode_jpeg(data, channels, device))
+    except torch.OutOfMemoryError:
+        raise
     except RuntimeError:
-        pass
+        if len(data) > 1:
+            half = len(data) // 2
+            head = _decoded(data[:half], size, channels, device)
+            return head + _decoded(data[half:], size, channels, device)
     try:
-        return torch.from_numpy(load_image(io.BytesIO(data.numpy().tobytes()), size, channels))
+        pixels = load_image(io.BytesIO(data[0].numpy().tobytes()), size, channels)
+        return [torch.from_numpy(pixels)]
     except Exception as e:  # a damaged file is a skip, whatever PIL raises
         warnings.warn(f"skipped an image that does not decode: {e}", stacklevel=2)
-        return None
+        return [None]
 
 
 def centre_squares(images: Sequence[Tensor], size: int) -> Tensor:
     """uint8 [C, H, W] images (any sizes, one device) -> uint8 [n, C, size, size]: the centre
     square of the shorter side (the box ``load_image`` takes), resized bicubic with
-    antialiasing; one resize call per distinct square side."""
+    antialiasing; one resize call per distinct square side (and at most RESIZE_BYTES a call)."""
     by_side: dict[int, list[int]] = {}
     squares = []
     for i, image in enumerate(images):
@@ -83,39 +86,61 @@ def centre_squares(images: Sequence[Tensor], size: int) -> Tensor:
         squares.append(image[:, top : top + side, left : left + side])
         by_side.setdefault(side, []).append(i)
     c = images[0].shape[0]
-    out = torch.empty((len(images), c, size, size), dtype=torch.uint8, device=images[0].device)
+    pieces, order = [], []
     for side, index in by_side.items():
-        batch = torch.stack([squares[i] for i in index])
-        if side != size:
-            batch = F.interpolate(batch.float(), (size, size), mode="bicubic", antialias=True)
-            batch = batch.round_().clamp_(0, 255).to(torch.uint8)
-        out[torch.tensor(index, device=out.device)] = batch
-    return out
+        step = max(1, RESIZE_BYTES // (4 * c * side * side))
+        for start in range(0, len(index), step):
+            batch = torch.stack([squares[i] for i in index[start : start + step]])
+            if side != size:
+                batch = F.interpolate(batch.float(), (size, size), mode="bicubic", antialias=True)
+                batch = batch.round_().clamp_(0, 255).to(torch.uint8)
+            pieces.append(batch)
+        order += index
+    out = torch.cat(pieces)
+    if len(by_side) == 1:  # already in the batch's order
+        return out
+    where = torch.empty(len(order), dtype=torch.long)
+    where[torch.tensor(order)] = torch.arange(len(order))
+    return out.index_select(0, _to(where, out.device))
+
+
+def _to(index: Tensor, device: torch.device) -> Tensor:
+    """A host index on ``device`` without waiting for it (pinned memory, when on CUDA)."""
+    if device.type != "cuda":
+        return index
+    return index.pin_memory().to(device, non_blocking=True)
 
 
 def decode(
     encoded: Encoded, size: int, channels: int, device: torch.device | str
 ) -> tuple[Tensor, Tensor]:
-    """A batch's images as uint8 [n, channels, size, size] on ``device``, and a bool mask of
-    the batch's positions they fill (False: did not decode, skipped)."""
+    """A batch's images as uint8 [n, channels, size, size] on ``device``, in the batch's order,
+    and a bool mask (on the host) of the batch's positions they fill (False: did not decode)."""
     device = torch.device(device)
     items = encoded.items
     pictures: list[Tensor | None] = [t if t.dim() == 3 else None for t in items]
     jpegs = [i for i, t in enumerate(items) if t.dim() == 1]
     if jpegs:
-        try:
-            decoded: list[Tensor | None] = list(
-                _decode_jpeg([items[i] for i in jpegs], channels, device)
-            )
-        except RuntimeError:  # one file the decoder refuses fails the whole call
-            decoded = [_one(items[i], size, channels, device) for i in jpegs]
+        if device.type == "cuda":
+            # torchvision decodes on a stream of its own that does not wait for this one: its
+            # output could take memory that queued kernels of the last step still read
+            # (pytorch/vision#9606; torchcodec synchronizes likewise, meta-pytorch/torchcodec#1634)
+            torch.cuda.current_stream(device).synchronize()
+        decoded = _decoded([items[i] for i in jpegs], size, channels, device)
         for i, image in zip(jpegs, decoded, strict=True):
             pictures[i] = image
     keep = torch.tensor([p is not None for p in pictures])
-    found = [p.to(device, non_blocking=True) for p in pictures if p is not None]
+    found = [p.to(device) for p in pictures if p is not None]
     if not found:
         return torch.empty((0, channels, size, size), dtype=torch.uint8, device=device), keep
     return centre_squares(found, size), keep
+
+
+def kept(labels: Tensor, keep: Tensor) -> Tensor:
+    """The labels of the images that decoded (``keep`` on the host), without a device sync."""
+    if bool(keep.all()):
+        return labels
+    return labels.index_select(0, _to(keep.nonzero().squeeze(1), labels.device))
 
 
 def skip_unreadable(batch: list) -> tuple[Tensor | Encoded, Tensor, int]:
@@ -131,12 +156,17 @@ def skip_unreadable(batch: list) -> tuple[Tensor | Encoded, Tensor, int]:
     return images, labels, len(batch) - len(good)
 
 
-def pixels(item: Tensor, size: int, channels: int) -> Tensor:
-    """One worker item as uint8 [channels, size, size] on the CPU (metrics that read a split's
-    images one by one, such as FID's real statistics)."""
-    if item.dim() == 3:
-        return item
-    images, keep = decode(Encoded([item]), size, channels, "cpu")
-    if not keep[0]:
-        raise ValueError("an image of the split does not decode")
-    return images[0]
+def stack_samples(items: Sequence, shape: Sequence[int], chunk: int = 256) -> tuple[Tensor, Tensor]:
+    """A dataset's items read one at a time (metrics such as FID's real statistics), as uint8
+    [n, *shape] on the CPU and their labels: JPEGs left encoded are decoded here, ``chunk`` at a
+    time; unreadable ones dropped."""
+    images, labels = [torch.empty((0, *shape), dtype=torch.uint8)], [torch.empty(0).long()]
+    for start in range(0, len(items), chunk):
+        pixels, these, _ = skip_unreadable(list(items[start : start + chunk]))
+        if isinstance(pixels, Encoded):
+            pixels, keep = decode(pixels, shape[1], shape[0], "cpu")
+            these = kept(these, keep)
+        if len(these):
+            images.append(pixels)
+            labels.append(these)
+    return torch.cat(images), torch.cat(labels)

@@ -17,6 +17,7 @@ decompression-bomb guard) are skipped with a warning and counted; unusual modes 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -119,6 +120,25 @@ def load_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndar
             image = image.resize((size, size), Image.Resampling.BICUBIC, box=box, reducing_gap=3.0)
             pixels = np.array(image, dtype=np.uint8)  # a writable copy
     return pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
+
+
+JPEG_START, JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
+
+
+def worker_item(data: bytes, size: int, channels: int) -> torch.Tensor:
+    """What a loader's worker hands on for one file when the run's device decodes JPEGs
+    (``data.source.decode=device``, litlab.data.decode): a whole 8-bit RGB or gray JPEG as its
+    bytes (uint8 [n]); anything else decoded here as ``load_image`` does (uint8 [channels, size,
+    size]): other formats, JPEGs in modes a GPU decoder may refuse (CMYK), a JPEG without its end
+    marker (truncated: PIL refuses it, and a GPU decoder might return part of a picture), and
+    the decompression-bomb guard applies to both (PIL reads the header only)."""
+    if bytes(data[:3]) == JPEG_START and bytes(data[-16:]).rstrip(b"\0")[-2:] == JPEG_END:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                if image.format == "JPEG" and image.mode in ("RGB", "L"):
+                    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return torch.from_numpy(load_image(io.BytesIO(data), size, channels))
 
 
 def _decode_into(
@@ -257,8 +277,6 @@ class FileImages(Dataset):
         path = self.index.root / self.index.files[self.positions[i]]
         try:
             if self.encoded:  # JPEGs left for the device to decode (litlab.data.decode)
-                from litlab.data.decode import worker_item
-
                 return worker_item(path.read_bytes(), self.size, self.channels), self.targets[i]
             pixels = load_image(path, self.size, self.channels)
         except Exception as e:

@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from litlab.data.decode import worker_item
-from litlab.data.folder import check_decode, check_decoded_shape, load_image
+from litlab.data.folder import check_decode, check_decoded_shape, load_image, worker_item
 from litlab.data.sources import Source
 from litlab.errors import ConfigError, DataError
 

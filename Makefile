@@ -16,11 +16,15 @@ install: $(STAMP)  ## create .venv and install litlab with its test tools
 train: install  ## train the default CNN on the embedded digits (add ARGS="key=value ...")
 	$(BIN)/python train.py $(ARGS)
 
+# pytest processes side by side (pytest-xdist): the suite's tests wait on processes, files and
+# Python more than on arithmetic, so two share two cores well (CI: 2 cores); JOBS=0: one process.
+JOBS ?= 2
+
 test: install  ## the whole suite (GPU tests skip themselves without CUDA)
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) $(ARGS)
 
 test-fast: install  ## the suite without the slow tier
-	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) -m "not slow" $(ARGS)
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

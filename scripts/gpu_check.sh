@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # One bounded session on a GPU machine: the GPU test tier, then the GPU benchmarks, each under a
 # time limit and all of it under a deadline; logs and a compact table go to the folder $1.
-#   bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS]   (device tool: carry .whl and .data)
+#   bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS] [PART]   (device tool: carry .whl, .data)
 #   DRY_RUN=1 bash scripts/gpu_check.sh OUT_DIR            (here, before a loan: every step on the
 #                                                           CPU at smoke size; GPU tests skip)
+# Everything does not fit one 9-minute run: PART 1 (default) is the GPU tests, P3' sprint, P4/P5
+# and P1 (caps add up to 460 s); PART 2 the JPEG folder (issue 14), P3' best and P0 (490 s): one
+# part per GPU loan, part 1 first. PART all (the dry run's default) runs both.
 # Needs CUDA unless DRY_RUN=1: without it, it stops at once with a clear line and exit status 2.
 set -uo pipefail
 OUT=${1:?usage: bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS]}
 DEADLINE=${2:-400}
+DRY=${DRY_RUN:-0}
+PART=${3:-$([ "$DRY" = 1 ] && echo all || echo 1)}
+case $PART in 1|2|all) ;; *) echo "gpu_check: PART must be 1, 2 or all, got $PART"; exit 2;; esac
+part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }  # part N: does this run do part N's steps?
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
-DRY=${DRY_RUN:-0}
 PY=${PYTHON:-python3}
 [ "$DRY" = 1 ] && [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
 
@@ -27,7 +33,7 @@ export WANDB_MODE=disabled
 DATA=$PWD/.data  # Fashion-MNIST IDX files carried from the development machine
 mkdir -p data && cp -n "$DATA"/*.gz data/ 2>/dev/null  # data/ is where litlab looks first
 
-{ date -u +"%Y-%m-%d %H:%M UTC"; [ "$DRY" = 1 ] && echo "DRY RUN on the CPU: smoke sizes, not measurements"
+{ date -u +"%Y-%m-%d %H:%M UTC, part $PART"; [ "$DRY" = 1 ] && echo "DRY RUN on the CPU: smoke sizes, not measurements"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   lscpu | grep "Model name"; nproc
   $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"; } \
@@ -48,13 +54,15 @@ step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), ke
     "$(grep -v '^\s*$' "$OUT/$name.log" | tail -n 1 | cut -c1-100)" | tee -a "$OUT/summary.txt"
 }
 
-# GPU test tier: three pytest processes side by side (one GPU has room for all of them).
-PYTEST="$PY -m pytest -p no:cacheprovider -q -rA"
-step tests_core 150 $PYTEST -m "gpu and not compile" tests/test_gpu.py tests/test_decode.py \
-  tests/test_loader.py &
-step tests_compile 150 $PYTEST -m "gpu and compile" tests/test_gpu.py &
-step tests_observability 150 $PYTEST -m gpu tests/test_gpu_observability.py &
-wait
+# GPU test tier (part 1): three pytest processes side by side (one GPU has room for all).
+if part 1; then
+  PYTEST="$PY -m pytest -p no:cacheprovider -q -rA"
+  step tests_core 150 $PYTEST -m "gpu and not compile" tests/test_gpu.py tests/test_decode.py \
+    tests/test_loader.py &
+  step tests_compile 150 $PYTEST -m "gpu and compile" tests/test_gpu.py &
+  step tests_observability 150 $PYTEST -m gpu tests/test_gpu_observability.py &
+  wait
+fi
 
 # Benchmarks, most informative first (docs/benchmarks.md says what each measures). A dry run
 # gives each the smallest size that runs every code path.
@@ -68,31 +76,35 @@ if [ "$DRY" = 1 ]; then
 else
   SMALL_P45=""; SMALL_P3=""; SMALL_P1=""; SMALL_P0=""; P3_REPEATS=3
 fi
-# P3': the two Fashion-MNIST recipes, whole train + test in one process (start-up excluded);
-# the sprint's median of 3 runs (goal: 94% in <= 5 s), the best recipe once (goal: >= 95.5%).
-# (P3's GPU row is P3' now: fashion_fast is a CPU recipe.)
-step bench_p3_sprint 90 $PY scripts/bench_time_to_accuracy.py --device $DEV \
-  --repeats $P3_REPEATS --experiment fashion_sprint --target 0.94 $DDIR $SMALL_P3
-step bench_p4_p5_throughput 110 $PY scripts/bench_throughput.py --device $DEV --repeats 1 $SMALL_P45
-# P2 folders (issue 14): ResNet-50 (bf16, channels_last) on a JPEG folder of ImageNet-like sizes
-# through each data path, against the same number of synthetic images in memory (goal: the
-# folder at >= 0.9 of synthetic's images/s end to end; "decoded on the device" is nvJPEG).
-if [ "$DRY" = 1 ]; then
-  FOLDER="--size 96 --limit 300"; FOLDER_BENCH="--size 64 --stored 72 --epochs 1 --model small_cnn"
-else
-  FOLDER="--size 400 --limit 4000"; FOLDER_BENCH="--size 224 --stored 256 --epochs 2 --model resnet50"
+if part 1; then
+  # P3': the two Fashion-MNIST recipes, whole train + test in one process (start-up excluded);
+  # the sprint's median of 3 runs (goal: 94% in <= 5 s); the best recipe once, in part 2.
+  # (P3's GPU row is P3' now: fashion_fast is a CPU recipe.)
+  step bench_p3_sprint 90 $PY scripts/bench_time_to_accuracy.py --device $DEV \
+    --repeats $P3_REPEATS --experiment fashion_sprint --target 0.94 $DDIR $SMALL_P3
+  step bench_p4_p5_throughput 110 $PY scripts/bench_throughput.py --device $DEV --repeats 1 $SMALL_P45
+  step bench_p1_overhead 50 $PY scripts/bench_overhead.py --device $DEV --net cnn --repeats 1 \
+    $DDIR $SMALL_P1
+  [ "$DRY" = 1 ] || step bench_p1_overhead_mlp 60 $PY scripts/bench_overhead.py --device $DEV \
+    --net mlp --repeats 1 $DDIR  # 3 epochs: minutes on a CPU, seconds on the GPU
 fi
-step make_jpeg_folder 40 $PY scripts/make_image_folder.py /tmp/litlab-jpegs --rgb --jitter 0.25 \
-  $FOLDER $DDIR
-step bench_p2_folder 120 $PY scripts/bench_folder.py /tmp/litlab-jpegs --device $DEV \
-  $FOLDER_BENCH --sides torchvision "litlab, warm cache" "litlab, files" \
-  "litlab, files, decoded on the device" synthetic
-step bench_p3_best 240 $PY scripts/bench_time_to_accuracy.py --device $DEV --repeats 1 \
-  --experiment fashion_best --target 0.955 $DDIR $SMALL_P3
-step bench_p1_overhead 50 $PY scripts/bench_overhead.py --device $DEV --net cnn --repeats 1 \
-  $DDIR $SMALL_P1
-[ "$DRY" = 1 ] || step bench_p1_overhead_mlp 60 $PY scripts/bench_overhead.py --device $DEV \
-  --net mlp --repeats 1 $DDIR  # 3 epochs: minutes on a CPU, seconds on the GPU
-step bench_p0_gpu_vs_cpu 90 $PY scripts/bench_gpu_vs_cpu.py --device $DEV --repeats 1 $DDIR \
-  $SMALL_P0
+if part 2; then
+  # P2 folders (issue 14): ResNet-50 (bf16, channels_last) on a JPEG folder of ImageNet-like sizes
+  # through each data path, against the same number of synthetic images in memory (goal: the
+  # folder at >= 0.9 of synthetic's images/s end to end; "decoded on the device" is nvJPEG).
+  if [ "$DRY" = 1 ]; then
+    FOLDER="--size 96 --limit 300"; FOLDER_BENCH="--size 64 --stored 72 --epochs 1 --model small_cnn"
+  else
+    FOLDER="--size 400 --limit 4000"; FOLDER_BENCH="--size 224 --stored 256 --epochs 2 --model resnet50"
+  fi
+  step make_jpeg_folder 40 $PY scripts/make_image_folder.py /tmp/litlab-jpegs --rgb --jitter 0.25 \
+    $FOLDER $DDIR
+  step bench_p2_folder 120 $PY scripts/bench_folder.py /tmp/litlab-jpegs --device $DEV \
+    $FOLDER_BENCH --sides torchvision "litlab, warm cache" "litlab, files" \
+    "litlab, files, decoded on the device" synthetic
+  step bench_p3_best 240 $PY scripts/bench_time_to_accuracy.py --device $DEV --repeats 1 \
+    --experiment fashion_best --target 0.955 $DDIR $SMALL_P3
+  step bench_p0_gpu_vs_cpu 90 $PY scripts/bench_gpu_vs_cpu.py --device $DEV --repeats 1 $DDIR \
+    $SMALL_P0
+fi
 echo "total ${SECONDS}s" | tee -a "$OUT/summary.txt"

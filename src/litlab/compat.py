@@ -54,10 +54,11 @@ def stepping_batches(trainer: L.Trainer) -> int:
     batch. Dropping the loader built for the estimate (private ``fit_loop._combined_loader``)
     lets the fit build it again after the restore, as it does without a step schedule.
     """
-    built = trainer.fit_loop._combined_loader is not None
+    loop = getattr(trainer, "fit_loop", None)  # None: a stand-in with the count alone (benchmarks)
+    built = loop is None or loop._combined_loader is not None
     steps = int(trainer.estimated_stepping_batches)
     if not built:
-        trainer.fit_loop._combined_loader = None
+        loop._combined_loader = None
     return steps
 
 

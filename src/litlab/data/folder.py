@@ -125,14 +125,16 @@ def load_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndar
 JPEG_START, JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
 
 
-def worker_item(data: bytes, size: int, channels: int) -> torch.Tensor:
-    """What a loader's worker hands on for one file when the run's device decodes JPEGs
-    (``data.source.decode=device``, litlab.data.decode): a whole 8-bit RGB or gray JPEG as its
-    bytes (uint8 [n]); anything else decoded here as ``load_image`` does (uint8 [channels, size,
-    size]): other formats, JPEGs in modes a GPU decoder may refuse (CMYK), a JPEG without its end
-    marker (truncated: PIL refuses it, and a GPU decoder might return part of a picture), and
-    the decompression-bomb guard applies to both (PIL reads the header only)."""
-    if bytes(data[:3]) == JPEG_START and bytes(data[-16:]).rstrip(b"\0")[-2:] == JPEG_END:
+def worker_item(data: bytes, size: int, channels: int, encoded: bool = True) -> torch.Tensor:
+    """What a loader's worker hands on for one file's bytes: decoded as ``load_image`` does
+    (uint8 [channels, size, size]), or, when ``encoded`` (the run's device decodes JPEGs:
+    ``data.source.decode=device``, litlab.data.decode), a whole 8-bit RGB or gray JPEG as its
+    bytes (uint8 [n]). Decoded here even then: other formats, JPEGs in modes a GPU decoder may
+    refuse (CMYK), a JPEG without its end marker (truncated: PIL refuses it, and a GPU decoder
+    might return part of a picture); the decompression-bomb guard applies to both (PIL reads
+    the header only)."""
+    whole_jpeg = bytes(data[:3]) == JPEG_START and bytes(data[-16:]).rstrip(b"\0")[-2:] == JPEG_END
+    if encoded and whole_jpeg:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as image:
@@ -276,13 +278,11 @@ class FileImages(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
         path = self.index.root / self.index.files[self.positions[i]]
         try:
-            if self.encoded:  # JPEGs left for the device to decode (litlab.data.decode)
-                return worker_item(path.read_bytes(), self.size, self.channels), self.targets[i]
-            pixels = load_image(path, self.size, self.channels)
+            image = worker_item(path.read_bytes(), self.size, self.channels, self.encoded)
         except Exception as e:
             warnings.warn(f"skipped unreadable image {path}: {e}", stacklevel=1)
             return None
-        return torch.from_numpy(pixels), self.targets[i]
+        return image, self.targets[i]
 
 
 class ImageFolder(Source):

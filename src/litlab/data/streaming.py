@@ -15,7 +15,6 @@ DataModule, like every other source.
 from __future__ import annotations
 
 import copy
-import io
 import json
 import logging
 import warnings
@@ -24,7 +23,7 @@ from typing import Any
 
 import torch
 
-from litlab.data.folder import check_decode, check_decoded_shape, load_image, worker_item
+from litlab.data.folder import check_decode, check_decoded_shape, worker_item
 from litlab.data.sources import Source
 from litlab.errors import ConfigError, DataError
 
@@ -65,12 +64,7 @@ class DecodeImage:
 
     def __call__(self, item: dict[str, Any]) -> tuple[torch.Tensor, int] | None:
         try:
-            if self.encoded:
-                image = worker_item(item["image"], self.size, self.channels)
-            else:
-                image = torch.from_numpy(
-                    load_image(io.BytesIO(item["image"]), self.size, self.channels)
-                )
+            image = worker_item(item["image"], self.size, self.channels, self.encoded)
         except Exception as e:  # a damaged item is a skip, whatever PIL raises
             warnings.warn(f"skipped unreadable image {item.get('name')}: {e}", stacklevel=1)
             return None

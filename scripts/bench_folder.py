@@ -179,6 +179,8 @@ def main() -> None:
 
     def side(name: str) -> Callable[[], tuple]:
         where = "device" if name.endswith("on the device") else "workers"
+        if name == "synthetic":  # as many images as the folder's: counted once, not timed
+            files = sum(1 for p in (args.folder / "train").rglob("*") if p.is_file())
 
         def make() -> tuple:
             if name == "torchvision":
@@ -192,9 +194,8 @@ def main() -> None:
                     args.folder, args.size, stored, warm_cache, args.workers
                 )
             elif name == "synthetic":
-                images = sum(1 for p in (args.folder / "train").rglob("*") if p.is_file())
                 shape = (3, stored, stored)
-                source = Synthetic(shape, num_classes=10, train_size=images, test_size=BATCH)
+                source = Synthetic(shape, num_classes=10, train_size=files, test_size=BATCH)
                 datamodule = datamodule_of(source, args.folder, args.size, args.workers)
             elif name.startswith("litlab, files"):
                 datamodule = litlab_datamodule(

@@ -385,8 +385,10 @@ def test_cpu_crops_match_the_accelerators_roi_align_crops():
     smooth = torch.stack([x * 3, y * 4, 128 + 60 * torch.sin(x / 9) * torch.cos(y / 7)])
     images = smooth.clamp(0, 255).to(torch.uint8).repeat(3, 1, 1, 1)
     boxes = torch.tensor([[0.0, 0.0, 64.0, 48.0], [8.0, 4.0, 40.0, 44.0], [20.0, 10.0, 60.0, 30.0]])
+    threads = torch.get_num_threads()
     cpu, roi = resized_crops(images, boxes, (24, 24)), roi_crops(images, boxes, (24, 24))
-    assert cpu.shape == roi.shape == (3, 3, 24, 24)
+    assert torch.get_num_threads() == threads  # the CPU loop's single thread is given back
+    assert cpu.dtype == torch.uint8 and cpu.shape == roi.shape == (3, 3, 24, 24)
     assert (cpu - roi).abs().mean() < 1.0, (cpu - roi).abs().mean(dim=(1, 2, 3))
 
 

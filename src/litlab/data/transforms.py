@@ -72,24 +72,29 @@ def crop_boxes(
 
 
 def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """Each uint8 image's box, resized to ``size`` (float, 0..255), antialiased when shrinking.
+    """Each uint8 image's box, resized to ``size``, antialiased when shrinking: uint8 on the CPU,
+    float (0..255) elsewhere.
 
     On an accelerator: torchvision's roi_align, one batched call (as many bilinear samples per
     output pixel as the box shrinks: an area average when downscaling, exact at 1:1). On the
     CPU that call is slower than torch's uint8 antialiased resize per image (AVX2 kernels,
     channels_last; docs/benchmarks.md, P2 folders), which crops at whole pixels as torchvision's
-    RandomResizedCrop does."""
-    if images.device.type == "cpu":
-        n, c = images.shape[:2]
-        out = torch.empty((n, c, *size), dtype=torch.uint8).contiguous(
-            memory_format=torch.channels_last
-        )
+    RandomResizedCrop does. The loop runs on one thread: these calls are too small to share, and
+    OpenMP's hand-offs cost more than they save (about half the loop's time on 2 cores)."""
+    if images.device.type != "cpu":
+        return roi_crops(images, boxes, size)
+    n, c = images.shape[:2]
+    out = torch.empty((n, c, *size), dtype=torch.uint8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
         for i, (x1, y1, x2, y2) in enumerate(boxes.round().long().tolist()):
             crop = images[i : i + 1, :, y1 : max(y2, y1 + 1), x1 : max(x2, x1 + 1)]
             crop = crop.contiguous(memory_format=torch.channels_last)
             out[i : i + 1] = F.interpolate(crop, size=tuple(size), mode="bilinear", antialias=True)
-        return out.float()
-    return roi_crops(images, boxes, size)
+    finally:
+        torch.set_num_threads(threads)
+    return out
 
 
 def roi_crops(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
@@ -123,6 +128,7 @@ class BatchTransform:
         augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.mean, self.std = per_channel(mean), per_channel(std)
+        self.shift, self.scale = self.mean * 255.0, 1.0 / (self.std * 255.0)
         self.augment = augment
         self.hflip = hflip
         self.translate = translate
@@ -131,7 +137,8 @@ class BatchTransform:
         self.eval_crop = eval_crop
 
     def _resize(self, images: torch.Tensor, train: bool) -> torch.Tensor:
-        """uint8 [N, C, H, W] -> float [N, C, *size] in 0..255 (cropped as the split wants)."""
+        """uint8 [N, C, H, W] -> [N, C, *size] (cropped as the split wants): uint8 on the CPU, float
+        0..255 where roi_align crops."""
         n, _, h, w = images.shape
         if train and self.crop_scale is not None:
             boxes = crop_boxes(n, h, w, self.crop_scale, device=images.device)
@@ -140,20 +147,25 @@ class BatchTransform:
             x, y = (w - side) / 2, (h - side) / 2
             boxes = torch.tensor([[x, y, x + side, y + side]], device=images.device).expand(n, 4)
         else:
-            return images.float()
+            return images
         return resized_crops(images, boxes, self.size)
 
     def __call__(self, images: torch.Tensor, train: bool) -> torch.Tensor:
-        images = self._resize(images, train) if self.size is not None else images.float()
+        # Crops, shifts and flips move whole pixels: done on uint8 where the batch still is
+        # (a quarter of float's memory traffic), then one conversion and normalization.
+        if self.size is not None:
+            images = self._resize(images, train)
         if train and self.translate:
             images = random_translate(images, self.translate)
         if train and self.hflip:
             images = random_hflip(images)
         if train and self.augment is not None:
-            images = self.augment(images)
+            images = self.augment(images.float())
         if self.mean.device != images.device:
             self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
-        return (images / 255.0 - self.mean) / self.std
+            self.shift, self.scale = self.mean * 255.0, 1.0 / (self.std * 255.0)
+        # (x / 255 - mean) / std as (x - 255 mean) / (255 std): a new float tensor, then in place
+        return images.sub(self.shift).mul_(self.scale)
 
     def to_unit(self, normalized: torch.Tensor) -> torch.Tensor:
         """Map normalized images back to [0, 1] pixels (for grids and feature extractors)."""

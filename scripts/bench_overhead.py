@@ -17,6 +17,7 @@ Variants, each adding one piece to the one before:
   raw loop            benchlib.raw_classifier: the DeviceLoader, the batch transform, the loop
   bare Lightning      a minimal LightningModule (loss only) on litlab's DataModule, a Trainer
                       without logger, callbacks, checkpoints, bar or summary
+  + no-op profiler    the same with litlab's trainer.profiler (litlab.profiler.NoProfiler)
   + metrics           litlab's ImageClassifier with its logging calls removed
   + logging           litlab's ImageClassifier (self.log), still no logger
   + loggers           and litlab's CSV + W&B (offline) loggers
@@ -46,6 +47,7 @@ from omegaconf import DictConfig
 from litlab.config import build
 from litlab.models import ImageClassifier
 from litlab.models.optim import build_optimizer
+from litlab.profiler import NoProfiler
 
 NO_BAR = ["callbacks.progress_bar=null", "+trainer.enable_progress_bar=false"]
 MLP = [
@@ -121,7 +123,7 @@ def lightning_side(cfg: DictConfig, device: torch.device, piece: str) -> Measure
 
     L.seed_everything(cfg.seed, workers=True)  # the task's order: seed, data, model
     datamodule = build(cfg.data, "data")
-    if piece == "bare Lightning":
+    if piece in ("bare Lightning", "+ no-op profiler"):
         model: L.LightningModule = Bare(cfg)
     else:
         kind = WithoutLogging if piece == "+ metrics" else ImageClassifier
@@ -146,6 +148,7 @@ def lightning_side(cfg: DictConfig, device: torch.device, piece: str) -> Measure
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        profiler=None if piece == "bare Lightning" else NoProfiler(),
     )
     seconds = benchlib.timed(lambda: trainer.fit(model, datamodule=datamodule))
     if loggers:
@@ -195,6 +198,7 @@ def main() -> None:
     pieces = [
         "raw loop",
         "bare Lightning",
+        "+ no-op profiler",
         "+ metrics",
         "+ logging",
         "+ loggers",

@@ -95,3 +95,28 @@ def test_compiled_gan_trains_and_its_checkpoint_resumes_eager(tmp_path, model):
     resumed = make_cfg(tmp_path / "eager", [*gan, "trainer.max_epochs=2", f"ckpt_path={last}"])
     train_task(resumed)
     assert summary_of(resumed)["status"] == "completed"
+
+
+def test_the_default_profiler_records_nothing_at_no_per_call_cost_and_real_ones_still_work(
+    tmp_path,
+):
+    """Lightning wraps ~95 hook calls a step in profiler.profile(); litlab's default hands out
+    one shared null context (its pass-through makes a generator each time), and
+    trainer.profiler=simple still profiles."""
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    from litlab.config import build
+    from litlab.profiler import NoProfiler
+
+    trainer = build(make_cfg(tmp_path, QUIET).trainer, "trainer", logger=False)
+    assert isinstance(trainer.profiler, NoProfiler)
+    first, second = trainer.profiler.profile("a"), trainer.profiler.profile("b")
+    assert first is second
+    with first, second:  # reentrant: Lightning nests hook calls
+        pass
+    simple = make_cfg(tmp_path / "simple", [*QUIET, "trainer.profiler=simple"]).trainer
+    profiler = build(simple, "trainer", logger=False).profiler
+    assert isinstance(profiler, SimpleProfiler)
+    with profiler.profile("a step"):
+        pass
+    assert "a step" in profiler.recorded_durations

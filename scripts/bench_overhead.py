@@ -4,6 +4,8 @@ hand-written PyTorch loop doing the same work.
     python scripts/bench_overhead.py --net mlp              # tiny MLP, 3 epochs (CPU: ~4 min)
     python scripts/bench_overhead.py --net cnn              # SmallCNN, 200 steps
     python scripts/bench_overhead.py --net cnn --device cuda
+    python scripts/bench_overhead.py --net mlp --pieces "+ progress bar" --repeats 9
+                        # the default run alone against the raw loop, back to back
 
 Both nets train on Fashion-MNIST (litlab's 54,000-image training split, batch 128, no
 augmentation) from the same seed, and every variant must end on the same training loss
@@ -81,6 +83,18 @@ def overrides(args: argparse.Namespace, device: torch.device, warm: bool) -> lis
     ]
 
 
+PIECES = [
+    "raw loop",
+    "bare Lightning",
+    "+ no-op profiler",
+    "+ metrics",
+    "+ logging",
+    "+ loggers",
+    "+ callbacks",
+    "+ progress bar",
+]
+
+
 class Bare(L.LightningModule):
     """The loss, the optimizer and schedule: nothing else."""
 
@@ -141,6 +155,7 @@ def lightning_side(cfg: DictConfig, device: torch.device, piece: str) -> Measure
         deterministic=cfg.trainer.deterministic,
         max_epochs=cfg.trainer.max_epochs,
         max_steps=cfg.trainer.max_steps,
+        log_every_n_steps=cfg.trainer.log_every_n_steps,  # the task's, for the same logging
         limit_val_batches=0,
         num_sanity_val_steps=0,
         logger=loggers,
@@ -169,6 +184,14 @@ def main() -> None:
     parser = benchlib.arguments(__doc__, repeats=5)
     parser.add_argument("--net", choices=("mlp", "cnn"), default="mlp")
     parser.add_argument("--steps", type=int, help="cnn: steps per run (200 CPU, 2,000 CUDA)")
+    parser.add_argument(
+        "--pieces",
+        nargs="+",
+        choices=PIECES,
+        default=PIECES,
+        help="variants to run (default: all); two run back to back, the closest pairing on a "
+        "machine whose speed drifts",
+    )
     parser.add_argument("overrides", nargs="*", help="more overrides for every variant")
     args = parser.parse_args()
     device = benchlib.start(args)
@@ -195,16 +218,7 @@ def main() -> None:
 
         return run
 
-    pieces = [
-        "raw loop",
-        "bare Lightning",
-        "+ no-op profiler",
-        "+ metrics",
-        "+ logging",
-        "+ loggers",
-        "+ callbacks",
-        "+ progress bar",
-    ]
+    pieces = ["raw loop", *(p for p in PIECES if p in args.pieces and p != "raw loop")]
     results = benchlib.interleaved({p: variant(p) for p in pieces}, args.repeats)
     for runs in zip(*results.values(), strict=True):
         losses = [m["loss"] for m in runs]

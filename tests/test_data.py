@@ -224,6 +224,16 @@ def test_batch_transform_normalizes_and_maps_back():
     assert transform.to_unit(out).flatten().tolist() == pytest.approx([0.0, 1.0])
 
 
+def test_normalization_gives_exactly_what_models_were_trained_on():
+    """(x / 255 - mean) / std to the last bit, per channel: a cheaper formula that rounds
+    differently changes every run's numbers (3 epochs of the tiny MLP: final loss 0.2655 vs
+    0.2818)."""
+    transform = BatchTransform(mean=[0.5, 0.4, 0.3], std=[0.25, 0.2, 0.3])
+    images = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8)
+    expected = (images / 255.0 - transform.mean) / transform.std
+    assert torch.equal(transform(images, train=False), expected)
+
+
 def test_translate_shifts_each_image_by_its_own_offset_and_keeps_labels_aligned():
     torch.manual_seed(0)
     n = 64

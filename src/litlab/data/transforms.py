@@ -128,7 +128,6 @@ class BatchTransform:
         augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.mean, self.std = per_channel(mean), per_channel(std)
-        self.shift, self.scale = self.mean * 255.0, 1.0 / (self.std * 255.0)
         self.augment = augment
         self.hflip = hflip
         self.translate = translate
@@ -163,9 +162,8 @@ class BatchTransform:
             images = self.augment(images.float())
         if self.mean.device != images.device:
             self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
-            self.shift, self.scale = self.mean * 255.0, 1.0 / (self.std * 255.0)
-        # (x / 255 - mean) / std as (x - 255 mean) / (255 std): a new float tensor, then in place
-        return images.sub(self.shift).mul_(self.scale)
+        # (x / 255 - mean) / std: one new float tensor, then in place (the same values)
+        return images.div(255.0).sub_(self.mean).div_(self.std)
 
     def to_unit(self, normalized: torch.Tensor) -> torch.Tensor:
         """Map normalized images back to [0, 1] pixels (for grids and feature extractors)."""

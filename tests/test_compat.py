@@ -183,3 +183,53 @@ def test_stepping_batches_leave_the_checkpoints_loader_state_to_the_resumed_fit(
     bare_trainer(max_epochs=2).fit(resumed, loader, ckpt_path=tmp_path / "mid.ckpt")
     assert resumed.steps == 16
     assert loader.loaded == [{"position": 3}]  # the rest of the epoch, not all of it again
+
+
+def test_cheap_hook_name_is_what_lightning_sets_reads_and_logs_by():
+    class Cheap(compat.CheapHookName, Tiny):
+        def training_step(self, batch, batch_idx):
+            assert self._current_fx_name == "training_step"  # Lightning's, for self.log's checks
+            loss = super().training_step(batch, batch_idx)
+            self.log("train/loss", loss, on_step=False, on_epoch=True)
+            return loss
+
+    seen = set()
+
+    class Look(L.Callback):
+        def on_before_backward(self, trainer, pl_module, loss):
+            seen.add(pl_module._current_fx_name)
+
+    model = Cheap()
+    trainer = bare_trainer(max_epochs=1, callbacks=[Look()])
+    trainer.fit(model, DataLoader(TensorDataset(torch.randn(16, 4), torch.zeros(16).long())))
+    assert seen == {"on_before_backward"}
+    assert "_current_fx_name" in model.__dict__  # where nn.Module.__setattr__ keeps a string
+    assert "train/loss" in trainer.callback_metrics  # logging, which checks the name, works
+    model.extra = nn.Parameter(torch.zeros(1))  # anything else goes through nn.Module's checks
+    assert "extra" in dict(model.named_parameters())
+
+
+def test_model_checkpoint_state_key_is_lightnings_and_follows_its_settings(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint as Lightnings
+
+    from litlab.callbacks import ModelCheckpoint
+
+    for kwargs in (
+        dict(monitor="val/acc", mode="max"),
+        dict(every_n_train_steps=1000),
+        dict(every_n_epochs=1, save_on_train_epoch_end=True),
+    ):
+        assert ModelCheckpoint(**kwargs).state_key == Lightnings(**kwargs).state_key
+    ours = ModelCheckpoint(monitor="val/acc", mode="max")
+    assert ours.state_key == ours.state_key
+    ours.monitor = "val/loss"
+    assert ours.state_key == Lightnings(monitor="val/loss", mode="max").state_key
+    # A checkpoint names the callback's state by that key: Lightning's class resumes it.
+    trainer = bare_trainer(
+        max_epochs=1,
+        enable_checkpointing=True,
+        callbacks=[ModelCheckpoint(tmp_path, "last", every_n_epochs=1)],
+    )
+    trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8).long())))
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]
+    assert list(saved) == [Lightnings(tmp_path, "last", every_n_epochs=1).state_key]

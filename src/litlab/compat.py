@@ -116,6 +116,34 @@ def rank_watchers_with_grace(grace_s: float = 60) -> Iterator[list[Any]]:
             observer.job_over.set()
 
 
+class CheapHookName:
+    """Mixed into litlab's LightningModules before ``L.LightningModule``: Lightning sets the
+    module's private ``_current_fx_name`` before and after each hook it calls (about 40 times a
+    training step with the default callbacks), through ``nn.Module.__setattr__``, whose
+    parameter and buffer checks (``isinstance`` through metaclasses) cost about 3 us each on a
+    2-core CPU. A hook's name is a string, never a parameter, buffer or module: it is stored
+    where ``nn.Module.__setattr__`` would store it, in the instance's ``__dict__``, directly."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_current_fx_name":
+            self.__dict__[name] = value
+        else:
+            super().__setattr__(name, value)
+
+
+def checkpoint_settings(callback: Any) -> tuple[Any, ...]:
+    """What ``ModelCheckpoint.state_key`` is made of: its monitor and mode, and its private
+    trigger settings (``_every_n_train_steps``, ``_every_n_epochs``, ``_train_time_interval``),
+    which have no public readers."""
+    return (
+        callback.monitor,
+        callback.mode,
+        callback._every_n_train_steps,
+        callback._every_n_epochs,
+        callback._train_time_interval,
+    )
+
+
 def flat_hyperparameters(params: dict[str, Any]) -> dict[str, Any]:
     """A nested config as flat "a.b.c" keys with loggable values, as Lightning's loggers make
     them (its ``_convert_params``/``_flatten_dict``: private, and the same rules for W&B)."""

@@ -12,7 +12,7 @@ from torch.optim import Optimizer
 from torchmetrics import MaxMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from litlab.compat import logs_this_step
+from litlab.compat import CheapHookName, logs_this_step
 from litlab.distributed import broadcast_buffers, log_job_value
 from litlab.errors import ConfigError
 from litlab.models.optim import Interval, build_optimizer, fit_schedules_to_run
@@ -38,7 +38,7 @@ def accuracy_metrics(num_classes: int, prefix: str) -> MetricCollection:
     return MetricCollection(metrics, prefix=prefix)
 
 
-class ImageClassifier(L.LightningModule):
+class ImageClassifier(CheapHookName, L.LightningModule):
     """Cross-entropy training of any net mapping images to class logits."""
 
     def __init__(

@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import ConstantLR
 from torch.optim.swa_utils import AveragedModel
 
 from litlab import rng
-from litlab.compat import ema_update, logs_this_step
+from litlab.compat import CheapHookName, ema_update, logs_this_step
 from litlab.data.transforms import per_channel
 from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
@@ -103,7 +103,7 @@ def batch_statistics(net: nn.Module) -> Iterator[nn.Module]:
             m.momentum, m.num_batches_tracked = momentum, tracked
 
 
-class GAN(L.LightningModule):
+class GAN(CheapHookName, L.LightningModule):
     """Generator G, discriminator D, and an EMA copy of G used for samples and FID.
 
     Step accounting: every training batch is one D step; G steps once every ``n_critic``

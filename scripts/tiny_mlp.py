@@ -26,3 +26,14 @@ class TinyMLP(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)
+
+
+class OneLayer(nn.Module):
+    """784-10, one Linear layer: a step that is nearly all framework (the per-step floor)."""
+
+    def __init__(self, in_features: int = 784, num_classes: int = 10) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images)

@@ -3,22 +3,35 @@
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
 from omegaconf import open_dict
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import QUIET as FAST
-from conftest import REPO, make_cfg, needs_fashion, run_cli, summary_of, write_idx_dataset
+from conftest import (
+    REPO,
+    bare_trainer,
+    make_cfg,
+    needs_fashion,
+    run_cli,
+    summary_of,
+    write_idx_dataset,
+)
 from litlab.data import FashionMNIST
 from litlab.data.folder import cached_folder, scan
 from litlab.evaluate import eval_task
+from litlab.models import ImageClassifier
 from litlab.train import train_task
 from wandb_records import offline_run
 
@@ -196,15 +209,49 @@ def test_resume_from_a_checkpoint_continues_training(tmp_path):
 def test_training_accuracy_counts_as_torchmetrics_does():
     from torchmetrics.classification import MulticlassAccuracy
 
-    from litlab.models.classifier import hits
+    from litlab.models.classifier import place_hits
 
     logits, labels = torch.randn(257, 10), torch.randint(0, 10, (257,))
-    top1, top5 = hits(logits, labels, 5) / len(labels)
+    places = place_hits(logits, labels, 5)
+    assert places.shape == (5,)
+    top1, top5 = places[0] / len(labels), places.sum() / len(labels)
     assert float(top1) == pytest.approx(
         float(MulticlassAccuracy(10, average="micro")(logits, labels))
     )
     top5_metric = MulticlassAccuracy(10, top_k=5, average="micro")
     assert float(top5) == pytest.approx(float(top5_metric(logits, labels)))
+    assert place_hits(logits[:, :3], labels % 3, 0).shape == (1,)  # 5 classes or fewer: top-1
+
+
+def test_epoch_sums_are_the_batches_sums_and_survive_a_checkpoint():
+    """What training steps accumulate: loss x images in float64 (the loss as computed), top-1
+    and top-5 hits, and the images; a checkpoint's sums ([loss x n, top-1, top-k, n], also
+    those written before the sums were split) come back as they were."""
+
+    def model() -> ImageClassifier:  # learning rate 0: the same weights at every step
+        optimizer = functools.partial(torch.optim.SGD, lr=0.0)
+        return ImageClassifier(nn.Linear(4, 10), optimizer, num_classes=10)
+
+    class Record(L.Callback):  # runs before the module's on_train_epoch_end resets the sums
+        def on_train_epoch_end(self, trainer, pl_module):
+            self.sums = pl_module.epoch_sums().clone()
+
+    classifier, record = model(), Record()
+    data = TensorDataset(torch.randn(71, 4), torch.randint(0, 10, (71,)))
+    bare_trainer(max_epochs=1, callbacks=[record]).fit(classifier, DataLoader(data, 32))
+    want = torch.zeros(4, dtype=torch.float64)
+    with torch.no_grad():
+        for images, labels in DataLoader(data, 32):  # 32, 32, 7
+            logits = classifier(images)
+            loss = classifier.criterion(logits, labels)
+            top5 = logits.topk(5, dim=1).indices == labels[:, None]
+            n = len(labels)
+            want += torch.stack([loss.double() * n, top5[:, 0].sum(), top5.sum(), torch.tensor(n)])
+    assert torch.equal(record.sums, want)
+    assert torch.equal(classifier.epoch_sums(), torch.zeros(4, dtype=torch.float64))  # reset
+    resumed = model()
+    resumed.on_load_checkpoint({"classifier": {"train_sums": want.float()}})  # any float dtype
+    assert torch.equal(resumed.epoch_sums(), want.float().double())
 
 
 def test_step_curves_every_n_steps_and_the_epochs_means(tmp_path):

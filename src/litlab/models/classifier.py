@@ -18,10 +18,11 @@ from litlab.errors import ConfigError
 from litlab.models.optim import Interval, build_optimizer, fit_schedules_to_run
 
 
-def hits(logits: Tensor, labels: Tensor, k: int) -> Tensor:
-    """[top-1 hits, top-k hits] of a batch (float64, on the logits' device; k=0: top-1 twice)."""
-    top = logits.topk(max(k, 1), dim=1).indices == labels[:, None]
-    return torch.stack([top[:, 0].sum(), top.any(dim=1).sum()]).double()
+def place_hits(logits: Tensor, labels: Tensor, k: int) -> Tensor:
+    """How many of a batch's labels are the logits' largest, second largest, ... k-th largest
+    (``max(k, 1)`` places; int64, on the logits' device): top-1 hits are the first place's,
+    top-k hits the sum (an image's label holds one place at most)."""
+    return (logits.topk(max(k, 1), dim=1).indices == labels[:, None]).sum(0)
 
 
 def accuracy_metrics(num_classes: int, prefix: str) -> MetricCollection:
@@ -74,24 +75,46 @@ class ImageClassifier(CheapHookName, L.LightningModule):
         # MixUp/CutMix, one draw per batch).
         self.tta_flip, self.erasing, self.mix = tta_flip, erasing, mix
         self.top_k = 5 if num_classes > 5 else 0
-        # The training epoch's sums on the device: loss x images, top-1 and top-k hits, images.
-        # A few tensor ops a step (torchmetrics' update and Lightning's self.log cost more than
-        # a small net's step: docs/benchmarks.md, P1); reduced over ranks once, at the epoch's
-        # end; saved with checkpoints, so that a run resumed mid-epoch reports the whole epoch.
-        # Not a buffer: DDP copies rank 0's buffers to every rank at each forward, which would
-        # make every rank's sums rank 0's.
-        self._train_sums = torch.zeros(4, dtype=torch.float64)
+        # The training epoch's sums: loss x images and the hits at each top-k place on the
+        # device, the images on the host. Seven small tensor ops a step (torchmetrics' update and
+        # Lightning's self.log cost more than a small net's step: docs/benchmarks.md, P1);
+        # reduced over ranks once, at the epoch's end; saved with checkpoints, so that a run
+        # resumed mid-epoch reports the whole epoch. Not buffers: DDP copies rank 0's buffers to
+        # every rank at each forward, which would make every rank's sums rank 0's.
+        self._loss_sum = torch.zeros((), dtype=torch.float64)
+        self._place_sums = torch.zeros(max(self.top_k, 1), dtype=torch.float64)
+        self._images = 0
         self.val_metrics = accuracy_metrics(num_classes, "val/")
         self.test_metrics = accuracy_metrics(num_classes, "test/")
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint: a resumed run keeps its best
 
+    def _sums_here(self) -> tuple[Tensor, Tensor]:
+        """The device's sums (loss x images; hits per top-k place), on the module's device."""
+        if self._loss_sum.device != self.device:
+            self._loss_sum = self._loss_sum.to(self.device)
+            self._place_sums = self._place_sums.to(self.device)
+        return self._loss_sum, self._place_sums
+
     def epoch_sums(self) -> Tensor:
-        """This rank's sums of the training epoch so far (loss x images, top-1 hits, top-k hits,
-        images), on the module's device."""
-        if self._train_sums.device != self.device:
-            self._train_sums = self._train_sums.to(self.device)
-        return self._train_sums
+        """This rank's sums of the training epoch so far, on the module's device (float64):
+        loss x images, top-1 hits, top-k hits, images."""
+        loss, places = self._sums_here()
+        return torch.stack([loss, places[0], places.sum(), loss.new_full((), self._images)])
+
+    def _reset_sums(self, sums: Tensor | None = None) -> None:
+        """Zero the epoch's sums, or set them to ``sums`` (as ``epoch_sums`` gives them)."""
+        loss, places = self._sums_here()
+        places.zero_()
+        if sums is None:
+            loss.zero_()
+            self._images = 0
+            return
+        sums = sums.to(loss)
+        loss.copy_(sums[0])
+        places[0] = sums[1]
+        places[-1] += sums[2] - sums[1]  # top-k hits beyond the first place (k = 0: none)
+        self._images = int(sums[3])
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)
@@ -129,9 +152,10 @@ class ImageClassifier(CheapHookName, L.LightningModule):
         logits = self(images)
         loss = self.criterion(logits, targets)
         with torch.no_grad():  # device ops only: no host sync, no tensor from the host
-            counts = hits(logits, labels, self.top_k)
-            size = counts.new_full((1,), len(labels))
-            self.epoch_sums().add_(torch.cat([loss.detach().double().view(1) * size, counts, size]))
+            loss_sum, place_sums = self._sums_here()
+            place_sums.add_(place_hits(logits, labels, self.top_k))
+            loss_sum.add_(loss.detach(), alpha=len(labels))  # in float64
+            self._images += len(labels)
         # The step curve: every trainer.log_every_n_steps (when Lightning writes it), and at an
         # epoch's last batch, so that the run ends with its last value.
         if logs_this_step(self.trainer) or self.trainer.is_last_batch:
@@ -141,8 +165,8 @@ class ImageClassifier(CheapHookName, L.LightningModule):
     def on_train_epoch_end(self) -> None:
         # The epoch's means over every rank's images: one collective; the values are then the
         # same on every rank.
-        sums = self.trainer.strategy.reduce(self.epoch_sums().clone(), reduce_op="sum")
-        self._train_sums.zero_()
+        sums = self.trainer.strategy.reduce(self.epoch_sums(), reduce_op="sum")
+        self._reset_sums()
         if sums[3] == 0:  # no batch this epoch (a resumed run that stopped at its end)
             return
         means = {"train/loss": sums[0], "train/acc": sums[1]}
@@ -178,14 +202,13 @@ class ImageClassifier(CheapHookName, L.LightningModule):
         # The job's sums so far (every rank writes a checkpoint together: one collective). A
         # resumed run hands them to its rank 0 alone, so that the epoch's reduce counts every
         # image once, on any number of ranks.
-        total = self.trainer.strategy.reduce(self.epoch_sums().clone(), reduce_op="sum")
+        total = self.trainer.strategy.reduce(self.epoch_sums(), reduce_op="sum")
         checkpoint["classifier"] = {"train_sums": total.cpu()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("classifier", {}).get("train_sums")
         if saved is not None:
-            saved = saved.to(torch.float64)
-            self._train_sums = saved if self.global_rank == 0 else torch.zeros_like(saved)
+            self._reset_sums(saved.to(torch.float64) if self.global_rank == 0 else None)
 
     def on_train_start(self) -> None:  # after Lightning restored a resumed run's schedule
         fit_schedules_to_run(self.trainer)  # which then ends at this run's end

@@ -221,7 +221,7 @@ def test_model_checkpoint_state_key_is_lightnings_and_follows_its_settings(tmp_p
     ):
         assert ModelCheckpoint(**kwargs).state_key == Lightnings(**kwargs).state_key
     ours = ModelCheckpoint(monitor="val/acc", mode="max")
-    assert ours.state_key == ours.state_key
+    assert ours.state_key is ours.state_key  # kept, not made again (Lightning: a new string)
     ours.monitor = "val/loss"
     assert ours.state_key == Lightnings(monitor="val/loss", mode="max").state_key
     # A checkpoint names the callback's state by that key: Lightning's class resumes it.

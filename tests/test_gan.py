@@ -11,9 +11,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import QUIET_CSV as QUIET
-from conftest import TINY_GAN_DATA, bare_trainer, make_cfg, run_cli, summary_of
+from conftest import TINY_GAN_DATA, bare_trainer, make_cfg, run_cli, summary_of, write_png_folder
 from litlab import rng
-from litlab.config import check_augmentation
+from litlab.config import build, check_augmentation
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
 from litlab.models.diffaugment import diff_augment, parse_policy
@@ -205,6 +205,30 @@ def test_resume_continues_fixed_noise_and_counters(tmp_path):
     assert resumed["gan"]["g_steps"] == 2 * saved["gan"]["g_steps"] > 0
     # seed=999 would draw other noise; the checkpoint's fixed noise wins.
     assert torch.equal(resumed["state_dict"]["fixed_noise"], saved["state_dict"]["fixed_noise"])
+
+
+def test_fid_real_images_are_framed_as_the_gan_sees_them(tmp_path):
+    """An image folder stored larger than the model's images (36 px, crops of 32): FID's real
+    images are the frames the GAN trains on (the centre eval_crop, resized), not the stored
+    squares, and a DCGAN with FID's own extractor runs on such a folder."""
+    write_png_folder(tmp_path / "images", per_class=12)
+    data = ["data=image_folder", f"data.source.root={tmp_path / 'images'}", "data.num_classes=3"]
+    data += [f"paths.cache_dir={tmp_path / 'cache'}", "data.batch_size=8"]
+    cfg = make_cfg(tmp_path, ["model=dcgan", *data])
+    dm = build(cfg.data, "data")
+    framed, labels = dm.eval_arrays("train")
+    stored, same_labels = dm.arrays("train")
+    assert stored.shape[-1] == 36 and framed.shape[1:] == (3, 32, 32)
+    assert framed.dtype == torch.uint8 and torch.equal(labels, same_labels)
+    # What a training batch of these images becomes (GANs take the evaluation crop), in pixels.
+    seen = dm.transform.to_unit(dm.ready((stored, labels), train=True)[0]) * 255
+    assert (seen - framed.float()).abs().max() <= 0.5 + 1e-3
+    small = ["model.generator.width=8", "model.discriminator.width=8", "trainer.max_epochs=1"]
+    fid = [f"callbacks.fid.cache_dir={tmp_path / 'cache'}", "callbacks.fid.num_samples=8"]
+    cfg = make_cfg(tmp_path / "run", ["model=dcgan", *data, *small, *fid, *QUIET])
+    train_task(cfg)
+    metrics = summary_of(cfg)["metrics"]
+    assert metrics["test/fid_floor"] > 0 and metrics["test/fid"] > 0
 
 
 def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):

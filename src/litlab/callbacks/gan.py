@@ -44,7 +44,8 @@ class FID(Callback):
     ``<stage>/class_entropy``. The extractor is never part of the GAN's checkpoint.
 
     Sample counts: the real statistics come from ``num_real`` training images, a seeded
-    class-stratified subset. FID is biased by the number N of images compared, so the generated
+    class-stratified subset, framed as the models see them (the centre ``data.eval_crop`` at
+    ``data.image_shape``, not the stored frame, which may be larger: an image folder's). FID is biased by the number N of images compared, so the generated
     side and the floor's real test side use the same N: ``num_samples``, or the test split's size
     when that is smaller. Under DDP each rank generates its share of the N images from its own
     noise (the same latents at every evaluation), and the statistics are summed over ranks.
@@ -79,9 +80,9 @@ class FID(Callback):
         if spec == "inception":
             return InceptionFeatures(self.inception_weights)
         if spec == "auto":
-            images, labels = dm.arrays("train")
-            mean, std = dm.transform.mean.flatten().tolist(), dm.transform.std.flatten().tolist()
             device = trainer.strategy.root_device
+            images, labels = dm.eval_arrays("train", device=device)
+            mean, std = dm.transform.mean.flatten().tolist(), dm.transform.std.flatten().tolist()
             with torch.inference_mode(False):
                 if trainer.is_global_zero:  # one process trains and caches; the others read it
                     domain_classifier(images, labels, mean, std, self.cache_dir, device=device)
@@ -114,11 +115,12 @@ class FID(Callback):
 
     def _feed_real(self, trainer: L.Trainer, split: str, count: int, real: bool) -> None:
         """Add this rank's shard of ``count`` real images of a split (a seeded, class-stratified
-        subset) to the real (or generated-side) statistics."""
-        images, _ = trainer.datamodule.arrays(split, count)
+        subset, framed as the models see them) to the real (or generated-side) statistics."""
+        device = self.metric.device
+        images, _ = trainer.datamodule.eval_arrays(split, count, device=device)
         shard = images[trainer.global_rank :: trainer.world_size]
         for start in range(0, len(shard), self.batch_size):
-            batch = shard[start : start + self.batch_size].to(self.metric.device).float() / 255
+            batch = shard[start : start + self.batch_size].to(device).float() / 255
             self.metric.update(batch, real=real)
 
     def _feed_generated(

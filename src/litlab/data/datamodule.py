@@ -358,6 +358,22 @@ class DataModule(L.LightningDataModule):
         # files read one by one: some may not decode (dropped), JPEGs may come encoded
         return stack_samples([dataset[i] for i in index.tolist()], _sample_shape(dataset))
 
+    def eval_arrays(
+        self,
+        split: str,
+        limit: int | None = None,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        chunk: int = 2048,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``arrays`` framed as the models see them: each image's centre ``eval_crop`` resized to
+        ``image_shape`` (on ``device``, as a run there crops), returned as uint8 on the CPU. Real
+        images for FID and its extractor: a generator learns these frames (GANs take the
+        evaluation crop in training too), not the stored ones, which may be larger."""
+        images, labels = self.arrays(split, limit, seed)
+        framed = [self.transform.eval_pixels(part.to(device)).cpu() for part in images.split(chunk)]
+        return (torch.cat(framed) if framed else images), labels
+
     def _tensors(self, split: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The in-memory tensors a split lives in and its rows in them, without copying (an
         image folder's cache stays memory-mapped on the CPU)."""

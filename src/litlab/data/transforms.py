@@ -149,6 +149,15 @@ class BatchTransform:
             return images
         return resized_crops(images, boxes, self.size)
 
+    def eval_pixels(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images framed as evaluation frames them (the centre ``eval_crop`` of the side,
+        resized to ``size``), still uint8 0..255 and on their device: real images for metrics
+        that compare pixels with a generator's (FID), which must see what the models see."""
+        if self.size is None:
+            return images
+        view = self._resize(images, train=False)
+        return view if view.dtype == torch.uint8 else view.round_().clamp_(0, 255).byte()
+
     def __call__(self, images: torch.Tensor, train: bool) -> torch.Tensor:
         # Crops, shifts and flips move whole pixels: done on uint8 where the batch still is
         # (a quarter of float's memory traffic), then one conversion and normalization.

@@ -94,6 +94,7 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         (["+seeed=3"], "seeed is not a setting of the train task; did you mean seed?"),
         (["ckpt_path=last"], "resume=<run folder>"),
         (["model=dcgan", "data.translate=2"], "augments the real images only"),
+        (["model=dcgan", "trainer.precision=bf16-true"], "use trainer.precision=bf16-mixed"),
         (["data.train_fraction=0"], "train_fraction must lie in (0, 1]"),
     ],
 )

@@ -503,16 +503,27 @@ def test_discriminator_sees_real_and_generated_images_augmented_alike(policy):
         assert max(holes) == 0
 
 
-def test_validation_logit_uses_batch_statistics_and_leaves_the_running_ones():
+@pytest.mark.parametrize("norms", ["batch", "sync", "sync reverted after DDP"])
+def test_validation_logit_uses_batch_statistics_and_leaves_the_running_ones(norms, monkeypatch):
+    from lightning.pytorch.plugins import TorchSyncBatchNorm
+
     d = Discriminator((1, 16, 16), width=8, norm="batch")
+    if norms != "batch":  # as trainer=ddp (sync_batchnorm) makes D, and leaves it after fit
+        d = TorchSyncBatchNorm().apply(d)
+        if norms == "sync reverted after DDP":
+            d = TorchSyncBatchNorm().revert(d)
+            assert not any(isinstance(m, nn.SyncBatchNorm | nn.BatchNorm2d) for m in d.modules())
     d.train()
     d(torch.randn(32, 1, 16, 16))  # some running statistics
     d.eval()
     before = {k: v.clone() for k, v in d.state_dict().items()}
     images = torch.randn(16, 1, 16, 16)
+    if norms == "sync":  # SyncBatchNorm's own forward is a collective per call: never run here
+        monkeypatch.setattr(nn.SyncBatchNorm, "forward", None)
     with batch_statistics(d):
         measured = d(images)
     after = d.state_dict()
+    monkeypatch.undo()
     assert all(torch.equal(before[k], after[k]) for k in before)  # running stats, counter kept
     assert not d.training and not any(m.training for m in d.modules())
     reference = Discriminator((1, 16, 16), width=8, norm="batch")

@@ -294,3 +294,15 @@ def check_augmentation(cfg: DictConfig) -> None:
             "model.diffaugment=[translation,cutout] "
             "to augment real and generated images alike"
         )
+
+
+def check_precision(cfg: DictConfig) -> None:
+    """Refuse 16-bit weights (``*-true`` precisions) for models that need float32 ones (GANs)."""
+    model = hydra.utils.get_object(cfg.model._target_)
+    precision = str(cfg.trainer.get("precision"))
+    if getattr(model, "needs_float32_weights", False) and precision in ("bf16-true", "16-true"):
+        raise ConfigError(
+            f"trainer.precision={precision} casts every weight to 16 bits, which {model.__name__} "
+            "cannot train with (its EMA copy would stop moving: a decay of 0.999 is 1.0 in 16 "
+            "bits); use trainer.precision=bf16-mixed (16-bit arithmetic, float32 weights)"
+        )

@@ -23,6 +23,7 @@ from litlab.config import (
     check_all,
     check_augmentation,
     check_objective,
+    check_precision,
     check_top_level,
     config_dir,
     in_sweep,
@@ -107,6 +108,7 @@ def check(cfg: DictConfig, run: Run) -> None:
         cfg.trainer.sync_batchnorm = False
     check_objective(cfg)
     check_augmentation(cfg)
+    check_precision(cfg)
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:

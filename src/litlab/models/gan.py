@@ -80,27 +80,32 @@ def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tenso
     return update
 
 
-_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-
-
 @contextmanager
 def batch_statistics(net: nn.Module) -> Iterator[nn.Module]:
     """Run ``net``'s batch norms on the batch's own statistics, as in a training step, without
     changing their running statistics (momentum 0 keeps them; the batch counter is put back).
-    Only the norms switch mode: spectral norm's power iteration, for one, must not advance."""
-    norms = [m for m in net.modules() if isinstance(m, _BATCH_NORMS)]
+    Only the norms switch mode: spectral norm's power iteration, for one, must not advance.
+
+    Every kind of batch norm (``_BatchNorm``: also SyncBatchNorm, and the plain class Lightning
+    turns SyncBatchNorm back into after a DDP fit). A SyncBatchNorm runs as a plain batch norm
+    here, on this rank's batch: its own forward is a collective per call, and evaluation
+    loaders may give ranks different numbers of batches (streamed splits), which would hang."""
+    norms = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     saved = [(m.training, m.momentum, m.num_batches_tracked) for m in norms]
     for m in norms:
         m.train()
         m.momentum = 0.0
         if m.num_batches_tracked is not None:
             m.num_batches_tracked = m.num_batches_tracked.clone()
+        if isinstance(m, nn.SyncBatchNorm):
+            m.forward = nn.modules.batchnorm._BatchNorm.forward.__get__(m)
     try:
         yield net
     finally:
         for m, (training, momentum, tracked) in zip(norms, saved, strict=True):
             m.train(training)
             m.momentum, m.num_batches_tracked = momentum, tracked
+            m.__dict__.pop("forward", None)
 
 
 class GAN(CheapHookName, L.LightningModule):
@@ -119,6 +124,9 @@ class GAN(CheapHookName, L.LightningModule):
     # The DataModule must not augment real images: D would tell augmented reals from plain
     # fakes and G would learn the augmentation. ``diffaugment`` augments both alike.
     augments_real_images_alone = False
+    # The EMA copy of G needs float32 weights (a decay of 0.999 rounds to 1.0 in bfloat16), and
+    # FID's and the gradient penalty's inputs are float32: no bf16-true or 16-true.
+    needs_float32_weights = True
 
     def __init__(
         self,

@@ -148,16 +148,74 @@ def test_image_folder_with_train_and_test_subfolders(tmp_path):
         assert len(train) == 18 and len(test) == 6 and label == 0
 
 
-def test_image_folder_single_folder_is_split_and_grayscale_works(tmp_path):
-    write_png_folder(tmp_path / "images", per_class=10)
-    source = ImageFolder(
-        str(tmp_path / "images"), size=16, channels=1, cache_dir=str(tmp_path / "cache")
+def test_image_folder_single_folder_is_split_file_by_file_and_grayscale_works(tmp_path):
+    """Without split folders the test images are held out file by file, from each file's name:
+    the same with or without the cache, and a folder that gains files or holds an unreadable
+    one moves no file from one split to another (a test image never becomes a training one)."""
+    from PIL import Image
+
+    from litlab.data.folder import file_names
+
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=30)
+    classes = ["cat", "dog", "fox"]
+
+    def split(cache: bool = True) -> dict[str, list[str]]:
+        source = ImageFolder(
+            str(root), size=16, channels=1, cache=cache, cache_dir=str(tmp_path / "cache")
+        )
+        train, test = source.load("train"), source.load("test")
+        assert train[0][0].shape == (1, 16, 16)
+        for i in (0, len(test) - 1):  # labels follow their files
+            assert int(test[i][1]) == classes.index(file_names(test)[i].split("/")[0])
+        return {"train": file_names(train), "test": file_names(test)}
+
+    first = split()
+    train, test = set(first["train"]), set(first["test"])
+    assert not train & test and len(train | test) == 90
+    assert 9 <= len(test) <= 27  # about test_fraction (0.2) of the files
+    assert {name.split("/")[0] for name in test} == set(classes)
+    assert split(cache=False) == first
+    rng = np.random.default_rng(1)
+    for i in range(20):
+        pixels = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / classes[i % 3] / f"new{i}.png")
+    (root / "dog" / "broken.png").write_bytes(b"not an image")
+    grown = split()
+    assert test <= set(grown["test"]) and train <= set(grown["train"])
+    assert len(grown["train"]) + len(grown["test"]) == 110  # the unreadable file in neither
+
+
+def test_image_folder_validation_split_is_file_by_file_and_classes_must_agree(tmp_path):
+    from litlab.data.folder import file_names
+
+    root = tmp_path / "images"
+    write_png_folder(root / "train", per_class=20)
+    write_png_folder(root / "test", per_class=2)
+
+    def datamodule(split_seed: int = 0) -> DataModule:
+        source = ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "cache"))
+        dm = DataModule(
+            source, [3, 16, 16], 3, [0.5], [0.25], batch_size=4, val_fraction=0.2,
+            split_seed=split_seed, loader="auto",
+        )  # fmt: skip
+        dm.setup()
+        return dm
+
+    dm = datamodule()
+    val, fit = set(file_names(dm.datasets["val"])), set(file_names(dm.datasets["train"]))
+    assert not val & fit and len(val | fit) == 60 and 4 <= len(val) <= 20
+    (root / "train" / "cat" / "extra.png").write_bytes(
+        (root / "train" / "cat" / "0.png").read_bytes()
     )
-    train, test = source.load("train"), source.load("test")
-    assert len(train) == 24 and len(test) == 6
-    assert train[0][0].shape == (1, 16, 16)
-    labels = [int(test[i][1]) for i in range(len(test))]
-    assert sorted(labels) == [0, 0, 1, 1, 2, 2]  # held out per class
+    again = datamodule()
+    assert val <= set(file_names(again.datasets["val"]))
+    assert fit <= set(file_names(again.datasets["train"]))
+    assert set(file_names(datamodule(split_seed=1).datasets["val"])) != val
+    # A test folder whose class folders are named otherwise would relabel every class after it.
+    (root / "test" / "dog").rename(root / "test" / "wolf")
+    with pytest.raises(DataError, match=r"only in train/: \['dog'\]; only in test/: \['wolf'\]"):
+        datamodule()
 
 
 def test_synthetic_is_deterministic_and_any_shape():

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, Tenso
 from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
 from litlab.data.folder import FileImages
 from litlab.data.loader import DeviceLoader
-from litlab.data.sources import Source, fixed_split, stratified_indices
+from litlab.data.sources import Source, stratified_indices
 from litlab.data.transforms import BatchTransform
 from litlab.errors import ConfigError, DataError
 
@@ -202,7 +202,9 @@ class DataModule(L.LightningDataModule):
             )
         self._check(train_full, "train")
         # A fixed split seed keeps the validation set identical across runs and sweep trials.
-        train_idx, val_idx = fixed_split(len(train_full), self.val_fraction, self.split_seed)
+        train_idx, val_idx = self.source.validation_split(
+            train_full, self.val_fraction, self.split_seed
+        )
         self.datasets["train"] = Subset(train_full, train_idx.tolist())
         # What the model learns from: all of the training split, or a seeded class-stratified
         # fraction of it (data-efficiency studies); metrics of the data (FID) use all of it.

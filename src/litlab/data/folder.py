@@ -12,6 +12,11 @@ DeviceLoader); crops, flips and normalization happen per batch on the device.
 Files that cannot be read (truncated, not an image, empty, too large for PIL's
 decompression-bomb guard) are skipped with a warning and counted; unusual modes are converted
 (CMYK, palette, grayscale, RGBA without its alpha, 16-bit scaled to 8).
+
+Held-out splits (test without a split folder, validation) are decided file by file, by a hash of
+the file's name (``split_by_name``): a folder that gains, loses or cannot read some files keeps
+every other file in its split (beyond the smallest folders), so a test image never becomes a training image between runs, for
+a resumed run, or for ``eval.py`` of an older checkpoint.
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ from typing import BinaryIO
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
-from litlab.data.sources import Source, Split, stratified_split
+from litlab.data.sources import Source, Split
 from litlab.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -53,11 +58,64 @@ class FolderIndex:
     labels: list[int] = field(default_factory=list)
 
 
+def class_names(root: Path) -> list[str]:
+    """The class folders of ``root``, sorted (their labels are their positions)."""
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+
+
+def check_same_classes(train: Path, test: Path) -> None:
+    """A split layout's train and test folders must name the same classes: labels are positions
+    in the sorted names, so a class missing from one side would relabel every class after it."""
+    a, b = class_names(train), class_names(test)
+    if a != b:
+        missing, extra = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+        raise DataError(
+            f"{train} and {test} have different class folders (only in {train.name}/: "
+            f"{missing or 'none'}; only in {test.name}/: {extra or 'none'}); give both the same "
+            "class folders, with the same names"
+        )
+
+
+def hashed_fraction(name: str, salt: str) -> float:
+    """A number in [0, 1) fixed by a file's name (relative to its split's folder) and ``salt``."""
+    digest = hashlib.blake2b(f"{salt}/{name}".replace(os.sep, "/").encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") / 2**64
+
+
+def split_by_name(
+    names: Sequence[str], fraction: float, salt: str, setting: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out) positions of ``names``: a file is held out when the hash of its name
+    falls under ``fraction``, whatever the other files (about ``fraction`` of each class; not an
+    exact count, which would move files between splits when others come or go). A folder so
+    small that no file (or every file) falls under it holds out the file of the lowest hash
+    (keeps the highest): both sides are never empty. ``setting`` names the fraction."""
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"{setting} must lie strictly between 0 and 1, got {fraction}")
+    if len(names) < 2:
+        raise DataError(f"{setting}: {len(names)} image(s) cannot be split in two; add images")
+    hashes = torch.tensor([hashed_fraction(n, salt) for n in names], dtype=torch.float64)
+    held = hashes < fraction
+    if not held.any():
+        held[hashes.argmin()] = True
+    if held.all():
+        held[hashes.argmax()] = False
+    return (~held).nonzero().flatten(), held.nonzero().flatten()
+
+
+def file_names(dataset: Dataset) -> list[str]:
+    """The file behind each item of an image folder's dataset (or a Subset of one)."""
+    if isinstance(dataset, Subset):
+        names = file_names(dataset.dataset)
+        return [names[i] for i in dataset.indices]
+    return list(dataset.files)  # type: ignore[attr-defined]
+
+
 def scan(root: Path) -> FolderIndex:
     """``root/<class>/**/<image>``, classes and files sorted (torchvision's ImageFolder order)."""
     if not root.is_dir():
         raise DataError(f"image folder {root} does not exist; put images in {root}/<class name>/")
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    classes = class_names(root)
     if not classes:
         raise DataError(f"{root} has no class folders; put images in {root}/<class name>/")
     index = FolderIndex(root, classes)
@@ -178,23 +236,30 @@ def split_folders(root: Path) -> dict[str, Path] | None:
 
 @dataclass
 class CachedFolder:
-    """A folder's decoded images (memory-mapped uint8 tensor), labels, classes and skips."""
+    """A folder's decoded images (memory-mapped uint8 tensor), labels, classes and skips, and
+    the file of each image (relative to the folder)."""
 
     images: torch.Tensor
     labels: torch.Tensor
     classes: list[str]
     skipped: list[dict[str, str]]
     path: Path
+    files: list[str]
 
 
-def _open(folder: Path) -> CachedFolder:
+def _open(folder: Path, index: FolderIndex) -> CachedFolder:
+    """The cache of ``index``'s files (its key): every file's image but the skipped ones."""
     meta = json.loads((folder / "meta.json").read_text())
     count, shape = meta["count"], tuple(meta["shape"])
     images = torch.from_file(
         str(folder / "images.u8"), shared=False, size=count * int(np.prod(shape)), dtype=torch.uint8
     ).view(count, *shape)
     labels = torch.from_numpy(np.load(folder / "labels.npy"))
-    return CachedFolder(images, labels, meta["classes"], meta["skipped"], folder)
+    skipped = {s["file"] for s in meta["skipped"]}
+    files = [f for f in index.files if f not in skipped]
+    if len(files) != count:
+        raise DataError(f"the cache {folder} does not match its folder; delete it and run again")
+    return CachedFolder(images, labels, meta["classes"], meta["skipped"], folder, files)
 
 
 def cached_folder(
@@ -205,7 +270,7 @@ def cached_folder(
     key = cache_key(index, size, channels)
     folder = cache_dir / f"folder-{root.name}-{size}px-{key}"
     if (folder / "meta.json").is_file():
-        return _open(folder)
+        return _open(folder, index)
     cache_dir.mkdir(parents=True, exist_ok=True)
     building = folder.with_name(folder.name + f".building-{os.getpid()}")
     building.mkdir(parents=True, exist_ok=True)
@@ -246,7 +311,7 @@ def cached_folder(
         building.rename(folder)  # another process may have finished the same cache first
     except OSError:
         shutil.rmtree(building, ignore_errors=True)
-    return _open(folder)
+    return _open(folder, index)
 
 
 class FileImages(Dataset):
@@ -266,6 +331,7 @@ class FileImages(Dataset):
         self.index, self.positions = index, list(positions)
         self.size, self.channels, self.encoded = size, channels, encoded
         self.targets = [index.labels[p] for p in self.positions]
+        self.files = [index.files[p] for p in self.positions]
         self.classes = index.classes
 
     def __len__(self) -> int:
@@ -298,7 +364,7 @@ class ImageFolder(Source):
     ``decode="device"`` the workers only read the files and JPEGs are decoded a batch at a time
     on the run's device (nvJPEG on a GPU; litlab.data.decode). Unreadable
     files are skipped with a warning and counted (summary.json "data"). Without a split folder,
-    ``test_fraction`` of the images (stratified by class, fixed) is held out for testing.
+    about ``test_fraction`` of the images is held out for testing, file by file (by name).
     """
 
     name = "image_folder"
@@ -349,6 +415,7 @@ class ImageFolder(Source):
         cached = cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers)
         dataset = TensorDataset(cached.images, cached.labels)
         dataset.classes = cached.classes  # type: ignore[attr-defined]
+        dataset.files = cached.files  # type: ignore[attr-defined]
         if split not in self.report:
             self.report[split] = {"images": len(cached.labels), "skipped": len(cached.skipped)}
             if cached.skipped:
@@ -367,16 +434,31 @@ class ImageFolder(Source):
         self.prepare()
         folders = self._split_folders()
         if folders is not None:
+            if split == "test":
+                check_same_classes(folders["train"], folders["test"])
             return self._whole(folders[split], split)
         whole = self._whole(self.root, "all")
-        keep, test = stratified_split(_dataset_labels(whole), self.test_fraction)
+        keep, test = test_split(file_names(whole), self.test_fraction)
         chosen = test if split == "test" else keep
-        subset = torch.utils.data.Subset(whole, chosen.tolist())
+        subset = Subset(whole, chosen.tolist())
         subset.classes = whole.classes  # type: ignore[attr-defined]
         return subset
 
+    def validation_split(
+        self, train: Dataset, fraction: float, seed: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decided file by file from the file's name and ``seed`` (``split_by_name``)."""
+        return validation_split(file_names(train), fraction, seed)
 
-def _dataset_labels(dataset: Dataset) -> torch.Tensor:
-    if isinstance(dataset, TensorDataset):
-        return dataset.tensors[1]
-    return torch.as_tensor(dataset.targets, dtype=torch.long)
+
+def test_split(names: Sequence[str], fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, test) positions of a folder's files without a split folder: about ``fraction``
+    of each class, file by file (``split_by_name``)."""
+    return split_by_name(names, fraction, "test", "data.source.test_fraction")
+
+
+def validation_split(
+    names: Sequence[str], fraction: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, validation) positions of a folder's training files, file by file, by ``seed``."""
+    return split_by_name(names, fraction, f"val-{seed}", "data.val_fraction")

@@ -3,10 +3,11 @@
     python -m litlab.data.optimize /path/to/images /path/to/chunks
     python -m litlab.data.optimize /path/to/images s3://bucket/chunks --max-side 512
 
-SRC is laid out as for ``data=image_folder``: ``SRC/<class>/*`` (a fixed, class-stratified
-``--test-fraction`` is held out for testing) or ``SRC/train/<class>/`` beside ``SRC/test/`` (or
-``val/``). ``--val-fraction`` of the training images (the same fixed split as the DataModule's
-``data.val_fraction``) become the validation split, so the three splits hold the very images
+SRC is laid out as for ``data=image_folder``: ``SRC/<class>/*`` (a fixed ``--test-fraction``,
+decided file by file from its name, is held out for testing) or ``SRC/train/<class>/`` beside
+``SRC/test/`` (or ``val/``). ``--val-fraction`` of the training images (the same split, file by
+file, as the DataModule's ``data.val_fraction`` with ``data.split_seed=0``) become the
+validation split, so the three splits hold the very images
 ``data=image_folder`` would use. Each image is stored as its file's bytes (JPEG, PNG, WebP as
 they are), or re-encoded as JPEG when ``--max-side`` shrinks it; files that do not decode are
 skipped with a warning and counted. LitData's ``optimize`` does the writing, on every core, with
@@ -31,8 +32,15 @@ from typing import Any
 import torch
 from PIL import Image
 
-from litlab.data.folder import FolderIndex, cache_key, scan, split_folders
-from litlab.data.sources import fixed_split, stratified_split
+from litlab.data.folder import (
+    FolderIndex,
+    cache_key,
+    check_same_classes,
+    scan,
+    split_folders,
+    test_split,
+    validation_split,
+)
 from litlab.data.streaming import META_FORMAT, _litdata, join, read_meta
 from litlab.errors import DataError, LitlabError, fail
 
@@ -48,29 +56,30 @@ def source_splits(
     DataModule split them, and a key of every file's name, size and time and the fractions."""
     folders = split_folders(root)
     if folders is not None:
+        check_same_classes(folders["train"], folders["test"])
         train, test = scan(folders["train"]), scan(folders["test"])
-        if train.classes != test.classes:
-            raise DataError(
-                f"{folders['train']} and {folders['test']} have different class folders; give "
-                "both the same classes"
-            )
         indexes = [train, test]
         train_items, test_items = _items(train), _items(test)
+        train_names = train.files
     else:
         whole = scan(root)
         indexes = [whole]
         items = _items(whole)
-        keep, test = stratified_split(torch.tensor(whole.labels), test_fraction)
+        keep, held = test_split(whole.files, test_fraction)
         train_items = [items[i] for i in keep.tolist()]
-        test_items = [items[i] for i in test.tolist()]
-    fit, val = fixed_split(len(train_items), val_fraction, 0)
+        test_items = [items[i] for i in held.tolist()]
+        train_names = [whole.files[i] for i in keep.tolist()]
+    fit, val = validation_split(train_names, val_fraction, 0)  # data.split_seed's default
     splits = {
         "train": shuffled([train_items[i] for i in fit.tolist()]),
         "val": shuffled([train_items[i] for i in val.tolist()]),
         "test": shuffled(test_items),
     }
     key = hashlib.sha256(
-        repr([cache_key(i, 0, 0) for i in indexes] + [test_fraction, val_fraction]).encode()
+        # "by name": the splits' method (file by file, from the names), part of what was written
+        repr(
+            [cache_key(i, 0, 0) for i in indexes] + [test_fraction, val_fraction, "by name"]
+        ).encode()
     )
     return indexes[0].classes, splits, key.hexdigest()[:16]
 

@@ -51,15 +51,6 @@ def stratified_indices(labels: torch.Tensor, n: int, seed: int = 0) -> torch.Ten
     return torch.cat(picks).sort().values
 
 
-def stratified_split(labels: torch.Tensor, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kept, held out) indices of ``labels``: a fixed class-stratified ``fraction`` held out
-    (at least one image), as an image folder without split folders holds out its test set."""
-    held = stratified_indices(labels, max(1, round(len(labels) * fraction)), seed=0)
-    keep = torch.ones(len(labels), dtype=torch.bool)
-    keep[held] = False
-    return keep.nonzero().flatten(), held
-
-
 class Source(ABC):
     """Where the pixels and labels of one dataset come from."""
 
@@ -71,6 +62,13 @@ class Source(ABC):
     @abstractmethod
     def load(self, split: Split) -> Dataset:
         """Return the split as a dataset of (uint8 [C, H, W] image, int label)."""
+
+    def validation_split(
+        self, train: Dataset, fraction: float, seed: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kept, validation) indices of the training split: a fixed draw of ``fraction`` by
+        ``seed``, the same in every run (the source's images do not change between runs)."""
+        return fixed_split(len(train), fraction, seed)
 
 
 class Digits(Source):

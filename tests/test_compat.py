@@ -185,6 +185,26 @@ def test_stepping_batches_leave_the_checkpoints_loader_state_to_the_resumed_fit(
     assert loader.loaded == [{"position": 3}]  # the rest of the epoch, not all of it again
 
 
+def test_stepping_batches_leave_the_global_random_state_as_it_was():
+    """Counting the steps makes Lightning iterate a shuffled torch DataLoader, which draws a
+    seed from the global generator; asked after a resumed run restored it, that draw would
+    shift the run's data order, augmentation and dropout."""
+    states = []
+
+    class StepScheduled(Tiny):
+        def configure_optimizers(self):
+            before = torch.get_rng_state()
+            self.steps = compat.stepping_batches(self.trainer)
+            states.append((before, torch.get_rng_state()))
+            return super().configure_optimizers()
+
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    model = StepScheduled()
+    bare_trainer(max_epochs=1).fit(model, DataLoader(data, batch_size=4, shuffle=True))
+    ((before, after),) = states
+    assert model.steps == 8 and torch.equal(before, after)
+
+
 def test_cheap_hook_name_is_what_lightning_sets_reads_and_logs_by():
     class Cheap(compat.CheapHookName, Tiny):
         def training_step(self, batch, batch_idx):

@@ -206,6 +206,36 @@ def test_resume_from_a_checkpoint_continues_training(tmp_path):
     )
 
 
+def test_plateau_schedule_resumes_with_every_epochs_step(tmp_path):
+    """ReduceLROnPlateau (patience 0, no improvement counts): a halving per epoch after the
+    first. The
+    epoch's last.ckpt holds that epoch's step, and a run resumed from it ends with the
+    learning rate and weights of an uninterrupted run (Lightning's own stepping lost one a
+    resume)."""
+    plateau = [
+        "model/scheduler=plateau",
+        "model.scheduler.patience=0",
+        "model.scheduler.factor=0.5",
+    ]
+    plateau += ["+model.scheduler.threshold=10", "test=false", "logger=csv", *FAST]
+
+    def run(name: str, *more: str) -> Path:
+        cfg = make_cfg(tmp_path / name, [*plateau, *more])
+        train_task(cfg)
+        return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+    lr = make_cfg(tmp_path / "cfg", plateau).model.optimizer.lr
+    first = run("first", "trainer.max_epochs=2")  # the first epoch sets the best: no cut
+    (schedule,) = torch.load(first, weights_only=True)["lr_schedulers"]
+    assert schedule["last_epoch"] == 2 and schedule["_last_lr"] == pytest.approx([lr / 2])
+    straight = torch.load(run("straight", "trainer.max_epochs=3"), weights_only=True)
+    resumed = torch.load(run("resumed", "trainer.max_epochs=3", f"ckpt_path={first}"))
+    assert straight["lr_schedulers"] == resumed["lr_schedulers"]
+    assert straight["lr_schedulers"][0]["_last_lr"] == pytest.approx([lr / 4])
+    for name, value in straight["state_dict"].items():
+        assert torch.equal(value, resumed["state_dict"][name]), name
+
+
 def test_training_accuracy_counts_as_torchmetrics_does():
     from torchmetrics.classification import MulticlassAccuracy
 

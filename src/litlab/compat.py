@@ -52,14 +52,26 @@ def stepping_batches(trainer: L.Trainer) -> int:
     the checkpoint holds (``fit_loop.setup_data`` returns early once a loader exists, and only it
     loads those states): a run resumed mid-epoch would start that epoch again from its first
     batch. Dropping the loader built for the estimate (private ``fit_loop._combined_loader``)
-    lets the fit build it again after the restore, as it does without a step schedule.
+    lets the fit build it again after the restore, as it does without a step schedule. The
+    global random generators are left as they were: a torch DataLoader draws a seed from them
+    at each ``iter()``, which here would come after a resumed run restored them (RNGState) and
+    shift every later draw (data order, augmentation, dropout).
     """
+    from lightning.pytorch.utilities.seed import isolate_rng
+
     loop = getattr(trainer, "fit_loop", None)  # None: a stand-in with the count alone (benchmarks)
     built = loop is None or loop._combined_loader is not None
-    steps = int(trainer.estimated_stepping_batches)
+    with isolate_rng():
+        steps = int(trainer.estimated_stepping_batches)
     if not built:
         loop._combined_loader = None
     return steps
+
+
+def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
+    """Whether the training epoch now ending ran all its batches (not stopped part way):
+    the condition under which Lightning steps epoch schedules (private ``_num_ready_batches_reached``)."""
+    return bool(trainer.fit_loop.epoch_loop._num_ready_batches_reached())
 
 
 def _child_observer_class() -> type:

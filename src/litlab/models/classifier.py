@@ -9,10 +9,11 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics import MaxMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from litlab.compat import CheapHookName, logs_this_step
+from litlab.compat import CheapHookName, epoch_ran_to_its_end, logs_this_step
 from litlab.distributed import broadcast_buffers, log_job_value
 from litlab.errors import ConfigError
 from litlab.models.optim import Interval, build_optimizer, fit_schedules_to_run
@@ -167,13 +168,41 @@ class ImageClassifier(CheapHookName, L.LightningModule):
         # same on every rank.
         sums = self.trainer.strategy.reduce(self.epoch_sums(), reduce_op="sum")
         self._reset_sums()
-        if sums[3] == 0:  # no batch this epoch (a resumed run that stopped at its end)
-            return
-        means = {"train/loss": sums[0], "train/acc": sums[1]}
-        if self.top_k:
-            means["train/acc_top5"] = sums[2]
-        for name, total in means.items():
-            log_job_value(self, name, (total / sums[3]).float())
+        means = {}
+        if sums[3] > 0:  # else no batch this epoch (a resumed run that stopped at its end)
+            totals = {"train/loss": sums[0], "train/acc": sums[1]}
+            if self.top_k:
+                totals["train/acc_top5"] = sums[2]
+            means = {name: (total / sums[3]).float() for name, total in totals.items()}
+            for name, mean in means.items():
+                log_job_value(self, name, mean)
+        self._step_plateau_schedules(means)
+
+    def _step_plateau_schedules(self, logged: dict[str, Tensor]) -> None:
+        """ReduceLROnPlateau's step for the epoch, here rather than where Lightning takes it:
+        Lightning steps it after the epoch's checkpoints are written (last.ckpt then holds the
+        schedule before that step) and not at all at the end of an epoch a run resumed in, so
+        every resume lost one step. This hook runs before the checkpoint callbacks' own; the
+        conditions are Lightning's (the epoch ran to its end, every ``frequency`` epochs, the
+        watched metric logged: by validation, or ``logged`` just now)."""
+        trainer = self.trainer
+        for config in trainer.lr_scheduler_configs:
+            if not isinstance(config.scheduler, ReduceLROnPlateau):
+                continue
+            if not epoch_ran_to_its_end(trainer) or (self.current_epoch + 1) % config.frequency:
+                continue
+            value = logged.get(config.monitor, trainer.callback_metrics.get(config.monitor))
+            if value is None:
+                raise ConfigError(
+                    f"ReduceLROnPlateau watches {config.monitor}, which this run does not log "
+                    f"(logged: {sorted(trainer.callback_metrics)}); set model.scheduler_monitor"
+                )
+            config.scheduler.step(value)
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        if isinstance(scheduler, ReduceLROnPlateau):
+            return  # stepped by on_train_epoch_end, before the epoch's checkpoints
+        super().lr_scheduler_step(scheduler, metric)
 
     def on_validation_epoch_start(self) -> None:
         broadcast_buffers(self)  # every rank evaluates rank 0's BatchNorm statistics

@@ -17,6 +17,7 @@ from conftest import bare_trainer, make_cfg, needs_cuda, summary_of
 from litlab.config import build
 from litlab.data import DataModule, DeviceLoader, Source
 from litlab.data.loader import ShardSampler
+from litlab.errors import ConfigError
 from litlab.train import train_task
 
 
@@ -107,9 +108,10 @@ def test_passes_advance_the_epoch_and_a_new_iter_restarts_the_epoch():
     images, labels = indexed(64)
     loader = DeviceLoader(images, labels, 8, shuffle=True, drop_last=True, seed=3)
     epoch0 = passes(loader)
-    assert loader.state_dict() == {"epoch": 1, "position": 0}
+    layout = {"batches": 8, "world_size": 1, "batch_size": 8}
+    assert loader.state_dict() == {"epoch": 1, "position": 0, **layout}
     partial = next(iter(loader))[1]
-    assert loader.state_dict() == {"epoch": 1, "position": 1}
+    assert loader.state_dict() == {"epoch": 1, "position": 1, **layout}
     epoch1 = passes(loader)  # an abandoned pass (a sanity check, say) does not eat batches
     assert torch.equal(epoch1[0], partial) and len(epoch1) == 8
     assert not torch.equal(torch.cat(epoch0), torch.cat(epoch1))
@@ -124,7 +126,7 @@ def test_resume_yields_exactly_the_rest_of_the_epoch(stop):
     for _ in range(stop):
         next(batches)
     state = reference.state_dict()
-    assert state == {"epoch": 1, "position": stop}
+    assert state == {"epoch": 1, "position": stop, "batches": 8, "world_size": 1, "batch_size": 8}
     rest = [labels for _, labels in batches]
     resumed = DeviceLoader(images, labels, 8, shuffle=True, drop_last=True, seed=11)
     resumed.load_state_dict(state)
@@ -176,6 +178,28 @@ def fit(tmp_path: Path, callbacks: list[Callback], ckpt_path: str | None = None)
     return trainer
 
 
+def test_a_mid_epoch_position_is_refused_on_another_layout():
+    """A position counts batches of one batch size on one number of ranks: continued with
+    another, some of the epoch's images would be skipped and others repeated."""
+    images, labels = indexed(64)
+    loader = DeviceLoader(images, labels, 8, shuffle=True, drop_last=True, seed=3)
+    batches = iter(loader)
+    next(batches)
+    state = loader.state_dict()
+    for other in (
+        DeviceLoader(images, labels, 4, shuffle=True, drop_last=True, seed=3),
+        DeviceLoader(images, labels, 8, shuffle=True, drop_last=True, seed=3, world_size=2),
+    ):
+        with pytest.raises(ConfigError, match="resume with the same values"):
+            other.load_state_dict(state)
+    passes(loader)  # the epoch's end: any layout may start the next epoch
+    DeviceLoader(images, labels, 4, shuffle=True, drop_last=True, seed=3).load_state_dict(
+        loader.state_dict()
+    )
+    old = {"epoch": 0, "position": 1}  # written before the layout was kept: taken as it is
+    DeviceLoader(images, labels, 4, shuffle=True, drop_last=True, seed=3).load_state_dict(old)
+
+
 def test_checkpoints_hold_the_loader_state_and_resumed_runs_see_the_same_batches(tmp_path):
     # 1293 training digits / 128 = 10 batches an epoch. Checkpoints: every 4 steps (mid-epoch),
     # at each validation end (as the project's last.ckpt) and at each training epoch end.
@@ -194,9 +218,10 @@ def test_checkpoints_hold_the_loader_state_and_resumed_runs_see_the_same_batches
         (tmp_path / "last" / "epoch=0.ckpt", {"epoch": 0, "position": 10}),
         (tmp_path / "epoch_end" / "epoch=0.ckpt", {"epoch": 0, "position": 10}),
     ]
+    layout = {"batches": 10, "world_size": 1, "batch_size": 128}
     for ckpt, state in cases:
         saved = torch.load(ckpt, weights_only=True)
-        assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [state]
+        assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{**state, **layout}]
         resumed = Fingerprints()
         fit(tmp_path / ckpt.parent.name, [resumed], ckpt_path=str(ckpt))
         assert resumed.seen == reference.seen[saved["global_step"] :], ckpt

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from litlab.errors import ConfigError
+
 
 class ShardSampler:
     """This rank's share of every epoch's order: DistributedSampler's contract, as one tensor.
@@ -152,14 +154,27 @@ class DeviceLoader:
         self.sampler.set_epoch(epoch + 1)
 
     def state_dict(self) -> dict[str, int]:
-        """The epoch and how many of its batches were handed out: enough to continue mid-epoch."""
+        """The epoch and how many of its batches were handed out: enough to continue mid-epoch
+        (with the batches' layout: ranks, batch size, batches in the epoch)."""
         epoch, position = self._progress
         if epoch != self.sampler.epoch:  # set_epoch moved on: nothing of the new epoch handed out
             epoch, position = self.sampler.epoch, 0
-        return {"epoch": epoch, "position": position}
+        layout = {"world_size": self.sampler.world_size, "batch_size": self.batch_size}
+        return {"epoch": epoch, "position": position, "batches": len(self), **layout}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from a ``state_dict``: the next pass yields that epoch's remaining batches."""
+        """Continue from a ``state_dict``: the next pass yields that epoch's remaining batches.
+        Mid-epoch, only with the same ranks and batch size: a position counted in other batches
+        would skip some of the epoch's images and repeat others."""
+        then = (state.get("world_size"), state.get("batch_size"))
+        now = (self.sampler.world_size, self.batch_size)
+        mid_epoch = 0 < state["position"] < state.get("batches", state["position"] + 1)
+        if mid_epoch and None not in then and then != now:
+            raise ConfigError(
+                "this checkpoint stopped mid-epoch with (ranks, data.batch_size) = "
+                f"{then}, this run has {now}: resume with the same values (or from a checkpoint "
+                "written at an epoch's end)"
+            )
         self.sampler.set_epoch(state["epoch"])
         self._progress = (state["epoch"], state["position"])
         self._resume = True

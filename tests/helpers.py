@@ -187,3 +187,15 @@ class RecordEvalWeights(Callback):
 
     def on_test_end(self, trainer, pl_module) -> None:
         torch.save(self.seen, self.path)
+
+
+class RecordDraws(Callback):
+    """Each rank saves the next draws of its global torch generator at the start of training
+    (what augmentation and dropout would draw)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        torch.save(torch.rand(8), self.folder / f"rank{trainer.global_rank}.pt")

@@ -102,6 +102,30 @@ def test_bf16_true_trains_under_ddp_on_cpu(tmp_path):
     assert summary["status"] == "completed" and summary["metrics"]["test/acc"] > 0.2
 
 
+@pytest.mark.dist
+@pytest.mark.slow
+def test_ranks_draw_their_own_augmentation_without_any_callback(tmp_path):
+    """Every rank starts from the run's seed; the models themselves reseed ranks > 0, so
+    augmentation and dropout differ between ranks also with callbacks=none (no RNGState)."""
+    result = run_cli(
+        *SYNTH,
+        "extras.print_config=false",
+        "logger=csv",
+        "callbacks=none",
+        "+callbacks.draws._target_=helpers.RecordDraws",
+        f"+callbacks.draws.folder={tmp_path / 'draws'}",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "trainer.max_epochs=1",
+        "test=false",
+        f"paths.log_dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    draws = [torch.load(tmp_path / "draws" / f"rank{r}.pt") for r in (0, 1)]
+    assert not torch.equal(draws[0], draws[1])
+
+
 def test_rank0_dir_gives_one_run_folder_under_external_launchers(monkeypatch):
     for var in ("RANK", "SLURM_PROCID"):
         monkeypatch.delenv(var, raising=False)

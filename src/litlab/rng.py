@@ -9,12 +9,14 @@ ranks. litlab therefore draws from streams whose seed mixes the run's seed with 
   run draws exactly what an uninterrupted one would (the step counters are in the checkpoint),
   whatever the number of ranks it resumes on.
 - ``seed_rank(seed, rank)``: reseeds the global generators of ranks > 0 (rank 0 keeps the run's
-  seed, so that one process computes what a single-process run does); litlab's RNGState
-  callback saves and restores each rank's global generators with the checkpoint.
+  seed, so that one process computes what a single-process run does), which litlab's models do
+  at the start of every multi-process fit (``RankSeeded``, whatever callbacks a run has); the
+  RNGState callback saves and restores each rank's global generators with the checkpoint.
 """
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -49,3 +51,15 @@ def seed_rank(seed: int, rank: int) -> None:
     torch.manual_seed(value)
     random.seed(value)
     np.random.seed(value % 2**32)
+
+
+class RankSeeded:
+    """LightningModule mixin: at the start of a multi-process fit (``setup``, once the ranks are
+    known, before a checkpoint's states are restored), ranks > 0 reseed their global generators
+    from (run seed, rank), so that augmentation and dropout differ between ranks."""
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)  # type: ignore[misc]
+        trainer = self.trainer  # type: ignore[attr-defined]
+        if stage == "fit" and trainer.world_size > 1:
+            seed_rank(int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank)

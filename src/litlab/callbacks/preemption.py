@@ -58,8 +58,8 @@ class RNGState(Callback):
     the checkpoint (Lightning does neither), so that augmentation and dropout differ between
     ranks and continue exactly where an interrupted run stopped.
 
-    At the start of a multi-process fit, ranks > 0 reseed from (seed, rank) (litlab.rng). A
-    checkpoint holds one state per rank, gathered from all ranks when it is written (Lightning
+    At the start of a multi-process fit, litlab's models reseed ranks > 0 from (seed, rank)
+    (litlab.rng.RankSeeded). A checkpoint holds one state per rank, gathered from all ranks when it is written (Lightning
     writes checkpoints from every rank together). Resumed on another number of processes, rank
     0 continues its stream and the others start fresh ones, with a warning.
     """
@@ -67,10 +67,6 @@ class RNGState(Callback):
     @property
     def state_key(self) -> str:
         return "RNGState"
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and trainer.world_size > 1:
-            seed_rank(int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank)
 
     def state_dict(self) -> dict[str, Any]:
         own = _capture()

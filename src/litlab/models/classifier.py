@@ -17,6 +17,7 @@ from litlab.compat import CheapHookName, epoch_ran_to_its_end, logs_this_step
 from litlab.distributed import broadcast_buffers, log_job_value
 from litlab.errors import ConfigError
 from litlab.models.optim import Interval, build_optimizer, fit_schedules_to_run
+from litlab.rng import RankSeeded
 
 
 def place_hits(logits: Tensor, labels: Tensor, k: int) -> Tensor:
@@ -40,7 +41,7 @@ def accuracy_metrics(num_classes: int, prefix: str) -> MetricCollection:
     return MetricCollection(metrics, prefix=prefix)
 
 
-class ImageClassifier(CheapHookName, L.LightningModule):
+class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
     """Cross-entropy training of any net mapping images to class logits."""
 
     def __init__(

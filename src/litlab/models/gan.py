@@ -21,6 +21,7 @@ from litlab.data.transforms import per_channel
 from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
 from litlab.models.diffaugment import diff_augment, parse_policy
+from litlab.rng import RankSeeded
 
 Loss = Literal["bce", "wgan_gp", "hinge"]
 
@@ -108,7 +109,7 @@ def batch_statistics(net: nn.Module) -> Iterator[nn.Module]:
             m.__dict__.pop("forward", None)
 
 
-class GAN(CheapHookName, L.LightningModule):
+class GAN(CheapHookName, RankSeeded, L.LightningModule):
     """Generator G, discriminator D, and an EMA copy of G used for samples and FID.
 
     Step accounting: every training batch is one D step; G steps once every ``n_critic``

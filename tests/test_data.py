@@ -398,6 +398,14 @@ def test_unusual_images_are_converted_and_damaged_ones_skipped_and_counted(tmp_p
     unreadable = write_unusual_images(tmp_path / "images" / "cat")
     sixteen = np.full((8, 8), 65535, dtype=np.uint16)  # white, in 16 bits
     assert load_image_from(tmp_path, sixteen).min() == 255
+    # One scale for every file of a mode: a dark 16-bit image stays dark (its values were once
+    # taken as 8-bit ones when none was above 255), a float one in [0, 1] is not black.
+    assert load_image_from(tmp_path, np.full((8, 8), 200 * 257, dtype=np.uint16)).min() == 200
+    assert load_image_from(tmp_path, np.full((8, 8), 200, dtype=np.uint16)).max() == 1
+    from PIL import Image
+
+    Image.fromarray(np.full((8, 8), 0.5, dtype=np.float32)).save(tmp_path / "float.tiff")
+    assert load_image(tmp_path / "float.tiff", 8, 1).min() == 128
     for name, channels in (("cmyk.jpg", 3), ("rgba.png", 3), ("grayscale.jpg", 3), ("huge.jpg", 1)):
         image = load_image(tmp_path / "images" / "cat" / name, 20, channels)
         assert image.shape == (channels, 20, 20) and image.dtype == np.uint8, name

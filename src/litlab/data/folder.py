@@ -134,12 +134,18 @@ def scan(root: Path) -> FolderIndex:
     return index
 
 
-def _eight_bit(image: Image.Image, channels: int) -> Image.Image:
+# Wider gray modes to 8 bits by a fixed scale of their mode, the same for every file (a raw
+# value is one gray in the whole folder): integers (16-bit PNG and TIFF) from 0-65535, floats
+# from 0-1.
+_WIDE_GRAY_TOP = {"I;16": 65535.0, "I;16B": 65535.0, "I;16L": 65535.0, "I": 65535.0, "F": 1.0}
+
+
+def eight_bit(image: Image.Image, channels: int) -> Image.Image:
     """Any PIL mode as 8-bit grayscale (channels=1) or RGB (3)."""
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit (or wider) gray: scale
-        pixels = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if pixels.max() > 255 else 255.0
-        image = Image.fromarray((pixels * (255.0 / top)).clip(0, 255).astype(np.uint8))
+    top = _WIDE_GRAY_TOP.get(image.mode)
+    if top is not None:
+        pixels = np.asarray(image, dtype=np.float64) * (255.0 / top)
+        image = Image.fromarray(pixels.round().clip(0, 255).astype(np.uint8))
     return image.convert("L" if channels == 1 else "RGB")  # CMYK, P, LA, RGBA, 1, ...
 
 
@@ -171,7 +177,7 @@ def load_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndar
         with Image.open(path) as image:
             # JPEG: decode at the smallest 1/2..1/8 scale that still covers size x size.
             image.draft("L" if channels == 1 else "RGB", (size, size))
-            image = _eight_bit(image, channels)
+            image = eight_bit(image, channels)
             w, h = image.size
             side = min(w, h)
             box = ((w - side) // 2, (h - side) // 2, (w - side) // 2 + side, (h - side) // 2 + side)

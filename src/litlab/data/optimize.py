@@ -36,6 +36,7 @@ from litlab.data.folder import (
     FolderIndex,
     cache_key,
     check_same_classes,
+    eight_bit,
     scan,
     split_folders,
     test_split,
@@ -111,8 +112,8 @@ def encode(item: Item, max_side: int | None, quality: int) -> Any:
                 if max_side and max(image.size) > max_side:
                     image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
                     buffer = io.BytesIO()
-                    keep = "L" if image.mode in ("1", "L", "I;16", "I") else "RGB"
-                    image.convert(keep).save(buffer, "JPEG", quality=quality)
+                    gray = image.mode in ("1", "L", "F") or image.mode.startswith("I")
+                    eight_bit(image, 1 if gray else 3).save(buffer, "JPEG", quality=quality)
                     data = buffer.getvalue()
     except Exception as e:  # every failure of a damaged file is a skip
         print(f"skipped unreadable image {name}: {type(e).__name__}: {e}", file=sys.stderr)

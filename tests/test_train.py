@@ -218,6 +218,7 @@ def test_plateau_schedule_resumes_with_every_epochs_step(tmp_path):
         "model.scheduler.factor=0.5",
     ]
     plateau += ["+model.scheduler.threshold=10", "test=false", "logger=csv", *FAST]
+    plateau += ["model.net.width=8", "+trainer.limit_train_batches=4"]
 
     def run(name: str, *more: str) -> Path:
         cfg = make_cfg(tmp_path / name, [*plateau, *more])

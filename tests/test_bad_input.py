@@ -95,6 +95,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         (["ckpt_path=last"], "resume=<run folder>"),
         (["model=dcgan", "data.translate=2"], "augments the real images only"),
         (["model=dcgan", "trainer.precision=bf16-true"], "use trainer.precision=bf16-mixed"),
+        (
+            ["callbacks.model_checkpoint.monitor=val/loss", "callbacks.model_checkpoint.mode=min"],
+            "set objective.metric=val/loss objective.mode=min",
+        ),
         (["data.train_fraction=0"], "train_fraction must lie in (0, 1]"),
     ],
 )

@@ -249,11 +249,24 @@ def require(cfg: DictConfig, key: str, hint: str) -> Any:
 
 
 def check_objective(cfg: DictConfig) -> None:
-    """Refuse an objective that no part of the run logs (FID with the FID callback off)."""
+    """Refuse an objective that no part of the run logs (FID with the FID callback off), and a
+    best checkpoint chosen by another metric or direction than the objective: its score is the
+    run's objective value (what a sweep optimizes and the report ranks by) and the checkpoint
+    the test measures."""
     callbacks = cfg.get("callbacks") or {}
     metric = str(cfg.objective.metric)
+    best = callbacks.get("model_checkpoint") or {}
+    chosen_by = (best.get("monitor"), best.get("mode", "min"))
+    if best and chosen_by[0] is not None and chosen_by != (metric, str(cfg.objective.mode)):
+        raise ConfigError(
+            f"callbacks.model_checkpoint keeps the best checkpoint by {chosen_by[0]} "
+            f"({chosen_by[1]}) but objective is {metric} ({cfg.objective.mode}): the run's "
+            f"objective value would be the best {chosen_by[0]}; set objective.metric="
+            f"{chosen_by[0]} objective.mode={chosen_by[1]} (the checkpoint follows the objective "
+            "by default)"
+        )
     validates = cfg.get("train") and cfg.trainer.get("limit_val_batches", 1.0) != 0
-    monitored = (callbacks.get("model_checkpoint") or {}).get("monitor") == metric
+    monitored = chosen_by[0] == metric
     if metric.startswith("val/fid") and callbacks.get("fid") is None and validates and monitored:
         raise ConfigError(
             f"objective.metric={metric} comes from callbacks.fid, which is off; keep callbacks.fid "

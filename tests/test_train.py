@@ -237,6 +237,22 @@ def test_plateau_schedule_resumes_with_every_epochs_step(tmp_path):
         assert torch.equal(value, resumed["state_dict"][name]), name
 
 
+def test_train_false_with_a_checkpoint_tests_that_checkpoint(tmp_path):
+    """`train=false ckpt_path=<ckpt>` measures the checkpoint (it tested the freshly built,
+    untrained model, with the checkpoint recorded as resumed from)."""
+    small = ["logger=csv", "trainer.max_epochs=1", "model.net.width=8", *FAST]
+    trained = make_cfg(tmp_path / "a", small)
+    train_task(trained)
+    summary = summary_of(trained)
+    best = summary["best_checkpoint"]
+    assert summary["tested_checkpoint"] == best
+    tested = make_cfg(tmp_path / "b", [*small, "train=false", f"ckpt_path={best}"])
+    train_task(tested)
+    again = summary_of(tested)
+    assert again["tested_checkpoint"] == best
+    assert again["metrics"]["test/acc"] == pytest.approx(summary["metrics"]["test/acc"], abs=1e-7)
+
+
 def test_training_accuracy_counts_as_torchmetrics_does():
     from torchmetrics.classification import MulticlassAccuracy
 

@@ -78,9 +78,12 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 run.record_metrics(trainer.callback_metrics)
                 record_checkpoints(trainer, run)
             if cfg.get("test"):
-                best = run.summary.get("best_checkpoint")
+                # The best checkpoint of this fit; without a fit, the checkpoint given (none:
+                # the untrained model, e.g. a GAN's untrained FID)
+                tested = run.summary.get("best_checkpoint") if cfg.get("train") else cfg.ckpt_path
+                run.summary["tested_checkpoint"] = tested
                 with run.phase("test"):
-                    trainer.test(model, datamodule=datamodule, ckpt_path=best, weights_only=True)
+                    trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
                 run.record_metrics(trainer.callback_metrics)
     except SIGTERMException:
         preempted = True

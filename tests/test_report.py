@@ -160,7 +160,11 @@ def test_gan_runs_show_their_sample_grids(tmp_path, capsys):
     assert a_step not in images.values() and b_old not in images.values()
     assert "<figcaption>a<br><code>seed=1</code></figcaption>" in html
     md = (out / "report.md").read_text()
-    assert "| objective (val/fid, min) | val/fid | g/loss | d/loss |" in md
+    # The objective is the best epoch's; the other columns say which values they are.
+    assert (
+        "| objective (val/fid, min) | val/fid (last epoch) | g/loss (last epoch) "
+        "| d/loss (last epoch) |" in md
+    )
 
 
 def test_missing_keys_broken_files_and_no_curves(tmp_path, capsys):
@@ -201,3 +205,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, make, needle):
     assert "Traceback" not in result.stderr + result.stdout
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("litlab-report: error:") and needle in line
+
+
+def test_columns_say_which_weights_their_values_are_of(tmp_path, capsys):
+    """The objective is the best epoch's value; the summary's metrics are the last epoch's
+    (val/*, train/*) and the tested weights' (test/*): the titles say so."""
+
+    def summary(best: str | None, tested: str | None) -> dict:
+        objective = {"metric": "val/acc", "mode": "max", "value": 0.9}
+        metrics = {"val/acc": 0.8, "test/acc": 0.85}
+        return {"status": "completed", "metrics": metrics, "objective": objective,
+                "best_checkpoint": best, "tested_checkpoint": tested}  # fmt: skip
+
+    write_run(tmp_path / "1", summary("/r/1/best.ckpt", "/r/1/best.ckpt"))
+    write_run(tmp_path / "2", summary(None, None), ["callbacks.model_checkpoint=null"])
+    main([str(tmp_path)])
+    md = (tmp_path / "report.md").read_text()
+    assert "| test/acc (best checkpoint or final weights) | val/acc (last epoch) |" in md

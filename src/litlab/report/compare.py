@@ -34,15 +34,29 @@ class Comparison:
             "overrides",
             "status",
             objective,
-            *self.metric_columns,
+            *self.metric_titles,
             "duration",
             "best checkpoint",
         ]
 
     @property
+    def metric_titles(self) -> list[str]:
+        """The metric columns' titles, saying which weights each value is of: summary.json
+        keeps the last epoch's validation and training values, and test values of the weights
+        the run tested (the objective column is the best epoch's)."""
+        titles = []
+        for name in self.metric_columns:
+            if name.startswith("test/"):
+                kinds = sorted({run.tested for run in self.runs if run.metric(name) is not None})
+                titles.append(f"{name} ({' or '.join(kinds)})")
+            else:
+                titles.append(f"{name} (last epoch)")
+        return titles
+
+    @property
     def numeric_columns(self) -> set[str]:
         """Titles of the columns to right-align."""
-        return {"#", self.columns[4], *self.metric_columns, "duration"}
+        return {"#", self.columns[4], *self.metric_titles, "duration"}
 
     def comparable(self, run: RunFolder) -> bool:
         """Whether the run has a value for the report's objective (and did not fail)."""

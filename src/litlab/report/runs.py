@@ -79,6 +79,16 @@ class RunFolder:
         return metric, mode, value if value is not None and math.isfinite(value) else None
 
     @property
+    def tested(self) -> str:
+        """Which weights the run's test/* metrics measure: its best checkpoint, a checkpoint
+        it was given (train=false), or the final (or untrained) weights."""
+        best = self.summary.get("best_checkpoint")
+        tested = self.summary.get("tested_checkpoint", best)  # older summaries: the best one
+        if tested and tested == best:
+            return "best checkpoint"
+        return "given checkpoint" if tested else "final weights"
+
+    @property
     def duration_s(self) -> float | None:
         """Total wall time of the run in seconds."""
         durations = self.summary.get("durations_s")

@@ -53,6 +53,8 @@ def test_every_run_logs_throughput_and_memory(tmp_path):
 
     summary = summary_of(cfg)
     perf, memory = summary["perf"], summary["memory"]
+    # one figure per name: the whole run's, not also the last epoch's among the metrics
+    assert not [k for k in summary["metrics"] if k.startswith(("perf/", "mem/"))]
     assert perf["device"] == "cpu" and perf["precision"] == "32-true"
     for stage in ("train", "val", "test"):
         assert perf[f"{stage}_images_per_s"] > 0

@@ -145,7 +145,11 @@ class Run:
         return _Phase(self, name)
 
     def record_metrics(self, metrics: dict[str, Any]) -> None:
-        self.summary["metrics"].update({k: to_number(v) for k, v in metrics.items()})
+        """The run's final logged values; not the monitors' per-epoch perf/* and mem/* (the
+        last epoch's rates), whose whole-run figures are summary.json's "perf" and "memory"."""
+        self.summary["metrics"].update(
+            {k: to_number(v) for k, v in metrics.items() if not k.startswith(("perf/", "mem/"))}
+        )
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
         if exc is None:

@@ -222,3 +222,17 @@ def test_columns_say_which_weights_their_values_are_of(tmp_path, capsys):
     main([str(tmp_path)])
     md = (tmp_path / "report.md").read_text()
     assert "| test/acc (best checkpoint or final weights) | val/acc (last epoch) |" in md
+
+
+def test_curves_keep_one_point_per_step_after_a_resume(tmp_path):
+    """A run killed without a checkpoint at that point logs steps 25-27 again after resume=:
+    the curve keeps the later values, in step order, and does not fold back."""
+    from litlab.report.runs import read_curves
+
+    rows = ["step,epoch,train/loss_step"]
+    rows += [f"{s},1,{1.0 / s}" for s in range(20, 28)]  # the killed run
+    rows += [f"{s},1,{2.0 / s}" for s in range(25, 30)]  # resumed from the step-25 checkpoint
+    (tmp_path / "metrics.csv").write_text("\n".join(rows) + "\n")
+    steps, values = read_curves(tmp_path / "metrics.csv")["train/loss_step"]
+    assert steps == list(range(20, 30))
+    assert values == [1.0 / s for s in range(20, 25)] + [2.0 / s for s in range(25, 30)]

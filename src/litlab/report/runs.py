@@ -144,8 +144,11 @@ def read_overrides(path: Path) -> list[str]:
 
 
 def read_curves(path: Path) -> dict[str, Curve]:
-    """Per metric, its (steps, values) from a sparse CSVLogger file; {} when there is none."""
-    curves: dict[str, Curve] = {}
+    """Per metric, its (steps, values) from a sparse CSVLogger file, in step order; {} when
+    there is none. A step logged twice keeps its later value: a run killed without a
+    checkpoint at that point (SIGKILL, out of memory) logs the steps since its newest
+    checkpoint again after resume=, and its curve would fold back on itself."""
+    points: dict[str, dict[float, float]] = {}
     try:
         with path.open(newline="") as f:
             for row in csv.DictReader(f):
@@ -156,11 +159,13 @@ def read_curves(path: Path) -> dict[str, Curve]:
                     value = number(cell) if isinstance(name, str) else None
                     if name in ("step", "epoch") or value is None:
                         continue
-                    steps, values = curves.setdefault(name, ([], []))
-                    steps.append(step)
-                    values.append(value)
+                    points.setdefault(name, {})[step] = value
     except (OSError, UnicodeDecodeError, csv.Error):
         pass  # a missing or truncated log shows no (or fewer) curves
+    curves: dict[str, Curve] = {}
+    for name, by_step in points.items():
+        steps = sorted(by_step)
+        curves[name] = (steps, [by_step[s] for s in steps])
     return curves
 
 

@@ -96,6 +96,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         (["model=dcgan", "data.translate=2"], "augments the real images only"),
         (["model=dcgan", "trainer.precision=bf16-true"], "use trainer.precision=bf16-mixed"),
         (
+            ["callbacks=ema", "+callbacks.ema.update_starting_at_epoch=1"],
+            "use callbacks.ema.update_starting_at_step",
+        ),
+        (
             ["callbacks.model_checkpoint.monitor=val/loss", "callbacks.model_checkpoint.mode=min"],
             "set objective.metric=val/loss objective.mode=min",
         ),

@@ -8,6 +8,8 @@ import lightning as L
 from lightning.pytorch.callbacks import EMAWeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 
+from litlab.errors import ConfigError
+
 
 class EMA(EMAWeightAveraging):
     """Lightning's EMA callback (torch.optim.swa_utils.AveragedModel of the whole module,
@@ -20,6 +22,17 @@ class EMA(EMAWeightAveraging):
     then loads the checkpoint's raw weights into the module, so the test after training would
     score the raw weights, not the averaged ones that validation chose the checkpoint by.
     """
+
+    def __init__(self, *args: Any, update_starting_at_epoch: int | None = None, **kwargs: Any):
+        if update_starting_at_epoch is not None:
+            # Lightning then also updates the average at each epoch's end, after validation and
+            # before the best checkpoint is written: best.ckpt would hold weights one update
+            # past the ones whose validation chose it.
+            raise ConfigError(
+                "callbacks.ema.update_starting_at_epoch is not supported (best.ckpt would not "
+                "hold the validated weights); use callbacks.ema.update_starting_at_step"
+            )
+        super().__init__(*args, **kwargs)
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]

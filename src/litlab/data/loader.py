@@ -168,8 +168,9 @@ class DeviceLoader:
         would skip some of the epoch's images and repeat others."""
         then = (state.get("world_size"), state.get("batch_size"))
         now = (self.sampler.world_size, self.batch_size)
-        mid_epoch = 0 < state["position"] < state.get("batches", state["position"] + 1)
-        if mid_epoch and None not in then and then != now:
+        # older states keep no layout ("batches" absent): taken as they are
+        mid_epoch = 0 < state["position"] < state.get("batches", 0)
+        if mid_epoch and then != now:
             raise ConfigError(
                 "this checkpoint stopped mid-epoch with (ranks, data.batch_size) = "
                 f"{then}, this run has {now}: resume with the same values (or from a checkpoint "

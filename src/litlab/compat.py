@@ -69,8 +69,9 @@ def stepping_batches(trainer: L.Trainer) -> int:
 
 
 def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
-    """Whether the training epoch now ending ran all its batches (not stopped part way):
-    the condition under which Lightning steps epoch schedules (private ``_num_ready_batches_reached``)."""
+    """Whether the training epoch now ending ran all its batches (not stopped part way): the
+    condition under which Lightning steps epoch schedules (its private
+    ``_num_ready_batches_reached``)."""
     return bool(trainer.fit_loop.epoch_loop._num_ready_batches_reached())
 
 

@@ -45,10 +45,11 @@ class FID(Callback):
 
     Sample counts: the real statistics come from ``num_real`` training images, a seeded
     class-stratified subset, framed as the models see them (the centre ``data.eval_crop`` at
-    ``data.image_shape``, not the stored frame, which may be larger: an image folder's). FID is biased by the number N of images compared, so the generated
-    side and the floor's real test side use the same N: ``num_samples``, or the test split's size
-    when that is smaller. Under DDP each rank generates its share of the N images from its own
-    noise (the same latents at every evaluation), and the statistics are summed over ranks.
+    ``data.image_shape``, not the stored frame, which may be larger: an image folder's). FID
+    is biased by the number N of images compared, so the generated side and the floor's real
+    test side use the same N: ``num_samples``, or the test split's size when that is smaller.
+    Under DDP each rank generates its share of the N images from its own noise (the same
+    latents at every evaluation), and the statistics are summed over ranks.
     """
 
     used_in_eval = True

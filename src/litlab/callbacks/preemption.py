@@ -59,9 +59,10 @@ class RNGState(Callback):
     ranks and continue exactly where an interrupted run stopped.
 
     At the start of a multi-process fit, litlab's models reseed ranks > 0 from (seed, rank)
-    (litlab.rng.RankSeeded). A checkpoint holds one state per rank, gathered from all ranks when it is written (Lightning
-    writes checkpoints from every rank together). Resumed on another number of processes, rank
-    0 continues its stream and the others start fresh ones, with a warning.
+    (litlab.rng.RankSeeded). A checkpoint holds one state per rank, gathered from all ranks
+    when it is written (Lightning writes checkpoints from every rank together). Resumed on
+    another number of processes, rank 0 continues its stream and the others start fresh ones,
+    with a warning.
     """
 
     @property

@@ -15,8 +15,8 @@ decompression-bomb guard) are skipped with a warning and counted; unusual modes 
 
 Held-out splits (test without a split folder, validation) are decided file by file, by a hash of
 the file's name (``split_by_name``): a folder that gains, loses or cannot read some files keeps
-every other file in its split (beyond the smallest folders), so a test image never becomes a training image between runs, for
-a resumed run, or for ``eval.py`` of an older checkpoint.
+every other file in its split (beyond the smallest folders), so a test image never becomes a
+training image between runs, for a resumed run, or for ``eval.py`` of an older checkpoint.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from conftest import QUIET as FAST
 from conftest import bare_trainer, make_cfg, needs_cuda, summary_of
 from litlab.config import build
 from litlab.data import DataModule, DeviceLoader, Source
-from litlab.data.loader import ShardSampler
+from litlab.data.loader import ResumableDataLoader, ShardSampler
 from litlab.errors import ConfigError
 from litlab.train import train_task
 
@@ -117,10 +117,34 @@ def test_passes_advance_the_epoch_and_a_new_iter_restarts_the_epoch():
     assert not torch.equal(torch.cat(epoch0), torch.cat(epoch1))
 
 
+def loader_of(kind: str, n: int, batch: int, seed: int) -> DeviceLoader | ResumableDataLoader:
+    """A shuffled training loader of n index-coded images: the device loader, or torch's
+    DataLoader (its sampler, its worker processes when kind ends in "workers")."""
+    images, labels = indexed(n)
+    if kind == "device":
+        return DeviceLoader(images, labels, batch, shuffle=True, drop_last=True, seed=seed)
+    workers = 2 if kind == "dataloader, workers" else 0
+    order = ShardSampler(n, shuffle=True, drop_last=True, seed=seed)
+    dataset = TensorDataset(images, labels)
+    return ResumableDataLoader(
+        dataset, batch, order, num_workers=workers, persistent_workers=workers > 0
+    )
+
+
+class CountReads(TensorDataset):
+    """Counts the samples read (in this process: no workers)."""
+
+    reads = 0
+
+    def __getitem__(self, index: int) -> tuple[Tensor, ...]:
+        self.reads += 1
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("kind", ["device", "dataloader", "dataloader, workers"])
 @pytest.mark.parametrize("stop", [0, 3, 8])
-def test_resume_yields_exactly_the_rest_of_the_epoch(stop):
-    images, labels = indexed(70)
-    reference = DeviceLoader(images, labels, 8, shuffle=True, drop_last=True, seed=11)
+def test_resume_yields_exactly_the_rest_of_the_epoch(stop, kind):
+    reference = loader_of(kind, 70, 8, seed=11)
     passes(reference)  # epoch 0
     batches = iter(reference)
     for _ in range(stop):
@@ -128,12 +152,28 @@ def test_resume_yields_exactly_the_rest_of_the_epoch(stop):
     state = reference.state_dict()
     assert state == {"epoch": 1, "position": stop, "batches": 8, "world_size": 1, "batch_size": 8}
     rest = [labels for _, labels in batches]
-    resumed = DeviceLoader(images, labels, 8, shuffle=True, drop_last=True, seed=11)
+    resumed = loader_of(kind, 70, 8, seed=11)
     resumed.load_state_dict(state)
     resumed.sampler.set_epoch(state["epoch"])  # what Lightning does next: must keep the position
     assert [b.tolist() for b in passes(resumed)] == [b.tolist() for b in rest]
     assert stop + len(rest) == len(reference)
     assert [b.tolist() for b in passes(resumed)] == [b.tolist() for b in passes(reference)]
+
+
+def test_torch_loaders_order_is_the_device_loaders_and_a_resumed_pass_reads_only_the_rest():
+    """Both loaders deal the same epochs (seed, epoch), drawing nothing from the global
+    generator; a resumed DataLoader pass does not read the images before its position."""
+    device = loader_of("device", 70, 8, seed=5)
+    images, labels = indexed(70)
+    dataset = CountReads(images, labels)
+    torch_loader = ResumableDataLoader(dataset, 8, ShardSampler(70, True, True, seed=5))
+    state = torch.get_rng_state()
+    for _ in range(2):  # two epochs
+        assert [b.tolist() for b in passes(torch_loader)] == [b.tolist() for b in passes(device)]
+    assert torch.equal(torch.get_rng_state(), state)
+    dataset.reads = 0
+    torch_loader.load_state_dict({"epoch": 2, "position": 6})
+    assert len(passes(torch_loader)) == 2 and dataset.reads == 16
 
 
 def test_the_task_trains_as_well_with_either_loader(tmp_path):
@@ -161,11 +201,14 @@ class Fingerprints(Callback):
         self.seen.append(hashlib.sha1(data).hexdigest())
 
 
-def fit(tmp_path: Path, callbacks: list[Callback], ckpt_path: str | None = None) -> L.Trainer:
+def fit(
+    tmp_path: Path, callbacks: list[Callback], ckpt_path: str | None = None, loader: str = "device"
+) -> L.Trainer:
     """Two epochs of the real DataModule and classifier on small digits (no augmentation, so
     that a batch's hash depends on the loader alone)."""
     small = ["data.source.size=12", "model.net.width=4", "model.scheduler=null"]
-    cfg = make_cfg(tmp_path, ["data.translate=0", "data.batch_size=128", *small])
+    loading = [f"data.loader={loader}", f"data.num_workers={2 if loader == 'dataloader' else 0}"]
+    cfg = make_cfg(tmp_path, ["data.translate=0", "data.batch_size=128", *loading, *small])
     trainer = bare_trainer(
         accelerator="cpu",
         max_epochs=2,
@@ -200,17 +243,20 @@ def test_a_mid_epoch_position_is_refused_on_another_layout():
     DeviceLoader(images, labels, 4, shuffle=True, drop_last=True, seed=3).load_state_dict(old)
 
 
-def test_checkpoints_hold_the_loader_state_and_resumed_runs_see_the_same_batches(tmp_path):
+@pytest.mark.parametrize("loader", ["device", "dataloader"])
+def test_checkpoints_hold_the_loader_state_and_resumed_runs_see_the_same_batches(tmp_path, loader):
     # 1293 training digits / 128 = 10 batches an epoch. Checkpoints: every 4 steps (mid-epoch),
     # at each validation end (as the project's last.ckpt) and at each training epoch end.
+    # torch's DataLoader (data.loader=dataloader, the path of folders too large to cache) too.
     reference = Fingerprints()
     steps = ModelCheckpoint(tmp_path / "steps", "{step}", every_n_train_steps=4, save_top_k=-1)
     last = ModelCheckpoint(tmp_path / "last", "{epoch}", monitor="val/acc", save_top_k=-1)
     epoch_end = ModelCheckpoint(
         tmp_path / "epoch_end", "{epoch}", save_top_k=-1, save_on_train_epoch_end=True
     )
-    trainer = fit(tmp_path / "reference", [reference, steps, last, epoch_end])
-    assert isinstance(trainer.train_dataloader, DeviceLoader)  # not wrapped or replaced
+    trainer = fit(tmp_path / "reference", [reference, steps, last, epoch_end], loader=loader)
+    kind = DeviceLoader if loader == "device" else ResumableDataLoader
+    assert type(trainer.train_dataloader) is kind  # not wrapped or replaced
     assert len(reference.seen) == 20 and len(set(reference.seen)) == 20
     cases = [
         (tmp_path / "steps" / "step=4.ckpt", {"epoch": 0, "position": 4}),
@@ -223,7 +269,7 @@ def test_checkpoints_hold_the_loader_state_and_resumed_runs_see_the_same_batches
         saved = torch.load(ckpt, weights_only=True)
         assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{**state, **layout}]
         resumed = Fingerprints()
-        fit(tmp_path / ckpt.parent.name, [resumed], ckpt_path=str(ckpt))
+        fit(tmp_path / ckpt.parent.name, [resumed], ckpt_path=str(ckpt), loader=loader)
         assert resumed.seen == reference.seen[saved["global_step"] :], ckpt
 
 
@@ -256,22 +302,30 @@ class RecordLabels(L.LightningModule):
 
     def on_train_end(self) -> None:
         loader = self.trainer.train_dataloader
-        record = {"seen": self.seen, "loader": type(loader).__name__, "rank": loader.sampler.rank}
+        record = {
+            "seen": self.seen,
+            "loader": type(loader).__name__,
+            "sampler": type(loader.sampler).__name__,
+            "rank": loader.sampler.rank,
+        }
         torch.save(record, self.folder / f"rank{self.global_rank}.pt")
 
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_ddp_ranks_train_on_disjoint_shards_of_each_epoch(tmp_path):
-    dm = DataModule(Indexed(), [1, 4, 4], 200, mean=[0.0], std=[1.0], batch_size=8)
+@pytest.mark.parametrize("loader", ["device", "dataloader"])
+def test_ddp_ranks_train_on_disjoint_shards_of_each_epoch(tmp_path, loader):
+    dm = DataModule(Indexed(), [1, 4, 4], 200, mean=[0.0], std=[1.0], batch_size=8, loader=loader)
     dm.setup()
     trainer = bare_trainer(
         accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=2, limit_val_batches=0
     )
     trainer.fit(RecordLabels(str(tmp_path)), dm)
     records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    assert [r["loader"] for r in records] == ["DeviceLoader"] * 2  # no DistributedSampler
-    assert [r["rank"] for r in records] == [0, 1]
+    # Lightning keeps the loader and its sampler (no DistributedSampler put in its place)
+    kind = "DeviceLoader" if loader == "device" else "ResumableDataLoader"
+    assert [r["loader"] for r in records] == [kind] * 2
+    assert [(r["sampler"], r["rank"]) for r in records] == [("ShardSampler", r) for r in (0, 1)]
     for epoch in range(2):
         a, b = (set(r["seen"][epoch]) for r in records)
         assert not a & b and len(a) == len(b) == len(dm.datasets["train"]) // 2 // 8 * 8

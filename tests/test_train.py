@@ -323,8 +323,11 @@ def test_debug_fast_runs_one_batch_of_everything(tmp_path):
     assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
 
 
-def test_debug_overfit_drives_the_loss_down(tmp_path):
-    cfg = make_cfg(tmp_path, ["debug=overfit", "logger=csv", "trainer.max_epochs=15", *FAST])
+@pytest.mark.parametrize("loader", ["device", "dataloader"])
+def test_debug_overfit_drives_the_loss_down(tmp_path, loader):
+    # Lightning rebuilds a torch DataLoader with a SequentialSampler for overfit_batches
+    overrides = ["debug=overfit", "logger=csv", "trainer.max_epochs=15", f"data.loader={loader}"]
+    cfg = make_cfg(tmp_path, [*overrides, *FAST])
     train_task(cfg)
     losses = [
         float(r["train/loss"])

@@ -22,7 +22,7 @@ import random
 import numpy as np
 import torch
 
-_STREAMS = {"train": 1, "fid": 2, "generate": 3}
+_STREAMS = {"train": 1, "fid": 2, "generate": 3, "loader": 4}
 
 
 def mixed_seed(*parts: int) -> int:
@@ -34,7 +34,7 @@ def mixed_seed(*parts: int) -> int:
 def stream(
     seed: int, rank: int, name: str, step: int = 0, device: torch.device | str = "cpu"
 ) -> torch.Generator:
-    """A generator on ``device`` for stream ``name`` ("train", "fid", "generate") of
+    """A generator on ``device`` for stream ``name`` ("train", "fid", "generate", "loader") of
     ``rank`` at ``step``: distinct for every (seed, rank, name, step), the same on every call."""
     generator = torch.Generator(device=device)
     generator.manual_seed(mixed_seed(seed, rank, _STREAMS[name], step))

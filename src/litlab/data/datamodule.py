@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, Tenso
 
 from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
 from litlab.data.folder import FileImages
-from litlab.data.loader import DeviceLoader
+from litlab.data.loader import DeviceLoader, ResumableDataLoader, ShardSampler
 from litlab.data.sources import Source, stratified_indices
 from litlab.data.transforms import BatchTransform
 from litlab.errors import ConfigError, DataError
@@ -261,25 +261,8 @@ class DataModule(L.LightningDataModule):
         batch_size = self.batch_size if train else self.eval_batch_size
         if _streams(self.datasets[split]):
             return self._streaming_loader(split, train, batch_size)
-        if self.loader == "dataloader":
-            return DataLoader(
-                self.datasets[split],
-                batch_size=batch_size,
-                shuffle=train,
-                drop_last=train,
-                num_workers=self.num_workers,
-                pin_memory=self.pin_memory and torch.cuda.is_available(),
-                persistent_workers=self.num_workers > 0,
-                # files can be unreadable: such batches carry the count of those skipped
-                collate_fn=skip_unreadable if _reads_files(self.datasets[split]) else None,
-            )
-        images, labels, rows = self._tensors(split)
         trainer = self.trainer
-        return DeviceLoader(
-            images,
-            labels,
-            batch_size,
-            rows=rows,
+        order = dict(
             # Lightning turns shuffling off for overfit_batches only on torch DataLoaders.
             shuffle=train and not (trainer and trainer.overfit_batches),
             drop_last=train,
@@ -288,8 +271,30 @@ class DataModule(L.LightningDataModule):
             # Without a trainer (tests, notebooks): the CPU, one process.
             rank=trainer.global_rank if trainer else 0,
             world_size=trainer.world_size if trainer else 1,
+        )
+        trained = self._trained_batches() if train else None
+        if self.loader == "dataloader":
+            dataset = self.datasets[split]
+            return ResumableDataLoader(
+                dataset,
+                batch_size,
+                ShardSampler(len(dataset), **order),  # type: ignore[arg-type]
+                trained,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory and torch.cuda.is_available(),
+                persistent_workers=self.num_workers > 0,
+                # files can be unreadable: such batches carry the count of those skipped
+                collate_fn=skip_unreadable if _reads_files(dataset) else None,
+            )
+        images, labels, rows = self._tensors(split)
+        return DeviceLoader(
+            images,
+            labels,
+            batch_size,
+            rows=rows,
             device=trainer.strategy.root_device if trainer else "cpu",
-            trained=self._trained_batches() if train else None,
+            trained=trained,
+            **order,  # type: ignore[arg-type]
         )
 
     def _streaming_loader(self, split: str, train: bool, batch_size: int) -> DataLoader:

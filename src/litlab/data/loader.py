@@ -1,32 +1,40 @@
-"""A loader for splits that fit in memory: whole uint8 batches indexed on the device, no workers.
+"""Loaders that deal each rank its shard of a seeded epoch order and resume mid-epoch exactly.
 
-Per-sample Python (Dataset.__getitem__, collate) caps small-image training far below what a GPU
-does; indexing one uint8 tensor that already lives on the device does not (docs/benchmarks.md).
+``DeviceLoader``, for splits that fit in memory: whole uint8 batches indexed on the device, no
+workers. Per-sample Python (Dataset.__getitem__, collate) caps small-image training far below
+what a GPU does; indexing one uint8 tensor that already lives on the device does not
+(docs/benchmarks.md). ``ResumableDataLoader``: torch's DataLoader (files decoded in its
+workers) with the same order, sharding and resume.
 
-How Lightning drives it (lightning 2.6; read loops/fit_loop.py and utilities/combined_loader.py):
-- It is no ``torch.utils.data.DataLoader``, so Lightning never injects a DistributedSampler:
-  each rank takes its own shard here (``ShardSampler``), from the trainer's rank and world size.
+How Lightning drives them (lightning 2.6; read loops/fit_loop.py, utilities/combined_loader.py
+and trainer/connectors/data_connector.py):
+- Each rank takes its own shard (``ShardSampler``), from the trainer's rank and world size.
+  DeviceLoader is no torch DataLoader, so Lightning leaves it alone; on a torch DataLoader
+  Lightning keeps a sampler that is a DistributedSampler, which ShardSampler is.
 - At every epoch start Lightning calls ``loader.sampler.set_epoch(epoch)``, as for a
   DistributedSampler; that alone puts a run resumed from an end-of-epoch checkpoint on the
   right epoch's order (Lightning loads loader state only when an epoch was cut short).
-- ``state_dict`` / ``load_state_dict`` make it a stateful loader: checkpoints store
-  ``{"epoch", "position"}`` under ``loops.fit_loop.state_dict.combined_loader``, and a run
-  resumed mid-epoch yields the rest of that epoch's batches. The position counts batches, so
-  resuming with another batch size or world size continues at the same step, not the same samples.
+- ``state_dict`` / ``load_state_dict`` (``Resumable``) make them stateful loaders: checkpoints
+  store ``{"epoch", "position", ...}`` under ``loops.fit_loop.state_dict.combined_loader``, and a
+  run resumed mid-epoch yields the rest of that epoch's batches. The position counts batches:
+  continuing an epoch with another batch size or number of ranks is refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler
 
+from litlab import rng
 from litlab.errors import ConfigError
 
 
-class ShardSampler:
+class ShardSampler(DistributedSampler):
     """This rank's share of every epoch's order: DistributedSampler's contract, as one tensor.
 
     The order is ``randperm`` from a CPU generator seeded with (seed, epoch), so it is the same on
@@ -35,6 +43,11 @@ class ShardSampler:
     (training: every sample at most once per epoch); otherwise the order is padded by repeating
     its start, as Lightning's DistributedSampler does for evaluation under DDP, so up to W-1
     samples count twice in a distributed evaluation.
+
+    A DistributedSampler, so that Lightning keeps it on a torch DataLoader under DDP (it
+    replaces any other sampler with its own); iterating it leaves out the first ``skip`` indices
+    (a resumed epoch, without reading the images it already trained on: ``ResumableDataLoader`` sets it
+    at each pass; torch's DataLoader may iterate the sampler twice when a pass starts).
     """
 
     def __init__(
@@ -52,14 +65,19 @@ class ShardSampler:
             )
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
+        super().__init__(
+            range(size),
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
         self.size = size
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.seed = seed
-        self.rank = rank
         self.world_size = world_size
-        self.epoch = 0
         self.num_samples = size // world_size if drop_last else -(-size // world_size)
+        self.total_size = self.num_samples * world_size
+        self.skip = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order ``indices`` returns (Lightning calls this every epoch)."""
@@ -67,6 +85,9 @@ class ShardSampler:
 
     def __len__(self) -> int:
         return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices()[self.skip :].tolist())
 
     def indices(self) -> Tensor:
         """This rank's sample indices for the current epoch, in order (int64, CPU)."""
@@ -78,12 +99,73 @@ class ShardSampler:
             order = torch.randperm(self.size, generator=generator)
         else:
             order = torch.arange(self.size)
-        total = self.num_samples * self.world_size
-        order = order.repeat(-(-total // self.size))[:total]
+        order = order.repeat(-(-self.total_size // self.size))[: self.total_size]
         return order[self.rank :: self.world_size]
 
 
-class DeviceLoader:
+class Resumable:
+    """A loader's place in its epochs, for Lightning's stateful-loader interface: checkpoints
+    store ``{"epoch", "position", ...}`` under ``loops.fit_loop.state_dict.combined_loader``,
+    and a run resumed mid-epoch yields the rest of that epoch's batches.
+
+    The position counts the batches handed out, capped by what the trainer counts as trained
+    (``trained``): a checkpoint written inside a batch (Lightning's SLURM handler saves in the
+    signal handler) or after Lightning fetched the next batch holds a position ahead, and the
+    trainer runs those batches again. Subclasses have ``sampler`` (a ``ShardSampler``) and
+    ``batch_size``, call ``_start`` when a pass begins and ``_handed`` for each batch.
+    """
+
+    sampler: ShardSampler
+    batch_size: int
+
+    def _init_position(self, trained: Callable[[], int] | None) -> None:
+        self._progress = (0, 0)  # (epoch, batches of it handed out)
+        self._resume = False
+        self._trained = trained
+
+    def _start(self) -> tuple[int, int]:
+        """The epoch of the pass that begins, and its first batch (0 unless resumed into it)."""
+        epoch = self.sampler.epoch
+        resumed_epoch, position = self._progress
+        start = position if self._resume and resumed_epoch == epoch else 0
+        if self._resume and self._trained is not None:
+            start = min(start, self._trained())
+        self._resume = False
+        self._progress = (epoch, start)
+        return epoch, start
+
+    def _handed(self, epoch: int, batches: int) -> None:
+        self._progress = (epoch, batches)
+
+    def state_dict(self) -> dict[str, int]:
+        """The epoch and how many of its batches were handed out: enough to continue mid-epoch
+        (with the batches' layout: ranks, batch size, batches in the epoch)."""
+        epoch, position = self._progress
+        if epoch != self.sampler.epoch:  # set_epoch moved on: nothing of the new epoch handed out
+            epoch, position = self.sampler.epoch, 0
+        layout = {"world_size": self.sampler.world_size, "batch_size": self.batch_size}
+        return {"epoch": epoch, "position": position, "batches": len(self), **layout}  # type: ignore[arg-type]
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a ``state_dict``: the next pass yields that epoch's remaining batches.
+        Mid-epoch, only with the same ranks and batch size: a position counted in other batches
+        would skip some of the epoch's images and repeat others."""
+        then = (state.get("world_size"), state.get("batch_size"))
+        now = (self.sampler.world_size, self.batch_size)
+        # older states keep no layout ("batches" absent): taken as they are
+        mid_epoch = 0 < state["position"] < state.get("batches", 0)
+        if mid_epoch and then != now:
+            raise ConfigError(
+                "this checkpoint stopped mid-epoch with (ranks, data.batch_size) = "
+                f"{then}, this run has {now}: resume with the same values (or from a checkpoint "
+                "written at an epoch's end)"
+            )
+        self.sampler.set_epoch(state["epoch"])
+        self._progress = (state["epoch"], state["position"])
+        self._resume = True
+
+
+class DeviceLoader(Resumable):
     """Batches of (uint8 images, int64 labels) from tensors moved once to ``device``.
 
     ``len()`` is this rank's batches per epoch. The epoch advances when Lightning calls
@@ -123,12 +205,7 @@ class DeviceLoader:
         self.sampler = ShardSampler(len(self.rows), shuffle, drop_last, seed, rank, world_size)
         # Lightning reads .batch_sampler wherever it finds .sampler (as on a torch DataLoader).
         self.batch_sampler = None
-        self._progress = (0, 0)  # (epoch, batches of it handed out)
-        self._resume = False
-        # How many of the epoch's batches the trainer counts as trained when it resumes: a
-        # checkpoint written inside a batch (Lightning's SLURM handler saves in the signal
-        # handler) holds a position one ahead, and the trainer runs that batch again.
-        self._trained = trained
+        self._init_position(trained)
 
     def __len__(self) -> int:
         whole, rest = divmod(len(self.sampler), self.batch_size)
@@ -137,45 +214,54 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         # A generator: nothing below runs before the first next(). Lightning calls iter() before
         # set_epoch (and to probe the loader), so the epoch is read at the first batch.
-        epoch = self.sampler.epoch
-        resumed_epoch, position = self._progress
-        start = position if self._resume and resumed_epoch == epoch else 0
-        if self._resume and self._trained is not None:
-            start = min(start, self._trained())
-        self._resume = False
-        self._progress = (epoch, start)
+        epoch, start = self._start()
         if self.images.device != self.device:
             self.images, self.labels = self.images.to(self.device), self.labels.to(self.device)
         order = self.rows[self.sampler.indices()].to(self.device)
         for b in range(start, len(self)):
             index = order[b * self.batch_size : (b + 1) * self.batch_size]
-            self._progress = (epoch, b + 1)
+            self._handed(epoch, b + 1)
             yield self.images[index], self.labels[index]
         self.sampler.set_epoch(epoch + 1)
 
-    def state_dict(self) -> dict[str, int]:
-        """The epoch and how many of its batches were handed out: enough to continue mid-epoch
-        (with the batches' layout: ranks, batch size, batches in the epoch)."""
-        epoch, position = self._progress
-        if epoch != self.sampler.epoch:  # set_epoch moved on: nothing of the new epoch handed out
-            epoch, position = self.sampler.epoch, 0
-        layout = {"world_size": self.sampler.world_size, "batch_size": self.batch_size}
-        return {"epoch": epoch, "position": position, "batches": len(self), **layout}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from a ``state_dict``: the next pass yields that epoch's remaining batches.
-        Mid-epoch, only with the same ranks and batch size: a position counted in other batches
-        would skip some of the epoch's images and repeat others."""
-        then = (state.get("world_size"), state.get("batch_size"))
-        now = (self.sampler.world_size, self.batch_size)
-        # older states keep no layout ("batches" absent): taken as they are
-        mid_epoch = 0 < state["position"] < state.get("batches", 0)
-        if mid_epoch and then != now:
-            raise ConfigError(
-                "this checkpoint stopped mid-epoch with (ranks, data.batch_size) = "
-                f"{then}, this run has {now}: resume with the same values (or from a checkpoint "
-                "written at an epoch's end)"
+class ResumableDataLoader(Resumable, DataLoader):
+    """torch's DataLoader (file-backed sources: decoding in its workers), resumable mid-epoch
+    like ``DeviceLoader``: each epoch's order comes from a ``ShardSampler`` seeded with (seed,
+    epoch), not from the global generator, which a resumed run restores as it was mid-epoch, not
+    at the epoch's start; a resumed pass starts at the first untrained batch without reading the
+    files before it. The workers' seeds come from the rank's own "loader" stream, so iterating
+    draws nothing from the global generator either. ``order`` is a ShardSampler of the
+    dataset's size; other keyword arguments go to DataLoader."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        order: ShardSampler,
+        trained: Callable[[], int] | None = None,
+        sampler: Sampler | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Lightning rebuilds the loader with a SequentialSampler (and shuffle=False) for
+        # trainer.overfit_batches: the same order unshuffled, still sharded and resumable.
+        if sampler is not None and not isinstance(sampler, SequentialSampler):
+            raise ValueError(f"ResumableDataLoader deals its own order, got {sampler!r}")
+        if sampler is not None:
+            order = ShardSampler(
+                order.size, False, order.drop_last, order.seed, order.rank, order.world_size
             )
-        self.sampler.set_epoch(state["epoch"])
-        self._progress = (state["epoch"], state["position"])
-        self._resume = True
+        seed, rank, drop_last = order.seed, order.rank, order.drop_last
+        kwargs.setdefault("generator", rng.stream(seed, rank, "loader"))
+        super().__init__(
+            dataset, batch_size=batch_size, sampler=order, drop_last=drop_last, **kwargs
+        )
+        self._init_position(trained)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        epoch, start = self._start()
+        self.sampler.skip = start * self.batch_size  # type: ignore[operator]
+        for b, batch in enumerate(super().__iter__(), start=start + 1):
+            self._handed(epoch, b)
+            yield batch
+        self.sampler.set_epoch(epoch + 1)

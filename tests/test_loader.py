@@ -71,11 +71,31 @@ def test_training_ranks_take_disjoint_equal_shards_of_one_permutation(n, world):
         assert sorted(union.tolist()) == list(range(n))  # every sample exactly once
 
 
-@pytest.mark.parametrize("n, world", [(96, 2), (103, 4)])
-def test_evaluation_ranks_cover_everything_in_order_padding_like_distributed_sampler(n, world):
-    _, seen = shards(n, world, train=False, batch=5)
-    assert len({len(s) for s in seen}) == 1
-    assert sorted(set(torch.cat(seen).tolist())) == list(range(n))
+@pytest.mark.parametrize(
+    "n, world, asked, batch",
+    [(96, 2, 5, 5), (103, 4, 10, 10), (103, 4, 5, 4), (103, 4, 25, 24), (1025, 2, 512, 511)],
+)
+def test_evaluation_ranks_see_every_sample_once_in_as_many_batches(n, world, batch, asked):
+    """Evaluation under DDP counts each image once (no padding: the metrics are the one-process
+    ones), in the same number of batches on every rank (steps that are collectives, as under
+    FSDP, stay paired): where the batch size asked leaves a rank a batch more, one below."""
+    loaders, seen = shards(n, world, train=False, batch=asked)
+    assert len({len(loader) for loader in loaders}) == 1
+    assert {loader.batch_size for loader in loaders} == {batch}
+    by_rank = torch.cat(seen)
+    assert sorted(by_rank.tolist()) == list(range(n))  # each sample once
+    for rank, s in enumerate(seen):
+        assert s.tolist() == list(range(rank, n, world))  # rank r: every W-th from r, in order
+
+
+@pytest.mark.parametrize("n, world, batch", [(3, 4, 8), (9, 2, 1)])
+def test_evaluation_pads_like_distributed_sampler_where_even_batches_cannot_be_had(n, world, batch):
+    # fewer samples than ranks (a rank without batches would skip the epoch's collectives), or
+    # one-image batches with a remainder
+    loaders, seen = shards(n, world, train=False, batch=batch)
+    assert len({len(loader) for loader in loaders}) == 1 and {len(s) for s in seen} == {
+        -(-n // world)
+    }
     by_rank = torch.stack(seen, dim=1).flatten()
     padded = -(-n // world) * world
     assert by_rank.tolist() == list(range(n)) + list(range(padded - n))  # repeats the start
@@ -124,11 +144,9 @@ def loader_of(kind: str, n: int, batch: int, seed: int) -> DeviceLoader | Resuma
     if kind == "device":
         return DeviceLoader(images, labels, batch, shuffle=True, drop_last=True, seed=seed)
     workers = 2 if kind == "dataloader, workers" else 0
-    order = ShardSampler(n, shuffle=True, drop_last=True, seed=seed)
+    order = ShardSampler(n, shuffle=True, drop_last=True, seed=seed, batch_size=batch)
     dataset = TensorDataset(images, labels)
-    return ResumableDataLoader(
-        dataset, batch, order, num_workers=workers, persistent_workers=workers > 0
-    )
+    return ResumableDataLoader(dataset, order, num_workers=workers, persistent_workers=workers > 0)
 
 
 class CountReads(TensorDataset):
@@ -166,7 +184,7 @@ def test_torch_loaders_order_is_the_device_loaders_and_a_resumed_pass_reads_only
     device = loader_of("device", 70, 8, seed=5)
     images, labels = indexed(70)
     dataset = CountReads(images, labels)
-    torch_loader = ResumableDataLoader(dataset, 8, ShardSampler(70, True, True, seed=5))
+    torch_loader = ResumableDataLoader(dataset, ShardSampler(70, True, True, seed=5, batch_size=8))
     state = torch.get_rng_state()
     for _ in range(2):  # two epochs
         assert [b.tolist() for b in passes(torch_loader)] == [b.tolist() for b in passes(device)]

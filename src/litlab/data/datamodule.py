@@ -277,8 +277,7 @@ class DataModule(L.LightningDataModule):
             dataset = self.datasets[split]
             return ResumableDataLoader(
                 dataset,
-                batch_size,
-                ShardSampler(len(dataset), **order),  # type: ignore[arg-type]
+                ShardSampler(len(dataset), batch_size=batch_size, **order),  # type: ignore[arg-type]
                 trained,
                 num_workers=self.num_workers,
                 pin_memory=self.pin_memory and torch.cuda.is_available(),

@@ -34,20 +34,40 @@ from litlab import rng
 from litlab.errors import ConfigError
 
 
+def even_batch_size(size: int, world_size: int, batch_size: int) -> int | None:
+    """The largest batch size up to ``batch_size`` at which ``size`` samples, dealt to
+    ``world_size`` ranks each once (a rank holds size // W of them or one more), make the same
+    number of batches on every rank; None where none does (fewer samples than ranks, or a
+    remainder with batches of one)."""
+    low = size // world_size
+    if size % world_size == 0:
+        return batch_size
+    if low == 0:
+        return None
+    for b in range(batch_size, 1, -1):  # b fails only where it divides low: a step or two
+        if -(-low // b) == -(-(low + 1) // b):
+            return b
+    return None
+
+
 class ShardSampler(DistributedSampler):
     """This rank's share of every epoch's order: DistributedSampler's contract, as one tensor.
 
     The order is ``randperm`` from a CPU generator seeded with (seed, epoch), so it is the same on
     every device and rank, and the global RNG is neither read nor advanced. Rank r takes every
     W-th index from r on. When the size does not divide by W, ``drop_last`` drops the tail
-    (training: every sample at most once per epoch); otherwise the order is padded by repeating
-    its start, as Lightning's DistributedSampler does for evaluation under DDP, so up to W-1
-    samples count twice in a distributed evaluation.
+    (training: every sample at most once per epoch). Evaluation (no ``drop_last``) with a
+    ``batch_size`` deals every sample exactly once, in the same number of batches on every rank
+    (each rank's evaluation steps may be collectives, as under FSDP), at ``batch_size`` or the
+    nearest size below that allows it (``even_batch_size``); where none does, and without a
+    batch size, the order is padded by repeating its start, as Lightning's DistributedSampler
+    does, so up to W-1 samples count twice. ``batch_size`` is then the size to batch with.
 
     A DistributedSampler, so that Lightning keeps it on a torch DataLoader under DDP (it
-    replaces any other sampler with its own); iterating it leaves out the first ``skip`` indices
-    (a resumed epoch, without reading the images it already trained on: ``ResumableDataLoader`` sets it
-    at each pass; torch's DataLoader may iterate the sampler twice when a pass starts).
+    replaces any other sampler with its own); iterating it leaves out the first ``skip``
+    indices (a resumed epoch, without reading the images it already trained on:
+    ``ResumableDataLoader`` sets it at each pass; torch's DataLoader may iterate the sampler
+    twice when a pass starts).
     """
 
     def __init__(
@@ -58,6 +78,7 @@ class ShardSampler(DistributedSampler):
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        batch_size: int | None = None,
     ) -> None:
         if size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(
@@ -75,9 +96,30 @@ class ShardSampler(DistributedSampler):
         )
         self.size = size
         self.world_size = world_size
-        self.num_samples = size // world_size if drop_last else -(-size // world_size)
-        self.total_size = self.num_samples * world_size
+        self.batch_size = batch_size
+        even = None
+        if not drop_last and batch_size is not None:
+            even = even_batch_size(size, world_size, batch_size)
+        if even is not None:  # every sample once: this rank's share, no padding
+            self.batch_size = even
+            self.total_size = size
+            self.num_samples = len(range(rank, size, world_size))
+        else:
+            self.num_samples = size // world_size if drop_last else -(-size // world_size)
+            self.total_size = self.num_samples * world_size
         self.skip = 0
+
+    def unshuffled(self) -> ShardSampler:
+        """The same sampler without shuffling."""
+        return ShardSampler(
+            self.size,
+            False,
+            self.drop_last,
+            self.seed,
+            self.rank,
+            self.world_size,
+            self.batch_size,
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order ``indices`` returns (Lightning calls this every epoch)."""
@@ -199,10 +241,12 @@ class DeviceLoader(Resumable):
         # The split's rows of images/labels (a view of a larger array, e.g. train within
         # train+val); all of them when None.
         self.rows = torch.arange(len(labels)) if rows is None else rows.long()
-        self.batch_size = batch_size
         self.drop_last = drop_last
         self.device = torch.device(device)
-        self.sampler = ShardSampler(len(self.rows), shuffle, drop_last, seed, rank, world_size)
+        self.sampler = ShardSampler(
+            len(self.rows), shuffle, drop_last, seed, rank, world_size, batch_size
+        )
+        self.batch_size: int = self.sampler.batch_size  # type: ignore[assignment]
         # Lightning reads .batch_sampler wherever it finds .sampler (as on a torch DataLoader).
         self.batch_sampler = None
         self._init_position(trained)
@@ -232,12 +276,11 @@ class ResumableDataLoader(Resumable, DataLoader):
     at the epoch's start; a resumed pass starts at the first untrained batch without reading the
     files before it. The workers' seeds come from the rank's own "loader" stream, so iterating
     draws nothing from the global generator either. ``order`` is a ShardSampler of the
-    dataset's size; other keyword arguments go to DataLoader."""
+    dataset's size, with the batch size; other keyword arguments go to DataLoader."""
 
     def __init__(
         self,
         dataset: Dataset,
-        batch_size: int,
         order: ShardSampler,
         trained: Callable[[], int] | None = None,
         sampler: Sampler | None = None,
@@ -248,13 +291,13 @@ class ResumableDataLoader(Resumable, DataLoader):
         if sampler is not None and not isinstance(sampler, SequentialSampler):
             raise ValueError(f"ResumableDataLoader deals its own order, got {sampler!r}")
         if sampler is not None:
-            order = ShardSampler(
-                order.size, False, order.drop_last, order.seed, order.rank, order.world_size
-            )
+            order = order.unshuffled()
+        if order.batch_size is None:
+            raise ValueError("order needs a batch_size")
         seed, rank, drop_last = order.seed, order.rank, order.drop_last
         kwargs.setdefault("generator", rng.stream(seed, rank, "loader"))
         super().__init__(
-            dataset, batch_size=batch_size, sampler=order, drop_last=drop_last, **kwargs
+            dataset, batch_size=order.batch_size, sampler=order, drop_last=drop_last, **kwargs
         )
         self._init_position(trained)
 

@@ -49,13 +49,18 @@ def test_cli_eval_without_checkpoint(tmp_path):
     assert result.returncode == 2
 
 
-def fails_with(capsys, task, cfg, needle: str) -> dict:
-    """Run a task in-process, expect exit status 2 with one 'litlab: error:' line; return the summary."""
+def refused(capsys, task, cfg, needle: str) -> None:
+    """Run a task in-process, expect exit status 2 with one 'litlab: error:' line."""
     with pytest.raises(SystemExit) as exit_info:
         task(cfg)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("litlab: error: ") and needle in err[-1], err[-3:]
+
+
+def fails_with(capsys, task, cfg, needle: str) -> dict:
+    """``refused``, and the run's summary says failed, with the line; return the summary."""
+    refused(capsys, task, cfg, needle)
     summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     assert summary["status"] == "failed" and needle in summary["error"]
     return summary
@@ -191,14 +196,27 @@ def test_resuming_a_checkpoint_of_another_model_family(tmp_path, capsys):
 
 
 def test_training_over_another_runs_checkpoints(tmp_path, capsys):
-    """A run folder that holds another config's checkpoints is never trained over."""
-    tiny = ["trainer.max_epochs=1", "model.net.width=4", "test=false", *QUIET]
+    """A run folder that holds another config's checkpoints is never trained over, and a
+    continuation refused before it starts leaves the folder's summary.json as it was (the
+    completed run's metrics and best checkpoint)."""
+    tiny = ["trainer.max_epochs=2", "model.net.width=4", "test=false", *QUIET]
     train_task(make_cfg(tmp_path, tiny))
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    written = last.read_bytes()
+    summary = tmp_path / "run" / "summary.json"
+    written, summarized = last.read_bytes(), summary.read_bytes()
+    assert json.loads(summarized)["status"] == "completed"
     other = make_cfg(tmp_path, [*tiny, "model.net.width=8"])  # the same folder, another model
-    fails_with(capsys, train_task, other, "already holds checkpoints of a run with another config")
-    assert last.read_bytes() == written
+    refused(capsys, train_task, other, "already holds checkpoints of a run with another config")
+    assert last.read_bytes() == written and summary.read_bytes() == summarized
+    # resume= of a finished run, asking for fewer epochs than it has
+    past_end = make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=1"])
+    refused(capsys, train_task, past_end, "is already at epoch 1 and trainer.max_epochs=1")
+    assert last.read_bytes() == written and summary.read_bytes() == summarized
+    # Continued for real, the run's summary keeps what it said before.
+    train_task(make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3"]))
+    now = json.loads(summary.read_text())
+    assert now["status"] == "completed" and now["resumed_from"] == str(last)
+    assert now["previous_summary"] == json.loads(summarized)
 
 
 def test_unwritable_output_folder(tmp_path):

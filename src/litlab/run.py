@@ -109,6 +109,15 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """A folder's summary.json; None where there is none (or it cannot be read as one)."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 class Run:
     """One task run in one folder. Use as a context manager around the task's work.
 
@@ -118,6 +127,11 @@ class Run:
     ``keep_going`` (a job of a sweep) any failure is recorded, reported in one line and
     swallowed, so that the sweep goes on; ``objective`` is then None. Exits (SystemExit, e.g.
     a scheduler's requeue, and KeyboardInterrupt) are recorded and never swallowed.
+
+    In a folder that already has a summary.json (a run continued by ``resume=`` or a requeued
+    job), the earlier summary is kept under "previous_summary"; a run that ends before any
+    phase began (refused: past the run's end, a config its checkpoints do not match) leaves the
+    folder's summary.json as it was.
     """
 
     def __init__(self, cfg: DictConfig, task: str, keep_going: bool = False) -> None:
@@ -133,15 +147,24 @@ class Run:
         self._cfg = cfg
         self._keep_going = keep_going
         self._t0 = time.perf_counter()
+        self._previous: dict[str, Any] | None = None
+        self._began = False  # a phase (fit, test) began: the folder may have changed
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         if rank_zero_only.rank == 0:  # a run killed hard still says it was started, where, by whom
+            # A run that continues this folder (resume=, a requeued job) keeps what the folder's
+            # summary said before, and puts it back if it stops before any phase began.
+            self._previous = read_summary(self.dir / "summary.json")
+            if self._previous is not None:
+                self._previous.pop("previous_summary", None)
+                self.summary["previous_summary"] = self._previous
             self.summary.update(pid=os.getpid(), host=platform.node())
             write_json(self.dir / "summary.json", self.summary)
         return self
 
     def phase(self, name: str) -> _Phase:
+        self._began = True
         return _Phase(self, name)
 
     def record_metrics(self, metrics: dict[str, Any]) -> None:
@@ -171,7 +194,12 @@ class Run:
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if rank_zero_only.rank == 0:
-            self._write()
+            if exc is not None and not self._began and self._previous is not None:
+                # refused before it touched the run (a resume past the run's end, a config the
+                # checkpoints do not match): the folder's summary stays what it was
+                write_json(self.dir / "summary.json", self._previous)
+            else:
+                self._write()
         if isinstance(exc, SIGTERMException):
             log.warning("litlab: %s", self.summary["error"])
             sys.exit(143)  # 128 + SIGTERM: the run did not finish

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 import shutil
 from pathlib import Path
 
@@ -468,36 +469,63 @@ def test_cpu_crops_match_the_accelerators_roi_align_crops():
     assert (cpu - roi).abs().mean() < 1.0, (cpu - roi).abs().mean(dim=(1, 2, 3))
 
 
-@pytest.mark.parametrize(
-    ("cache", "decode"), [(True, "workers"), (False, "workers"), (False, "device")]
-)
-def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache, decode):
-    write_png_folder(tmp_path / "images", per_class=12)
-    write_unusual_images(tmp_path / "images" / "dog")
+def train_on_folder(tmp_path: Path, *overrides: str) -> dict:
+    """A small classifier trained on tmp_path/images (3 classes at 20 px); its summary."""
     cfg = make_cfg(
         tmp_path,
         [
             "data=image_folder",
             f"data.source.root={tmp_path / 'images'}",
             f"data.source.cache_dir={tmp_path / 'cache'}",
-            f"data.source.cache={cache}",
-            f"data.source.decode={decode}",  # device: JPEGs decoded a batch at a time here
             "data.source.size=20",
             "data.image_shape=[3,16,16]",
             "data.num_classes=3",
-            "data.batch_size=8",
             "data.num_workers=0",
             "model.net.width=8",
-            "trainer.max_epochs=2",
             "logger=csv",
             "extras.print_config=false",
             "callbacks.progress_bar=null",
+            *overrides,
         ],
     )
     train_task(cfg)
     summary = summary_of(cfg)
-    assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
+    assert summary["status"] == "completed"
+    return summary
+
+
+@pytest.mark.parametrize(
+    ("cache", "decode"), [(True, "workers"), (False, "workers"), (False, "device")]
+)
+def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache, decode):
+    write_png_folder(tmp_path / "images", per_class=12)
+    write_unusual_images(tmp_path / "images" / "dog")
+    summary = train_on_folder(
+        tmp_path,
+        f"data.source.cache={cache}",
+        f"data.source.decode={decode}",  # device: JPEGs decoded a batch at a time here
+        "data.batch_size=8",
+        "trainer.max_epochs=2",
+    )
+    assert "test/acc" in summary["metrics"]
     if cache:
         assert summary["data"]["all"]["skipped"] == 3
     else:  # seen as they are read: every epoch's training batches, and evaluation
         assert summary["data"]["skipped_while_loading"] >= 3
+
+
+def test_batches_whose_every_file_is_unreadable_are_skipped(tmp_path):
+    """Read as it goes (cache=false), a batch can lose every image: one process skips that
+    training step and that evaluation batch (no NaN loss, no crash on an empty batch)."""
+    write_png_folder(tmp_path / "images", per_class=3)
+    for i in range(30):  # most of the files: many 2-file batches hold no readable image
+        (tmp_path / "images" / "fox" / f"broken{i}.png").write_bytes(b"not an image")
+    summary = train_on_folder(
+        tmp_path,
+        "data.source.cache=false",
+        "data.batch_size=2",
+        "data.eval_batch_size=2",
+        "trainer.max_epochs=1",
+    )
+    assert all(math.isfinite(summary["metrics"][k]) for k in ("val/loss", "test/loss"))
+    assert summary["data"]["skipped_while_loading"] >= 30  # each broken file, as it was read

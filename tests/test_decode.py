@@ -5,6 +5,7 @@ with libjpeg-turbo; the CUDA tests (nvJPEG) run in the GPU tier."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,9 +15,16 @@ from PIL import Image
 
 from conftest import QUIET_CSV, make_cfg, needs_cuda, summary_of, write_unusual_images
 from litlab.data import DataModule, ImageFolder
-from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
+from litlab.data.decode import (
+    Encoded,
+    all_unreadable,
+    decode,
+    kept,
+    skip_unreadable,
+    stack_samples,
+)
 from litlab.data.folder import load_image, worker_item
-from litlab.errors import ConfigError
+from litlab.errors import ConfigError, DataError
 from litlab.train import train_task
 
 SIZES = [(40, 48), (64, 40), (90, 90), (33, 71), (120, 80), (48, 40)]
@@ -247,3 +255,17 @@ def test_a_gpu_run_decodes_a_jpeg_folder_on_the_gpu_to_the_end(tmp_path):
     summary = summary_of(cfg)
     assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
     assert summary["data"]["skipped_while_loading"] >= 3
+
+
+def test_an_empty_training_batch_is_one_clear_line_on_several_ranks():
+    """Ranks of a multi-process fit cannot skip a training step (each is a collective)."""
+    labels = torch.empty(0, dtype=torch.long)
+    one, two = (
+        SimpleNamespace(world_size=1, global_rank=0),
+        SimpleNamespace(world_size=2, global_rank=1),
+    )
+    assert all_unreadable(labels, one, training=True)
+    assert all_unreadable(labels, two, training=False)  # evaluation steps are skipped alone
+    assert not all_unreadable(torch.zeros(3, dtype=torch.long), two, training=True)
+    with pytest.raises(DataError, match=r"on rank 1 was unreadable.*litlab\.data\.check"):
+        all_unreadable(labels, two, training=True)

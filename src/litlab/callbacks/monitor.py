@@ -222,8 +222,8 @@ class Throughput(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._net is not None:
-            images = batch[0] if isinstance(batch, list | tuple) else batch
+        images = batch[0] if isinstance(batch, list | tuple) else batch
+        if self._net is not None and len(images):  # not a batch of unreadable files only
             try:
                 self.flops_per_image = training_flops_per_image(self._net, images)
             except (RuntimeError, NotImplementedError, TypeError) as e:

@@ -409,7 +409,11 @@ class DataModule(L.LightningDataModule):
         encoded, cropped (and augmented when ``train``) and normalized; skipped files counted."""
         if len(batch) == 3:  # from the file-reading loader: (images, labels, files skipped)
             images, labels, skipped = batch
-            if isinstance(images, Encoded):  # JPEGs left to this device (data.source.decode)
+            if not len(labels):  # every file unreadable: an empty batch of the stored shape
+                images = torch.empty(
+                    (0, *self.stored_shape), dtype=torch.uint8, device=labels.device
+                )
+            elif isinstance(images, Encoded):  # JPEGs left to this device (data.source.decode)
                 c, size = self.stored_shape[:2]
                 images, keep = decode(images, size, c, labels.device)
                 labels, skipped = kept(labels, keep), skipped + int((~keep).sum())

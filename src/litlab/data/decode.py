@@ -22,12 +22,14 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from litlab.data.folder import load_image
+from litlab.errors import DataError
 
 RESIZE_BYTES = 1 << 30  # float pixels resized in one call at most (huge images: fewer a call)
 
@@ -156,6 +158,23 @@ def skip_unreadable(batch: list) -> tuple[Tensor | Encoded, Tensor, int]:
         return Encoded([image for image, _ in good]), labels, len(batch) - len(good)
     images, labels = torch.utils.data.default_collate(good)
     return images, labels, len(batch) - len(good)
+
+
+def all_unreadable(labels: Tensor, trainer: Any, training: bool) -> bool:
+    """Whether a batch lost every image to unreadable files (``skip_unreadable``): the step then
+    skips it. One process skips a training step as Lightning allows; the ranks of a
+    multi-process fit cannot (each training step is a collective): one clear line instead."""
+    if len(labels):
+        return False
+    if training and trainer.world_size > 1:
+        raise DataError(
+            f"every file of a training batch on rank {trainer.global_rank} was unreadable, "
+            "which the ranks of a multi-process run "
+            "cannot skip; list the unreadable files with python -m litlab.data.check <root> and "
+            "remove them, or set data.source.cache=true (unreadable files are left out before "
+            "training)"
+        )
+    return True
 
 
 def stack_samples(items: Sequence, shape: Sequence[int], chunk: int = 256) -> tuple[Tensor, Tensor]:

@@ -14,6 +14,7 @@ from torchmetrics import MaxMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from litlab.compat import CheapHookName, epoch_ran_to_its_end, logs_this_step
+from litlab.data.decode import all_unreadable
 from litlab.distributed import broadcast_buffers, log_job_value
 from litlab.errors import ConfigError
 from litlab.models.optim import Interval, build_optimizer, fit_schedules_to_run
@@ -129,15 +130,19 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         both = self(torch.cat([images, images.flip(3)]))
         return both.view(2, len(images), -1).mean(dim=0)
 
-    def _step(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection) -> Tensor:
+    def _step(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection) -> Tensor | None:
         images, labels = batch
+        if all_unreadable(labels, self.trainer, training=False):
+            return None
         logits = self.evaluate(images)
         loss = self.criterion(logits, labels)
         metrics.update(logits, labels)
         return loss
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor | None:
         images, labels = batch
+        if all_unreadable(labels, self.trainer, training=True):
+            return None  # Lightning skips the step
         targets = labels
         if self.erasing is not None:
             images = self.erasing(images)
@@ -213,6 +218,8 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss = self._step(batch, self.val_metrics)
+        if loss is None:
+            return
         self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=True)
         self.log_dict(self.val_metrics, on_step=False, on_epoch=True, prog_bar=True)
 
@@ -225,6 +232,8 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss = self._step(batch, self.test_metrics)
+        if loss is None:
+            return
         self.log("test/loss", loss, on_step=False, on_epoch=True, sync_dist=True)
         self.log_dict(self.test_metrics, on_step=False, on_epoch=True)
 

@@ -17,6 +17,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from litlab import rng
 from litlab.compat import CheapHookName, ema_update, logs_this_step
+from litlab.data.decode import all_unreadable
 from litlab.data.transforms import per_channel
 from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
@@ -224,6 +225,8 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
 
     # -- training ---------------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        if all_unreadable(batch[1], self.trainer, training=True):
+            return {}  # no step of either network
         real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
         g_opt, d_opt = self.optimizers()
         n = real.shape[0]
@@ -277,6 +280,8 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
     def _d_real(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
         """D's mean logit on held-out real images, with batch statistics as in training (where
         d/real is measured): staying below d/real as it rises signals D memorizing."""
+        if all_unreadable(batch[1], self.trainer, training=False):
+            return
         real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
         with batch_statistics(self.discriminator):
             logit = self.discriminator(real).mean()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from conftest import QUIET, REPO, bare_trainer, make_cfg, run_cli, summary_of
 from litlab import rng
@@ -21,6 +22,7 @@ from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
 from litlab.config import build
 from litlab.errors import CheckpointError
 from litlab.metrics.fid import domain_classifier
+from litlab.resume import record_resume_overrides, resume_argv
 from litlab.train import train_task
 
 CLF = ["data.batch_size=128", "trainer.max_epochs=4", "model.net.width=8", "logger=csv", *QUIET]
@@ -428,6 +430,9 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(tmp_
         folder = run_folder(tmp_path / "b")
     resumed = run_cli(f"resume={folder}", f"trainer.max_epochs={epochs}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # kept for the next resume= of the folder (its saved config stays the first command's)
+    recorded = yaml.safe_load((folder / ".hydra" / "resume_overrides.yaml").read_text())
+    assert recorded == [f"trainer.max_epochs={epochs}"]
     saved = load_checkpoint(folder / "checkpoints" / "last.ckpt")
     schedule = saved["lr_schedulers"][0]
     assert schedule["total_steps"] == schedule["last_epoch"] == epochs * steps_per_epoch
@@ -496,3 +501,33 @@ def test_divergence_guard_reads_its_sums_every_n_steps_and_forgets_nothing_betwe
     step(loss=torch.tensor(float("nan")))  # not checked yet: step 8 of a window of 3
     with pytest.raises(TrainingDiverged, match="loss, d became NaN or infinite"):
         step(loss=torch.tensor(2.0))
+
+
+def test_a_resume_continues_with_what_earlier_resumes_changed(tmp_path, monkeypatch):
+    """`resume=<folder> trainer.max_epochs=4` that trains is remembered: a later plain
+    `resume=<folder>` (after another preemption) keeps 4 epochs instead of the first command's
+    value; a resume refused before training changes nothing; a later value of a key wins."""
+    folder = tmp_path / "run"
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
+    monkeypatch.setenv("LITLAB_RESUME_OVERRIDES", "")  # restored (absent) after the test
+    monkeypatch.delenv("LITLAB_RESUME_OVERRIDES")
+
+    def resume(*overrides: str) -> list[str]:
+        argv = resume_argv(["train.py", f"resume={folder}", *overrides])
+        return [arg for arg in argv if arg.startswith(("trainer.", "+callbacks."))]
+
+    assert resume("trainer.max_epochs=4", "+callbacks.x.a=1") == [
+        "trainer.max_epochs=4",
+        "+callbacks.x.a=1",
+    ]
+    assert resume() == []  # the first was refused (never recorded): nothing carried
+    record_resume_overrides(tmp_path / "elsewhere")  # another folder's run: not this one's
+    assert resume("trainer.max_epochs=4", "+callbacks.x.a=1")
+    record_resume_overrides(folder)  # this one trained
+    assert resume() == ["trainer.max_epochs=4", "+callbacks.x.a=1"]
+    assert resume("trainer.max_epochs=6") == ["+callbacks.x.a=1", "trainer.max_epochs=6"]
+    record_resume_overrides(folder)
+    assert resume() == ["+callbacks.x.a=1", "trainer.max_epochs=6"]

@@ -3,7 +3,8 @@
 - `python train.py resume=<run folder>` (``resume_argv``): Hydra has no notion of "continue
   that run", so the switch is turned into plain Hydra arguments before Hydra parses the command
   line: the folder's saved config as the primary config, the folder as the run dir (its .hydra
-  files are left as they are), its newest checkpoint as ckpt_path, and its W&B run id.
+  files are left as they are), its newest checkpoint as ckpt_path, and its W&B run id; the
+  overrides of earlier resumes that trained (.hydra/resume_overrides.yaml), then this one's.
 - A requeued job (SLURM, submitit) runs the same command again: in a SLURM job the run folder is
   fixed per job (``run_dir``), and a run that starts in a folder holding its own checkpoints
   continues from the newest (``continue_in_place``) with the values its tuners found.
@@ -51,8 +52,44 @@ def wandb_run_id(folder: Path) -> str | None:
     return runs[-1].name.rsplit("-", 1)[-1] if runs else None
 
 
+# What each `resume=` that trained changed (its overrides), merged, in the run's .hydra/:
+# the saved config.yaml stays the first command's; a later resume= applies these first.
+RESUME_OVERRIDES = "resume_overrides.yaml"
+_PENDING = "LITLAB_RESUME_OVERRIDES"  # this process's resume: recorded once training begins
+
+
+def _override_key(arg: str) -> str:
+    return arg.split("=", 1)[0].lstrip("+~")
+
+
+def merged_overrides(earlier: list[str], later: list[str]) -> list[str]:
+    """``earlier`` then ``later``, an earlier override of a key that ``later`` sets left out."""
+    keys = {_override_key(arg) for arg in later}
+    return [arg for arg in earlier if _override_key(arg) not in keys] + list(later)
+
+
+def _recorded_overrides(folder: Path) -> list[str]:
+    path = folder / ".hydra" / RESUME_OVERRIDES
+    return list(yaml.safe_load(path.read_text()) or []) if path.is_file() else []
+
+
+def record_resume_overrides(run_dir: str | Path) -> None:
+    """Once a `resume=` run begins to train (not when it is refused), add its overrides to the
+    run folder's record, so that the next `resume=` continues with them (rank 0 writes)."""
+    pending = os.environ.pop(_PENDING, None)
+    if pending is None or global_rank() != 0:
+        return
+    resumed = yaml.safe_load(pending)
+    folder = Path(resumed["folder"])
+    if Path(run_dir).resolve() != folder or not resumed["overrides"]:
+        return
+    overrides = merged_overrides(_recorded_overrides(folder), resumed["overrides"])
+    (folder / ".hydra" / RESUME_OVERRIDES).write_text(yaml.safe_dump(overrides))
+
+
 def resume_argv(argv: list[str]) -> list[str]:
-    """Rewrite `resume=<folder>` into the Hydra arguments that continue that run."""
+    """Rewrite `resume=<folder>` into the Hydra arguments that continue that run: its saved
+    config, with what earlier resumes of it changed, then this command's overrides."""
     picks = [arg for arg in argv[1:] if arg.startswith("resume=")]
     if not picks:
         return argv
@@ -85,7 +122,11 @@ def resume_argv(argv: list[str]) -> list[str]:
                 "override_dirname", ""
             )
             args.append(f"logger.wandb.overrides='{original}'")
-    return [argv[0], *args, *(arg for arg in argv[1:] if not arg.startswith("resume="))]
+    given = [arg for arg in argv[1:] if not arg.startswith("resume=")]
+    overrides = [arg for arg in given if not arg.startswith("-")]  # not Hydra's own flags
+    os.environ[_PENDING] = yaml.safe_dump({"folder": str(folder), "overrides": overrides})
+    flags = [arg for arg in given if arg.startswith("-")]
+    return [argv[0], *args, *flags, *merged_overrides(_recorded_overrides(folder), overrides)]
 
 
 def _computes(cfg: DictConfig) -> str:

@@ -212,11 +212,15 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
     past_end = make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=1"])
     refused(capsys, train_task, past_end, "is already at epoch 1 and trainer.max_epochs=1")
     assert last.read_bytes() == written and summary.read_bytes() == summarized
-    # Continued for real, the run's summary keeps what it said before.
+    # Continued for real, the run's summary keeps what it said before; refused again, the
+    # summary (with its own previous_summary) stays whole.
     train_task(make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3"]))
     now = json.loads(summary.read_text())
     assert now["status"] == "completed" and now["resumed_from"] == str(last)
     assert now["previous_summary"] == json.loads(summarized)
+    summarized = summary.read_bytes()
+    refused(capsys, train_task, past_end, "is already at epoch 2 and trainer.max_epochs=1")
+    assert summary.read_bytes() == summarized
 
 
 def test_unwritable_output_folder(tmp_path):

@@ -260,12 +260,9 @@ def test_a_gpu_run_decodes_a_jpeg_folder_on_the_gpu_to_the_end(tmp_path):
 def test_an_empty_training_batch_is_one_clear_line_on_several_ranks():
     """Ranks of a multi-process fit cannot skip a training step (each is a collective)."""
     labels = torch.empty(0, dtype=torch.long)
-    one, two = (
-        SimpleNamespace(world_size=1, global_rank=0),
-        SimpleNamespace(world_size=2, global_rank=1),
-    )
-    assert all_unreadable(labels, one, training=True)
-    assert all_unreadable(labels, two, training=False)  # evaluation steps are skipped alone
-    assert not all_unreadable(torch.zeros(3, dtype=torch.long), two, training=True)
+    one = SimpleNamespace(world_size=1, global_rank=0)
+    two = SimpleNamespace(world_size=2, global_rank=1)
+    assert all_unreadable(labels, one)
+    assert not all_unreadable(torch.zeros(3, dtype=torch.long), two)
     with pytest.raises(DataError, match=r"on rank 1 was unreadable.*litlab\.data\.check"):
-        all_unreadable(labels, two, training=True)
+        all_unreadable(labels, two)

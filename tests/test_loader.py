@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -327,6 +328,17 @@ class RecordLabels(L.LightningModule):
             "rank": loader.sampler.rank,
         }
         torch.save(record, self.folder / f"rank{self.global_rank}.pt")
+
+
+def test_a_batch_size_larger_than_a_ranks_share_is_refused():
+    """Each rank trains on its share (drop_last): 180 images on 4 ranks make 45 each, no batch
+    of 64 (Lightning would end the fit at once, "no training batches", and report completed)."""
+    dm = DataModule(Indexed(), [1, 4, 4], 200, mean=[0.0], std=[1.0], batch_size=64)
+    dm.setup()
+    assert len(dm.train_dataloader()) == len(dm.datasets["fit"]) // 64  # one process: fine
+    dm.trainer = SimpleNamespace(world_size=4)
+    with pytest.raises(ConfigError, match="exceeds the 45 training images of each of the 4 ranks"):
+        dm.train_dataloader()
 
 
 @pytest.mark.dist

@@ -129,9 +129,9 @@ class Run:
     a scheduler's requeue, and KeyboardInterrupt) are recorded and never swallowed.
 
     In a folder that already has a summary.json (a run continued by ``resume=`` or a requeued
-    job), the earlier summary is kept under "previous_summary"; a run that ends before any
-    phase began (refused: past the run's end, a config its checkpoints do not match) leaves the
-    folder's summary.json as it was.
+    job), the earlier summary is kept under "previous_summary"; a run refused (a LitlabError)
+    before any phase began (past the run's end, a config its checkpoints do not match) leaves
+    the folder's summary.json as it was; other failures are recorded as usual.
     """
 
     def __init__(self, cfg: DictConfig, task: str, keep_going: bool = False) -> None:
@@ -157,8 +157,8 @@ class Run:
             # summary said before, and puts it back if it stops before any phase began.
             self._previous = read_summary(self.dir / "summary.json")
             if self._previous is not None:
-                self._previous.pop("previous_summary", None)
-                self.summary["previous_summary"] = self._previous
+                earlier = {k: v for k, v in self._previous.items() if k != "previous_summary"}
+                self.summary["previous_summary"] = earlier
             self.summary.update(pid=os.getpid(), host=platform.node())
             write_json(self.dir / "summary.json", self.summary)
         return self
@@ -194,7 +194,7 @@ class Run:
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if rank_zero_only.rank == 0:
-            if exc is not None and not self._began and self._previous is not None:
+            if isinstance(exc, LitlabError) and not self._began and self._previous is not None:
                 # refused before it touched the run (a resume past the run's end, a config the
                 # checkpoints do not match): the folder's summary stays what it was
                 write_json(self.dir / "summary.json", self._previous)

@@ -160,19 +160,19 @@ def skip_unreadable(batch: list) -> tuple[Tensor | Encoded, Tensor, int]:
     return images, labels, len(batch) - len(good)
 
 
-def all_unreadable(labels: Tensor, trainer: Any, training: bool) -> bool:
-    """Whether a batch lost every image to unreadable files (``skip_unreadable``): the step then
-    skips it. One process skips a training step as Lightning allows; the ranks of a
-    multi-process fit cannot (each training step is a collective): one clear line instead."""
+def all_unreadable(labels: Tensor, trainer: Any) -> bool:
+    """Whether a training batch lost every image to unreadable files (``skip_unreadable``): one
+    process then skips the step, as Lightning allows; the ranks of a multi-process fit cannot
+    (each training step is a collective): one clear line instead. (Evaluation steps run empty
+    batches through, their values logged with no weight: every rank logs what the others do.)"""
     if len(labels):
         return False
-    if training and trainer.world_size > 1:
+    if trainer.world_size > 1:
         raise DataError(
             f"every file of a training batch on rank {trainer.global_rank} was unreadable, "
-            "which the ranks of a multi-process run "
-            "cannot skip; list the unreadable files with python -m litlab.data.check <root> and "
-            "remove them, or set data.source.cache=true (unreadable files are left out before "
-            "training)"
+            "which the ranks of a multi-process run cannot skip; list the unreadable files "
+            "with python -m litlab.data.check <root> and remove them, or set "
+            "data.source.cache=true (unreadable files are left out before training)"
         )
     return True
 

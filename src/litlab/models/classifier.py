@@ -130,18 +130,18 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         both = self(torch.cat([images, images.flip(3)]))
         return both.view(2, len(images), -1).mean(dim=0)
 
-    def _step(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection) -> Tensor | None:
+    def _step(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection) -> Tensor:
         images, labels = batch
-        if all_unreadable(labels, self.trainer, training=False):
-            return None
+        # an empty batch (every file unreadable) too: under FSDP each forward is a collective
         logits = self.evaluate(images)
-        loss = self.criterion(logits, labels)
+        if not len(labels):
+            return logits.sum()  # 0, logged with no weight (torchmetrics refuses no samples)
         metrics.update(logits, labels)
-        return loss
+        return self.criterion(logits, labels)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor | None:
         images, labels = batch
-        if all_unreadable(labels, self.trainer, training=True):
+        if all_unreadable(labels, self.trainer):
             return None  # Lightning skips the step
         targets = labels
         if self.erasing is not None:
@@ -218,9 +218,15 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss = self._step(batch, self.val_metrics)
-        if loss is None:
-            return
-        self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=True)
+        self.log(
+            "val/loss",
+            loss,
+            on_step=False,
+            on_epoch=True,
+            sync_dist=True,
+            prog_bar=True,
+            batch_size=len(batch[1]),  # 0 for a batch of unreadable files only
+        )
         self.log_dict(self.val_metrics, on_step=False, on_epoch=True, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
@@ -232,9 +238,14 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss = self._step(batch, self.test_metrics)
-        if loss is None:
-            return
-        self.log("test/loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        self.log(
+            "test/loss",
+            loss,
+            on_step=False,
+            on_epoch=True,
+            sync_dist=True,
+            batch_size=len(batch[1]),
+        )
         self.log_dict(self.test_metrics, on_step=False, on_epoch=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

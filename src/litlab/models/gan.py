@@ -225,7 +225,7 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
 
     # -- training ---------------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        if all_unreadable(batch[1], self.trainer, training=True):
+        if all_unreadable(batch[1], self.trainer):
             return {}  # no step of either network
         real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
         g_opt, d_opt = self.optimizers()
@@ -280,12 +280,14 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
     def _d_real(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
         """D's mean logit on held-out real images, with batch statistics as in training (where
         d/real is measured): staying below d/real as it rises signals D memorizing."""
-        if all_unreadable(batch[1], self.trainer, training=False):
-            return
-        real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
-        with batch_statistics(self.discriminator):
-            logit = self.discriminator(real).mean()
-        self.log(f"{stage}/d_real", logit, on_epoch=True, sync_dist=True)
+        n = len(batch[1])
+        if n:
+            real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
+            with batch_statistics(self.discriminator):
+                logit = self.discriminator(real).mean()
+        else:  # every file unreadable: logged with no weight, as every rank logs the same
+            logit = torch.zeros((), device=self.device)
+        self.log(f"{stage}/d_real", logit, on_epoch=True, sync_dist=True, batch_size=n)
 
     def on_validation_epoch_start(self) -> None:
         broadcast_buffers(self)  # every rank evaluates rank 0's G (its BatchNorm statistics)

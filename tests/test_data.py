@@ -516,7 +516,7 @@ def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache, decode):
 
 def test_batches_whose_every_file_is_unreadable_are_skipped(tmp_path):
     """Read as it goes (cache=false), a batch can lose every image: one process skips that
-    training step and that evaluation batch (no NaN loss, no crash on an empty batch)."""
+    training step, an evaluation batch counts for nothing (no NaN loss, no crash on it)."""
     write_png_folder(tmp_path / "images", per_class=3)
     for i in range(30):  # most of the files: many 2-file batches hold no readable image
         (tmp_path / "images" / "fox" / f"broken{i}.png").write_bytes(b"not an image")

@@ -388,3 +388,27 @@ def test_training_on_the_gpu_keeps_the_split_on_the_gpu(tmp_path):
     trainer.fit(build(cfg.model, "model"), build(cfg.data, "data"))
     assert trainer.train_dataloader.images.device.type == "cuda"
     assert trainer.callback_metrics["val/acc"] > 0.8
+
+
+class Predicted(L.LightningModule):
+    """Predicts each sample's label (= its index): which samples a predict pass reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def predict_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
+        return batch[1]
+
+
+def test_trainer_predict_reads_a_resumable_dataloader_whole():
+    """Lightning rebuilds predict loaders with its own batch sampler: a ResumableDataLoader
+    passed to trainer.predict (as a user might, data.loader=dataloader) predicts every sample
+    once, in its order."""
+    images, labels = indexed(10)
+    loader = ResumableDataLoader(
+        TensorDataset(images, labels), ShardSampler(10, False, False, batch_size=3)
+    )
+    trainer = bare_trainer(accelerator="cpu", logger=False)
+    predicted = trainer.predict(Predicted(), dataloaders=loader)
+    assert torch.cat(predicted).tolist() == list(range(10))

@@ -284,24 +284,39 @@ class ResumableDataLoader(Resumable, DataLoader):
         order: ShardSampler,
         trained: Callable[[], int] | None = None,
         sampler: Sampler | None = None,
+        batch_sampler: Sampler | None = None,
         **kwargs: Any,
     ) -> None:
-        # Lightning rebuilds the loader with a SequentialSampler (and shuffle=False) for
-        # trainer.overfit_batches: the same order unshuffled, still sharded and resumable.
+        # What Lightning rebuilds the loader with (it reads these attributes back).
+        self.order, self.trained = order, trained
+        kwargs.setdefault("generator", rng.stream(order.seed, order.rank, "loader"))
+        self._init_position(trained)
+        if batch_sampler is not None:
+            # trainer.predict: Lightning's batches (of this order's indices), nothing to resume
+            for taken in ("batch_size", "drop_last", "shuffle"):
+                kwargs.pop(taken, None)
+            super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+            return
+        # trainer.overfit_batches: Lightning passes a SequentialSampler (and shuffle=False): the
+        # same order unshuffled, still sharded and resumable.
         if sampler is not None and not isinstance(sampler, SequentialSampler):
             raise ValueError(f"ResumableDataLoader deals its own order, got {sampler!r}")
         if sampler is not None:
             order = order.unshuffled()
         if order.batch_size is None:
             raise ValueError("order needs a batch_size")
-        seed, rank, drop_last = order.seed, order.rank, order.drop_last
-        kwargs.setdefault("generator", rng.stream(seed, rank, "loader"))
         super().__init__(
-            dataset, batch_size=order.batch_size, sampler=order, drop_last=drop_last, **kwargs
+            dataset,
+            batch_size=order.batch_size,
+            sampler=order,
+            drop_last=order.drop_last,
+            **kwargs,
         )
-        self._init_position(trained)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if not isinstance(self.sampler, ShardSampler):  # Lightning's predict batches
+            yield from super().__iter__()
+            return
         epoch, start = self._start()
         self.sampler.skip = start * self.batch_size  # type: ignore[operator]
         for b, batch in enumerate(super().__iter__(), start=start + 1):

@@ -357,7 +357,10 @@ def test_python_train_py_default_reaches_97_percent(tmp_path):
 @pytest.mark.slow
 @needs_fashion
 def test_default_cnn_one_epoch_on_real_fashion_mnist_reaches_85_percent(tmp_path):
-    cfg = make_cfg(tmp_path, ["data=fashion_mnist", "trainer.max_epochs=1", "logger=csv", *FAST])
+    # on half of the training images (class-stratified): 87.6% where the whole split gives
+    # 89.3%, in 41 s instead of 72 s (2 cores, 2026-12-02); the full test split
+    half = ["data.train_fraction=0.5", "trainer.max_epochs=1", "logger=csv"]
+    cfg = make_cfg(tmp_path, ["data=fashion_mnist", *half, *FAST])
     train_task(cfg)
     assert summary_of(cfg)["metrics"]["test/acc"] >= 0.85
 

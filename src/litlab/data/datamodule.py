@@ -334,11 +334,12 @@ class DataModule(L.LightningDataModule):
         fit = self.datasets["fit"]
         # each rank's share (a streamed dataset's len is already this rank's)
         ranks = 1 if self.trainer is None or _streams(fit) else self.trainer.world_size
-        if len(fit) // ranks < self.batch_size:  # drop_last would leave no batch at all
+        share = len(fit) // ranks
+        if share < self.batch_size:  # drop_last would leave no batch at all
             each = f" of each of the {ranks} ranks" if ranks > 1 else ""
             raise ConfigError(
-                f"batch_size {self.batch_size} exceeds the {len(fit) // ranks} training "
-                f"images{each}; lower data.batch_size"
+                f"batch_size {self.batch_size} exceeds the {share} training images{each}; "
+                "lower data.batch_size"
             )
         return self._loader("fit", train=True)
 

@@ -95,7 +95,6 @@ class ShardSampler(DistributedSampler):
             drop_last=drop_last,
         )
         self.size = size
-        self.world_size = world_size
         self.batch_size = batch_size
         even = None
         if not drop_last and batch_size is not None:
@@ -120,6 +119,10 @@ class ShardSampler(DistributedSampler):
             self.world_size,
             self.batch_size,
         )
+
+    @property
+    def world_size(self) -> int:
+        return self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order ``indices`` returns (Lightning calls this every epoch)."""
@@ -163,15 +166,15 @@ class Resumable:
     def _init_position(self, trained: Callable[[], int] | None) -> None:
         self._progress = (0, 0)  # (epoch, batches of it handed out)
         self._resume = False
-        self._trained = trained
+        self.trained = trained
 
     def _start(self) -> tuple[int, int]:
         """The epoch of the pass that begins, and its first batch (0 unless resumed into it)."""
         epoch = self.sampler.epoch
         resumed_epoch, position = self._progress
         start = position if self._resume and resumed_epoch == epoch else 0
-        if self._resume and self._trained is not None:
-            start = min(start, self._trained())
+        if self._resume and self.trained is not None:
+            start = min(start, self.trained())
         self._resume = False
         self._progress = (epoch, start)
         return epoch, start
@@ -287,8 +290,8 @@ class ResumableDataLoader(Resumable, DataLoader):
         batch_sampler: Sampler | None = None,
         **kwargs: Any,
     ) -> None:
-        # What Lightning rebuilds the loader with (it reads these attributes back).
-        self.order, self.trained = order, trained
+        self.order = order  # Lightning rebuilds the loader from its arguments, read back
+        # as attributes (trained: Resumable's)
         kwargs.setdefault("generator", rng.stream(order.seed, order.rank, "loader"))
         self._init_position(trained)
         if batch_sampler is not None:

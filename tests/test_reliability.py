@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import signal
@@ -410,15 +411,21 @@ def test_submitit_requeue_continues_in_the_same_folder(tmp_path, straight_classi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("epochs", [4, 3])
-def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(tmp_path, epochs):
-    """Train further (or stop sooner) than planned: OneCycleLR's length follows the run, so
-    it neither fails when stepped past its old end nor stops half way down."""
+@pytest.mark.parametrize(
+    ("epochs", "changed"), [(4, []), (3, ["stopped"]), (3, ["data.batch_size=256"])]
+)
+def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(
+    tmp_path, epochs, changed
+):
+    """Train further (or stop sooner) than planned, or on with larger batches from an epoch's
+    end: OneCycleLR's length follows the run (the steps taken, then the rest at the new rate),
+    so it neither fails when stepped past its old end nor stops half way down."""
     first = run_cli(*CLF, "trainer.max_epochs=2", f"paths.log_dir={tmp_path}")
     assert first.returncode == 0, first.stderr[-3000:]
     folder = run_folder(tmp_path)
     steps_per_epoch = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] // 2
-    if epochs == 3:  # stopped by a signal after one epoch, then resumed with a shorter plan
+    resumed_from = 2 * steps_per_epoch
+    if changed == ["stopped"]:  # stopped by a signal after one epoch, then resumed shorter
         stopped = run_cli(
             *CLF,
             "trainer.max_epochs=5",
@@ -427,30 +434,34 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(tmp_
             f"+callbacks.stop.batch={steps_per_epoch - 1}",
         )
         assert stopped.returncode == 143, stopped.stderr[-3000:]
-        folder = run_folder(tmp_path / "b")
-    resumed = run_cli(f"resume={folder}", f"trainer.max_epochs={epochs}")
+        folder, changed, resumed_from = run_folder(tmp_path / "b"), [], steps_per_epoch
+    resumed = run_cli(f"resume={folder}", f"trainer.max_epochs={epochs}", *changed)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # kept for the next resume= of the folder (its saved config stays the first command's)
     recorded = yaml.safe_load((folder / ".hydra" / "resume_overrides.yaml").read_text())
-    assert recorded == [f"trainer.max_epochs={epochs}"]
+    assert recorded == [f"trainer.max_epochs={epochs}", *changed]
     saved = load_checkpoint(folder / "checkpoints" / "last.ckpt")
+    total = saved["global_step"]  # the schedule ends where the run does
+    if not changed:
+        assert total == epochs * steps_per_epoch
+    else:  # the third epoch in half as many steps (256 images a batch instead of 128)
+        assert total == resumed_from + math.ceil(steps_per_epoch / 2)
     schedule = saved["lr_schedulers"][0]
-    assert schedule["total_steps"] == schedule["last_epoch"] == epochs * steps_per_epoch
-    # From the resume on, the LR is that of a run planned for that many epochs: at the start
+    assert schedule["total_steps"] == schedule["last_epoch"] == total
+    # From the resume on, the LR is that of a run planned for that many steps: at the start
     # of each resumed epoch (logged per epoch) and at the end.
     planned = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=3e-3)
     one_cycle = torch.optim.lr_scheduler.OneCycleLR(
-        planned, max_lr=3e-3, pct_start=0.25, total_steps=epochs * steps_per_epoch
+        planned, max_lr=3e-3, pct_start=0.25, total_steps=total
     )
     plan = [planned.param_groups[0]["lr"]]
-    for _ in range(epochs * steps_per_epoch):
+    for _ in range(total):
         planned.step()
         one_cycle.step()
         plan.append(planned.param_groups[0]["lr"])
     with open(folder / "csv" / "metrics.csv") as f:
         logged = {int(r["step"]): float(r["lr-AdamW"]) for r in csv.DictReader(f) if r["lr-AdamW"]}
-    resumed_from = (1 if epochs == 3 else 2) * steps_per_epoch
-    resumed_steps = [step for step in logged if step > resumed_from]
+    resumed_steps = [step for step in logged if step >= resumed_from]
     assert resumed_steps and all(
         logged[step] == pytest.approx(plan[step], rel=1e-5) for step in resumed_steps
     ), (logged, plan)

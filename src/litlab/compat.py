@@ -68,6 +68,18 @@ def stepping_batches(trainer: L.Trainer) -> int:
     return steps
 
 
+def batches_done_this_epoch(trainer: L.Trainer) -> int:
+    """How many of the current training epoch's batches a resumed run has already trained:
+    0 at an epoch's start (a new run, or one resumed from an epoch's end). Lightning keeps it in
+    its loops' private progress trackers: an epoch started but not completed is mid-epoch, and
+    its batch tracker counts the batches processed."""
+    loop = trainer.fit_loop
+    epochs = loop.epoch_progress.current
+    if epochs.started <= epochs.completed:
+        return 0
+    return int(loop.epoch_loop.batch_progress.current.processed)
+
+
 def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
     """Whether the training epoch now ending ran all its batches (not stopped part way): the
     condition under which Lightning steps epoch schedules (its private

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -11,7 +12,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR, ReduceLROnPlateau
 
-from litlab.compat import one_cycle_phases, stepping_batches
+from litlab.compat import batches_done_this_epoch, one_cycle_phases, stepping_batches
 from litlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,23 @@ def schedule_length(trainer: Any, interval: Interval) -> int:
     if interval == "step":
         return stepping_batches(trainer)
     return int(trainer.max_epochs)
+
+
+def resumed_length(trainer: Any, interval: Interval) -> int:
+    """The length a restored schedule needs to end at this run's end: the steps already taken
+    plus those still to come at this run's optimizer steps per epoch, which differ from the
+    checkpoint's run's when the batch size or the number of devices changed at an epoch's end
+    (the whole run at the new rate would count the steps taken at the old rate wrongly).
+    Epoch schedules, and runs whose length is set by trainer.max_steps alone: as at the start."""
+    whole = schedule_length(trainer, interval)
+    batches, epochs = trainer.num_training_batches, trainer.max_epochs
+    if interval != "step" or epochs is None or epochs < 0 or math.isinf(batches):
+        return whole
+    accumulate = trainer.accumulate_grad_batches
+    per_epoch = math.ceil(batches / accumulate)
+    done = batches_done_this_epoch(trainer) // accumulate
+    length = trainer.global_step + per_epoch * (epochs - trainer.current_epoch) - done
+    return min(length, trainer.max_steps) if trainer.max_steps >= 0 else length
 
 
 def build_optimizer(
@@ -94,8 +112,8 @@ def fit_schedules_to_run(trainer: Any) -> None:
     trainer.max_epochs when the run starts; resuming restores the checkpoint's length with the
     rest of the schedule's state. A run resumed with another length (trainer.max_epochs, or
     batch size / devices for step schedules) then gets a schedule that ends at its own end,
-    continuing from the steps already taken (OneCycleLR would otherwise fail when stepped past
-    its old end). Other schedules cannot change length part way: one clear error. Lengths set
+    continuing from the steps already taken (``resumed_length``; OneCycleLR would otherwise
+    fail when stepped past its old end). Other schedules cannot change length part way: one clear error. Lengths set
     explicitly in the config, and runs that did not start from a checkpoint (the batch-size
     finder's trials step one schedule through several short fits), are left alone.
     """
@@ -104,7 +122,7 @@ def fit_schedules_to_run(trainer: Any) -> None:
     for config in trainer.lr_scheduler_configs:
         scheduler = config.scheduler
         for arg in getattr(scheduler, "litlab_length_args", ()):
-            old, new = getattr(scheduler, arg), schedule_length(trainer, config.interval)
+            old, new = getattr(scheduler, arg), resumed_length(trainer, config.interval)
             if old == new:
                 continue
             name = type(scheduler).__name__
@@ -118,6 +136,9 @@ def fit_schedules_to_run(trainer: Any) -> None:
                 for phase, end in zip(one_cycle_phases(scheduler), ends, strict=True):
                     phase["end_step"] = end
             setattr(scheduler, arg, new)
+            if isinstance(scheduler, OneCycleLR):  # the LR is a function of the step: set the
+                scheduler.last_epoch -= 1  # current step's under the new length, not the old
+                scheduler.step()
             log.warning(
                 "%s now spans %d %ss instead of %d (the run is longer or shorter than the "
                 "checkpoint's run); it continues from %s %d",

@@ -351,7 +351,10 @@ def test_python_train_py_default_reaches_97_percent(tmp_path):
         summary["metrics"]["test/acc"]
     )
     assert "wandb sync" in result.stdout + result.stderr
-    assert summary["durations_s"]["total"] < 180
+    # Not a benchmark (docs/benchmarks.md measures speed): a guard against a default run gone
+    # an order of magnitude slower (about 60-100 s on 2 cores beside the suite's other worker;
+    # 357 s once with the cores shared by four more processes).
+    assert summary["durations_s"]["total"] < 600
 
 
 @pytest.mark.slow

@@ -11,11 +11,21 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import QUIET_CSV as QUIET
-from conftest import TINY_GAN_DATA, bare_trainer, make_cfg, run_cli, summary_of, write_png_folder
+from conftest import (
+    TINY_GAN,
+    TINY_GAN_DATA,
+    bare_trainer,
+    make_cfg,
+    run_cli,
+    summary_of,
+    write_png_folder,
+)
 from litlab import rng
+from litlab.callbacks import FID
 from litlab.config import build, check_augmentation
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
+from litlab.metrics.fid import InceptionFeatures, domain_classifier
 from litlab.models.diffaugment import diff_augment, parse_policy
 from litlab.models.gan import GAN, batch_statistics, gradient_penalty
 from litlab.nets import Discriminator, Generator
@@ -320,6 +330,107 @@ def test_fid_extractor_of_the_wrong_kind(tmp_path, capsys):
     assert "neither auto, inception nor an existing checkpoint" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def inception_weights(tmp_path_factory) -> Path:
+    """InceptionV3 weights in torch-fidelity's layout, random (the real ones are a download):
+    He-initialized convolutions, so that the 2048 features are not all close to zero. Only this
+    fixture patches torch-fidelity, to build the net without loading weights."""
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    folder = tmp_path_factory.mktemp("inception")
+    torch.save({}, folder / "empty.pth")
+    with pytest.MonkeyPatch.context() as patch, torch.random.fork_rng(devices=[]):
+        patch.setattr(FeatureExtractorInceptionV3, "load_state_dict", lambda self, state: None)
+        torch.manual_seed(0)
+        net = FeatureExtractorInceptionV3("x", ["2048"], str(folder / "empty.pth"))
+        for m in net.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight)
+    torch.save(net.state_dict(), folder / "weights.pth")
+    return folder / "weights.pth"
+
+
+def one_class_fit(tmp_path: Path, fid: FID) -> None:
+    """Fit one step of a tiny GAN on synthetic images of a single class, with FID's setup."""
+    cfg = make_cfg(tmp_path, [*TINY_GAN, "data.num_classes=1"])
+    trainer = bare_trainer(max_steps=1, limit_val_batches=0, callbacks=[fid])
+    trainer.fit(make_gan(), datamodule=build(cfg.data, "data"))
+
+
+def test_auto_fid_extractor_is_inception_when_the_data_has_one_class(tmp_path, inception_weights):
+    """A classifier of one class learns nothing (its cross-entropy is 0): FID from its untrained
+    features would be FID of random convolutions. auto takes InceptionV3 instead."""
+    fid = FID(cache_dir=str(tmp_path / "cache"), inception_weights=str(inception_weights))
+    one_class_fit(tmp_path, fid)
+    assert fid.tag == "inception"
+    assert not list((tmp_path / "cache").glob("fid-classifier-*"))  # no classifier trained
+
+
+def test_auto_fid_extractor_on_one_class_without_inception_weights_says_what_to_do(
+    tmp_path, monkeypatch
+):
+    """Offline, with no InceptionV3 weights cached, one line says how to provide them."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # an empty torch hub cache
+    for proxy in ("https_proxy", "HTTPS_PROXY"):  # the download fails at once, online or not
+        monkeypatch.setenv(proxy, "http://127.0.0.1:9")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    with pytest.raises(ConfigError) as error:
+        one_class_fit(tmp_path, FID(cache_dir=str(tmp_path / "cache")))
+    message = str(error.value)
+    assert "\n" not in message and "one class" in message
+    assert "callbacks.fid.inception_weights=" in message and "6726825d.pth" in message
+
+
+def test_domain_classifier_refuses_labels_of_one_class(tmp_path):
+    """However the labels came to be of one class (data.num_classes larger than the labels'),
+    no FID extractor is trained on them: its features would stay random."""
+    images = torch.randint(0, 256, (16, 1, 16, 16), dtype=torch.uint8)
+    with pytest.raises(ConfigError, match=r"set data\.num_classes=1"):
+        domain_classifier(images, torch.zeros(16, dtype=torch.long), [0.5], [0.5], tmp_path)
+
+
+def test_test_fid_draws_other_latents_than_val_fid_and_repeats(tmp_path):
+    """test/fid of the selected checkpoint is a measurement of its own (other latents than the
+    val/fid it was selected by), and eval.py measures it again exactly."""
+    cfg = make_cfg(tmp_path / "train", ["model=dcgan", *SMALL, "trainer.max_epochs=1", *QUIET])
+    train_task(cfg)
+    summary = summary_of(cfg)
+    metrics = summary["metrics"]  # one epoch: the selected val/fid is the last one
+    assert (
+        metrics["test/fid"] != metrics["val/fid"] and metrics["test/fid_g"] != metrics["val/fid_g"]
+    )
+    again = make_cfg(
+        tmp_path / "eval",
+        [f"ckpt_path={summary['best_checkpoint']}", "extras.print_config=false"],
+        config_name="eval",
+    )
+    assert eval_task(again) == metrics["test/fid"]
+
+
+def test_inception_features_resize_as_torch_fidelity_and_tensorflow(inception_weights):
+    """litlab's InceptionV3 features are torch-fidelity's reference ones (TensorFlow 1's bilinear
+    resize to 299, as the published FIDs), not torchmetrics' default antialiased resize."""
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    pixels = torch.randint(0, 256, (1, 3, 16, 16), generator=torch.Generator().manual_seed(0))
+    pixels = pixels.to(torch.uint8)
+    reference = FeatureExtractorInceptionV3("x", ["2048"], str(inception_weights))(pixels)[0]
+    assert reference.abs().mean() > 1e-3  # features worth comparing
+    assert torch.equal(InceptionFeatures(str(inception_weights))(pixels.float() / 255), reference)
+
+
+def test_generated_images_reach_inception_rounded_and_real_ones_exactly(inception_weights):
+    """A generated pixel 0.4 grey levels above or below an integer reaches InceptionV3 as that
+    integer, as a real image's uint8 pixels do (not truncated down to the level below)."""
+    extractor = InceptionFeatures(str(inception_weights))
+    pixels = torch.randint(1, 255, (1, 1, 16, 16), generator=torch.Generator().manual_seed(0))
+    offsets = torch.full(pixels.shape, 0.4) * (torch.arange(16) % 2 * 2 - 1)  # -0.4, +0.4, ...
+    real, generated = pixels / 255, (pixels + offsets) / 255
+    features = extractor(torch.cat([real, generated]))
+    assert torch.equal(features[0], features[1])
+
+
 def test_divergence_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     cfg = make_cfg(
         tmp_path,
@@ -499,6 +610,25 @@ def test_discriminator_sees_real_and_generated_images_augmented_alike(policy):
     holes = [int((images == 0).flatten(1).sum(1).min()) for images in seen]
     if policy:
         assert min(holes) >= 16  # every image of every batch has its square cut out
+    else:
+        assert max(holes) == 0
+
+
+@pytest.mark.parametrize("policy", [None, ["cutout"]])
+def test_validation_logit_sees_real_images_augmented_as_in_training(policy):
+    """val/d_real is D's logit on held-out images augmented as d/real's are (like for like, so
+    that val/d_real below d/real means memorizing), with the same draws at every validation."""
+    gan = make_gan(diffaugment=policy)
+    seen: list[torch.Tensor] = []
+    gan.discriminator.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
+    data = TensorDataset(torch.rand(32, 1, 16, 16), torch.zeros(32, dtype=torch.long))
+    trainer = bare_trainer()
+    logits = [trainer.validate(gan, DataLoader(data, batch_size=16), verbose=False) for _ in "ab"]
+    assert len(seen) == 4 and logits[0] == logits[1]  # two batches, twice; the same value
+    holes = [int((images == 0).flatten(1).sum(1).min()) for images in seen]
+    if policy:
+        assert min(holes) >= 16 and torch.equal(seen[0], seen[2]) and torch.equal(seen[1], seen[3])
+        assert not torch.equal(seen[0] != 0, seen[1] != 0)  # each batch its own draws
     else:
         assert max(holes) == 0
 

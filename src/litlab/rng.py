@@ -22,7 +22,7 @@ import random
 import numpy as np
 import torch
 
-_STREAMS = {"train": 1, "fid": 2, "generate": 3, "loader": 4}
+_STREAMS = {"train": 1, "fid": 2, "generate": 3, "loader": 4, "eval": 5}
 
 
 def mixed_seed(*parts: int) -> int:

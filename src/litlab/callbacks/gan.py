@@ -25,6 +25,11 @@ from litlab.metrics.fid import (
 
 log = logging.getLogger(__name__)
 
+# The latents of FID's generated images: the "fid" stream at step 0 for every validation (FIDs
+# of two epochs then differ by the generator alone), at step 1 for the test, so that test/fid is
+# not the val/fid its checkpoint was selected by, measured again.
+LATENT_SETS = {"val": 0, "test": 1}
+
 
 def _require_gan(pl_module: L.LightningModule, what: str) -> None:
     if not hasattr(pl_module, "sample") or not hasattr(pl_module, "fixed_noise"):
@@ -37,8 +42,9 @@ class FID(Callback):
     """Fréchet distance between generated and real images, at every validation and test.
 
     ``extractor``: "auto" (a small classifier trained once on the run's real training split
-    and cached by a hash of the data), "inception" (InceptionV3; ``inception_weights`` or the
-    torch hub cache, else a download), or the path of a litlab classifier checkpoint.
+    and cached by a hash of the data; InceptionV3 when the data has one class, which leaves a
+    classifier nothing to learn), "inception" (InceptionV3; ``inception_weights`` or the torch
+    hub cache, else a download), or the path of a litlab classifier checkpoint.
     Logged: ``<stage>/fid`` (EMA generator; the objective), ``<stage>/fid_g`` (raw generator),
     ``<stage>/fid_<extractor tag>``, ``<stage>/fid_floor`` (real test vs real train images),
     ``<stage>/class_entropy``. The extractor is never part of the GAN's checkpoint.
@@ -49,7 +55,8 @@ class FID(Callback):
     is biased by the number N of images compared, so the generated side and the floor's real
     test side use the same N: ``num_samples``, or the test split's size when that is smaller.
     Under DDP each rank generates its share of the N images from its own noise (the same
-    latents at every evaluation), and the statistics are summed over ranks.
+    latents at every validation, another set at the test), and the statistics are summed over
+    ranks.
     """
 
     used_in_eval = True
@@ -80,6 +87,15 @@ class FID(Callback):
         spec = self.extractor_spec
         if spec == "inception":
             return InceptionFeatures(self.inception_weights)
+        if spec == "auto" and dm.num_classes < 2:
+            # A classifier of one class learns nothing (its cross-entropy is 0 whatever its
+            # weights): FID through its features would be FID through random convolutions.
+            log.info("FID extractor: the data has one class, nothing for a classifier to learn")
+            return InceptionFeatures(
+                self.inception_weights,
+                alternative="set callbacks.fid.extractor=<a litlab classifier checkpoint> (auto "
+                "uses InceptionV3 when the data has one class)",
+            )
         if spec == "auto":
             device = trainer.strategy.root_device
             images, labels = dm.eval_arrays("train", device=device)
@@ -125,13 +141,13 @@ class FID(Callback):
             self.metric.update(batch, real=real)
 
     def _feed_generated(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, total: int, ema: bool
+        self, trainer: L.Trainer, pl_module: L.LightningModule, total: int, ema: bool, stage: str
     ) -> torch.Tensor:
         """This rank's share of ``total`` generated images, from its own "fid" noise stream:
-        the same latents at every evaluation (and for G_ema and G), distinct across ranks."""
+        the stage's latents (the same at every evaluation, for G_ema and G), distinct across ranks."""
         rank, world = trainer.global_rank, trainer.world_size
         n = total // world + (1 if rank < total % world else 0)
-        generator = pl_module.random_stream("fid")
+        generator = pl_module.random_stream("fid", LATENT_SETS[stage])
         logits = []
         for start in range(0, n, self.batch_size):
             noise = pl_module.random_noise(min(self.batch_size, n - start), generator)
@@ -164,7 +180,7 @@ class FID(Callback):
         values[f"{stage}/fid_floor"] = self._floor
         has_ema = getattr(pl_module, "generator_ema", None) is not None
         for ema in (True, False) if has_ema else (False,):
-            logits = self._feed_generated(trainer, pl_module, total, ema)
+            logits = self._feed_generated(trainer, pl_module, total, ema, stage)
             fid = float(metric.compute())
             metric.reset()
             if ema or not has_ema:

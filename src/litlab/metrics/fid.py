@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from litlab.data.transforms import per_channel
-from litlab.errors import CheckpointError, ConfigError
+from litlab.errors import CheckpointError, ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,11 @@ def domain_classifier(
     from litlab.nets import SmallCNN
 
     num_classes = int(labels.max()) + 1
+    if labels.unique().numel() < 2:  # cross-entropy of one class is 0: the net would stay random
+        raise ConfigError(
+            "the FID extractor auto trains a classifier, but the training images are of one class: "
+            "set data.num_classes=1 (auto then uses InceptionV3) or callbacks.fid.extractor=inception"
+        )
     image_shape = tuple(images.shape[1:])
     key = _training_hash(images, labels, mean, std, seed)
     path = Path(cache_dir) / f"fid-classifier-{key}-w{width}.pt"
@@ -170,14 +175,20 @@ def domain_classifier(
 
 
 class InceptionFeatures(nn.Module):
-    """torch-fidelity's InceptionV3 (the standard FID network): 2048-d pool features of [0, 1] images."""
+    """torch-fidelity's InceptionV3 (the standard FID network): 2048-d pool features of [0, 1]
+    images, resized to 299 px as the published FIDs (TensorFlow 1's bilinear resize)."""
 
     num_features = 2048
     tag = "inception"
 
-    def __init__(self, weights_path: str | None = None):
+    def __init__(
+        self,
+        weights_path: str | None = None,
+        alternative: str = "use callbacks.fid.extractor=auto",
+    ):
         super().__init__()
         try:
+            from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
             from torchmetrics.image.fid import NoTrainInceptionV3
         except ImportError as e:  # torchmetrics imports torch-fidelity lazily
             raise ConfigError(
@@ -188,22 +199,24 @@ class InceptionFeatures(nn.Module):
                 f"InceptionV3 weights {weights_path} not found; set callbacks.fid.inception_weights"
             )
         try:
+            # antialias=False: torch-fidelity's TensorFlow-1 bilinear resize, the reference FID's
+            # (torchmetrics' default antialiased resize gives other numbers than published ones).
             self.inception = NoTrainInceptionV3(
                 name="inception-v3-compat",
                 features_list=["2048"],
                 feature_extractor_weights_path=weights_path,
+                antialias=False,
             )
-        except ModuleNotFoundError as e:
-            raise ConfigError(
-                "FID with InceptionV3 needs torch-fidelity: pip install torch-fidelity"
-            ) from e
         except Exception as e:  # the download of the weights failed
             raise ConfigError(
-                f"could not load InceptionV3 weights ({e}); download weights-inception-2015-12-05-6726825d.pth "
-                "and set callbacks.fid.inception_weights=<path>, or use callbacks.fid.extractor=auto"
+                f"could not get InceptionV3's weights ({first_line(e)}): download {URL_INCEPTION_V3} "
+                f"where there is internet and set callbacks.fid.inception_weights=<that file>, "
+                f"or {alternative}"
             ) from e
 
     def forward(self, images: Tensor) -> Tensor:
         if images.shape[1] == 1:
             images = images.expand(-1, 3, -1, -1)
-        return self.inception((images.clamp(0, 1) * 255).to(torch.uint8)).float()
+        # Rounded to the nearest grey level, as real images' pixels are (they round-trip exactly).
+        pixels = (images * 255).round().clamp(0, 255).to(torch.uint8)
+        return self.inception(pixels).float()

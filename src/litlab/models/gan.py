@@ -277,12 +277,14 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
                 optimizer, gradient_clip_val=self.gradient_clip_val, gradient_clip_algorithm="norm"
             )
 
-    def _d_real(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
-        """D's mean logit on held-out real images, with batch statistics as in training (where
-        d/real is measured): staying below d/real as it rises signals D memorizing."""
+    def _d_real(self, batch: tuple[Tensor, Tensor], batch_idx: int, stage: str) -> None:
+        """D's mean logit on held-out real images, seen as d/real's are (batch statistics, and
+        DiffAugment's policies): staying below d/real as it rises signals D memorizing."""
         n = len(batch[1])
         if n:
             real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
+            # The augmentation's draws: the same at every evaluation, distinct across ranks.
+            real = self.augment(real, self.random_stream("eval", batch_idx))
             with batch_statistics(self.discriminator):
                 logit = self.discriminator(real).mean()
         else:  # every file unreadable: logged with no weight, as every rank logs the same
@@ -296,10 +298,10 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
         broadcast_buffers(self)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._d_real(batch, "val")
+        self._d_real(batch, batch_idx, "val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._d_real(batch, "test")
+        self._d_real(batch, batch_idx, "test")
 
     def configure_optimizers(self) -> tuple[list[Optimizer], list[dict[str, Any]]]:
         g_opt = self.g_optimizer_factory(params=self.generator.parameters())

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -529,3 +531,159 @@ def test_batches_whose_every_file_is_unreadable_are_skipped(tmp_path):
     )
     assert all(math.isfinite(summary["metrics"][k]) for k in ("val/loss", "test/loss"))
     assert summary["data"]["skipped_while_loading"] >= 30  # each broken file, as it was read
+
+
+def test_two_builders_with_the_same_pid_never_share_a_build_folder(tmp_path, monkeypatch):
+    """Containers that share a cache volume all run as pid 1. Two builds of one cache at once:
+    B starts after A has decoded its first rows, and A publishes while B still decodes. In one
+    shared build folder B wiped A's rows, and A published them black for every later run.
+    Threads stand in for the decoding processes, so that the test can pace the two builders."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import litlab.data.folder as folder
+
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=30)  # 90 files: two chunks of rows (64 and 26)
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    monkeypatch.setattr(
+        folder,
+        "ProcessPoolExecutor",
+        lambda n: ThreadPoolExecutor(n, thread_name_prefix=threading.current_thread().name),
+    )
+    a_wrote, b_opened, a_done = threading.Event(), threading.Event(), threading.Event()
+    decode = folder._decode_into
+
+    def paced(paths: list[str], start: int, target: str, shape: tuple[int, ...]):
+        if threading.current_thread().name.startswith("A"):
+            if start > 0:  # A's second chunk: once B has opened its build
+                b_opened.wait(10)
+            failed = decode(paths, start, target, shape)
+            a_wrote.set()
+            return failed
+        b_opened.set()  # B has made its (empty) array and decodes once A has published
+        a_done.wait(10)
+        return decode(paths, start, target, shape)
+
+    monkeypatch.setattr(folder, "_decode_into", paced)
+    built: dict[str, object] = {}
+
+    def build(name: str) -> None:
+        try:
+            built[name] = cached_folder(root, 16, 3, tmp_path / "cache", workers=1)
+        except Exception as e:
+            built[name] = e
+        finally:
+            if name == "A":
+                a_done.set()
+
+    a = threading.Thread(target=build, args=("A",), name="A")
+    a.start()
+    a_wrote.wait(10)
+    b = threading.Thread(target=build, args=("B",), name="B")
+    b.start()
+    a.join(30)
+    b.join(30)
+    files = folder.scan(root).files
+    expected = torch.stack([torch.from_numpy(load_image(root / f, 16, 3)) for f in files])
+    for name in ("A", "B"):
+        assert isinstance(built[name], folder.CachedFolder), built[name]
+        assert torch.equal(built[name].images, expected), name
+    later = cached_folder(root, 16, 3, tmp_path / "cache", workers=1)
+    assert torch.equal(later.images, expected)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [later.path.name]  # none left
+
+
+def test_train_beside_valid_or_validation_is_a_split_layout_and_unknown_splits_are_refused(
+    tmp_path,
+):
+    """Kaggle's and Keras' train/ beside validation/ (or valid/) was read as a folder of two
+    classes named train and validation (and num_classes=2 advised); folders named like splits
+    that litlab cannot pair are refused, while a class folder named train among others (a
+    vehicle in CIFAR-100) is a class like any other."""
+    from litlab.data.check import splits
+
+    for held_out in ("valid", "validation"):
+        root = tmp_path / held_out
+        write_png_folder(root / "train")
+        write_png_folder(root / held_out, per_class=2)
+        source = ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+        dm = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=4, loader="auto")
+        dm.setup()
+        assert len(dm.datasets["train"]) + len(dm.datasets["val"]) == 18
+        assert len(dm.datasets["test"]) == 6
+        assert sorted(splits(root)) == sorted(["train", held_out])
+    for odd in (("train", "dev"), ("train",), ("Train", "Test")):
+        root = tmp_path / "-".join(odd)
+        for name in odd:
+            write_png_folder(root / name, per_class=2)
+        with pytest.raises(DataError, match="named like splits"):
+            ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "cache")).load("train")
+        with pytest.raises(DataError, match="named like splits"):
+            splits(root)
+    vehicles = tmp_path / "vehicles"
+    write_png_folder(vehicles, classes=("bus", "car", "train"), per_class=4)
+    whole = ImageFolder(str(vehicles), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+    assert whole.load("train").classes == ["bus", "car", "train"]
+
+
+def test_a_class_without_training_images_is_refused_and_one_missing_from_the_test_warned(
+    tmp_path, caplog
+):
+    """A class with no training image (an empty folder, or every file unreadable) can never be
+    predicted: its test images would all count as errors. Refused in one line; a held-out split
+    without a class is only a warning."""
+    root = tmp_path / "images"
+    write_png_folder(root / "train", per_class=4)
+    write_png_folder(root / "test", per_class=2)
+
+    def load(split: str, cache: bool = True):
+        source = ImageFolder(
+            str(root), size=16, cache=cache, cache_dir=str(tmp_path / "cache"), workers=1
+        )
+        return source.load(split)
+
+    for f in (root / "train" / "fox").iterdir():
+        f.write_bytes(b"not an image")
+    with pytest.raises(DataError, match=r"\['fox'\] .*no readable image for training"):
+        load("train")
+    shutil.rmtree(root / "train" / "fox")
+    (root / "train" / "fox").mkdir()
+    for cache in (True, False):
+        with pytest.raises(DataError, match=r"\['fox'\] .*no readable image for training"):
+            load("train", cache)
+    flat = tmp_path / "flat"
+    write_png_folder(flat, classes=("cat", "dog"), per_class=4)
+    (flat / "fox").mkdir()
+    with pytest.raises(DataError, match=r"\['fox'\] .*no readable image for training"):
+        ImageFolder(str(flat), size=16, cache_dir=str(tmp_path / "cache"), workers=1).load("train")
+    write_png_folder(root / "train", per_class=4)
+    shutil.rmtree(root / "test" / "fox")
+    (root / "test" / "fox").mkdir()
+    with caplog.at_level("WARNING", logger="litlab.data.folder"):
+        assert len(load("test")) == 4
+    assert "no image of class(es) ['fox']" in caplog.text
+
+
+def test_netpbm_and_jfif_files_are_images_too(tmp_path):
+    """torchvision's ImageFolder reads .ppm and .pgm (GTSRB ships .ppm); PIL also decodes .pbm,
+    .pnm, .jfif and .jpe. Such files were left out without a word."""
+    from PIL import Image
+
+    from litlab.data.folder import scan
+
+    root = tmp_path / "images"
+    picture = Image.new("RGB", (20, 20), (200, 100, 50))
+    for name, mode, kind in (
+        ("a/x.ppm", "RGB", "PPM"),
+        ("a/y.jfif", "RGB", "JPEG"),
+        ("a/z.jpe", "RGB", "JPEG"),
+        ("b/x.pgm", "L", "PPM"),
+        ("b/y.pbm", "1", "PPM"),
+        ("b/z.pnm", "RGB", "PPM"),
+    ):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        picture.convert(mode).save(root / name, kind)
+    assert len(scan(root).files) == 6
+    cached = cached_folder(root, 16, 3, tmp_path / "cache", workers=1)
+    assert not cached.skipped and cached.images.shape == (6, 3, 16, 16)
+    assert cached.images[0, :, 8, 8].tolist() == [200, 100, 50]

@@ -129,7 +129,7 @@ def test_passes_advance_the_epoch_and_a_new_iter_restarts_the_epoch():
     images, labels = indexed(64)
     loader = DeviceLoader(images, labels, 8, shuffle=True, drop_last=True, seed=3)
     epoch0 = passes(loader)
-    layout = {"batches": 8, "world_size": 1, "batch_size": 8}
+    layout = {"batches": 8, "samples": 64, "world_size": 1, "batch_size": 8}
     assert loader.state_dict() == {"epoch": 1, "position": 0, **layout}
     partial = next(iter(loader))[1]
     assert loader.state_dict() == {"epoch": 1, "position": 1, **layout}
@@ -169,7 +169,8 @@ def test_resume_yields_exactly_the_rest_of_the_epoch(stop, kind):
     for _ in range(stop):
         next(batches)
     state = reference.state_dict()
-    assert state == {"epoch": 1, "position": stop, "batches": 8, "world_size": 1, "batch_size": 8}
+    layout = {"batches": 8, "samples": 70, "world_size": 1, "batch_size": 8}
+    assert state == {"epoch": 1, "position": stop, **layout}
     rest = [labels for _, labels in batches]
     resumed = loader_of(kind, 70, 8, seed=11)
     resumed.load_state_dict(state)
@@ -264,7 +265,7 @@ def test_a_mid_epoch_position_is_refused_on_another_layout():
 
 @pytest.mark.parametrize("loader", ["device", "dataloader"])
 def test_checkpoints_hold_the_loader_state_and_resumed_runs_see_the_same_batches(tmp_path, loader):
-    # 1293 training digits / 128 = 10 batches an epoch. Checkpoints: every 4 steps (mid-epoch),
+    # 1294 training digits / 128 = 10 batches an epoch. Checkpoints: every 4 steps (mid-epoch),
     # at each validation end (as the project's last.ckpt) and at each training epoch end.
     # torch's DataLoader (data.loader=dataloader, the path of folders too large to cache) too.
     reference = Fingerprints()
@@ -283,7 +284,7 @@ def test_checkpoints_hold_the_loader_state_and_resumed_runs_see_the_same_batches
         (tmp_path / "last" / "epoch=0.ckpt", {"epoch": 0, "position": 10}),
         (tmp_path / "epoch_end" / "epoch=0.ckpt", {"epoch": 0, "position": 10}),
     ]
-    layout = {"batches": 10, "world_size": 1, "batch_size": 128}
+    layout = {"batches": 10, "samples": 1294, "world_size": 1, "batch_size": 128}
     for ckpt, state in cases:
         saved = torch.load(ckpt, weights_only=True)
         assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{**state, **layout}]
@@ -412,3 +413,26 @@ def test_trainer_predict_reads_a_resumable_dataloader_whole():
     trainer = bare_trainer(accelerator="cpu", logger=False)
     predicted = trainer.predict(Predicted(), dataloaders=loader)
     assert torch.cat(predicted).tolist() == list(range(10))
+
+
+@pytest.mark.parametrize("kind", ["device", "dataloader"])
+def test_a_mid_epoch_position_is_refused_when_the_split_changed_size(kind):
+    """A position indexes the epoch's order of the split's images: one image more reshuffles
+    the epoch, and the rest of it would repeat trained images and leave out others. Refused
+    mid-epoch (the saved number of images against this run's); an epoch's end is fine."""
+    loader = loader_of(kind, 103, 8, seed=1)
+    batches = iter(loader)
+    for _ in range(6):
+        next(batches)
+    state = loader.state_dict()
+    for n in (100, 120):  # the same number of batches (12), then more
+        with pytest.raises(ConfigError, match=r"103 training images, this run has \d+"):
+            loader_of(kind, n, 8, seed=1).load_state_dict(state)
+    assert state["samples"] == 103
+    older = {k: v for k, v in state.items() if k != "samples"}  # kept the batches only
+    with pytest.raises(ConfigError, match="of 12 training batches, this run has 15"):
+        loader_of(kind, 120, 8, seed=1).load_state_dict(older)
+    loader_of(kind, 103, 8, seed=1).load_state_dict(state)
+    for _ in batches:  # the epoch's end: another split may start the next epoch
+        pass
+    loader_of(kind, 120, 8, seed=1).load_state_dict(loader.state_dict())

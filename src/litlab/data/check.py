@@ -1,6 +1,6 @@
 """Pre-flight check of an image folder before a long run: classes, counts, sizes, bad files.
 
-    python -m litlab.data.check /path/to/images            # root/<class>/ or root/train|test/
+    python -m litlab.data.check /path/to/images            # root/<class>/ or root/train|test/ (val/...)
     python -m litlab.data.check /path/to/images --size 64  # also time the decode at 64 px
 
 Every file is opened and decoded (at reduced scale where the format allows) by every core, as
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from litlab.data.folder import FolderIndex, load_image, scan
+from litlab.data.folder import FolderIndex, load_image, scan, split_folders
 from litlab.errors import DataError, fail
 
 
@@ -36,9 +36,10 @@ def probe(path: str, size: int) -> tuple[str, tuple[int, int] | None, str | None
 
 
 def splits(root: Path) -> dict[str, FolderIndex]:
-    held_out = next((n for n in ("test", "val") if (root / n).is_dir()), None)
-    if (root / "train").is_dir() and held_out:
-        return {"train": scan(root / "train"), held_out: scan(root / held_out)}
+    """The folders a run reads, by name: train/ and its held-out folder, or the whole root."""
+    folders = split_folders(root)
+    if folders is not None:
+        return {"train": scan(folders["train"]), folders["test"].name: scan(folders["test"])}
     return {"all": scan(root)}
 
 

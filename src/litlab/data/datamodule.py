@@ -101,9 +101,12 @@ class DataModule(L.LightningDataModule):
 
     Images stored larger than ``image_shape`` (an image folder's ``size``) are cropped and
     resized on the device: a random resized crop per training image with area fraction in
-    ``random_resized_crop`` (null: the whole image), the centre ``eval_crop`` of the side for
-    evaluation. ``augment`` runs on every training batch after the crop and flip (``data/augment``:
-    TrivialAugment or RandAugment, one op and magnitude drawn per image).
+    ``random_resized_crop``, the centre ``eval_crop`` of the side for evaluation. With
+    ``random_resized_crop`` null, training takes evaluation's frame too (the centre
+    ``eval_crop``; the whole image at ``eval_crop=1``): train and test images then show
+    objects at one scale, and a GAN learns the frames FID compares it with. ``augment`` runs on
+    every training batch after the crop and flip (``data/augment``: TrivialAugment or
+    RandAugment, one op and magnitude drawn per image).
     """
 
     def __init__(

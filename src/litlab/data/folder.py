@@ -27,6 +27,8 @@ import json
 import logging
 import os
 import shutil
+import socket
+import uuid
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -44,7 +46,18 @@ from litlab.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+# What PIL decodes and torchvision's ImageFolder lists (.ppm: GTSRB), and JPEG's other names.
+IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".jfif", ".jpe", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+    | {".ppm", ".pgm", ".pbm", ".pnm"}
+)
+# A root laid out in splits: train/ beside the first of these (the test split).
+HELD_OUT_FOLDERS = ("test", "val", "valid", "validation")
+# Folder names that mean splits, not classes: a root whose every folder is one of them is a
+# split layout litlab does not read (refused, rather than trained as classes named so).
+SPLIT_NAMES = frozenset(
+    {"train", "training", "testing", "dev", "eval", "holdout", *HELD_OUT_FOLDERS}
+)
 CACHE_FORMAT = 1  # bump when what the cache holds changes
 
 
@@ -101,6 +114,15 @@ def split_by_name(
     if held.all():
         held[hashes.argmax()] = False
     return (~held).nonzero().flatten(), held.nonzero().flatten()
+
+
+def labels_of(dataset: Dataset) -> torch.Tensor:
+    """The labels of an image folder's dataset (or a Subset of one), without reading images."""
+    if isinstance(dataset, Subset):
+        return labels_of(dataset.dataset)[torch.as_tensor(dataset.indices, dtype=torch.long)]
+    if isinstance(dataset, TensorDataset):
+        return dataset.tensors[1]
+    return torch.as_tensor(dataset.targets, dtype=torch.long)  # type: ignore[attr-defined]
 
 
 def file_names(dataset: Dataset) -> list[str]:
@@ -223,7 +245,10 @@ def _decode_into(
 
 
 def cache_key(index: FolderIndex, size: int, channels: int) -> str:
-    """What the cached array depends on: every file's name, size and time, and the stored size."""
+    """What the cached array depends on: every file's name, size and modification time, and the
+    stored size. Not the inode or change time: a folder copied anew with its times (rsync -a,
+    cp -p to a node's local disk for each job) keeps its cache. A file replaced by one of the
+    same byte size with its modification time set back is not seen (delete the cache folder)."""
     digest = hashlib.sha256(repr((CACHE_FORMAT, size, channels, index.classes)).encode())
     for name, label in zip(index.files, index.labels, strict=True):
         stat = os.stat(index.root / name)
@@ -232,12 +257,37 @@ def cache_key(index: FolderIndex, size: int, channels: int) -> str:
 
 
 def split_folders(root: Path) -> dict[str, Path] | None:
-    """``{"train": root/train, "test": root/test or root/val}`` when the folder is laid out in
-    splits (ImageNet's layout), else None."""
-    held_out = next((root / n for n in ("test", "val") if (root / n).is_dir()), None)
+    """``{"train": root/train, "test": root/<held out>}`` when the folder is laid out in splits
+    (ImageNet's train/ beside val/; or test/, valid/, validation/), else None. A root whose
+    every folder is named like a split, in a layout not understood, is refused."""
+    held_out = next((root / n for n in HELD_OUT_FOLDERS if (root / n).is_dir()), None)
     if (root / "train").is_dir() and held_out is not None:
         return {"train": root / "train", "test": held_out}
+    names = class_names(root) if root.is_dir() else []
+    if names and all(n.lower() in SPLIT_NAMES for n in names):
+        raise DataError(
+            f"{root} holds folders named like splits ({', '.join(names)}), not class folders; "
+            f"lay it out as {root}/train/<class>/ beside {root}/test/<class>/ (or val/, valid/, "
+            f"validation/), or as {root}/<class>/"
+        )
     return None
+
+
+def check_classes_present(
+    labels: torch.Tensor, classes: list[str], where: Path, split: str
+) -> None:
+    """Every class must have training images: a class the model never saw is never predicted,
+    and all its test images count as errors. A held-out split without a class is a warning."""
+    counts = torch.bincount(labels, minlength=len(classes))
+    empty = [classes[i] for i in (counts == 0).nonzero().flatten().tolist()]
+    if not empty:
+        return
+    if split == "train":
+        raise DataError(
+            f"class folder(s) {empty} of {where} leave no readable image for training; add "
+            "images to them or remove the folders"
+        )
+    log.warning("the %s split of %s holds no image of class(es) %s", split, where, empty)
 
 
 @dataclass
@@ -278,8 +328,28 @@ def cached_folder(
     if (folder / "meta.json").is_file():
         return _open(folder, index)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    building = folder.with_name(folder.name + f".building-{os.getpid()}")
-    building.mkdir(parents=True, exist_ok=True)
+    # A folder of its own for each build, never an existing one: containers sharing a cache
+    # volume all run as pid 1, and two builds in one folder wipe each other's rows.
+    tag = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    building = folder.with_name(f"{folder.name}.building-{tag}")
+    building.mkdir()  # raises if it exists
+    try:
+        _build(index, building, size, channels, workers)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    try:
+        building.rename(folder)  # another process may have finished the same cache first
+    except OSError:
+        shutil.rmtree(building, ignore_errors=True)
+    return _open(folder, index)
+
+
+def _build(
+    index: FolderIndex, building: Path, size: int, channels: int, workers: int | None
+) -> None:
+    """Decode ``index``'s files into ``building``: images.u8, labels.npy and meta.json."""
+    root = index.root
     shape = (len(index.files), channels, size, size)
     target = building / "images.u8"
     np.memmap(target, dtype=np.uint8, mode="w+", shape=shape).flush()
@@ -313,11 +383,6 @@ def cached_folder(
     meta = {"count": len(keep), "shape": list(shape[1:]), "classes": index.classes}
     meta.update(root=str(root), files=len(paths), skipped=skipped, format=CACHE_FORMAT)
     (building / "meta.json").write_text(json.dumps(meta, indent=1))
-    try:
-        building.rename(folder)  # another process may have finished the same cache first
-    except OSError:
-        shutil.rmtree(building, ignore_errors=True)
-    return _open(folder, index)
 
 
 class FileImages(Dataset):
@@ -359,8 +424,9 @@ class FileImages(Dataset):
 
 class ImageFolder(Source):
     """Your own images: ``root/<class>/<image>``, or ``root/train/<class>/`` beside
-    ``root/test/<class>/`` (or ``root/val/``, ImageNet's layout); JPEG, PNG, WebP, ... of any
-    size and mode. Each image becomes the centre square of its shorter side at ``size`` pixels.
+    ``root/test/<class>/`` (or ``root/val/``, ImageNet's layout; ``valid/``, ``validation/``);
+    JPEG, PNG, WebP, ... of any size and mode. Each image becomes the centre square of its
+    shorter side at ``size`` pixels. Every class needs training images (refused otherwise).
 
     ``cache=True`` (default): every image is decoded once, by ``workers`` processes (every core
     by default), into a memory-mapped uint8 array under ``cache_dir``, reused by later epochs
@@ -442,12 +508,15 @@ class ImageFolder(Source):
         if folders is not None:
             if split == "test":
                 check_same_classes(folders["train"], folders["test"])
-            return self._whole(folders[split], split)
+            whole = self._whole(folders[split], split)
+            check_classes_present(labels_of(whole), whole.classes, folders[split], split)
+            return whole
         whole = self._whole(self.root, "all")
         keep, test = test_split(file_names(whole), self.test_fraction)
         chosen = test if split == "test" else keep
         subset = Subset(whole, chosen.tolist())
         subset.classes = whole.classes  # type: ignore[attr-defined]
+        check_classes_present(labels_of(subset), whole.classes, self.root, split)
         return subset
 
     def validation_split(

@@ -16,8 +16,9 @@ and trainer/connectors/data_connector.py):
   right epoch's order (Lightning loads loader state only when an epoch was cut short).
 - ``state_dict`` / ``load_state_dict`` (``Resumable``) make them stateful loaders: checkpoints
   store ``{"epoch", "position", ...}`` under ``loops.fit_loop.state_dict.combined_loader``, and a
-  run resumed mid-epoch yields the rest of that epoch's batches. The position counts batches:
-  continuing an epoch with another batch size or number of ranks is refused.
+  run resumed mid-epoch yields the rest of that epoch's batches. The position counts batches
+  of one epoch's order of the split: continuing an epoch with another batch size, number of
+  ranks or number of training images is refused.
 """
 
 from __future__ import annotations
@@ -184,17 +185,23 @@ class Resumable:
 
     def state_dict(self) -> dict[str, int]:
         """The epoch and how many of its batches were handed out: enough to continue mid-epoch
-        (with the batches' layout: ranks, batch size, batches in the epoch)."""
+        (with the batches' layout: ranks, batch size, batches in the epoch, images in the split)."""
         epoch, position = self._progress
         if epoch != self.sampler.epoch:  # set_epoch moved on: nothing of the new epoch handed out
             epoch, position = self.sampler.epoch, 0
-        layout = {"world_size": self.sampler.world_size, "batch_size": self.batch_size}
-        return {"epoch": epoch, "position": position, "batches": len(self), **layout}  # type: ignore[arg-type]
+        layout = {
+            "batches": len(self),  # type: ignore[arg-type]
+            "samples": self.sampler.size,
+            "world_size": self.sampler.world_size,
+            "batch_size": self.batch_size,
+        }
+        return {"epoch": epoch, "position": position, **layout}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a ``state_dict``: the next pass yields that epoch's remaining batches.
-        Mid-epoch, only with the same ranks and batch size: a position counted in other batches
-        would skip some of the epoch's images and repeat others."""
+        Mid-epoch, only with the same ranks, batch size and split: a position counted in other
+        batches, or in the order of another number of images (a folder that gained or lost
+        files), would skip some of the epoch's images and repeat others."""
         then = (state.get("world_size"), state.get("batch_size"))
         now = (self.sampler.world_size, self.batch_size)
         # older states keep no layout ("batches" absent): taken as they are
@@ -204,6 +211,17 @@ class Resumable:
                 "this checkpoint stopped mid-epoch with (ranks, data.batch_size) = "
                 f"{then}, this run has {now}: resume with the same values (or from a checkpoint "
                 "written at an epoch's end)"
+            )
+        # states written before "samples" was kept: their number of batches tells some changes
+        if "samples" in state:
+            split = (state["samples"], self.sampler.size, "training images")
+        else:
+            split = (state.get("batches"), len(self), "training batches")  # type: ignore[arg-type]
+        if mid_epoch and split[0] != split[1]:
+            raise ConfigError(
+                f"this checkpoint stopped mid-epoch of {split[0]} {split[2]}, this run has "
+                f"{split[1]} (the training split changed): resume with the same files (or from "
+                "a checkpoint written at an epoch's end)"
             )
         self.sampler.set_epoch(state["epoch"])
         self._progress = (state["epoch"], state["position"])

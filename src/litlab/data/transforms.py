@@ -114,6 +114,8 @@ class BatchTransform:
     (0.35, 1)), translation, flip, then ``augment`` (a callable on float 0..255 batches, e.g.
     litlab.data.autoaugment.TrivialAugment); evaluation: the centre square of ``eval_crop`` of
     the side, resized (torchvision's Resize + CenterCrop at 0.875 for ImageNet-style evaluation).
+    Without ``crop_scale``, training takes evaluation's frame (the whole image at
+    ``eval_crop=1``, as every in-memory source's recipe has it).
     """
 
     def __init__(

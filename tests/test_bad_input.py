@@ -109,6 +109,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "set objective.metric=val/loss objective.mode=min",
         ),
         (["data.train_fraction=0"], "train_fraction must lie in (0, 1]"),
+        (
+            ["callbacks.model_checkpoint.save_top_k=3"],  # best.ckpt: the newest of the top 3
+            "would hold the newest of the top k, not the best",
+        ),
     ],
 )
 def test_train_mistakes_in_process(tmp_path, capsys, overrides, needle):
@@ -208,9 +212,17 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
     other = make_cfg(tmp_path, [*tiny, "model.net.width=8"])  # the same folder, another model
     refused(capsys, train_task, other, "already holds checkpoints of a run with another config")
     assert last.read_bytes() == written and summary.read_bytes() == summarized
-    # resume= of a finished run, asking for fewer epochs than it has
-    past_end = make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=1"])
-    refused(capsys, train_task, past_end, "is already at epoch 1 and trainer.max_epochs=1")
+    # resume= of a finished run as it was, or asking for fewer epochs than it has
+    for epochs in (2, 1):
+        past_end = make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", f"trainer.max_epochs={epochs}"])
+        needle = f"has already trained 2 epochs and trainer.max_epochs={epochs}"
+        refused(capsys, train_task, past_end, needle)
+        assert last.read_bytes() == written and summary.read_bytes() == summarized
+    # resumed with optimizer settings that the restored optimizer state would override
+    new_lr = make_cfg(
+        tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.optimizer.lr=0.03"]
+    )
+    refused(capsys, train_task, new_lr, "model.optimizer.lr: 0.003 -> 0.03 would not apply")
     assert last.read_bytes() == written and summary.read_bytes() == summarized
     # Continued for real, the run's summary keeps what it said before; refused again, the
     # summary (with its own previous_summary) stays whole.
@@ -219,7 +231,7 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
     assert now["status"] == "completed" and now["resumed_from"] == str(last)
     assert now["previous_summary"] == json.loads(summarized)
     summarized = summary.read_bytes()
-    refused(capsys, train_task, past_end, "is already at epoch 2 and trainer.max_epochs=1")
+    refused(capsys, train_task, past_end, "has already trained 3 epochs and trainer.max_epochs=1")
     assert summary.read_bytes() == summarized
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import QUIET, REPO, make_cfg, run_cli, write_digits_folder
+from conftest import QUIET, REPO, make_cfg, run_cli, summary_of, write_digits_folder
 from litlab.config import build
 from litlab.distributed import rank0_dir, strategy_for
 from litlab.errors import ConfigError
@@ -233,6 +233,9 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
         config_name="eval",
     )
     assert eval_task(cfg) == pytest.approx(summary["metrics"]["test/acc"], abs=1e-7)
+    # and the loss: each rank's images weigh what they are (127 and 128 here)
+    single = summary_of(cfg)["metrics"]["test/loss"]
+    assert summary["metrics"]["test/loss"] == pytest.approx(single, rel=1e-6)
 
 
 @pytest.mark.dist

@@ -222,8 +222,30 @@ def test_sigkill_leaves_a_loadable_checkpoint(tmp_path):
     newest = max(
         (load_checkpoint(p) for p in first.parent.glob("*.ckpt")), key=lambda c: c["global_step"]
     )
-    resumed = run_cli(f"resume={run_folder(tmp_path)}", f"trainer.max_epochs={newest['epoch'] + 1}")
+    # one more epoch than the newest checkpoint began (a finished epoch's is refused as done)
+    resumed = run_cli(f"resume={run_folder(tmp_path)}", f"trainer.max_epochs={newest['epoch'] + 2}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def test_no_periodic_checkpoint_on_an_epochs_last_batch(tmp_path):
+    """A periodic save that falls on an epoch's last batch is left to the epoch's end: resumed
+    from there, Lightning would count the epoch as done and skip its validation (no val/* and
+    no best checkpoint from it) and its end (the training sums carried into the next epoch)."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "trainer.max_epochs=1",
+            "+trainer.limit_train_batches=8",
+            "callbacks.step_checkpoint.every_n_train_steps=4",
+            "model.net.width=4",
+            "test=false",
+            *QUIET,
+        ],
+    )
+    train_task(cfg)
+    folder = Path(cfg.paths.output_dir) / "checkpoints"
+    assert load_checkpoint(folder / "step.ckpt")["global_step"] == 4  # not 8, the last batch
+    assert load_checkpoint(folder / "last.ckpt")["global_step"] == 8
 
 
 class Exploding:

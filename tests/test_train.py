@@ -270,6 +270,26 @@ def test_training_accuracy_counts_as_torchmetrics_does():
     assert place_hits(logits[:, :3], labels % 3, 0).shape == (1,)  # 5 classes or fewer: top-1
 
 
+def test_evaluation_loss_is_the_plain_cross_entropy_over_every_image():
+    """val/loss and test/loss are the mean cross-entropy of all the images, batches of any size
+    weighted by their images, without the training's label smoothing (so that val/loss of a
+    smoothed recipe compares with an unsmoothed one's)."""
+    torch.manual_seed(0)
+    optimizer = functools.partial(torch.optim.SGD, lr=0.0)
+    classifier = ImageClassifier(nn.Linear(4, 10), optimizer, num_classes=10, label_smoothing=0.2)
+    data = TensorDataset(torch.randn(71, 4) * 5, torch.randint(0, 10, (71,)))
+    with torch.no_grad():
+        logits = classifier(data.tensors[0])
+    want = nn.functional.cross_entropy(logits, data.tensors[1]).item()
+    smoothed = classifier.criterion(logits, data.tensors[1]).item()
+    assert abs(smoothed - want) > 0.01  # the two differ here
+    trainer = bare_trainer()
+    (val,) = trainer.validate(classifier, DataLoader(data, 32), verbose=False)  # 32, 32, 7
+    (test,) = trainer.test(classifier, DataLoader(data, 32), verbose=False)
+    assert val["val/loss"] == pytest.approx(want, rel=1e-6)
+    assert test["test/loss"] == pytest.approx(want, rel=1e-6)
+
+
 def test_epoch_sums_are_the_batches_sums_and_survive_a_checkpoint():
     """What training steps accumulate: loss x images in float64 (the loss as computed), top-1
     and top-5 hits, and the images; a checkpoint's sums ([loss x n, top-1, top-k, n], also

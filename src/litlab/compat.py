@@ -80,6 +80,17 @@ def batches_done_this_epoch(trainer: L.Trainer) -> int:
     return int(loop.epoch_loop.batch_progress.current.processed)
 
 
+def epochs_trained(checkpoint: dict[str, Any]) -> int:
+    """How many training epochs a checkpoint's run went through to their end: Lightning's fit
+    loop progress (``loops.fit_loop.epoch_progress``, not a documented part of the file); its
+    ``epoch`` field is the epoch under way, the same in last.ckpt at the end of epoch e and in
+    a checkpoint from the middle of it."""
+    try:
+        return int(checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"])
+    except (KeyError, TypeError):
+        return int(checkpoint.get("epoch", 0))
+
+
 def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
     """Whether the training epoch now ending ran all its batches (not stopped part way): the
     condition under which Lightning steps epoch schedules (its private

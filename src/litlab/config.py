@@ -265,6 +265,14 @@ def check_objective(cfg: DictConfig) -> None:
             f"{chosen_by[0]} objective.mode={chosen_by[1]} (the checkpoint follows the objective "
             "by default)"
         )
+    keep, name = best.get("save_top_k", 1), str(best.get("filename") or "")
+    if best and keep != 1 and "{" not in name:  # every save would overwrite the one file
+        raise ConfigError(
+            f"callbacks.model_checkpoint.save_top_k={keep} with the one file name {name!r}: "
+            "each save overwrites it, so it would hold the newest of the top k, not the best; "
+            "keep save_top_k=1, or name the files apart (callbacks.model_checkpoint.filename="
+            "'best-{epoch}')"
+        )
     validates = cfg.get("train") and cfg.trainer.get("limit_val_batches", 1.0) != 0
     monitored = chosen_by[0] == metric
     if metric.startswith("val/fid") and callbacks.get("fid") is None and validates and monitored:

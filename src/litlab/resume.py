@@ -24,6 +24,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litlab.checkpoint import load_checkpoint, stored_config
+from litlab.compat import epochs_trained
 from litlab.distributed import global_rank, rank0_dir
 from litlab.errors import CheckpointError, ConfigError, fail
 from litlab.run import config_digest
@@ -180,7 +181,8 @@ def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> None:
 
 
 def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
-    """Refuse to resume from a checkpoint of another model family, or past the run's end."""
+    """Refuse to resume from a checkpoint of another model family; to train on from one past
+    the run's end, or with optimizer settings that its restored state would override."""
     path, max_epochs = cfg.ckpt_path, cfg.trainer.get("max_epochs")
     trained = stored_config(checkpoint, path).model.get("_target_")
     if trained != cfg.model._target_:
@@ -188,12 +190,47 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             f"{path} holds a {trained} but this run builds a {cfg.model._target_}; pick the "
             "matching model (e.g. model=dcgan for a GAN checkpoint) or another checkpoint"
         )
-    epoch = int(checkpoint.get("epoch", 0))
-    if max_epochs is not None and max_epochs >= 0 and epoch >= max_epochs:
+    if not cfg.get("train"):  # tested only: nothing is restored for training
+        return
+    changed = _changed_optimization(stored_config(checkpoint, path).model, cfg.model)
+    if changed:
         raise CheckpointError(
-            f"{path} is already at epoch {epoch} and trainer.max_epochs={max_epochs}; "
-            f"set trainer.max_epochs above {epoch} to train further"
+            f"a resumed run restores its optimizer and LR schedule from {path}, so "
+            f"{', '.join(changed)} would not apply; resume with the run's values, or start a "
+            "new run to train with these"
         )
+    done = epochs_trained(checkpoint)  # a finished run's last.ckpt: all max_epochs of them
+    if max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
+        raise CheckpointError(
+            f"{path} has already trained {done} epochs and trainer.max_epochs={max_epochs}; "
+            f"set trainer.max_epochs above {done} to train further"
+        )
+
+
+def _changed_optimization(stored: DictConfig, now: DictConfig) -> list[str]:
+    """The optimizer and LR-schedule settings (model.*optimizer*, model.*scheduler*) that differ
+    between a checkpoint's run and this one, as "model.<key>: <then> -> <now>": Lightning
+    restores the optimizer's and the schedule's state (learning rate, momentum, weight decay,
+    the schedule's own settings), so new values there would be recorded but not used."""
+
+    def flat(node: Any, prefix: str) -> dict[str, Any]:
+        if not isinstance(node, DictConfig):
+            return {prefix: node}
+        out: dict[str, Any] = {}
+        for key in node:
+            out.update(flat(node[key], f"{prefix}.{key}"))
+        return out
+
+    changes = []
+    for key in now:
+        if ("optimizer" in str(key) or "scheduler" in str(key)) and key in stored:
+            then, new = flat(stored[key], f"model.{key}"), flat(now[key], f"model.{key}")
+            changes += [
+                f"{name}: {then.get(name)} -> {value}"
+                for name, value in new.items()
+                if then.get(name) != value
+            ]
+    return changes
 
 
 # -- SLURM: a requeued job finds its run folder ------------------------------------------------

@@ -1,4 +1,5 @@
-"""Lightning's ModelCheckpoint with its state key kept, not rebuilt at each hook call."""
+"""Lightning's ModelCheckpoint with its state key kept, not rebuilt at each hook call, and no
+periodic save on an epoch's last batch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from litlab.compat import checkpoint_settings
 
 
 class ModelCheckpoint(LightningModelCheckpoint):
-    """``lightning.pytorch.callbacks.ModelCheckpoint``, the same in all but cost.
+    """``lightning.pytorch.callbacks.ModelCheckpoint``, the same in all but cost and one case.
 
     Lightning reads each callback's ``state_key`` at every hook it calls on it (the name it
     profiles under): six times a training step. ModelCheckpoint's is a string made from a dict
@@ -28,3 +29,12 @@ class ModelCheckpoint(LightningModelCheckpoint):
         if self._key is None or self._key[0] != settings:
             self._key = (settings, super().state_key)
         return self._key[1]
+
+    def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        """A periodic (every_n_train_steps) save that falls on an epoch's last batch is left to
+        the epoch's end: resumed from a checkpoint written there, Lightning counts the epoch as
+        done and skips its validation and epoch-end hooks (no val/* for it, no best checkpoint
+        from it, and the classifier's training sums carried into the next epoch)."""
+        if trainer.is_last_batch:
+            return
+        super().on_train_batch_end(trainer, *args, **kwargs)

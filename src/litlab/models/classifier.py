@@ -7,13 +7,19 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
-from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from litlab.compat import CheapHookName, epoch_ran_to_its_end, logs_this_step
+from litlab.compat import (
+    CheapHookName,
+    batches_done_this_epoch,
+    epoch_ran_to_its_end,
+    logs_this_step,
+)
 from litlab.data.decode import all_unreadable
 from litlab.distributed import broadcast_buffers, log_job_value
 from litlab.errors import ConfigError
@@ -89,6 +95,10 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         self._images = 0
         self.val_metrics = accuracy_metrics(num_classes, "val/")
         self.test_metrics = accuracy_metrics(num_classes, "test/")
+        # Evaluation losses: the mean cross-entropy over every image (torchmetrics sums values
+        # and counts over ranks; Lightning's own mean of a logged value averages the ranks'
+        # image counts as integers, off by one part in the count when the ranks' counts differ).
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint: a resumed run keeps its best
 
@@ -130,14 +140,17 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         both = self(torch.cat([images, images.flip(3)]))
         return both.view(2, len(images), -1).mean(dim=0)
 
-    def _step(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection) -> Tensor:
+    def _step(
+        self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss: MeanMetric
+    ) -> None:
+        """An evaluation batch into the stage's metrics. The loss is the plain cross-entropy,
+        without the training's label smoothing: val/loss compares across recipes and sweeps."""
         images, labels = batch
         # an empty batch (every file unreadable) too: under FSDP each forward is a collective
         logits = self.evaluate(images)
-        if not len(labels):
-            return logits.sum()  # 0, logged with no weight (torchmetrics refuses no samples)
-        metrics.update(logits, labels)
-        return self.criterion(logits, labels)
+        if len(labels):  # else nothing to count (torchmetrics refuses no samples)
+            metrics.update(logits, labels)
+            loss.update(F.cross_entropy(logits, labels, reduction="none"))
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor | None:
         images, labels = batch
@@ -217,16 +230,8 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         broadcast_buffers(self)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss = self._step(batch, self.val_metrics)
-        self.log(
-            "val/loss",
-            loss,
-            on_step=False,
-            on_epoch=True,
-            sync_dist=True,
-            prog_bar=True,
-            batch_size=len(batch[1]),  # 0 for a batch of unreadable files only
-        )
+        self._step(batch, self.val_metrics, self.val_loss)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
         self.log_dict(self.val_metrics, on_step=False, on_epoch=True, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
@@ -237,15 +242,8 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
             log_job_value(self, "val/acc_best", self.val_acc_best.compute())
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss = self._step(batch, self.test_metrics)
-        self.log(
-            "test/loss",
-            loss,
-            on_step=False,
-            on_epoch=True,
-            sync_dist=True,
-            batch_size=len(batch[1]),
-        )
+        self._step(batch, self.test_metrics, self.test_loss)
+        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
         self.log_dict(self.test_metrics, on_step=False, on_epoch=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -262,6 +260,8 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
 
     def on_train_start(self) -> None:  # after Lightning restored a resumed run's schedule
         fit_schedules_to_run(self.trainer)  # which then ends at this run's end
+        if not batches_done_this_epoch(self.trainer):  # the sums restored belong to an epoch
+            self._reset_sums()  # that Lightning counts as done (a save on its last batch)
 
     def configure_optimizers(self) -> Any:
         optimizer, scheduler = build_optimizer(

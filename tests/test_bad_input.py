@@ -289,6 +289,40 @@ def test_image_folder_whose_classes_disagree_with_num_classes(tmp_path, capsys):
     fails_with(capsys, train_task, cfg, "has 3 classes but data.num_classes is 5")
 
 
+def test_a_checkpoint_refuses_class_folders_renamed_since(tmp_path, capsys):
+    """Labels are the positions of the class folders' sorted names: a folder renamed after
+    training (dog -> wolf: cat, fox, wolf) would give other images each label, silently, on
+    resume= and in eval.py. Both refuse, naming the labels that moved."""
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=12)
+    folder = [
+        "data=image_folder",
+        f"data.source.root={root}",
+        f"data.source.cache_dir={tmp_path / 'cache'}",
+        "data.source.size=16",
+        "data.image_shape=[3,16,16]",
+        "data.num_classes=3",
+        "data.batch_size=8",
+        "data.num_workers=0",
+        "model.net.width=4",
+        "model.scheduler=null",
+        *QUIET,
+    ]
+    trained = make_cfg(tmp_path / "t", [*folder, "trainer.max_epochs=1"])
+    train_task(trained)
+    last = Path(trained.paths.output_dir) / "checkpoints" / "last.ckpt"
+    (root / "dog").rename(root / "wolf")
+    needle = "trained with the classes ['cat', 'dog', 'fox'], this data has ['cat', 'fox', 'wolf']"
+    resumed = make_cfg(tmp_path / "t", [*folder, "trainer.max_epochs=2", f"ckpt_path={last}"])
+    refused(capsys, train_task, resumed, needle)
+    tested = make_cfg(
+        tmp_path / "e", [f"ckpt_path={last}", "extras.print_config=false"], config_name="eval"
+    )
+    refused(capsys, eval_task, tested, needle)
+    (root / "wolf").rename(root / "dog")  # the same folders again: tested as trained
+    assert 0.0 <= eval_task(tested) <= 1.0
+
+
 def test_eval_on_data_of_another_image_size_is_refused(tmp_path, capsys):
     train = make_cfg(
         tmp_path / "t", ["model.net.width=8", "trainer.max_epochs=1", "test=false", *QUIET]

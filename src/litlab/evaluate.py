@@ -52,6 +52,8 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     run.summary["metric"] = eval_metric(stored)
 
     datamodule = build(parts.data, "data")
+    # the class names the model learned (image folders), checked when the data is set up
+    datamodule.load_state_dict(checkpoint.get(type(datamodule).__qualname__, {}))
     model = build(parts.model, "model")
     model.load_state_dict(checkpoint["state_dict"])
     loggers = build_list(cfg.get("logger"), "logger")

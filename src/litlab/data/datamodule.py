@@ -181,6 +181,10 @@ class DataModule(L.LightningDataModule):
             augment=augment,
         )
         self.skipped_in_loading = 0  # unreadable files dropped by the file-reading loader
+        # An image folder's class names, in label order (None: a source without names), and
+        # those of the checkpoint a run continues or tests (checked at setup or when restored).
+        self.class_names: list[str] | None = None
+        self.trained_classes: list[str] | None = None
         self.stored_shape: tuple[int, ...] = self.image_shape  # the split's, set at setup
         # Set by litlab.callbacks.Speed(channels_last=True) to match the model's weights.
         self.memory_format = torch.contiguous_format
@@ -259,6 +263,35 @@ class DataModule(L.LightningDataModule):
                 f"the {self.source.name} {split} split has {classes} classes but data.num_classes "
                 f"is {self.num_classes}; set data.num_classes={classes}"
             )
+        names = getattr(dataset, "classes", None)
+        if names is not None:
+            self.class_names = [str(name) for name in names]
+            self._check_classes()
+
+    def _check_classes(self) -> None:
+        """Refuse class folders other than the checkpoint's, even as many: a label is the
+        position of its folder's name in sorted order, so a renamed or swapped folder would
+        silently give other images each label."""
+        trained, now = self.trained_classes, self.class_names
+        if trained is None or now is None or trained == now:
+            return
+        moved = [
+            f"{i}: {a} -> {b}" for i, (a, b) in enumerate(zip(trained, now, strict=False)) if a != b
+        ]
+        raise DataError(
+            f"the model was trained with the classes {trained}, this data has {now} (labels "
+            f"{', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}); use class folders of "
+            "the same names"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Kept in checkpoints by Lightning: the class names the labels stand for."""
+        return {"classes": self.class_names} if self.class_names is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resumed run's (after setup) or a tested checkpoint's class names: checked."""
+        self.trained_classes = state.get("classes")
+        self._check_classes()
 
     def _loader(self, split: str, train: bool) -> DataLoader | DeviceLoader:
         batch_size = self.batch_size if train else self.eval_batch_size

@@ -626,6 +626,34 @@ def test_train_beside_valid_or_validation_is_a_split_layout_and_unknown_splits_a
     assert whole.load("train").classes == ["bus", "car", "train"]
 
 
+def test_a_validation_folder_beside_train_and_test_is_the_validation_split(tmp_path):
+    """train/, val/ (or valid/, validation/) and test/: validation is val/ itself and every file
+    of train/ is trained on (val/ was ignored and validation carved out of train/), in the
+    DataModule, the pre-flight check and the conversion for streaming alike."""
+    from litlab.data.check import splits
+    from litlab.data.folder import file_names
+    from litlab.data.optimize import source_splits
+
+    root = tmp_path / "images"
+    write_png_folder(root / "train", per_class=10)
+    write_png_folder(root / "validation", per_class=3)
+    write_png_folder(root / "test", per_class=2)
+    source = ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+    dm = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=4, loader="auto")
+    dm.setup()
+    assert len(dm.datasets["train"]) == 30 and len(dm.datasets["test"]) == 6
+    assert len(dm.datasets["val"]) == 9
+    assert file_names(dm.datasets["val"]) == file_names(source.load("val"))
+    assert sorted(splits(root)) == ["test", "train", "validation"]
+    _, converted, _ = source_splits(root, 0.2, 0.1)
+    assert {split: len(items) for split, items in converted.items()} == {
+        "train": 30,
+        "val": 9,
+        "test": 6,
+    }
+    assert {Path(path).parent.parent.name for path, _, _ in converted["val"]} == {"validation"}
+
+
 def test_a_class_without_training_images_is_refused_and_one_missing_from_the_test_warned(
     tmp_path, caplog
 ):

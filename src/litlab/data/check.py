@@ -39,7 +39,7 @@ def splits(root: Path) -> dict[str, FolderIndex]:
     """The folders a run reads, by name: train/ and its held-out folder, or the whole root."""
     folders = split_folders(root)
     if folders is not None:
-        return {"train": scan(folders["train"]), folders["test"].name: scan(folders["test"])}
+        return {path.name: scan(path) for path in folders.values()}
     return {"all": scan(root)}
 
 

@@ -208,10 +208,14 @@ class DataModule(L.LightningDataModule):
                 "files as it goes; set data.loader=dataloader"
             )
         self._check(train_full, "train")
-        # A fixed split seed keeps the validation set identical across runs and sweep trials.
-        train_idx, val_idx = self.source.validation_split(
-            train_full, self.val_fraction, self.split_seed
-        )
+        given = self.source.given_validation()
+        if given is not None:  # the source's own validation split: all of train is trained on
+            self._check(given, "val")
+            train_idx, val_idx = torch.arange(len(train_full)), None
+        else:  # A fixed split seed keeps the validation set the same across runs and trials.
+            train_idx, val_idx = self.source.validation_split(
+                train_full, self.val_fraction, self.split_seed
+            )
         self.datasets["train"] = Subset(train_full, train_idx.tolist())
         # What the model learns from: all of the training split, or a seeded class-stratified
         # fraction of it (data-efficiency studies); metrics of the data (FID) use all of it.
@@ -222,7 +226,7 @@ class DataModule(L.LightningDataModule):
                 _labels(train), max(1, round(len(train) * self.train_fraction)), self.split_seed
             )
             self.datasets["fit"] = Subset(train, keep.tolist())
-        self.datasets["val"] = Subset(train_full, val_idx.tolist())
+        self.datasets["val"] = given if val_idx is None else Subset(train_full, val_idx.tolist())
         self.datasets["test"] = self.source.load("test")
         self._check(self.datasets["test"], "test")
 

@@ -258,11 +258,15 @@ def cache_key(index: FolderIndex, size: int, channels: int) -> str:
 
 def split_folders(root: Path) -> dict[str, Path] | None:
     """``{"train": root/train, "test": root/<held out>}`` when the folder is laid out in splits
-    (ImageNet's train/ beside val/; or test/, valid/, validation/), else None. A root whose
-    every folder is named like a split, in a layout not understood, is refused."""
-    held_out = next((root / n for n in HELD_OUT_FOLDERS if (root / n).is_dir()), None)
-    if (root / "train").is_dir() and held_out is not None:
-        return {"train": root / "train", "test": held_out}
+    (ImageNet's train/ beside val/; or test/, valid/, validation/), with ``"val"`` too when
+    test/ and one of val/, valid/, validation/ are both there; else None. A root whose every
+    folder is named like a split, in a layout not understood, is refused."""
+    held_out = [root / n for n in HELD_OUT_FOLDERS if (root / n).is_dir()]
+    if (root / "train").is_dir() and held_out:
+        folders = {"train": root / "train", "test": held_out[0]}
+        if held_out[0].name == "test" and len(held_out) > 1:
+            folders["val"] = held_out[1]
+        return folders
     names = class_names(root) if root.is_dir() else []
     if names and all(n.lower() in SPLIT_NAMES for n in names):
         raise DataError(
@@ -506,8 +510,8 @@ class ImageFolder(Source):
         self.prepare()
         folders = self._split_folders()
         if folders is not None:
-            if split == "test":
-                check_same_classes(folders["train"], folders["test"])
+            if split != "train":
+                check_same_classes(folders["train"], folders[split])
             whole = self._whole(folders[split], split)
             check_classes_present(labels_of(whole), whole.classes, folders[split], split)
             return whole
@@ -524,6 +528,14 @@ class ImageFolder(Source):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decided file by file from the file's name and ``seed`` (``split_by_name``)."""
         return validation_split(file_names(train), fraction, seed)
+
+    def given_validation(self) -> Dataset | None:
+        """root/val/ (or valid/, validation/) when it lies beside train/ and test/."""
+        folders = self._split_folders()
+        if folders is None or "val" not in folders:
+            return None
+        log.info("validation: %s (data.val_fraction does not apply)", folders["val"])
+        return self.load("val")  # type: ignore[arg-type]
 
 
 def test_split(names: Sequence[str], fraction: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -56,12 +56,18 @@ def source_splits(
     """(classes, {split: items}, key): the images of each split, as an image folder and the
     DataModule split them, and a key of every file's name, size and time and the fractions."""
     folders = split_folders(root)
+    given_val = None
     if folders is not None:
-        check_same_classes(folders["train"], folders["test"])
+        for split in ("test", "val"):
+            if split in folders:
+                check_same_classes(folders["train"], folders[split])
         train, test = scan(folders["train"]), scan(folders["test"])
         indexes = [train, test]
         train_items, test_items = _items(train), _items(test)
         train_names = train.files
+        if "val" in folders:  # a validation folder of its own: all of train/ is trained on
+            given_val = scan(folders["val"])
+            indexes.append(given_val)
     else:
         whole = scan(root)
         indexes = [whole]
@@ -70,12 +76,15 @@ def source_splits(
         train_items = [items[i] for i in keep.tolist()]
         test_items = [items[i] for i in held.tolist()]
         train_names = [whole.files[i] for i in keep.tolist()]
-    fit, val = validation_split(train_names, val_fraction, 0)  # data.split_seed's default
-    splits = {
-        "train": shuffled([train_items[i] for i in fit.tolist()]),
-        "val": shuffled([train_items[i] for i in val.tolist()]),
-        "test": shuffled(test_items),
-    }
+    if given_val is not None:
+        splits = {"train": shuffled(train_items), "val": shuffled(_items(given_val))}
+    else:
+        fit, val = validation_split(train_names, val_fraction, 0)  # data.split_seed's default
+        splits = {
+            "train": shuffled([train_items[i] for i in fit.tolist()]),
+            "val": shuffled([train_items[i] for i in val.tolist()]),
+        }
+    splits["test"] = shuffled(test_items)
     key = hashlib.sha256(
         # "by name": the splits' method (file by file, from the names), part of what was written
         repr(

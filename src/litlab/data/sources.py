@@ -70,6 +70,11 @@ class Source(ABC):
         ``seed``, the same in every run (the source's images do not change between runs)."""
         return fixed_split(len(train), fraction, seed)
 
+    def given_validation(self) -> Dataset | None:
+        """A validation split of the source's own (a folder's val/ beside train/ and test/),
+        taken instead of ``validation_split``'s share of the training split; None: none."""
+        return None
+
 
 class Digits(Source):
     """scikit-learn's bundled 8x8 handwritten digits, upsampled: works anywhere, no download."""

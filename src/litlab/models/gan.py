@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ConstantLR
 from torch.optim.swa_utils import AveragedModel
+from torchmetrics import MeanMetric
 
 from litlab import rng
 from litlab.compat import CheapHookName, ema_update, logs_this_step
@@ -153,6 +154,9 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
             raise ConfigError(f"loss must be bce, wgan_gp or hinge, got {loss!r}")
         if n_critic < 1:
             raise ConfigError(f"n_critic must be at least 1, got {n_critic}")
+        # val/d_real, test/d_real: means over every held-out image (torchmetrics sums values and
+        # weights over ranks; Lightning's mean averages the ranks' image counts as integers)
+        self.val_d_real, self.test_d_real = MeanMetric(), MeanMetric()
         if ema_decay is not None and not 0.0 < ema_decay < 1.0:
             raise ConfigError(f"ema_decay must lie in (0, 1) or be null, got {ema_decay}")
         if loss == "wgan_gp" and any(
@@ -280,16 +284,14 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
     def _d_real(self, batch: tuple[Tensor, Tensor], batch_idx: int, stage: str) -> None:
         """D's mean logit on held-out real images, seen as d/real's are (batch statistics, and
         DiffAugment's policies): staying below d/real as it rises signals D memorizing."""
-        n = len(batch[1])
-        if n:
+        metric = self.val_d_real if stage == "val" else self.test_d_real
+        if len(batch[1]):  # else every file unreadable: nothing to count
             real = batch[0] * self.to_tanh_scale + self.to_tanh_shift
             # The augmentation's draws: the same at every evaluation, distinct across ranks.
             real = self.augment(real, self.random_stream("eval", batch_idx))
             with batch_statistics(self.discriminator):
-                logit = self.discriminator(real).mean()
-        else:  # every file unreadable: logged with no weight, as every rank logs the same
-            logit = torch.zeros((), device=self.device)
-        self.log(f"{stage}/d_real", logit, on_epoch=True, sync_dist=True, batch_size=n)
+                metric.update(self.discriminator(real).flatten())
+        self.log(f"{stage}/d_real", metric, on_epoch=True)
 
     def on_validation_epoch_start(self) -> None:
         broadcast_buffers(self)  # every rank evaluates rank 0's G (its BatchNorm statistics)

@@ -223,6 +223,15 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
         tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.optimizer.lr=0.03"]
     )
     refused(capsys, train_task, new_lr, "model.optimizer.lr: 0.003 -> 0.03 would not apply")
+    no_schedule = make_cfg(
+        tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.scheduler=null"]
+    )
+    refused(
+        capsys,
+        train_task,
+        no_schedule,
+        "model.scheduler: torch.optim.lr_scheduler.OneCycleLR -> None",
+    )
     assert last.read_bytes() == written and summary.read_bytes() == summarized
     # Continued for real, the run's summary keeps what it said before; refused again, the
     # summary (with its own previous_summary) stays whole.

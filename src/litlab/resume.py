@@ -224,11 +224,18 @@ def _changed_optimization(stored: DictConfig, now: DictConfig) -> list[str]:
     changes = []
     for key in now:
         if ("optimizer" in str(key) or "scheduler" in str(key)) and key in stored:
+            if (stored[key] is None) != (now[key] is None):  # switched on or off, as a whole
+                named = [
+                    n.get("_target_", "set") if isinstance(n, DictConfig) else n
+                    for n in (stored[key], now[key])
+                ]
+                changes.append(f"model.{key}: {named[0]} -> {named[1]}")
+                continue
             then, new = flat(stored[key], f"model.{key}"), flat(now[key], f"model.{key}")
             changes += [
-                f"{name}: {then.get(name)} -> {value}"
-                for name, value in new.items()
-                if then.get(name) != value
+                f"{name}: {then.get(name)} -> {new.get(name)}"
+                for name in {**then, **new}  # either side's keys (model.scheduler=null: none)
+                if then.get(name) != new.get(name)
             ]
     return changes
 

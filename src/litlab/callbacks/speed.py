@@ -1,4 +1,6 @@
-"""Switches that change how fast a model computes, never what it computes."""
+"""Switches that change how fast a model computes: memory layout and compilation leave what it
+computes as it is (to rounding); matmul_precision "high"/"medium" computes float32 matmuls in
+TF32/bf16 on GPUs that have them, a change of numerics by choice."""
 
 from __future__ import annotations
 

@@ -184,7 +184,8 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
     """Refuse to resume from a checkpoint of another model family; to train on from one past
     the run's end, or with optimizer settings that its restored state would override."""
     path, max_epochs = cfg.ckpt_path, cfg.trainer.get("max_epochs")
-    trained = stored_config(checkpoint, path).model.get("_target_")
+    stored = stored_config(checkpoint, path).model
+    trained = stored.get("_target_")
     if trained != cfg.model._target_:
         raise CheckpointError(
             f"{path} holds a {trained} but this run builds a {cfg.model._target_}; pick the "
@@ -192,7 +193,7 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
         )
     if not cfg.get("train"):  # tested only: nothing is restored for training
         return
-    changed = _changed_optimization(stored_config(checkpoint, path).model, cfg.model)
+    changed = _changed_optimization(stored, cfg.model)
     if changed:
         raise CheckpointError(
             f"a resumed run restores its optimizer and LR schedule from {path}, so "

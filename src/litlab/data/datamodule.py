@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, Tenso
 from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
 from litlab.data.folder import FileImages
 from litlab.data.loader import DeviceLoader, ResumableDataLoader, ShardSampler
-from litlab.data.sources import Source, stratified_indices
+from litlab.data.sources import Source, labels_of, stratified_indices
 from litlab.data.transforms import BatchTransform
 from litlab.errors import ConfigError, DataError
 
@@ -60,18 +60,6 @@ def _class_count(dataset: Dataset) -> tuple[int, bool]:
     if classes is not None:
         return len(classes), True
     return int(dataset.tensors[1].max()) + 1, False
-
-
-def _labels(dataset: Dataset) -> torch.Tensor:
-    """All labels of a dataset, without decoding its images where it keeps them apart."""
-    if isinstance(dataset, Subset):
-        return _labels(dataset.dataset)[torch.as_tensor(dataset.indices, dtype=torch.long)]
-    if isinstance(dataset, TensorDataset):
-        return dataset.tensors[1]
-    targets = getattr(dataset, "targets", None)  # torchvision's ImageFolder
-    if targets is not None:
-        return torch.as_tensor(targets, dtype=torch.long)
-    return torch.tensor([int(dataset[i][1]) for i in range(len(dataset))])
 
 
 def _stream_sample(
@@ -223,7 +211,7 @@ class DataModule(L.LightningDataModule):
         if self.train_fraction < 1.0:
             train = self.datasets["train"]
             keep = stratified_indices(
-                _labels(train), max(1, round(len(train) * self.train_fraction)), self.split_seed
+                labels_of(train), max(1, round(len(train) * self.train_fraction)), self.split_seed
             )
             self.datasets["fit"] = Subset(train, keep.tolist())
         self.datasets["val"] = given if val_idx is None else Subset(train_full, val_idx.tolist())
@@ -399,7 +387,7 @@ class DataModule(L.LightningDataModule):
         dataset = self.datasets[split]
         if _streams(dataset):
             return _stream_sample(dataset, limit, seed)
-        labels = _labels(dataset)
+        labels = labels_of(dataset)
         index = stratified_indices(labels, len(labels) if limit is None else limit, seed)
         base, within = dataset, index
         while isinstance(base, Subset):  # index the tensors themselves, not one sample at a time

@@ -41,7 +41,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from litlab.data.sources import Source, Split
+from litlab.data.sources import Source, Split, labels_of
 from litlab.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -114,15 +114,6 @@ def split_by_name(
     if held.all():
         held[hashes.argmax()] = False
     return (~held).nonzero().flatten(), held.nonzero().flatten()
-
-
-def labels_of(dataset: Dataset) -> torch.Tensor:
-    """The labels of an image folder's dataset (or a Subset of one), without reading images."""
-    if isinstance(dataset, Subset):
-        return labels_of(dataset.dataset)[torch.as_tensor(dataset.indices, dtype=torch.long)]
-    if isinstance(dataset, TensorDataset):
-        return dataset.tensors[1]
-    return torch.as_tensor(dataset.targets, dtype=torch.long)  # type: ignore[attr-defined]
 
 
 def file_names(dataset: Dataset) -> list[str]:

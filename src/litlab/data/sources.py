@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from litlab.errors import ConfigError, DataError
 
@@ -49,6 +49,18 @@ def stratified_indices(labels: torch.Tensor, n: int, seed: int = 0) -> torch.Ten
         members = (labels == label).nonzero().flatten()
         picks.append(members[torch.randperm(len(members), generator=generator)[:k]])
     return torch.cat(picks).sort().values
+
+
+def labels_of(dataset: Dataset) -> torch.Tensor:
+    """All labels of a dataset, without decoding its images where it keeps them apart."""
+    if isinstance(dataset, Subset):
+        return labels_of(dataset.dataset)[torch.as_tensor(dataset.indices, dtype=torch.long)]
+    if isinstance(dataset, TensorDataset):
+        return dataset.tensors[1]
+    targets = getattr(dataset, "targets", None)  # FileImages, torchvision's ImageFolder
+    if targets is not None:
+        return torch.as_tensor(targets, dtype=torch.long)
+    return torch.tensor([int(dataset[i][1]) for i in range(len(dataset))])
 
 
 class Source(ABC):

@@ -113,9 +113,10 @@ def fit_schedules_to_run(trainer: Any) -> None:
     rest of the schedule's state. A run resumed with another length (trainer.max_epochs, or
     batch size / devices for step schedules) then gets a schedule that ends at its own end,
     continuing from the steps already taken (``resumed_length``; OneCycleLR would otherwise
-    fail when stepped past its old end). Other schedules cannot change length part way: one clear error. Lengths set
-    explicitly in the config, and runs that did not start from a checkpoint (the batch-size
-    finder's trials step one schedule through several short fits), are left alone.
+    fail when stepped past its old end). Other schedules cannot change length part way: one
+    clear error. Lengths set explicitly in the config, and runs that did not start from a
+    checkpoint (the batch-size finder's trials step one schedule through several short fits),
+    are left alone.
     """
     if not trainer.ckpt_path:
         return

@@ -490,9 +490,14 @@ def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
         f"paths.log_dir={tmp_path}",
         "+callbacks.dump._target_=helpers.DumpWeights",
         f"+callbacks.dump.folder={tmp_path / 'weights'}",
+        # A cache folder per rank, as on nodes that share no file system.
+        f"callbacks.fid.cache_dir={tmp_path / 'cache'}-${{oc.env:LOCAL_RANK,0}}",
         *QUIET,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    # Rank 0 trained the FID extractor and gave it to rank 1, which trained none of its own.
+    assert len(list((tmp_path / "cache-0").glob("fid-classifier-*.pt"))) == 1
+    assert not (tmp_path / "cache-1").exists()
     rank0, rank1 = (
         torch.load(tmp_path / "weights" / f"rank{r}.pt", weights_only=True) for r in (0, 1)
     )

@@ -100,11 +100,22 @@ class FID(Callback):
             device = trainer.strategy.root_device
             images, labels = dm.eval_arrays("train", device=device)
             mean, std = dm.transform.mean.flatten().tolist(), dm.transform.std.flatten().tolist()
+            # Rank 0 trains it (or reads its cache) and hands its weights to every rank: ranks on
+            # other nodes may not share the cache folder, and a net trained twice on a GPU differs
+            # (each rank would measure its shard through its own extractor).
             with torch.inference_mode(False):
-                if trainer.is_global_zero:  # one process trains and caches; the others read it
-                    domain_classifier(images, labels, mean, std, self.cache_dir, device=device)
-                trainer.strategy.barrier("fid-extractor")
-                return domain_classifier(images, labels, mean, std, self.cache_dir, device=device)
+                extractor = None
+                if trainer.is_global_zero:
+                    extractor = domain_classifier(
+                        images, labels, mean, std, self.cache_dir, device=device
+                    )
+                weights = extractor.net.state_dict() if extractor is not None else None
+                weights = trainer.strategy.broadcast(weights, src=0)
+                if extractor is None:
+                    extractor = domain_classifier(
+                        images, labels, mean, std, self.cache_dir, device=device, weights=weights
+                    )
+                return extractor
         if not Path(spec).is_file():
             raise ConfigError(
                 f"callbacks.fid.extractor={spec!r} is neither auto, inception nor an existing checkpoint file"

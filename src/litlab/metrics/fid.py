@@ -123,8 +123,12 @@ def domain_classifier(
     width: int = 32,
     seed: int = 0,
     device: str | torch.device = "cpu",
+    weights: dict[str, Tensor] | None = None,
 ) -> ClassifierFeatures:
-    """Train (once, cached by a hash of the data) a small CNN on real images as FID extractor."""
+    """Train (once, cached by a hash of the data) a small CNN on real images as FID extractor.
+
+    ``weights``: another process's trained net (rank 0's), taken as it is.
+    """
     from litlab.nets import SmallCNN
 
     num_classes = int(labels.max()) + 1
@@ -141,6 +145,9 @@ def domain_classifier(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = SmallCNN(image_shape[0], num_classes, width=width)
+    if weights is not None:
+        net.load_state_dict(weights)
+        return ClassifierFeatures(net, mean, std, image_shape)
     if path.is_file():
         net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         log.info("FID extractor: cached domain classifier %s", path)

@@ -58,3 +58,21 @@ def test_wandb_is_imported_only_when_a_run_starts(no_wandb_env, tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ)
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_wandb_mode_env_in_another_case_runs_and_a_wrong_one_is_one_line(
+    no_wandb_env, monkeypatch, tmp_path
+):
+    """W&B reads WANDB_MODE itself and refuses "Offline"; litlab reads it in any case."""
+    from conftest import QUIET, make_cfg, summary_of
+    from litlab.errors import ConfigError
+    from litlab.train import train_task
+
+    monkeypatch.setenv("WANDB_MODE", "Offline")
+    cfg = make_cfg(tmp_path, ["logger=wandb", "trainer.max_epochs=1", "test=false", *QUIET])
+    train_task(cfg)
+    assert summary_of(cfg)["status"] == "completed"
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    monkeypatch.setenv("WANDB_MODE", "offlin")
+    with pytest.raises(ConfigError, match="WANDB_MODE=offlin is not a W&B mode"):
+        wandb_mode("auto")

@@ -23,7 +23,7 @@ from litlab.compat import (
     wandb_init_arguments,
     wandb_started,
 )
-from litlab.errors import first_line
+from litlab.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +47,27 @@ def wandb_credentials() -> bool:
 
 
 def wandb_mode(requested: Mode) -> str:
-    """The mode W&B will run in; WANDB_MODE wins, and online without credentials means offline."""
-    mode = (os.environ.get("WANDB_MODE") or requested).lower()
+    """The mode W&B will run in; WANDB_MODE wins, and online without credentials means offline.
+
+    A WANDB_MODE that is set is written back as this mode: W&B reads it too, and refuses
+    "Offline" or "auto".
+    """
+    env = os.environ.get("WANDB_MODE")
+    mode = (env or requested).strip().lower()
     mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
+    if mode not in ("auto", "online", "offline", "disabled", "shared"):
+        setting = f"WANDB_MODE={env}" if env else f"logger.wandb.mode={requested}"
+        raise ConfigError(f"{setting} is not a W&B mode; use online, offline or disabled")
     if mode in ("auto", "online") and not wandb_credentials():
         if mode == "online":
             log.warning(
                 "W&B online mode was asked for but no credentials were found: logging offline"
             )
-        return "offline"
-    return "online" if mode == "auto" else mode
+        mode = "offline"
+    mode = "online" if mode == "auto" else mode
+    if env:
+        os.environ["WANDB_MODE"] = mode
+    return mode
 
 
 def split_overrides(text: str) -> list[str]:

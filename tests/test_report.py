@@ -211,17 +211,25 @@ def test_columns_say_which_weights_their_values_are_of(tmp_path, capsys):
     """The objective is the best epoch's value; the summary's metrics are the last epoch's
     (val/*, train/*) and the tested weights' (test/*): the titles say so."""
 
-    def summary(best: str | None, tested: str | None) -> dict:
+    def summary(best: str | None, tested: str | None, last: str | None = None) -> dict:
         objective = {"metric": "val/acc", "mode": "max", "value": 0.9}
         metrics = {"val/acc": 0.8, "test/acc": 0.85}
         return {"status": "completed", "metrics": metrics, "objective": objective,
-                "best_checkpoint": best, "tested_checkpoint": tested}  # fmt: skip
+                "best_checkpoint": best, "tested_checkpoint": tested,
+                "last_checkpoint": last}  # fmt: skip
 
     write_run(tmp_path / "1", summary("/r/1/best.ckpt", "/r/1/best.ckpt"))
-    write_run(tmp_path / "2", summary(None, None), ["callbacks.model_checkpoint=null"])
+    write_run(tmp_path / "2", summary(None, None), ["test=false"])
     main([str(tmp_path)])
     md = (tmp_path / "report.md").read_text()
     assert "| test/acc (best checkpoint or final weights) | val/acc (last epoch) |" in md
+    # callbacks.model_checkpoint=null: no best checkpoint, the last one is tested
+    (tmp_path / "2" / "summary.json").write_text(
+        json.dumps({"task": "train", **summary(None, "/r/2/last.ckpt", "/r/2/last.ckpt")})
+    )
+    main([str(tmp_path)])
+    md = (tmp_path / "report.md").read_text()
+    assert "| test/acc (best checkpoint or last checkpoint) | val/acc (last epoch) |" in md
 
 
 def test_curves_keep_one_point_per_step_after_a_resume(tmp_path):

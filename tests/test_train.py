@@ -181,6 +181,21 @@ def test_last_checkpoint_every_epoch_when_validation_is_less_frequent(tmp_path):
     assert torch.load(last, weights_only=True)["epoch"] == 1  # written at the second epoch's end
 
 
+def test_without_a_best_checkpoint_the_last_is_tested_and_named_so(tmp_path):
+    """callbacks.model_checkpoint=null: no best checkpoint (not last.ckpt under that name); the
+    test measures last.ckpt, and the objective is the final value, of those weights."""
+    cfg = make_cfg(
+        tmp_path,
+        ["logger=csv", "trainer.max_epochs=2", "callbacks.model_checkpoint=null", *FAST],
+    )
+    train_task(cfg)
+    summary = summary_of(cfg)
+    last = str(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    assert summary["best_checkpoint"] is None and "best_score" not in summary
+    assert summary["tested_checkpoint"] == summary["last_checkpoint"] == last
+    assert summary["objective"]["value"] == summary["metrics"]["val/acc"]
+
+
 def test_resume_from_a_checkpoint_continues_training(tmp_path):
     # No LR schedule: a OneCycle schedule restored from the checkpoint ends where the first run ended.
     first = make_cfg(

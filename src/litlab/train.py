@@ -82,11 +82,15 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 run.record_metrics(trainer.callback_metrics)
-                record_checkpoints(trainer, run)
+                record_checkpoints(trainer, run, cfg.objective.metric)
             if cfg.get("test"):
-                # The best checkpoint of this fit; without a fit, the checkpoint given (none:
-                # the untrained model, e.g. a GAN's untrained FID)
-                tested = run.summary.get("best_checkpoint") if cfg.get("train") else cfg.ckpt_path
+                # The best checkpoint of this fit (none kept: the last); without a fit, the
+                # checkpoint given (none: the untrained model, e.g. a GAN's untrained FID)
+                tested = cfg.ckpt_path
+                if cfg.get("train"):
+                    tested = run.summary.get("best_checkpoint") or run.summary.get(
+                        "last_checkpoint"
+                    )
                 run.summary["tested_checkpoint"] = tested
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
@@ -142,17 +146,19 @@ def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, An
     )
 
 
-def record_checkpoints(trainer: L.Trainer, run: Run) -> None:
+def record_checkpoints(trainer: L.Trainer, run: Run, metric: str) -> None:
     """Best/last checkpoint paths and best score, read right after fit (testing a checkpoint
-    restores the checkpoint callback's state as it was when that file was written)."""
-    checkpoint = trainer.checkpoint_callback
-    if checkpoint is None:
+    restores the checkpoint callback's state as it was when that file was written). The best
+    is only the one kept by the objective's metric (none with callbacks.model_checkpoint=null:
+    not the last checkpoint's callback, whose "best" is its newest file)."""
+    if trainer.checkpoint_callback is None:
         return
-    run.summary["best_checkpoint"] = checkpoint.best_model_path or None
-    last = Path(checkpoint.dirpath or "") / "last.ckpt"
+    best = next((c for c in trainer.checkpoint_callbacks if c.monitor == metric), None)
+    run.summary["best_checkpoint"] = (best.best_model_path or None) if best else None
+    last = Path((best or trainer.checkpoint_callback).dirpath or "") / "last.ckpt"
     run.summary["last_checkpoint"] = str(last) if last.is_file() else None
-    if checkpoint.best_model_score is not None:
-        run.summary["best_score"] = float(checkpoint.best_model_score)
+    if best is not None and best.best_model_score is not None:
+        run.summary["best_score"] = float(best.best_model_score)
 
 
 def record_performance(trainer: L.Trainer, datamodule: L.LightningDataModule, run: Run) -> None:
@@ -166,10 +172,11 @@ def record_performance(trainer: L.Trainer, datamodule: L.LightningDataModule, ru
 
 
 def objective_value(cfg: DictConfig, run: Run, required: bool) -> None:
-    """Record the number a sweeper optimizes: the best monitored score, else the final metric."""
+    """Record the number a sweeper optimizes: the best checkpoint's score; with no best
+    checkpoint kept, the final value (of the last checkpoint, which the test then measures)."""
     metric = cfg.objective.metric
     value = run.summary.get("best_score")
-    if value is None or not cfg.get("callbacks") or not cfg.callbacks.get("model_checkpoint"):
+    if value is None:
         value = run.summary["metrics"].get(metric)
     run.summary["objective"] = {"metric": metric, "mode": cfg.objective.mode, "value": value}
     if value is not None and math.isnan(value):

@@ -56,7 +56,10 @@ def test_optuna_sweep_prints_the_best_and_the_report_reads_it(tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_job_is_recorded_and_the_study_goes_on_and_resumes(tmp_path):
-    space = 'hydra.sweeper.params={data.batch_size:"choice(32,5000)"}'  # 5000 > the training images
+    space = (  # batch size 5000 > the training images: those jobs fail
+        'hydra.sweeper.params={data.batch_size:"choice(32,5000)",'
+        'model.optimizer.lr:"tag(log, interval(0.0003, 0.01))"}'
+    )
     first = run_cli(
         "-m",
         "hparams_search=cnn_optuna",
@@ -93,16 +96,37 @@ def test_a_failing_job_is_recorded_and_the_study_goes_on_and_resumes(tmp_path):
         f"hydra.sweeper.storage=sqlite:///{sweep}/optuna.db",
     )
     assert second.returncode == 0, second.stderr[-3000:]
-    assert (
-        len(
-            optuna.load_study(
-                study_name="cnn_optuna", storage=f"sqlite:///{sweep}/optuna.db"
-            ).trials
-        )
-        == 6
-    )
+    assert len(study_trials(sweep)) == 6
     assert {p: p.stat().st_mtime_ns for p in sweep.rglob("summary.json")} == before
     assert len(jobs(sweep_dirs(tmp_path / "b")[0])) == 2
+    # The continued study draws new trials, not the first launch's again (same sampler seed).
+    lrs = [t.params["model.optimizer.lr"] for t in study_trials(sweep)]
+    assert len(set(lrs)) == 6, lrs
+
+
+def study_trials(sweep: Path) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name="cnn_optuna", storage=f"sqlite:///{sweep}/optuna.db").trials
+
+
+def test_a_sweep_with_no_completed_job_keeps_its_summary_and_says_so(tmp_path):
+    result = run_cli(
+        "-m",
+        "hparams_search=cnn_optuna",
+        "hydra.sweeper.n_trials=2",
+        'hydra.sweeper.params={data.batch_size:"choice(5000)"}',  # > the training images
+        "logger=csv",
+        *QUIET,
+        f"paths.log_dir={tmp_path}",
+    )
+    (sweep,) = sweep_dirs(tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (
+        f"litlab: error: no job of the sweep in {sweep} completed with an objective value "
+        "(2 failed" in result.stderr
+    )
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert summary["completed"] == 0 and len(summary["failed"]) == 2 and summary["best"] is None
+    assert [t.state for t in study_trials(sweep)] == [optuna.trial.TrialState.FAIL] * 2
 
 
 @pytest.mark.slow
@@ -133,9 +157,12 @@ def test_grid_sweep_jobs_are_grouped_w_and_b_runs(tmp_path):
 
 def test_run_folders_never_collide(tmp_path):
     """Two runs and two sweeps started at the same moment each get their own folder."""
-    args = [*QUIET, "logger=csv", "train=false", "test=false", f"paths.log_dir={tmp_path}"]
+    args = [*QUIET, "logger=csv", "test=false", f"paths.log_dir={tmp_path}"]
+    # A sweep's jobs train (one batch): a sweep of which no job completed exits with an error.
+    one_batch = ["trainer.max_epochs=1", "+trainer.limit_train_batches=1"]
+    sweep = ["-m", "seed=1,2", *one_batch, "+trainer.limit_val_batches=1"]
     procs = []
-    for extra in ([], [], ["-m", "seed=1,2"], ["-m", "seed=1,2"]):
+    for extra in (["train=false"], ["train=false"], sweep, sweep):
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(REPO / "train.py"), *extra, *args],

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from litlab.errors import fail
 from litlab.run import write_json
 
 log = logging.getLogger("litlab.sweep")
@@ -43,6 +45,27 @@ def best_job(jobs: list[dict[str, Any]]) -> dict[str, Any] | None:
         if job.get("status") == "completed" and value is not None and not math.isnan(value):
             scored.append((value if objective.get("mode") == "max" else -value, job))
     return max(scored, key=lambda pair: pair[0])[1] if scored else None
+
+
+def continued_sampler(
+    sampler: Any, config: DictConfig, storage: str | None, study: str | None
+) -> Any:
+    """The sampler for a study continued from its storage (README: resume a study): seeded past
+    the trials the study holds. Seeded as the first launch was, it would draw that launch's
+    first trials again (TPE's random start-up trials: the same parameters, one more time)."""
+    seed = config.get("seed")
+    if storage is None or seed is None:
+        return sampler
+    import optuna
+
+    try:
+        trials = len(optuna.load_study(study_name=study, storage=storage).trials)
+    except (KeyError, ValueError):  # a new study
+        return sampler
+    if trials == 0:
+        return sampler
+    log.info("the study holds %d trials: its sampler's seed is %d + %d", trials, seed, trials)
+    return instantiate(config, seed=seed + trials)
 
 
 class SweepSummary(Callback):
@@ -78,8 +101,10 @@ class SweepSummary(Callback):
         for job in failed:
             log.warning("failed job %s: %s", job["job_dir"], job.get("error"))
         if best is None:
-            log.warning("no job of the sweep in %s completed with an objective value", sweep_dir)
-            return
+            fail(
+                f"no job of the sweep in {sweep_dir} completed with an objective value "
+                f"({len(failed)} failed; their errors: {sweep_dir / 'sweep_summary.json'})"
+            )
         objective = best["objective"]
         log.info(
             "best of %d jobs (%d failed): %s=%s in %s with %s",

@@ -1,0 +1,34 @@
+"""litlab's Optuna sweeper (``hydra.sweeper._target_`` in conf/hparams_search/): Hydra's, plus two
+things a study needs (litlab.sweep): a study continued from its storage draws new trials, and a
+sweep none of whose trials completed ends with its sweep_summary.json and one line, not the
+plugin's traceback. A Hydra plugin, so it lives in the hydra_plugins namespace."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+try:  # the optional [sweep] extra; without it there is nothing to register
+    import hydra_plugins.hydra_optuna_sweeper.optuna_sweeper as optuna_sweeper
+except ImportError:
+    optuna_sweeper = None
+
+log = logging.getLogger("litlab.sweep")
+
+if optuna_sweeper is not None:
+
+    class LitlabOptunaSweeper(optuna_sweeper.OptunaSweeper):
+        def sweep(self, arguments: list[str]) -> Any:
+            from litlab.sweep import best_job, continued_sampler, read_jobs
+
+            impl = self.sweeper
+            impl.sampler = continued_sampler(
+                impl.sampler, impl.config.hydra.sweeper.sampler, impl.storage, impl.study_name
+            )
+            try:
+                return super().sweep(arguments)
+            except ValueError:  # optuna's study.best_trial: "Record does not exist."
+                if best_job(read_jobs(Path(impl.config.hydra.sweep.dir))) is not None:
+                    raise
+                return None  # no trial completed: the summary callback says so and exits

@@ -7,6 +7,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -141,19 +142,8 @@ def test_streaming_on_two_ranks_shards_exactly_and_resumes_bit_identically(tmp_p
     chunks = tmp_path / "chunks"
     convert(write_digits_folder(tmp_path / "digits"), str(chunks), workers=2)
     args = [
-        "data=streaming",
-        f"data.source.input_dir={chunks}",
-        "data.num_classes=10",
-        "data.source.channels=1",
-        "data.source.size=28",
-        "data.image_shape=[1,28,28]",
-        "data.random_resized_crop=null",  # deterministic images: fingerprints identify them
-        "data.eval_crop=1",
-        "data.hflip=false",
-        "data.batch_size=64",
-        "data.num_workers=1",
+        *streamed_digits_args(chunks),
         "trainer.max_epochs=2",
-        "trainer.accelerator=cpu",
         "trainer.devices=2",
         "trainer.strategy=ddp",
         "logger=csv",
@@ -196,7 +186,7 @@ def test_streaming_on_two_ranks_shards_exactly_and_resumes_bit_identically(tmp_p
     stopped = run_cli(
         *args,
         "+callbacks.stop._target_=helpers.SignalAt",
-        "+callbacks.stop.batch=13",  # mid-way through the second epoch
+        "+callbacks.stop.batch=4",  # mid-way through the first epoch: the second one follows
         *record,
         f"+callbacks.record.folder={tmp_path / 'resumed'}",
         f"paths.log_dir={tmp_path}/b",
@@ -205,14 +195,68 @@ def test_streaming_on_two_ranks_shards_exactly_and_resumes_bit_identically(tmp_p
     folder = next((tmp_path / "b").rglob("summary.json")).parent
     resumed = run_cli(f"resume={folder}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    for r, rank in enumerate(ranks):  # the rest of the second epoch, batch for batch
+    for r, rank in enumerate(ranks):  # the rest of the first epoch, then the whole second
         rest = json.loads((tmp_path / "resumed" / f"rank{r}.json").read_text())
-        done = 14 - len(rank["epoch0"])  # batches 0-13 ran before the stop
-        assert 0 < done < len(rank["epoch1"]) and rest["epoch1"] == rank["epoch1"][done:], r
+        assert rest["epoch0"] == rank["epoch0"][5:], r  # batches 0-4 ran before the stop
+        assert rest["epoch1"] == rank["epoch1"], r  # (was empty: LitData kept continuing)
     a = torch.load(Path(summary["best_checkpoint"]).parent / "last.ckpt", weights_only=True)
     b = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)
     for name, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][name]), name
+
+
+@pytest.mark.slow
+def test_a_streamed_run_resumed_at_an_epochs_end_trains_the_next_epochs_order(tmp_path):
+    """resume= from last.ckpt (written at epoch 0's end) with more epochs: epoch 1 streams epoch
+    1's order (it streamed epoch 0's again), and the run ends as one run straight through."""
+    chunks = tmp_path / "chunks"
+    convert(write_digits_folder(tmp_path / "digits"), str(chunks), workers=2)
+    args = [
+        *streamed_digits_args(chunks),
+        "model.scheduler=null",  # one epoch's schedule would differ from two epochs'
+        "logger=csv",
+        *QUIET,
+    ]
+    record = ["+callbacks.record._target_=helpers.RecordImages"]
+
+    def run(*overrides: str) -> None:
+        result = run_cli(*overrides)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    run(*args, "trainer.max_epochs=2", *record, f"+callbacks.record.folder={tmp_path}/a",
+        f"paths.log_dir={tmp_path}/a")  # fmt: skip
+    run(*args, "trainer.max_epochs=1", f"paths.log_dir={tmp_path}/b")
+    folder = next((tmp_path / "b").rglob("summary.json")).parent
+    run(
+        f"resume={folder}",
+        "trainer.max_epochs=2",
+        *record,
+        f"+callbacks.record.folder={tmp_path}/c",
+    )
+    straight, resumed = (json.loads((tmp_path / x / "rank0.json").read_text()) for x in "ac")
+    assert straight["epoch0"] != straight["epoch1"] and resumed["epoch1"] == straight["epoch1"]
+    a = torch.load(next((tmp_path / "a").rglob("last.ckpt")), weights_only=True)["state_dict"]
+    b = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert all(torch.equal(value, b[name]) for name, value in a.items())
+
+
+def streamed_digits_args(chunks: Path) -> list[str]:
+    """The digits' LitData chunks, with images that fingerprints identify (no random crop or
+    flip), one loader worker."""
+    return [
+        "data=streaming",
+        f"data.source.input_dir={chunks}",
+        "data.num_classes=10",
+        "data.source.channels=1",
+        "data.source.size=28",
+        "data.image_shape=[1,28,28]",
+        "data.random_resized_crop=null",  # deterministic images: fingerprints identify them
+        "data.eval_crop=1",
+        "data.hflip=false",
+        "data.batch_size=64",
+        "data.num_workers=1",
+        "trainer.accelerator=cpu",
+    ]
 
 
 def images_of(chunks: Path, split: str) -> list[int]:
@@ -225,22 +269,69 @@ def summary_of_folder(root: Path) -> dict:
     return json.loads(next(root.rglob("summary.json")).read_text())
 
 
-def test_a_loader_started_at_an_epoch_streams_that_epochs_order(converted):
+def test_each_pass_streams_the_order_of_the_trainers_epoch(converted):
     """A run resumed from an epoch's end (no loader state in its checkpoint) continues with the
-    next epoch's order, not the first epoch's again."""
+    next epoch's order, not the first epoch's again: the order is the trainer's epoch's at
+    each pass, whenever the loader was built."""
     _, dst, _ = converted
 
     def epochs(start: int, count: int) -> list[list[str]]:
         dataset = litdata.StreamingDataset(join(str(dst), "train"), shuffle=True, seed=7)
+        epoch = [start]  # the trainer's current_epoch
         loader = streaming_loader_class()(
-            dataset, batch_size=4, shuffle=True, collate_fn=lambda items: [i["name"] for i in items]
+            dataset,
+            batch_size=4,
+            shuffle=True,
+            collate_fn=lambda items: [i["name"] for i in items],
+            epoch=lambda: epoch[0],
         )
-        loader.start_at_epoch(start)
-        return [[name for batch in loader for name in batch] for _ in range(count)]
+        passes = []
+        for _ in range(count):
+            passes.append([name for batch in loader for name in batch])
+            epoch[0] += 1
+        return passes
 
     first, second = epochs(0, 2)
     assert first != second and sorted(first) == sorted(second)
     assert epochs(1, 1) == [second]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_epoch_after_a_continued_one_streams_all_of_its_batches(converted, workers):
+    """Lightning ends an epoch after len(loader) batches without running the pass out; the
+    pass after one continued from a loaded state is a whole new epoch (it was empty)."""
+    _, dst, _ = converted
+    epoch = [0]
+
+    def loader() -> Any:
+        dataset = litdata.StreamingDataset(join(str(dst), "train"), shuffle=True, seed=7)
+        return streaming_loader_class()(
+            dataset,
+            batch_size=4,
+            shuffle=True,
+            drop_last=True,
+            num_workers=workers,
+            collate_fn=lambda items: [i["name"] for i in items],
+            epoch=lambda: epoch[0],
+        )
+
+    def as_lightning_runs(stream: Any, batches: int) -> list[list[str]]:
+        return list(itertools.islice(stream, batches))  # no next() after the last batch
+
+    straight = loader()
+    whole = [as_lightning_runs(iter(straight), len(straight))]
+    epoch[0] = 1
+    whole.append(as_lightning_runs(iter(straight), len(straight)))
+    assert whole[0] != whole[1]
+    epoch[0] = 0
+    cut = loader()
+    handed_out = as_lightning_runs(iter(cut), 3)
+    state = cut.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert handed_out + as_lightning_runs(iter(resumed), len(resumed) - 3) == whole[0]
+    epoch[0] = 1
+    assert as_lightning_runs(iter(resumed), len(resumed)) == whole[1]
 
 
 @pytest.mark.slow

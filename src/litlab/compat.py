@@ -80,6 +80,14 @@ def batches_done_this_epoch(trainer: L.Trainer) -> int:
     return int(loop.epoch_loop.batch_progress.current.processed)
 
 
+def epoch_to_train(trainer: L.Trainer) -> int:
+    """The epoch whose batches a training loader's pass begun now will give: the number Lightning
+    gives samplers' ``set_epoch`` (its fit loop's processed epochs). Not ``current_epoch``:
+    Lightning begins the pass at setup, and a run resumed from last.ckpt (written at epoch e's
+    end) is then still in epoch e, whose end it runs again before the pass's batches train e+1."""
+    return int(trainer.fit_loop.epoch_progress.current.processed)
+
+
 def epochs_trained(checkpoint: dict[str, Any]) -> int:
     """How many training epochs a checkpoint's run went through to their end: Lightning's fit
     loop progress (``loops.fit_loop.epoch_progress``, not a documented part of the file); its

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
+from litlab.compat import epoch_to_train
 from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
 from litlab.data.folder import FileImages
 from litlab.data.loader import DeviceLoader, ResumableDataLoader, ShardSampler
@@ -331,12 +332,12 @@ class DataModule(L.LightningDataModule):
         a different number of batches: no step of evaluation syncs)."""
         from litlab.data.streaming import streaming_loader_class
 
-        dataset = self.datasets[split]
+        dataset, trainer = self.datasets[split], self.trainer
         dataset.seed = _run_seed()  # the same on every rank
         if not train:  # LitData deals whole batches to ranks: a batch per rank at least
-            world_size = self.trainer.world_size if self.trainer else 1
+            world_size = trainer.world_size if trainer else 1
             batch_size = min(batch_size, max(1, dataset.images // world_size))
-        loader = streaming_loader_class()(
+        return streaming_loader_class()(
             dataset,
             batch_size=batch_size,
             shuffle=train,
@@ -345,10 +346,8 @@ class DataModule(L.LightningDataModule):
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             collate_fn=skip_unreadable,
             trained=self._trained_batches() if train else None,
+            epoch=(lambda: epoch_to_train(trainer)) if train and trainer is not None else None,
         )
-        if train and self.trainer is not None:
-            loader.start_at_epoch(self.trainer.current_epoch)
-        return loader
 
     def _trained_batches(self) -> Callable[[], int] | None:
         """How many of the epoch's batches a resumed trainer counts as trained (its epoch loop's

@@ -156,19 +156,35 @@ def streaming_loader_class() -> type:
     litdata = _litdata()
 
     class StreamingLoader(litdata.StreamingDataLoader):
-        """Starts at the epoch it is told (a run resumed at an epoch's end continues with the
-        next epoch's order, not the first's), continues an epoch from the batches the trainer
-        counts as trained (``trained``: a checkpoint written inside a batch, as Lightning's SLURM
-        handler writes, holds a position one batch ahead, and the trainer runs that batch
-        again), and refuses to continue an epoch on another number of ranks, workers or batch
-        size (the rest of that epoch would be another set of images)."""
+        """Streams each pass in the order of the trainer's epoch at that pass (``epoch``: a run
+        resumed at an epoch's end continues with the next epoch's order, not that epoch's
+        again), continues an epoch from the batches the trainer counts as trained (``trained``: a
+        checkpoint written inside a batch, as Lightning's SLURM handler writes, holds a
+        position one batch ahead, and the trainer runs that batch again), and refuses to
+        continue an epoch on another number of ranks, workers or batch size (the rest of that
+        epoch would be another set of images)."""
 
-        def __init__(self, *args: Any, trained: Callable[[], int] | None = None, **kwargs: Any):
+        def __init__(
+            self,
+            *args: Any,
+            trained: Callable[[], int] | None = None,
+            epoch: Callable[[], int] | None = None,
+            **kwargs: Any,
+        ):
             super().__init__(*args, **kwargs)
-            self._trained = trained
+            self._trained, self._epoch = trained, epoch
+            self._continued = False  # a pass from a loaded state (load_state_dict) has begun
 
-        def start_at_epoch(self, epoch: int) -> None:
-            self.current_epoch = epoch  # LitData counts epochs from 1 and adds 1 at iter()
+        def __iter__(self) -> Any:
+            # LitData continues from a loaded state (`restore`) until a pass runs out; Lightning
+            # ends an epoch after len(loader) batches without running the pass out, so the
+            # epoch after the continued one would continue from its end again: no batches.
+            if self.restore and self._continued:
+                self.restore = False
+            self._continued = self.restore
+            if not self.restore and self._epoch is not None:
+                self.current_epoch = self._epoch()  # LitData counts from 1: it adds 1 here
+            return super().__iter__()
 
         def load_state_dict(self, state: dict[str, Any]) -> None:
             saved = state["dataset"]

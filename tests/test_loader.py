@@ -74,12 +74,22 @@ def test_training_ranks_take_disjoint_equal_shards_of_one_permutation(n, world):
 
 @pytest.mark.parametrize(
     "n, world, asked, batch",
-    [(96, 2, 5, 5), (103, 4, 10, 10), (103, 4, 5, 4), (103, 4, 25, 24), (1025, 2, 512, 511)],
+    [
+        (96, 2, 5, 5),
+        (103, 4, 10, 10),
+        (103, 4, 5, 4),
+        (103, 4, 25, 24),
+        (1025, 2, 512, 511),
+        (9, 2, 1, 3),  # one-image batches: 5 and 4 images would make 5 and 4 batches
+        (9, 2, 2, 3),
+        (359, 2, 1, 2),  # the digits' test split, data.eval_batch_size=1
+    ],
 )
 def test_evaluation_ranks_see_every_sample_once_in_as_many_batches(n, world, batch, asked):
     """Evaluation under DDP counts each image once (no padding: the metrics are the one-process
     ones), in the same number of batches on every rank (steps that are collectives, as under
-    FSDP, stay paired): where the batch size asked leaves a rank a batch more, one below."""
+    FSDP, stay paired): where the batch size asked leaves a rank a batch more, one below (or
+    above, for batches of one or two)."""
     loaders, seen = shards(n, world, train=False, batch=asked)
     assert len({len(loader) for loader in loaders}) == 1
     assert {loader.batch_size for loader in loaders} == {batch}
@@ -89,10 +99,9 @@ def test_evaluation_ranks_see_every_sample_once_in_as_many_batches(n, world, bat
         assert s.tolist() == list(range(rank, n, world))  # rank r: every W-th from r, in order
 
 
-@pytest.mark.parametrize("n, world, batch", [(3, 4, 8), (9, 2, 1)])
+@pytest.mark.parametrize("n, world, batch", [(3, 4, 8), (3, 4, 1)])
 def test_evaluation_pads_like_distributed_sampler_where_even_batches_cannot_be_had(n, world, batch):
-    # fewer samples than ranks (a rank without batches would skip the epoch's collectives), or
-    # one-image batches with a remainder
+    # fewer samples than ranks (a rank without batches would skip the epoch's collectives)
     loaders, seen = shards(n, world, train=False, batch=batch)
     assert len({len(loader) for loader in loaders}) == 1 and {len(s) for s in seen} == {
         -(-n // world)

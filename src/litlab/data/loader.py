@@ -38,14 +38,15 @@ from litlab.errors import ConfigError
 def even_batch_size(size: int, world_size: int, batch_size: int) -> int | None:
     """The largest batch size up to ``batch_size`` at which ``size`` samples, dealt to
     ``world_size`` ranks each once (a rank holds size // W of them or one more), make the same
-    number of batches on every rank; None where none does (fewer samples than ranks, or a
-    remainder with batches of one)."""
+    number of batches on every rank; where none does (batches of one or two, with a remainder),
+    the smallest above it; None with fewer samples than ranks."""
     low = size // world_size
     if size % world_size == 0:
         return batch_size
     if low == 0:
         return None
-    for b in range(batch_size, 1, -1):  # b fails only where it divides low: a step or two
+    # b fails only where it divides low: a step or two down, or up (low + 1 never divides low)
+    for b in [*range(batch_size, 1, -1), *range(batch_size + 1, low + 2)]:
         if -(-low // b) == -(-(low + 1) // b):
             return b
     return None
@@ -60,9 +61,10 @@ class ShardSampler(DistributedSampler):
     (training: every sample at most once per epoch). Evaluation (no ``drop_last``) with a
     ``batch_size`` deals every sample exactly once, in the same number of batches on every rank
     (each rank's evaluation steps may be collectives, as under FSDP), at ``batch_size`` or the
-    nearest size below that allows it (``even_batch_size``); where none does, and without a
-    batch size, the order is padded by repeating its start, as Lightning's DistributedSampler
-    does, so up to W-1 samples count twice. ``batch_size`` is then the size to batch with.
+    nearest size that allows it (``even_batch_size``: below, or above for batches of one or
+    two); with fewer samples than ranks, and without a batch size, the order is padded by
+    repeating its start, as Lightning's DistributedSampler does, so up to W-1 samples count
+    twice. ``batch_size`` is then the size to batch with.
 
     A DistributedSampler, so that Lightning keeps it on a torch DataLoader under DDP (it
     replaces any other sampler with its own); iterating it leaves out the first ``skip``

@@ -104,6 +104,7 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             ["callbacks=ema", "+callbacks.ema.update_starting_at_epoch=1"],
             "use callbacks.ema.update_starting_at_step",
         ),
+        (["callbacks=ema", "trainer=fsdp"], "callbacks.ema averages whole parameters"),
         (
             ["callbacks.model_checkpoint.monitor=val/loss", "callbacks.model_checkpoint.mode=min"],
             "set objective.metric=val/loss objective.mode=min",

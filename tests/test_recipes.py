@@ -114,6 +114,34 @@ def test_ema_weights_are_the_ones_validated_checkpointed_and_tested(tmp_path):
     assert int(last["averaging_state"]["n_averaged"]) == last["global_step"]
 
 
+def test_the_default_ema_decay_ramps_up_so_a_short_run_is_not_its_initial_weights(tmp_path):
+    """decay 0.999 (conf/callbacks/ema.yaml) over a 60-step run: a constant decay would keep
+    0.999^60 = 94% of the random initial weights in the average (test/acc near chance)."""
+    cfg = make_cfg(tmp_path, [*QUIET_CSV, "callbacks=ema", "trainer.max_epochs=3"])
+    train_task(cfg)
+    assert summary_of(cfg)["metrics"]["test/acc"] > 0.85
+
+
+def test_before_its_first_update_the_average_is_the_weights_as_they_are(tmp_path):
+    """update_starting_at_step past the run's end: validation, checkpoints and the test score
+    the trained weights, as a run without EMA does (not the copy made at setup)."""
+
+    def run(folder: str, *overrides: str) -> tuple[dict, dict]:
+        cfg = make_cfg(tmp_path / folder, [*TINY, "trainer.max_epochs=1", *overrides])
+        train_task(cfg)
+        best = torch.load(
+            Path(cfg.paths.output_dir) / "checkpoints" / "best.ckpt", weights_only=True
+        )
+        return summary_of(cfg)["metrics"], best["state_dict"]
+
+    plain, plain_best = run("plain")
+    late, late_best = run("late", "callbacks=ema", "callbacks.ema.update_starting_at_step=10000")
+    for metric in ("val/acc", "test/acc", "test/loss"):
+        assert late[metric] == plain[metric], metric
+    weights = [name for name in plain_best if name.startswith("net.")]
+    assert weights and all(torch.equal(plain_best[name], late_best[name]) for name in weights)
+
+
 def test_a_resumed_fit_continues_the_ema_bit_identically(tmp_path):
     """Two epochs straight, or one and then resumed from its last checkpoint: the same averaged
     and raw weights (constant LR: a one-epoch run's schedule would end after one epoch)."""

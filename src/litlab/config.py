@@ -248,6 +248,19 @@ def require(cfg: DictConfig, key: str, hint: str) -> Any:
     return cfg[key]
 
 
+def check_ema(cfg: DictConfig) -> None:
+    """Refuse the EMA callback under FSDP: it averages each whole parameter, FSDP leaves each
+    rank a flat shard of it (the first update would fail with a size mismatch)."""
+    from litlab.distributed import strategy_name
+
+    strategy = strategy_name(cfg.trainer.get("strategy", "auto")).lower()
+    if (cfg.get("callbacks") or {}).get("ema") and "fsdp" in strategy:
+        raise ConfigError(
+            "callbacks.ema averages whole parameters, which FSDP shards across the ranks; use "
+            "trainer.strategy=ddp, or callbacks.ema=null"
+        )
+
+
 def check_objective(cfg: DictConfig) -> None:
     """Refuse an objective that no part of the run logs (FID with the FID callback off), and a
     best checkpoint chosen by another metric or direction than the objective: its score is the

@@ -22,6 +22,7 @@ from litlab.config import (
     build,
     check_all,
     check_augmentation,
+    check_ema,
     check_objective,
     check_precision,
     check_top_level,
@@ -112,6 +113,7 @@ def check(cfg: DictConfig, run: Run) -> None:
     check_top_level(cfg, "train")
     run.summary["precision"] = resolve_precision(cfg.trainer)
     check_all(cfg)
+    check_ema(cfg)
     if check_hardware(cfg.trainer) and cfg.trainer.get("sync_batchnorm"):
         # trainer=ddp turns it on for GPUs; torch's SyncBatchNorm has no CPU implementation
         log.info(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import EMAWeightAveraging
+from lightning.pytorch.callbacks import EMAWeightAveraging, WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 
 from litlab.errors import ConfigError
+from litlab.models.gan import ema_with_warmup
 
 
 class EMA(EMAWeightAveraging):
@@ -23,7 +25,16 @@ class EMA(EMAWeightAveraging):
     score the raw weights, not the averaged ones that validation chose the checkpoint by.
     """
 
-    def __init__(self, *args: Any, update_starting_at_epoch: int | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        device: Any = None,
+        use_buffers: bool = True,
+        decay: float = 0.999,
+        update_every_n_steps: int = 1,
+        update_starting_at_step: int | None = None,
+        update_starting_at_epoch: int | None = None,
+        **kwargs: Any,
+    ):
         if update_starting_at_epoch is not None:
             # Lightning then also updates the average at each epoch's end, after validation and
             # before the best checkpoint is written: best.ckpt would hold weights one update
@@ -32,7 +43,48 @@ class EMA(EMAWeightAveraging):
                 "callbacks.ema.update_starting_at_epoch is not supported (best.ckpt would not "
                 "hold the validated weights); use callbacks.ema.update_starting_at_step"
             )
-        super().__init__(*args, **kwargs)
+        # The GAN's EMA: the decay ramps up as min(decay, (1 + n) / (10 + n)). Lightning's
+        # constant decay keeps 0.999^n of the random initial weights (and BatchNorm statistics)
+        # in the average: after a 400-step run two thirds, and a model near chance. Its
+        # constructor takes no other average function: the base class's is called instead.
+        WeightAveraging.__init__(
+            self,
+            device=device,
+            use_buffers=use_buffers,
+            multi_avg_fn=ema_with_warmup(decay),
+            **kwargs,
+        )
+        self.update_every_n_steps = update_every_n_steps
+        self.update_starting_at_step = update_starting_at_step
+        self.update_starting_at_epoch = None
+
+    def _follow_until_averaged(self, pl_module: L.LightningModule) -> None:
+        """Before its first update (update_starting_at_step) the average is the weights as they
+        are, not the copy made at setup: validation, checkpoints and the end of fit use them."""
+        average = self._average_model
+        if average is None or int(average.n_averaged) > 0:
+            return
+        pairs = zip(
+            itertools.chain(average.module.parameters(), average.module.buffers()),
+            itertools.chain(pl_module.parameters(), pl_module.buffers()),
+            strict=True,
+        )
+        for kept, current in pairs:
+            kept.data.copy_(current.data)
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._follow_until_averaged(pl_module)
+        super().on_validation_epoch_start(trainer, pl_module)
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._follow_until_averaged(pl_module)
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._follow_until_averaged(pl_module)
+        super().on_train_end(trainer, pl_module)
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]

@@ -127,8 +127,13 @@ def test_tensorboard_and_no_logger(tmp_path):
     assert summary_of(cfg)["metrics"]["test/acc"] > 0
 
 
-def test_eval_reproduces_the_test_accuracy_of_the_best_checkpoint(tmp_path):
-    cfg = make_cfg(tmp_path / "train", ["logger=csv", "trainer.max_epochs=2", *FAST])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_eval_reproduces_the_test_figures_of_the_best_checkpoint(tmp_path, precision):
+    """eval.py tests in the precision the run trained with (trainer.precision=trained)."""
+    cfg = make_cfg(
+        tmp_path / "train",
+        ["logger=csv", "trainer.max_epochs=2", f"trainer.precision={precision}", *FAST],
+    )
     train_task(cfg)
     trained = summary_of(cfg)
     eval_cfg = make_cfg(
@@ -138,8 +143,24 @@ def test_eval_reproduces_the_test_accuracy_of_the_best_checkpoint(tmp_path):
     )
     value = eval_task(eval_cfg)
     evaluated = summary_of(eval_cfg)
-    assert evaluated["status"] == "completed"
-    assert value == pytest.approx(trained["metrics"]["test/acc"], abs=1e-6)
+    assert evaluated["status"] == "completed" and evaluated["precision"]["chosen"] == precision
+    assert value == trained["metrics"]["test/acc"]
+    assert evaluated["metrics"]["test/loss"] == trained["metrics"]["test/loss"]
+
+
+def test_eval_builds_only_the_callbacks_it_uses(tmp_path):
+    """A training run's own callback (a class of the user's, not importable where eval runs)
+    is not built by eval.py: only those used in evaluation (FID, sample grids)."""
+    cfg = make_cfg(tmp_path / "train", ["logger=csv", "trainer.max_epochs=1", "test=false", *FAST])
+    train_task(cfg)
+    path = Path(summary_of(cfg)["best_checkpoint"])
+    checkpoint = torch.load(path, weights_only=False)
+    checkpoint["hyper_parameters"]["callbacks"]["mine"] = {"_target_": "my_lab_only.Callback"}
+    torch.save(checkpoint, path)
+    eval_cfg = make_cfg(
+        tmp_path / "eval", [f"ckpt_path={path}", "extras.print_config=false"], config_name="eval"
+    )
+    assert eval_task(eval_cfg) > 0.5
 
 
 def test_eval_on_other_data_normalizes_it_as_the_model_was_trained(tmp_path):

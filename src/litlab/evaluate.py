@@ -8,6 +8,7 @@ from typing import Any
 
 import hydra
 import lightning as L
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.gan import save_generated_images
@@ -20,7 +21,7 @@ from litlab.config import (
     require,
 )
 from litlab.errors import ConfigError
-from litlab.hardware import check_hardware, resolve_precision
+from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list
 from litlab.train import setup_extras
@@ -42,6 +43,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     )
     parts.model = stored.model
     check_all(parts)
+    trained_precision(cfg.trainer, stored)
     run.summary["precision"] = resolve_precision(cfg.trainer)
     check_all(cfg)
     check_hardware(cfg.trainer)
@@ -57,9 +59,9 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     model = build(parts.model, "model")
     model.load_state_dict(checkpoint["state_dict"])
     loggers = build_list(cfg.get("logger"), "logger")
-    # Evaluation callbacks of the trained run (a GAN's FID and sample grids) test it the same way.
-    trained_callbacks = build_list(stored.get("callbacks"), "callbacks")
-    callbacks = [c for c in trained_callbacks if getattr(c, "used_in_eval", False)]
+    # Evaluation callbacks of the trained run (a GAN's FID and sample grids) test it the same
+    # way; the others are not built (their classes may not be importable here).
+    callbacks = build_list(eval_callbacks(stored.get("callbacks")), "callbacks")
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
     try:
         with run.phase("test"):
@@ -73,6 +75,18 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
             run.summary["generated"] = save_generated_images(model, int(cfg.generate), folder)
         run.summary["generated_dir"] = str(folder)
     return run.summary["metrics"]
+
+
+def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
+    """trainer.precision=trained (eval's default): the precision the run trained and tested
+    with, so that eval's test/* are the run's; 16-bit on a CPU, which no CPU runs: 32-true."""
+    if str(trainer.get("precision")) != "trained":
+        return
+    precision = str((stored.get("trainer") or {}).get("precision", "32-true"))
+    if precision.startswith("16") and not on_gpu(str(trainer.get("accelerator", "auto"))):
+        log.info("trainer.precision=32-true: the run trained in %s, which needs a GPU", precision)
+        precision = "32-true"
+    trainer.precision = precision
 
 
 def other_data(chosen: DictConfig, trained: DictConfig) -> DictConfig:
@@ -96,6 +110,20 @@ def other_data(chosen: DictConfig, trained: DictConfig) -> DictConfig:
         )
         data["mean"], data["std"] = before["mean"], before["std"]
     return OmegaConf.create(data)
+
+
+def eval_callbacks(callbacks: DictConfig | None) -> DictConfig:
+    """The stored callbacks whose class says it is used in evaluation (``used_in_eval``)."""
+    kept = {}
+    for name, node in (callbacks or {}).items():
+        target = node.get("_target_") if isinstance(node, DictConfig) else None
+        try:
+            cls = get_class(str(target)) if target else None
+        except Exception:  # a class of the training run's own modules, not importable here
+            cls = None
+        if getattr(cls, "used_in_eval", False):
+            kept[name] = node
+    return OmegaConf.create(kept)
 
 
 def eval_metric(stored: DictConfig) -> str:

@@ -177,3 +177,18 @@ def test_run_folders_never_collide(tmp_path):
     assert len(single) == 2 and all((p / "summary.json").is_file() for p in single)
     sweeps = sweep_dirs(tmp_path)
     assert len(sweeps) == 2 and all(len(jobs(s)) == 2 for s in sweeps)
+
+
+def test_a_multirun_of_jobs_without_an_objective_ends_without_an_error(tmp_path):
+    """python eval.py -m ...: its jobs complete with test metrics and no objective."""
+    from omegaconf import OmegaConf
+
+    from litlab.sweep import SweepSummary
+
+    for job in ("0", "1"):
+        (tmp_path / job).mkdir()
+        summary = {"task": "eval", "status": "completed", "metrics": {"test/acc": 0.9}}
+        (tmp_path / job / "summary.json").write_text(json.dumps(summary))
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    summary = json.loads((tmp_path / "sweep_summary.json").read_text())
+    assert summary["completed"] == 2 and summary["failed"] == [] and summary["best"] is None

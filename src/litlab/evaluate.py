@@ -116,11 +116,18 @@ def eval_callbacks(callbacks: DictConfig | None) -> DictConfig:
     """The stored callbacks whose class says it is used in evaluation (``used_in_eval``)."""
     kept = {}
     for name, node in (callbacks or {}).items():
-        target = node.get("_target_") if isinstance(node, DictConfig) else None
+        target = str(node.get("_target_")) if isinstance(node, DictConfig) else ""
+        if not target:
+            continue
         try:
-            cls = get_class(str(target)) if target else None
-        except Exception:  # a class of the training run's own modules, not importable here
-            cls = None
+            cls = get_class(target)
+        except ImportError:  # a class of the training run's own modules, not importable here
+            if target.startswith("litlab."):
+                raise
+            log.info(
+                "callbacks.%s (%s) is not importable here; evaluation does not use it", name, target
+            )
+            continue
         if getattr(cls, "used_in_eval", False):
             kept[name] = node
     return OmegaConf.create(kept)

@@ -100,11 +100,14 @@ class SweepSummary(Callback):
         write_json(sweep_dir / "sweep_summary.json", summary)
         for job in failed:
             log.warning("failed job %s: %s", job["job_dir"], job.get("error"))
-        if best is None:
+        if best is None and failed:
             fail(
                 f"no job of the sweep in {sweep_dir} completed with an objective value "
                 f"({len(failed)} failed; their errors: {sweep_dir / 'sweep_summary.json'})"
             )
+        if best is None:  # e.g. a multirun of eval.py: its jobs have no objective
+            log.warning("no job of the sweep in %s has an objective value", sweep_dir)
+            return
         objective = best["objective"]
         log.info(
             "best of %d jobs (%d failed): %s=%s in %s with %s",

@@ -23,6 +23,7 @@ and trainer/connectors/data_connector.py):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +34,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, S
 
 from litlab import rng
 from litlab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+_SAID: set[tuple[int, int, int, int]] = set()
 
 
 def even_batch_size(size: int, world_size: int, batch_size: int) -> int | None:
@@ -103,6 +107,17 @@ class ShardSampler(DistributedSampler):
         if not drop_last and batch_size is not None:
             even = even_batch_size(size, world_size, batch_size)
         if even is not None:  # every sample once: this rank's share, no padding
+            said = (size, world_size, batch_size, even)
+            if even != batch_size and rank == 0 and said not in _SAID:
+                _SAID.add(said)
+                log.info(
+                    "evaluation batch size %d, not %d: %d images in as many batches on each "
+                    "of %d ranks, each image once",
+                    even,
+                    batch_size,
+                    size,
+                    world_size,
+                )
             self.batch_size = even
             self.total_size = size
             self.num_samples = len(range(rank, size, world_size))

@@ -161,9 +161,16 @@ def test_experiments_select_their_recipe(tmp_path):
 
 
 def test_eval_config_composes(tmp_path):
+    from omegaconf import OmegaConf
+
+    from litlab.evaluate import trained_precision
+
     cfg = make_cfg(tmp_path, ["ckpt_path=x.ckpt"], config_name="eval")
+    assert cfg.trainer.precision == "trained"  # evaluate() puts the run's own in its place
+    trained_precision(cfg.trainer, OmegaConf.create({"trainer": {"precision": "bf16-mixed"}}))
     check_all(cfg)
     assert cfg.task_name == "eval" and cfg.get("data") is None
+    assert cfg.trainer.precision == "bf16-mixed"
 
 
 def test_cli_help_lists_groups_and_cfg_prints_config():

@@ -138,8 +138,6 @@ def domain_classifier(
             "set data.num_classes=1 (auto then uses InceptionV3) or callbacks.fid.extractor=inception"
         )
     image_shape = tuple(images.shape[1:])
-    key = _training_hash(images, labels, mean, std, seed)
-    path = Path(cache_dir) / f"fid-classifier-{key}-w{width}.pt"
     # Its own random stream: the run's (and so its results) must not depend on whether the
     # extractor was cached, and the cached weights on nothing but what the key names.
     with torch.random.fork_rng(devices=[]):
@@ -148,6 +146,8 @@ def domain_classifier(
     if weights is not None:
         net.load_state_dict(weights)
         return ClassifierFeatures(net, mean, std, image_shape)
+    key = _training_hash(images, labels, mean, std, seed)
+    path = Path(cache_dir) / f"fid-classifier-{key}-w{width}.pt"
     if path.is_file():
         net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         log.info("FID extractor: cached domain classifier %s", path)

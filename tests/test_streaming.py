@@ -269,6 +269,18 @@ def summary_of_folder(root: Path) -> dict:
     return json.loads(next(root.rglob("summary.json")).read_text())
 
 
+def names_loader(dst: Path, **options: Any) -> Any:
+    """litlab's streaming loader over a converted split, shuffled (seed 7), batches of 4 names."""
+    dataset = litdata.StreamingDataset(join(str(dst), "train"), shuffle=True, seed=7)
+    return streaming_loader_class()(
+        dataset,
+        batch_size=4,
+        shuffle=True,
+        collate_fn=lambda items: [i["name"] for i in items],
+        **options,
+    )
+
+
 def test_each_pass_streams_the_order_of_the_trainers_epoch(converted):
     """A run resumed from an epoch's end (no loader state in its checkpoint) continues with the
     next epoch's order, not the first epoch's again: the order is the trainer's epoch's at
@@ -276,15 +288,8 @@ def test_each_pass_streams_the_order_of_the_trainers_epoch(converted):
     _, dst, _ = converted
 
     def epochs(start: int, count: int) -> list[list[str]]:
-        dataset = litdata.StreamingDataset(join(str(dst), "train"), shuffle=True, seed=7)
         epoch = [start]  # the trainer's current_epoch
-        loader = streaming_loader_class()(
-            dataset,
-            batch_size=4,
-            shuffle=True,
-            collate_fn=lambda items: [i["name"] for i in items],
-            epoch=lambda: epoch[0],
-        )
+        loader = names_loader(dst, epoch=lambda: epoch[0])
         passes = []
         for _ in range(count):
             passes.append([name for batch in loader for name in batch])
@@ -304,16 +309,7 @@ def test_the_epoch_after_a_continued_one_streams_all_of_its_batches(converted, w
     epoch = [0]
 
     def loader() -> Any:
-        dataset = litdata.StreamingDataset(join(str(dst), "train"), shuffle=True, seed=7)
-        return streaming_loader_class()(
-            dataset,
-            batch_size=4,
-            shuffle=True,
-            drop_last=True,
-            num_workers=workers,
-            collate_fn=lambda items: [i["name"] for i in items],
-            epoch=lambda: epoch[0],
-        )
+        return names_loader(dst, drop_last=True, num_workers=workers, epoch=lambda: epoch[0])
 
     def as_lightning_runs(stream: Any, batches: int) -> list[list[str]]:
         return list(itertools.islice(stream, batches))  # no next() after the last batch
@@ -418,15 +414,7 @@ def test_a_streamed_epoch_resumed_inside_a_batch_gives_that_batch_again(converte
     _, dst, _ = converted
 
     def loader(trained=None):
-        dataset = litdata.StreamingDataset(join(str(dst), "train"), shuffle=True, seed=7)
-        return streaming_loader_class()(
-            dataset,
-            batch_size=4,
-            shuffle=True,
-            num_workers=workers,
-            collate_fn=lambda items: [i["name"] for i in items],
-            trained=trained,
-        )
+        return names_loader(dst, num_workers=workers, trained=trained)
 
     whole = list(loader())
     cut = loader()

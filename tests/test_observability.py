@@ -220,3 +220,13 @@ def test_bad_tune_settings_are_one_line(tmp_path, overrides, needle):
     cfg = make_cfg(tmp_path, ["tune.lr=true", *overrides])
     with pytest.raises(ConfigError, match=needle):
         tune(cfg, tmp_path)
+
+
+def test_the_batch_size_finder_stops_at_the_training_split(tmp_path):
+    """README: on a CPU the search ends at the split, 1294 digits (Lightning's power search
+    doubles to 2048 and reloads the data before it checks max_val)."""
+    cfg = make_cfg(tmp_path, ["trainer.max_epochs=1", "tune.batch_size=true", "test=false", *FAST])
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed" and summary["tuned"]["batch_size"] == 1294
+    assert not list(Path(cfg.paths.output_dir).glob(".scale_batch_size_*.ckpt"))

@@ -156,7 +156,11 @@ def find_batch_size(
     # the data; a batch never holds more than the training split.
     train_size = len(datamodule.datasets["fit"])
     options["max_val"] = min(int(options.get("max_val", 8192)), train_size)
-    size = Tuner(trainer).scale_batch_size(model, datamodule=datamodule, **options)
+    datamodule.whole_split_batches = True
+    try:
+        size = Tuner(trainer).scale_batch_size(model, datamodule=datamodule, **options)
+    finally:
+        datamodule.whole_split_batches = False
     if size is None:  # fast_dev_run: Lightning skips the search
         log.warning(
             "tune.batch_size: no search under fast_dev_run; keeping %s", cfg.data.batch_size

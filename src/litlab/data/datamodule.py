@@ -152,6 +152,9 @@ class DataModule(L.LightningDataModule):
         self.image_shape = tuple(image_shape)
         self.num_classes = num_classes
         self.batch_size = batch_size
+        # Set by tune.batch_size while Lightning's finder doubles past the split (its power
+        # search reloads the data before it checks max_val): a batch of the whole split then.
+        self.whole_split_batches = False
         self.eval_batch_size = eval_batch_size or batch_size
         self.val_fraction = val_fraction
         self.split_seed = split_seed
@@ -286,8 +289,11 @@ class DataModule(L.LightningDataModule):
         self.trained_classes = state.get("classes")
         self._check_classes()
 
-    def _loader(self, split: str, train: bool) -> DataLoader | DeviceLoader:
-        batch_size = self.batch_size if train else self.eval_batch_size
+    def _loader(
+        self, split: str, train: bool, batch_size: int | None = None
+    ) -> DataLoader | DeviceLoader:
+        if batch_size is None:
+            batch_size = self.batch_size if train else self.eval_batch_size
         if _streams(self.datasets[split]):
             return self._streaming_loader(split, train, batch_size)
         trainer = self.trainer
@@ -362,6 +368,8 @@ class DataModule(L.LightningDataModule):
         # each rank's share (a streamed dataset's len is already this rank's)
         ranks = 1 if self.trainer is None or _streams(fit) else self.trainer.world_size
         share = len(fit) // ranks
+        if share < self.batch_size and self.whole_split_batches:
+            return self._loader("fit", train=True, batch_size=share)
         if share < self.batch_size:  # drop_last would leave no batch at all
             each = f" of each of the {ranks} ranks" if ranks > 1 else ""
             raise ConfigError(

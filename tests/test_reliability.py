@@ -206,6 +206,15 @@ def test_preemption_signal_from_outside_saves_and_resume_finishes(tmp_path, sign
     resumed = run_cli(f"resume={folder}", f"trainer.max_epochs={saved['epoch'] + 2}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary_status(folder) == "completed"
+    # The report shows the run as it is now: the resume's override, both parts' wall time.
+    from litlab.report.runs import find_runs
+
+    (run,) = find_runs([folder])
+    assert f"trainer.max_epochs={saved['epoch'] + 2}" in run.overrides
+    durations = json.loads((folder / "summary.json").read_text())["durations_s"]
+    first = json.loads((folder / "summary.json").read_text())["previous_summary"]["durations_s"]
+    assert durations["earlier"] == first["total"] > 0
+    assert run.duration_s == pytest.approx(durations["total"] + first["total"])
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.compat import epochs_trained
 from litlab.distributed import global_rank, rank0_dir
 from litlab.errors import CheckpointError, ConfigError, fail
+from litlab.overrides import merged_overrides
 from litlab.run import config_digest
 from litlab.tune import TUNED_KEYS
 
@@ -55,18 +56,8 @@ def wandb_run_id(folder: Path) -> str | None:
 
 # What each `resume=` that trained changed (its overrides), merged, in the run's .hydra/:
 # the saved config.yaml stays the first command's; a later resume= applies these first.
-RESUME_OVERRIDES = "resume_overrides.yaml"
+RESUME_OVERRIDES = "resume_overrides.yaml"  # (litlab.report reads it too)
 _PENDING = "LITLAB_RESUME_OVERRIDES"  # this process's resume: recorded once training begins
-
-
-def _override_key(arg: str) -> str:
-    return arg.split("=", 1)[0].lstrip("+~")
-
-
-def merged_overrides(earlier: list[str], later: list[str]) -> list[str]:
-    """``earlier`` then ``later``, an earlier override of a key that ``later`` sets left out."""
-    keys = {_override_key(arg) for arg in later}
-    return [arg for arg in earlier if _override_key(arg) not in keys] + list(later)
 
 
 def _recorded_overrides(folder: Path) -> list[str]:

@@ -159,6 +159,12 @@ class Run:
             if self._previous is not None:
                 earlier = {k: v for k, v in self._previous.items() if k != "previous_summary"}
                 self.summary["previous_summary"] = earlier
+                # the wall time of every earlier part of the run (each summary keeps one back)
+                before = earlier.get("durations_s") or {}
+                spent = (before.get("total") or 0) + (before.get("earlier") or 0)
+                self.summary["durations_s"]["earlier"] = round(spent, 3)
+                if "tuned" in earlier:  # what tune.* found, in the config this run continues
+                    self.summary["tuned"] = earlier["tuned"]
             self.summary.update(pid=os.getpid(), host=platform.node())
             write_json(self.dir / "summary.json", self.summary)
         return self

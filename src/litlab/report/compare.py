@@ -6,7 +6,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from litlab.report.runs import RunFolder, number, override_key
+from litlab.overrides import override_key
+from litlab.report.runs import RunFolder, number
 
 KEY_METRICS = ("test/acc", "val/acc", "val/fid", "val/fid_floor", "train/loss", "g/loss", "d/loss")
 ERROR_CHARS = 90

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import yaml
 
+from litlab.overrides import merged_overrides, override_key
+
 SUMMARY = "summary.json"
 OVERRIDES = Path(".hydra") / "overrides.yaml"
+RESUME_OVERRIDES = Path(".hydra") / "resume_overrides.yaml"  # litlab.resume writes it
 FAILED = ("failed", "unreadable")
 
 Curve = tuple[list[float], list[float]]
@@ -92,9 +95,11 @@ class RunFolder:
 
     @property
     def duration_s(self) -> float | None:
-        """Total wall time of the run in seconds."""
+        """Total wall time of the run in seconds, the parts before its resumes included."""
         durations = self.summary.get("durations_s")
-        return number(durations.get("total")) if isinstance(durations, dict) else None
+        if not isinstance(durations, dict) or number(durations.get("total")) is None:
+            return None
+        return number(durations.get("total")) + (number(durations.get("earlier")) or 0.0)
 
     @property
     def best_checkpoint(self) -> str | None:
@@ -131,18 +136,21 @@ class RunFolder:
         return "val/fid" in self.metrics or (self.path / "samples").is_dir()
 
 
-def override_key(override: str) -> str | None:
-    """The key of a key=value override (a leading + or ++ dropped); None for other forms."""
-    return override.split("=", 1)[0].lstrip("+") if "=" in override else None
-
-
 def read_overrides(path: Path) -> list[str]:
-    """The command-line overrides of a run ([] when .hydra/overrides.yaml is missing or bad)."""
+    """The overrides in one of a run's .hydra/*overrides.yaml ([] when missing or bad)."""
     try:
         overrides = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
         return []
     return [str(o) for o in overrides] if isinstance(overrides, list) else []
+
+
+def run_overrides(run_dir: Path) -> list[str]:
+    """The command's overrides, then what each ``resume=`` of the run that trained changed
+    (``trainer.max_epochs=50``): the settings the run has now."""
+    return merged_overrides(
+        read_overrides(run_dir / OVERRIDES), read_overrides(run_dir / RESUME_OVERRIDES)
+    )
 
 
 def read_curves(path: Path) -> dict[str, Curve]:
@@ -210,9 +218,7 @@ def find_runs(folders: list[Path]) -> list[RunFolder]:
                 continue
             seen.add(run_dir.resolve())
             name = run_name(folder, run_dir, prefix=len(folders) > 1)
-            runs.append(
-                RunFolder(name, run_dir, read_summary(run_dir), read_overrides(run_dir / OVERRIDES))
-            )
+            runs.append(RunFolder(name, run_dir, read_summary(run_dir), run_overrides(run_dir)))
     if not runs:
         given = " ".join(str(f) for f in folders)
         raise ReportError(

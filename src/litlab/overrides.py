@@ -1,0 +1,16 @@
+"""Hydra command-line overrides (``key=value``) as litlab reads them back from run folders."""
+
+from __future__ import annotations
+
+
+def override_key(override: str) -> str | None:
+    """The key of a ``key=value``, ``+key=value`` or ``~key`` override; None for other forms."""
+    if "=" not in override and not override.startswith("~"):
+        return None
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merged_overrides(earlier: list[str], later: list[str]) -> list[str]:
+    """``earlier`` then ``later``, an earlier override of a key that ``later`` sets left out."""
+    keys = {override_key(arg) for arg in later}
+    return [arg for arg in earlier if override_key(arg) not in keys] + list(later)

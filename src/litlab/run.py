@@ -163,8 +163,6 @@ class Run:
                 before = earlier.get("durations_s") or {}
                 spent = (before.get("total") or 0) + (before.get("earlier") or 0)
                 self.summary["durations_s"]["earlier"] = round(spent, 3)
-                if "tuned" in earlier:  # what tune.* found, in the config this run continues
-                    self.summary["tuned"] = earlier["tuned"]
             self.summary.update(pid=os.getpid(), host=platform.node())
             write_json(self.dir / "summary.json", self.summary)
         return self

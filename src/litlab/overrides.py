@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# What each `resume=` of a run that trained changed (its overrides, merged), beside the run's
+# .hydra/overrides.yaml: litlab.resume writes and applies it, litlab.report shows it.
+RESUME_OVERRIDES = "resume_overrides.yaml"
+
 
 def override_key(override: str) -> str | None:
     """The key of a ``key=value``, ``+key=value`` or ``~key`` override; None for other forms."""

@@ -27,7 +27,7 @@ from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.compat import epochs_trained
 from litlab.distributed import global_rank, rank0_dir
 from litlab.errors import CheckpointError, ConfigError, fail
-from litlab.overrides import merged_overrides
+from litlab.overrides import RESUME_OVERRIDES, merged_overrides
 from litlab.run import config_digest
 from litlab.tune import TUNED_KEYS
 
@@ -54,9 +54,7 @@ def wandb_run_id(folder: Path) -> str | None:
     return runs[-1].name.rsplit("-", 1)[-1] if runs else None
 
 
-# What each `resume=` that trained changed (its overrides), merged, in the run's .hydra/:
-# the saved config.yaml stays the first command's; a later resume= applies these first.
-RESUME_OVERRIDES = "resume_overrides.yaml"  # (litlab.report reads it too)
+# The saved config.yaml stays the first command's; a later resume= applies RESUME_OVERRIDES first.
 _PENDING = "LITLAB_RESUME_OVERRIDES"  # this process's resume: recorded once training begins
 
 

@@ -183,8 +183,8 @@ def find_lr(
 ) -> dict[str, Any]:
     """Lightning's LR range test; its suggestion (``valley``) marked on its plot."""
     finder = Tuner(trainer).lr_find(model, datamodule=datamodule, update_attr=False, **options)
-    lr = valley(finder) if finder is not None else None
-    if lr is None:
+    index = valley(finder.results["loss"]) if finder is not None else None
+    if index is None:
         log.warning(
             "tune.lr: no suggestion (fast_dev_run or too few steps); keeping model.optimizer.lr=%s",
             cfg.model.optimizer.lr,
@@ -192,8 +192,8 @@ def find_lr(
         return {}
     import matplotlib.pyplot as plt
 
+    lr, loss = finder.results["lr"][index], finder.results["loss"][index]
     figure = finder.plot(suggest=False)  # (suggest=True marks Lightning's own suggestion)
-    loss = finder.results["loss"][finder._optimal_idx]
     figure.axes[0].plot(lr, loss, markersize=10, marker="o", color="red")
     figure.savefig(run_dir / LR_PLOT, dpi=100)
     plt.close(figure)
@@ -201,15 +201,14 @@ def find_lr(
     return {"lr": float(lr), "lr_plot": str(run_dir / LR_PLOT)}
 
 
-def valley(finder: Any) -> float | None:
+def valley(losses: list[float]) -> int | None:
     """fastai's "valley" suggestion from the range test's (smoothed) losses: the longest run of
-    falling loss (its longest decreasing subsequence), and the learning rate half way along it.
+    falling loss (its longest decreasing subsequence), and the point half way along it.
     Lightning's ``suggestion()`` takes the steepest slope against the learning rate itself,
     whose steps grow tenfold a decade: it picks the smallest rates, where the smoothed loss of
     the first steps still wanders (the default CNN on digits: 3.6e-6, which trains at chance;
     the steepest slope per decade, 0.076, is near where the loss blows up: 52% after 2 epochs;
     the valley's 2e-3 to 1e-2 train as well as the default 3e-3)."""
-    losses, lrs = finder.results["loss"], finder.results["lr"]
     points = [i for i, loss in enumerate(losses) if math.isfinite(loss)]
     if len(points) < 3:
         log.error("tune.lr: too few finite points to suggest a learning rate")
@@ -223,8 +222,7 @@ def valley(finder: Any) -> float | None:
         if run[i] > run[end]:
             end = i
     start = end - run[end] + 1
-    finder._optimal_idx = points[start + (end - start) // 2]
-    return float(lrs[finder._optimal_idx])
+    return points[start + (end - start) // 2]
 
 
 def save_tuned_config(updates: dict[str, Any]) -> None:

@@ -5,7 +5,6 @@ plugin's traceback. A Hydra plugin, so it lives in the hydra_plugins namespace."
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,6 @@ try:  # the optional [sweep] extra; without it there is nothing to register
     import hydra_plugins.hydra_optuna_sweeper.optuna_sweeper as optuna_sweeper
 except ImportError:
     optuna_sweeper = None
-
-log = logging.getLogger("litlab.sweep")
 
 if optuna_sweeper is not None:
 

@@ -368,9 +368,9 @@ class DataModule(L.LightningDataModule):
         # each rank's share (a streamed dataset's len is already this rank's)
         ranks = 1 if self.trainer is None or _streams(fit) else self.trainer.world_size
         share = len(fit) // ranks
-        if share < self.batch_size and self.whole_split_batches:
-            return self._loader("fit", train=True, batch_size=share)
         if share < self.batch_size:  # drop_last would leave no batch at all
+            if self.whole_split_batches:
+                return self._loader("fit", train=True, batch_size=share)
             each = f" of each of the {ranks} ranks" if ranks > 1 else ""
             raise ConfigError(
                 f"batch_size {self.batch_size} exceeds the {share} training images{each}; "

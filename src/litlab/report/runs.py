@@ -12,11 +12,10 @@ from pathlib import Path
 
 import yaml
 
-from litlab.overrides import merged_overrides, override_key
+from litlab.overrides import RESUME_OVERRIDES, merged_overrides, override_key
 
 SUMMARY = "summary.json"
 OVERRIDES = Path(".hydra") / "overrides.yaml"
-RESUME_OVERRIDES = Path(".hydra") / "resume_overrides.yaml"  # litlab.resume writes it
 FAILED = ("failed", "unreadable")
 
 Curve = tuple[list[float], list[float]]
@@ -97,9 +96,8 @@ class RunFolder:
     def duration_s(self) -> float | None:
         """Total wall time of the run in seconds, the parts before its resumes included."""
         durations = self.summary.get("durations_s")
-        if not isinstance(durations, dict) or number(durations.get("total")) is None:
-            return None
-        return number(durations.get("total")) + (number(durations.get("earlier")) or 0.0)
+        total = number(durations.get("total")) if isinstance(durations, dict) else None
+        return None if total is None else total + (number(durations.get("earlier")) or 0.0)
 
     @property
     def best_checkpoint(self) -> str | None:
@@ -149,7 +147,7 @@ def run_overrides(run_dir: Path) -> list[str]:
     """The command's overrides, then what each ``resume=`` of the run that trained changed
     (``trainer.max_epochs=50``): the settings the run has now."""
     return merged_overrides(
-        read_overrides(run_dir / OVERRIDES), read_overrides(run_dir / RESUME_OVERRIDES)
+        read_overrides(run_dir / OVERRIDES), read_overrides(run_dir / ".hydra" / RESUME_OVERRIDES)
     )
 
 

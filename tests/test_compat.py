@@ -253,3 +253,33 @@ def test_model_checkpoint_state_key_is_lightnings_and_follows_its_settings(tmp_p
     trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8).long())))
     saved = torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]
     assert list(saved) == [Lightnings(tmp_path, "last", every_n_epochs=1).state_key]
+
+
+@pytest.mark.parametrize("validation", [True, False])
+def test_a_finished_epoch_is_not_restarted_when_max_steps_is_set(tmp_path, validation):
+    """A checkpoint written at an epoch's end (with or without validation in that epoch), resumed
+    with max_steps set: every later epoch trains all its batches (Lightning alone: none, or one)."""
+
+    class Validated(Tiny):
+        def validation_step(self, batch, batch_idx):
+            return self.training_step(batch, batch_idx)
+
+    class EpochStarts(L.Callback):
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            self.steps.append(trainer.global_step)
+
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    loaders = [DataLoader(data, batch_size=8)] * (2 if validation else 1)
+    model = Validated() if validation else Tiny()
+    first = bare_trainer(max_epochs=2, max_steps=100)
+    first.fit(model, *loaders)
+    first.save_checkpoint(tmp_path / "end.ckpt")
+    starts = EpochStarts()
+    resumed = compat.restart_finished_epochs_as_epoch_based(
+        bare_trainer(max_epochs=4, max_steps=100, callbacks=[starts])
+    )
+    resumed.fit(model, *loaders, ckpt_path=tmp_path / "end.ckpt")
+    assert starts.steps == [8, 12] and resumed.global_step == 16

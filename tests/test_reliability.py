@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -498,6 +499,47 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(
     ), (logged, plan)
     final_lr = saved["optimizer_states"][0]["param_groups"][0]["lr"]
     assert final_lr == pytest.approx(plan[-1], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_run_with_max_steps_resumed_at_an_epochs_end_trains_every_epoch(tmp_path):
+    """trainer.max_steps set (the run still ends at max_epochs): resumed from last.ckpt written at
+    an epoch's end, it trains the next epoch whole, as the same resume without max_steps does.
+    (Lightning 2.6.6 alone trains none of that epoch's batches: compat.restart_finished_epochs_
+    as_epoch_based.)"""
+    first = run_cli(
+        *CLF, "trainer.max_epochs=2", "trainer.max_steps=1000", f"paths.log_dir={tmp_path}"
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    twin = tmp_path / "twin"
+    shutil.copytree(folder, twin)
+    steps_per_epoch = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] // 2
+    for run, overrides in ((folder, []), (twin, ["trainer.max_steps=-1"])):
+        resumed = run_cli(f"resume={run}", "trainer.max_epochs=4", *overrides)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (
+        load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == 4 * steps_per_epoch
+    )
+    assert [epoch for epoch, _ in val_rows(folder)] == ["0", "1", "2", "3"]
+    assert val_rows(folder) == val_rows(twin)
+    a, b = final_state(folder), final_state(twin)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.slow
+def test_a_run_with_max_steps_resumed_mid_epoch_continues_that_epoch(tmp_path, straight_classifier):
+    """With trainer.max_steps set, a checkpoint from within an epoch (a preemption) still
+    continues that epoch where it stopped: the same weights as the run never stopped."""
+    args = [*CLF, "trainer.max_steps=1000", f"paths.log_dir={tmp_path}"]
+    stopped = run_cli(*args, "+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=6")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    resumed = run_cli(f"resume={folder}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = final_state(straight_classifier), final_state(folder)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert val_rows(folder) == val_rows(straight_classifier)
 
 
 def test_a_tuned_run_continues_in_place_with_the_values_found(tmp_path, monkeypatch):

@@ -19,6 +19,8 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import csv_logs
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.loops.fit_loop import _FitLoop as LightningFitLoop
+from lightning.pytorch.loops.loop import _Loop
 from omegaconf import DictConfig
 
 # -- Lightning ---------------------------------------------------------------------------------
@@ -104,6 +106,30 @@ def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
     condition under which Lightning steps epoch schedules (its private
     ``_num_ready_batches_reached``)."""
     return bool(trainer.fit_loop.epoch_loop._num_ready_batches_reached())
+
+
+class _FitLoop(LightningFitLoop):
+    """Lightning's fit loop, restarting a finished epoch as without ``trainer.max_steps``: see
+    :func:`restart_finished_epochs_as_epoch_based`."""
+
+    @_Loop.restarting.setter  # type: ignore[attr-defined,untyped-decorator]
+    def restarting(self, restarting: bool) -> None:
+        progress = self.epoch_progress.current
+        unfinished = progress.ready != progress.processed or progress.started != progress.processed
+        _Loop.restarting.fset(self, restarting and unfinished)
+
+
+def restart_finished_epochs_as_epoch_based(trainer: L.Trainer) -> L.Trainer:
+    """Resume from an epoch's end with ``trainer.max_steps`` set as without it. Lightning
+    2.6.6's fit loop calls itself restarting whenever max_steps is set (``_FitLoop.restarting``:
+    "... or self._iteration_based_training()"), also when the checkpoint's epoch had finished:
+    the next epoch then starts with the finished one's batch counters and trains none of its
+    batches (one, without validation), so a resumed run silently loses an epoch. A checkpoint
+    from within an epoch (started, not processed) restarts as before. The loop's class is
+    swapped in place, so that everything the Trainer set on it stays."""
+    if type(trainer.fit_loop) is LightningFitLoop:
+        trainer.fit_loop.__class__ = _FitLoop
+    return trainer
 
 
 def _child_observer_class() -> type:

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from litlab import compat
 from litlab.callbacks import PeakMemory, Throughput
 from litlab.callbacks.preemption import hand_over_preemption
 from litlab.checkpoint import load_checkpoint
@@ -143,9 +144,10 @@ def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, An
     num_nodes = layout.get("num_nodes", cfg.trainer.num_nodes)
     accelerator = cfg.trainer.get("accelerator", "auto")
     strategy = strategy_for(model, cfg.trainer.strategy, devices, num_nodes, accelerator)
-    return build(
+    trainer = build(
         cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy, **layout
     )
+    return compat.restart_finished_epochs_as_epoch_based(trainer)
 
 
 def record_checkpoints(trainer: L.Trainer, run: Run, metric: str) -> None:

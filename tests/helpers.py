@@ -40,6 +40,19 @@ class RecordEpochSums(Callback):
             self.path.write_text(json.dumps({f"rank{r}": s for r, s in enumerate(sums.tolist())}))
 
 
+class RecordBatchSaves(Callback):
+    """Writes the global step of every checkpoint saved within a training epoch (not at its end:
+    the periodic saves) to a JSON file, a list growing as they come."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.steps = Path(path), []
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if trainer.training and not trainer.is_last_batch:
+            self.steps.append(checkpoint["global_step"])
+            self.path.write_text(json.dumps(self.steps))
+
+
 class InjectNaN(Callback):
     """Poisons the first parameter of a submodule at a given training batch (a fault injector)."""
 

@@ -258,6 +258,35 @@ def test_no_periodic_checkpoint_on_an_epochs_last_batch(tmp_path):
     assert load_checkpoint(folder / "last.ckpt")["global_step"] == 8
 
 
+@pytest.mark.parametrize(
+    ("n_critic", "every", "saved"), [(1, 3, [4, 6, 10, 12]), (2, 2, [3, 4, 6, 9])]
+)
+def test_a_gans_periodic_checkpoints_come_every_n_steps(tmp_path, n_critic, every, saved):
+    """A GAN's global_step counts both optimizers' steps (+2 on a batch where G steps too) and
+    can pass over a multiple of every_n_train_steps: the save comes on the batch that reaches
+    or passes it, so a killed run loses fewer than N steps (Lightning saved only on a multiple:
+    with n_critic=1 and N odd, every 2N; here [6, 12] and [4, 6])."""
+    record = tmp_path / "saves.json"
+    cfg = make_cfg(
+        tmp_path,
+        [
+            *GAN_MODEL,
+            "trainer.max_epochs=1",
+            f"model.n_critic={n_critic}",
+            f"callbacks.step_checkpoint.every_n_train_steps={every}",
+            "+callbacks.record._target_=helpers.RecordBatchSaves",
+            f"+callbacks.record.path={record}",
+            "test=false",
+            *QUIET,
+        ],
+    )
+    train_task(cfg)
+    # 7 batches; after them global_step is 2, 4, .., 14 (n_critic 1) or 1, 3, 4, 6, 7, 9, 10
+    assert json.loads(record.read_text()) == saved
+    step = load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "step.ckpt")
+    assert step["global_step"] == saved[-1]
+
+
 class Exploding:
     """Pickles half way, then fails: a crash in the middle of writing a checkpoint."""
 

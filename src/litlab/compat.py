@@ -201,6 +201,11 @@ class CheapHookName:
             super().__setattr__(name, value)
 
 
+def every_n_train_steps(callback: Any) -> int:
+    """A ModelCheckpoint's every_n_train_steps (private ``_every_n_train_steps``; 0: none)."""
+    return int(callback._every_n_train_steps or 0)
+
+
 def checkpoint_settings(callback: Any) -> tuple[Any, ...]:
     """What ``ModelCheckpoint.state_key`` is made of: its monitor and mode, and its private
     trigger settings (``_every_n_train_steps``, ``_every_n_epochs``, ``_train_time_interval``),
@@ -212,6 +217,24 @@ def checkpoint_settings(callback: Any) -> tuple[Any, ...]:
         callback._every_n_epochs,
         callback._train_time_interval,
     )
+
+
+def save_periodic_checkpoint(callback: Any, trainer: L.Trainer) -> None:
+    """What ``ModelCheckpoint.on_train_batch_end`` does when its every_n_train_steps is due (the
+    checks, then its top-k and last saves), for a save it would not see as due: its private
+    ``_should_skip_saving_checkpoint``, ``_monitor_candidates``, ``_save_topk_checkpoint`` and
+    ``_save_last_checkpoint``, ``_defer_save_until_validation`` and ``_last_time_checked``."""
+    import time
+
+    if callback._should_skip_saving_checkpoint(trainer):
+        return
+    candidates = callback._monitor_candidates(trainer)
+    if callback.monitor is not None and callback.monitor not in candidates:
+        callback._defer_save_until_validation = True
+        return
+    callback._save_topk_checkpoint(trainer, candidates)
+    callback._save_last_checkpoint(trainer, candidates)
+    callback._last_time_checked = time.monotonic()
 
 
 def flat_hyperparameters(params: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -27,14 +26,11 @@ from litlab.rng import RankSeeded
 
 Loss = Literal["bce", "wgan_gp", "hinge"]
 
-# Lightning warns that step checkpoints of a manually optimized module hold the state after
-# that step's updates. That is the state a GAN resumes from (its counters, noise and RNG are
-# saved with it: tests/test_gan.py, tests/test_reliability.py), so the long warning is noise.
-warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
-
 
 def d_loss_fn(loss: Loss, real: Tensor, fake: Tensor) -> Tensor:
-    """Discriminator loss from its logits on real and on generated images."""
+    """Discriminator loss from its logits on real and on generated images (float32: under
+    bf16 autocast the logits are bf16, and a bf16 mean rounds the WGAN estimate to 0.25 at 50)."""
+    real, fake = real.float(), fake.float()
     if loss == "bce":
         return F.softplus(-real).mean() + F.softplus(fake).mean()
     if loss == "hinge":
@@ -43,7 +39,8 @@ def d_loss_fn(loss: Loss, real: Tensor, fake: Tensor) -> Tensor:
 
 
 def g_loss_fn(loss: Loss, fake: Tensor) -> Tensor:
-    """Generator loss from the discriminator's logits on generated images."""
+    """Generator loss from the discriminator's logits on generated images (float32)."""
+    fake = fake.float()
     if loss == "bce":
         return F.softplus(-fake).mean()  # non-saturating: -log D(G(z))
     return -fake.mean()
@@ -192,6 +189,7 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
         self.register_buffer("fixed_noise", noise)
         self.g_steps = 0
         self.d_steps = 0
+        self.last_g_loss: Tensor | None = None
 
     @property
     def compile_targets(self) -> tuple[str, ...]:
@@ -244,7 +242,11 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
             real, fake = self.augment(real, generator), self.augment(fake, generator)
             real_logits, fake_logits = self.discriminator(real), self.discriminator(fake)
             d_loss = d_loss_fn(self.loss, real_logits, fake_logits)
-            logs = {"d/loss": d_loss, "d/real": real_logits.mean(), "d/fake": fake_logits.mean()}
+            logs = {
+                "d/loss": d_loss,
+                "d/real": real_logits.float().mean(),
+                "d/fake": fake_logits.float().mean(),
+            }
             if self.loss == "wgan_gp":
                 penalty = gradient_penalty(self.discriminator, real, fake, generator)
                 d_loss = d_loss + self.gp_weight * penalty
@@ -262,11 +264,13 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
                 self.manual_backward(g_loss)
                 g_opt.step()
             self.g_steps += 1
-            logs["g/loss"] = g_loss
+            self.last_g_loss = g_loss.detach()
             if self.generator_ema is not None:
                 self.generator_ema.update_parameters(self.generator)
             if self.max_g_steps is not None and self.g_steps >= self.max_g_steps:
                 self.trainer.should_stop = True
+        if self.last_g_loss is not None:  # G's latest: logged with D's also when n_critic > 1
+            logs["g/loss"] = self.last_g_loss
         # The step curves: every trainer.log_every_n_steps (when Lightning writes them), and at
         # an epoch's last batch, so that the run ends with its last values (summary.json).
         if logs_this_step(self.trainer) or self.trainer.is_last_batch:

@@ -166,8 +166,26 @@ def test_eval_of_a_foreign_checkpoint(tmp_path, capsys):
             "on CPU use trainer.strategy=ddp",
         ),
         (["model=dcgan", "callbacks.fid=null"], "comes from callbacks.fid, which is off"),
+        (
+            ["model=dcgan", "trainer.gradient_clip_val=1.0"],
+            "GAN steps its own optimizers (manual optimization), which Lightning does not clip; "
+            "set model.gradient_clip_val to clip instead",
+        ),
+        (
+            ["model=dcgan", "trainer.accumulate_grad_batches=2"],
+            "which Lightning does not accumulate for; use a larger data.batch_size",
+        ),
     ],
-    ids=["gan-image-size", "n-critic", "gan-loss", "latent-dim", "fsdp-on-cpu", "fid-off"],
+    ids=[
+        "gan-image-size",
+        "n-critic",
+        "gan-loss",
+        "latent-dim",
+        "fsdp-on-cpu",
+        "fid-off",
+        "gan-trainer-clipping",
+        "gan-accumulation",
+    ],
 )
 def test_gan_mistakes_in_process(tmp_path, capsys, overrides, needle):
     fails_with(capsys, train_task, make_cfg(tmp_path, [*overrides, *QUIET]), needle)

@@ -27,7 +27,7 @@ from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
 from litlab.metrics.fid import InceptionFeatures, domain_classifier
 from litlab.models.diffaugment import diff_augment, parse_policy
-from litlab.models.gan import GAN, batch_statistics, gradient_penalty
+from litlab.models.gan import GAN, batch_statistics, d_loss_fn, g_loss_fn, gradient_penalty
 from litlab.nets import Discriminator, Generator
 from litlab.train import train_task
 
@@ -123,6 +123,19 @@ def test_gradient_penalty_is_float32_under_autocast():
     assert all(p.grad is not None for name, p in d.named_parameters() if name.endswith("weight"))
 
 
+@pytest.mark.parametrize("loss", ["bce", "hinge", "wgan_gp"])
+def test_losses_of_bf16_logits_are_computed_in_float32(loss):
+    """Under bf16 autocast D's logits are bf16; the losses (and the WGAN estimate they log) are
+    means taken in float32, as of the logits cast to float32."""
+    real = torch.randn(64, 1) * 20 + 50
+    fake = torch.randn(64, 1) * 20 - 50
+    real16, fake16 = real.bfloat16(), fake.bfloat16()
+    d, g = d_loss_fn(loss, real16, fake16), g_loss_fn(loss, fake16)
+    assert d.dtype == g.dtype == torch.float32
+    assert d == d_loss_fn(loss, real16.float(), fake16.float())
+    assert g == g_loss_fn(loss, fake16.float())
+
+
 def test_fixed_noise_depends_only_on_the_noise_seed():
     torch.manual_seed(1)
     a = make_gan(noise_seed=7)
@@ -162,7 +175,8 @@ def test_every_loss_trains_on_synthetic_data(tmp_path, model):
     metrics = summary["metrics"]
     n_critic = 5 if model == "dcgan_wgangp" else 1
     assert metrics["g/step"] == len(range(0, 230 // 32)) // n_critic
-    for name in ("d/loss", "val/fid", "val/fid_g", "val/fid_floor", "test/fid"):
+    # g/loss too with n_critic = 5, whose G did not step on the last batch: G's latest value
+    for name in ("d/loss", "g/loss", "val/fid", "val/fid_g", "val/fid_floor", "test/fid"):
         assert name in metrics, name
     # The two learning rates are named for what they are (Lightning's default: lr-Adam, -1).
     assert {"lr/generator", "lr/discriminator"} <= metrics.keys()
@@ -171,6 +185,15 @@ def test_every_loss_trains_on_synthetic_data(tmp_path, model):
     assert summary["objective"]["metric"] == "val/fid" and summary["objective"]["mode"] == "min"
     samples = Path(cfg.paths.output_dir) / "samples"
     assert (samples / "final.png").is_file() and (samples / "test.png").is_file()
+
+
+def test_debug_fast_steps_the_generator_of_a_wgan_gp_too(tmp_path):
+    """debug=fast runs n_critic batches for a GAN (one, with n_critic 5, never stepped G)."""
+    cfg = make_cfg(tmp_path, ["model=dcgan_wgangp", *SMALL, "debug=fast", *QUIET])
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed" and "test/fid" in summary["metrics"]
+    assert summary["metrics"]["g/step"] == 1 and "g/loss" in summary["metrics"]
 
 
 def test_max_g_steps_budgets_generator_iterations(tmp_path):
@@ -452,6 +475,7 @@ def test_divergence_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, cap
     assert (
         "training diverged: d/loss, g/loss became NaN or infinite" in err
         and "last good checkpoint" in err
+        and "add model.gradient_clip_val" in err  # the GAN's own: Lightning's is not for it
     )
     summary = summary_of(cfg)
     assert summary["status"] == "failed"

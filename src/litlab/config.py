@@ -261,6 +261,26 @@ def check_ema(cfg: DictConfig) -> None:
         )
 
 
+def check_manual_optimization(cfg: DictConfig, model: Any) -> None:
+    """A model that steps its own optimizers (Lightning's manual optimization: the GANs) gets
+    neither Lightning's gradient clipping nor its gradient accumulation; Lightning refuses both
+    with a traceback once training starts."""
+    if getattr(model, "automatic_optimization", True):
+        return
+    own = "model.gradient_clip_val" if hasattr(model, "gradient_clip_val") else "the model"
+    if cfg.trainer.get("gradient_clip_val"):
+        raise ConfigError(
+            f"trainer.gradient_clip_val: {type(model).__name__} steps its own optimizers (manual "
+            f"optimization), which Lightning does not clip; set {own} to clip instead"
+        )
+    if (cfg.trainer.get("accumulate_grad_batches") or 1) != 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches: {type(model).__name__} steps its own optimizers "
+            "(manual optimization), which Lightning does not accumulate for; use a larger "
+            "data.batch_size (or more devices) instead"
+        )
+
+
 def check_objective(cfg: DictConfig) -> None:
     """Refuse an objective that no part of the run logs (FID with the FID callback off), and a
     best checkpoint chosen by another metric or direction than the objective: its score is the

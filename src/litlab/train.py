@@ -24,6 +24,7 @@ from litlab.config import (
     check_all,
     check_augmentation,
     check_ema,
+    check_manual_optimization,
     check_objective,
     check_precision,
     check_top_level,
@@ -136,6 +137,7 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
 def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, Any]) -> L.Trainer:
     """Callbacks, loggers and the Trainer, with the strategy the model needs and the devices
     and nodes an external launcher (torchrun) laid out."""
+    check_manual_optimization(cfg, model)
     callbacks = build_list(cfg.get("callbacks"), "callbacks")
     loggers = build_list(cfg.get("logger"), "logger")
     log_lr_plot(loggers, tuned)

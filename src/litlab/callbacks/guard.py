@@ -63,9 +63,17 @@ class DivergenceGuard(Callback):
         where = (
             f"the last good checkpoint is {kept}" if kept else "no checkpoint had been written yet"
         )
+        module = trainer.lightning_module
+        clip = (
+            "trainer.gradient_clip_val"
+            if module.automatic_optimization
+            else "model.gradient_clip_val"
+            if hasattr(module, "gradient_clip_val")
+            else "gradient clipping"
+        )
         raise TrainingDiverged(
             f"training diverged: {', '.join(broken)} became NaN or infinite by step {trainer.global_step}; "
-            f"{where}. Lower the learning rate, add gradient clipping, or try another loss"
+            f"{where}. Lower the learning rate, add {clip}, or try another loss"
         )
 
     def on_save_checkpoint(

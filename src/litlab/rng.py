@@ -8,10 +8,11 @@ ranks. litlab therefore draws from streams whose seed mixes the run's seed with 
   draws the noise of training batch ``step`` from it, so ranks draw distinct noise and a resumed
   run draws exactly what an uninterrupted one would (the step counters are in the checkpoint),
   whatever the number of ranks it resumes on.
-- ``seed_rank(seed, rank)``: reseeds the global generators of ranks > 0 (rank 0 keeps the run's
-  seed, so that one process computes what a single-process run does), which litlab's models do
-  at the start of every multi-process fit (``RankSeeded``, whatever callbacks a run has); the
-  RNGState callback saves and restores each rank's global generators with the checkpoint.
+- ``seed_rank(seed, rank)``: reseeds a rank's global generators (rank 0 with the run's seed,
+  the others with seeds mixed from it and their rank), which litlab's models do at the start of
+  every multi-process fit (``RankSeeded``, whatever callbacks a run has; a single-process run
+  is not reseeded there, so its draws after the model's initialization differ from rank 0's);
+  the RNGState callback saves and restores each rank's global generators with the checkpoint.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ def seed_rank(seed: int, rank: int) -> None:
 
 class RankSeeded:
     """LightningModule mixin: at the start of a multi-process fit (``setup``, once the ranks are
-    known, before a checkpoint's states are restored), ranks > 0 reseed their global generators
-    from (run seed, rank), so that augmentation and dropout differ between ranks."""
+    known, before a checkpoint's states are restored), every rank reseeds its global generators
+    (``seed_rank``), so that augmentation and dropout differ between ranks."""
 
     def setup(self, stage: str) -> None:
         super().setup(stage)  # type: ignore[misc]

@@ -43,6 +43,7 @@ from litlab.data.transforms import (
     crop_boxes,
     random_hflip,
     random_translate,
+    centre_boxes,
     resized_crops,
     roi_crops,
 )
@@ -469,6 +470,17 @@ def test_cpu_crops_match_the_accelerators_roi_align_crops():
     assert torch.get_num_threads() == threads  # the CPU loop's single thread is given back
     assert cpu.dtype == torch.uint8 and cpu.shape == roi.shape == (3, 3, 24, 24)
     assert (cpu - roi).abs().mean() < 1.0, (cpu - roi).abs().mean(dim=(1, 2, 3))
+
+
+def test_evaluation_crops_whole_pixels_on_every_device():
+    """The centre crop's box is in whole pixels: roi_align (accelerators) at 1:1 gives the
+    crop's pixels themselves, as the CPU does (folder_resnet50: 0.91 of 176 is 160.16 px)."""
+    images = torch.randint(0, 256, (2, 3, 176, 176), dtype=torch.uint8)
+    boxes = centre_boxes(2, 176, 176, 0.91, images.device)
+    assert torch.equal(boxes[0], torch.tensor([8.0, 8.0, 168.0, 168.0]))
+    centre = images[:, :, 8:168, 8:168]
+    assert torch.equal(resized_crops(images, boxes, (160, 160)), centre)
+    assert torch.equal(roi_crops(images, boxes, (160, 160)).round().byte(), centre)
 
 
 def train_on_folder(tmp_path: Path, *overrides: str) -> dict:

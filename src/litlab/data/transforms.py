@@ -71,6 +71,16 @@ def crop_boxes(
     return torch.stack([x, y, x + w, y + h], dim=1)
 
 
+def centre_boxes(n: int, h: int, w: int, fraction: float, device: torch.device) -> torch.Tensor:
+    """``n`` copies of the box of the centre square of ``fraction`` of the shorter side, in whole
+    pixels (as torchvision's CenterCrop, and as the CPU crops any box): the same pixels on every
+    device, and no resampling on an accelerator where the crop is the output's size."""
+    side = min(h, w) * fraction
+    x, y = (w - side) / 2, (h - side) / 2
+    box = torch.tensor([[x, y, x + side, y + side]], device=device).round()
+    return box.expand(n, 4)
+
+
 def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     """Each uint8 image's box, resized to ``size``, antialiased when shrinking: uint8 on the CPU,
     float (0..255) elsewhere.
@@ -144,9 +154,7 @@ class BatchTransform:
         if train and self.crop_scale is not None:
             boxes = crop_boxes(n, h, w, self.crop_scale, device=images.device)
         elif (h, w) != self.size or self.eval_crop < 1.0:
-            side = min(h, w) * self.eval_crop
-            x, y = (w - side) / 2, (h - side) / 2
-            boxes = torch.tensor([[x, y, x + side, y + side]], device=images.device).expand(n, 4)
+            boxes = centre_boxes(n, h, w, self.eval_crop, images.device)
         else:
             return images
         return resized_crops(images, boxes, self.size)

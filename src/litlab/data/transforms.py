@@ -53,21 +53,39 @@ def crop_boxes(
     ratio: Sequence[float] = (3 / 4, 4 / 3),
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
+    attempts: int = 10,
 ) -> torch.Tensor:
     """RandomResizedCrop's boxes, one per image: a fraction ``scale`` of the area with aspect
-    ``ratio`` (log-uniform) at a uniform position; [n, 4] as (x1, y1, x2, y2) in pixels.
+    ``ratio`` (log-uniform) at a uniform position; [n, 4] as (x1, y1, x2, y2) in whole pixels.
 
-    torchvision retries a draw that does not fit 10 times, then takes the centre; here a box
-    wider or taller than the image is clipped to it (same areas in the common case, one pass)."""
-    area = torch.empty(n, device=device).uniform_(scale[0], scale[1], generator=generator)
-    log_ratio = torch.empty(n, device=device).uniform_(
+    As torchvision draws them (``RandomResizedCrop.get_params``): up to ``attempts`` (area,
+    aspect) draws per image, sides rounded to pixels, the first that fits taken; none fits: the
+    whole image, its aspect clamped into ``ratio``, centred. All images' attempts are drawn at
+    once. (Clipping a box that does not fit instead, as litlab did before, keeps large draws
+    large: at scale (0.08, 1) a mean area of 0.535 where torchvision's is 0.488 on square
+    images, 0.506 where it is 0.391 on 256 x 384.)"""
+    shape = (n, attempts)
+    area = torch.empty(shape, device=device).uniform_(scale[0], scale[1], generator=generator)
+    log_ratio = torch.empty(shape, device=device).uniform_(
         math.log(ratio[0]), math.log(ratio[1]), generator=generator
     )
     aspect = log_ratio.exp()
-    w = (area * height * width * aspect).sqrt().clamp(max=width)
-    h = (area * height * width / aspect).sqrt().clamp(max=height)
-    x = torch.rand(n, device=device, generator=generator) * (width - w)
-    y = torch.rand(n, device=device, generator=generator) * (height - h)
+    w = (area * height * width * aspect).sqrt().round()
+    h = (area * height * width / aspect).sqrt().round()
+    fits = (w >= 1) & (w <= width) & (h >= 1) & (h <= height)
+    first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first attempt that fits
+    w, h = w.gather(1, first).squeeze(1), h.gather(1, first).squeeze(1)
+    found = fits.any(dim=1)
+    # none fits: the whole image, cut to the nearest allowed aspect, centred
+    in_ratio = width / height
+    full_w = width if in_ratio <= max(ratio) else round(height * max(ratio))
+    full_h = height if in_ratio >= min(ratio) else round(width / min(ratio))
+    w = torch.where(found, w, torch.full_like(w, full_w))
+    h = torch.where(found, h, torch.full_like(h, full_h))
+    u = torch.rand(n, 2, device=device, generator=generator)
+    x = torch.where(found, (u[:, 0] * (width - w + 1)).floor(), ((width - w) / 2).floor())
+    y = torch.where(found, (u[:, 1] * (height - h + 1)).floor(), ((height - h) / 2).floor())
+    x, y = x.clamp(max=width - w), y.clamp(max=height - h)  # u < 1, but float rounding
     return torch.stack([x, y, x + w, y + h], dim=1)
 
 

@@ -88,6 +88,31 @@ def test_random_erasing_draws_a_box_per_image():
     assert (noisy != 1).any(dim=(1, 2, 3)).all() and noisy.std() > 0
 
 
+@pytest.mark.parametrize(("height", "width"), [(28, 28), (32, 64)])
+@pytest.mark.parametrize("scale", [(0.02, 0.33), (0.1, 0.6)])
+def test_random_erasing_boxes_are_distributed_as_torchvisions(height, width, scale):
+    """Areas, aspects (h/w) and the share of images erased as torchvision's
+    RandomErasing.get_params: 10 draws, the first smaller than the image, else none erased."""
+    from torchvision.transforms import RandomErasing
+
+    n, ratio = 4000, (0.3, 3.3)
+    images = torch.ones(n, 1, height, width)
+    generator = torch.Generator().manual_seed(0)
+    erased = random_erasing(images, 1.0, scale, ratio, value=0.0, generator=generator) == 0
+    rows, cols = erased[:, 0].any(dim=2).sum(dim=1), erased[:, 0].any(dim=1).sum(dim=1)
+    hit = rows > 0
+    ours = [hit.float().mean(), (rows * cols)[hit] / (height * width), (rows / cols)[hit].log()]
+    torch.manual_seed(0)
+    image = torch.ones(1, height, width)
+    params = [RandomErasing.get_params(image, scale, ratio, value=[0.0]) for _ in range(n)]
+    h = torch.tensor([p[2] for p in params], dtype=torch.float)
+    w = torch.tensor([p[3] for p in params], dtype=torch.float)
+    done = (h < height) | (w < width)  # get_params returns the whole image when none fits
+    theirs = [done.float().mean(), (h * w)[done] / (height * width), (h / w)[done].log()]
+    for a, b, tolerance in zip(ours, theirs, (0.01, 0.01, 0.05), strict=True):
+        assert abs(float(a.mean()) - float(b.float().mean())) < tolerance, (ours, theirs)
+
+
 def test_ema_weights_are_the_ones_validated_checkpointed_and_tested(tmp_path):
     cfg = make_cfg(
         tmp_path,

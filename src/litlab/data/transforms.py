@@ -45,25 +45,23 @@ def random_translate(
     return padded[batch, channel, rows, cols]
 
 
-def crop_boxes(
+def random_boxes(
     n: int,
     height: int,
     width: int,
     scale: Sequence[float],
-    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    ratio: Sequence[float],
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
     attempts: int = 10,
-) -> torch.Tensor:
-    """RandomResizedCrop's boxes, one per image: a fraction ``scale`` of the area with aspect
-    ``ratio`` (log-uniform) at a uniform position; [n, 4] as (x1, y1, x2, y2) in whole pixels.
-
-    As torchvision draws them (``RandomResizedCrop.get_params``): up to ``attempts`` (area,
-    aspect) draws per image, sides rounded to pixels, the first that fits taken; none fits: the
-    whole image, its aspect clamped into ``ratio``, centred. All images' attempts are drawn at
-    once. (Clipping a box that does not fit instead, as litlab did before, keeps large draws
-    large: at scale (0.08, 1) a mean area of 0.535 where torchvision's is 0.488 on square
-    images, 0.506 where it is 0.391 on 256 x 384.)"""
+    strict: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boxes drawn as torchvision's RandomResizedCrop and RandomErasing draw theirs, for ``n``
+    images at once: up to ``attempts`` draws of a fraction ``scale`` of the area and an aspect
+    w/h in ``ratio`` (log-uniform), sides rounded to whole pixels; the first draw that fits the
+    image (``strict``: smaller than it, as RandomErasing asks) at a uniform whole-pixel position.
+    Returns [n, 4] boxes (x1, y1, x2, y2) and whether each image had a draw that fits (where
+    not, its box is meaningless: each caller has its own fallback)."""
     shape = (n, attempts)
     area = torch.empty(shape, device=device).uniform_(scale[0], scale[1], generator=generator)
     log_ratio = torch.empty(shape, device=device).uniform_(
@@ -72,21 +70,42 @@ def crop_boxes(
     aspect = log_ratio.exp()
     w = (area * height * width * aspect).sqrt().round()
     h = (area * height * width / aspect).sqrt().round()
-    fits = (w >= 1) & (w <= width) & (h >= 1) & (h <= height)
+    if strict:
+        fits = (w >= 1) & (w < width) & (h >= 1) & (h < height)
+    else:
+        fits = (w >= 1) & (w <= width) & (h >= 1) & (h <= height)
     first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first attempt that fits
-    w, h = w.gather(1, first).squeeze(1), h.gather(1, first).squeeze(1)
     found = fits.any(dim=1)
-    # none fits: the whole image, cut to the nearest allowed aspect, centred
-    in_ratio = width / height
-    full_w = width if in_ratio <= max(ratio) else round(height * max(ratio))
-    full_h = height if in_ratio >= min(ratio) else round(width / min(ratio))
-    w = torch.where(found, w, torch.full_like(w, full_w))
-    h = torch.where(found, h, torch.full_like(h, full_h))
+    w = torch.where(found, w.gather(1, first).squeeze(1), width)
+    h = torch.where(found, h.gather(1, first).squeeze(1), height)
     u = torch.rand(n, 2, device=device, generator=generator)
-    x = torch.where(found, (u[:, 0] * (width - w + 1)).floor(), ((width - w) / 2).floor())
-    y = torch.where(found, (u[:, 1] * (height - h + 1)).floor(), ((height - h) / 2).floor())
-    x, y = x.clamp(max=width - w), y.clamp(max=height - h)  # u < 1, but float rounding
-    return torch.stack([x, y, x + w, y + h], dim=1)
+    x = (u[:, 0] * (width - w + 1)).floor().clamp(max=width - w)  # u < 1, but float rounding
+    y = (u[:, 1] * (height - h + 1)).floor().clamp(max=height - h)
+    return torch.stack([x, y, x + w, y + h], dim=1), found
+
+
+def crop_boxes(
+    n: int,
+    height: int,
+    width: int,
+    scale: Sequence[float],
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """RandomResizedCrop's boxes, one per image: a fraction ``scale`` of the area with aspect
+    ``ratio`` at a uniform position (``random_boxes``); an image with no draw that fits gets
+    torchvision's fallback, the whole image cut to the nearest allowed aspect, centred. [n, 4]
+    as (x1, y1, x2, y2) in whole pixels. (Clipping a box that does not fit instead, as litlab
+    did before, keeps large draws large: at scale (0.08, 1) a mean area of 0.535 where
+    torchvision's is 0.488 on square images, 0.506 where it is 0.391 on 256 x 384.)"""
+    boxes, found = random_boxes(n, height, width, scale, ratio, generator, device)
+    in_ratio = width / height
+    w = width if in_ratio <= max(ratio) else round(height * max(ratio))
+    h = height if in_ratio >= min(ratio) else round(width / min(ratio))
+    x, y = (width - w) // 2, (height - h) // 2
+    centred = torch.tensor([x, y, x + w, y + h], device=device, dtype=boxes.dtype)
+    return torch.where(found[:, None], boxes, centred)
 
 
 def centre_boxes(n: int, h: int, w: int, fraction: float, device: torch.device) -> torch.Tensor:

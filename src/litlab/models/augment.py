@@ -8,12 +8,12 @@ issue #8484). Here each image gets its own draw, in a few batched tensor ops.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from litlab.data.transforms import random_boxes
 from litlab.errors import ConfigError
 
 
@@ -27,29 +27,25 @@ def random_erasing(
 ) -> Tensor:
     """Erase one rectangle in each image with probability ``p``: a fraction ``scale`` of the
     area, aspect ``ratio`` (log-uniform), at a uniform position; filled with ``value``, or
-    with standard normal noise per pixel when ``value`` is None (Zhong et al. 2020's RE-R).
+    with standard normal noise per pixel when ``value`` is None, in the normalized space (as
+    timm's and torchvision's "random" value; Zhong et al. 2020's RE-R draws uniform pixels).
 
-    torchvision redraws a box that does not fit up to 10 times, then erases nothing; here the
-    box is clipped to the image (the same boxes in the common case, one pass, no Python loop).
+    The boxes are torchvision's (``random_boxes``: up to 10 draws, the first smaller than the
+    image; none: nothing erased), its aspect h/w in ``ratio``.
     """
     n, _, h, w = images.shape
     device = images.device
-    area = torch.empty(n, device=device).uniform_(scale[0], scale[1], generator=generator) * h * w
-    log_ratio = torch.empty(n, device=device).uniform_(
-        math.log(ratio[0]), math.log(ratio[1]), generator=generator
-    )
-    box_h = (area * log_ratio.exp()).sqrt().round().clamp(1, h)
-    box_w = (area / log_ratio.exp()).sqrt().round().clamp(1, w)
-    top = (torch.rand(n, device=device, generator=generator) * (h - box_h + 1)).floor()
-    left = (torch.rand(n, device=device, generator=generator) * (w - box_w + 1)).floor()
-    erase = torch.rand(n, device=device, generator=generator) < p
+    inverse = (1 / ratio[1], 1 / ratio[0])  # random_boxes' aspect is w/h
+    boxes, found = random_boxes(n, h, w, scale, inverse, generator, device, strict=True)
+    left, top, right, bottom = boxes.unbind(1)
+    erase = (torch.rand(n, device=device, generator=generator) < p) & found
     rows = torch.arange(h, device=device)[None, :, None]
     cols = torch.arange(w, device=device)[None, None, :]
     inside = (
         (rows >= top[:, None, None])
-        & (rows < (top + box_h)[:, None, None])
+        & (rows < bottom[:, None, None])
         & (cols >= left[:, None, None])
-        & (cols < (left + box_w)[:, None, None])
+        & (cols < right[:, None, None])
         & erase[:, None, None]
     )
     if value is None:

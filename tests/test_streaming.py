@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import re
@@ -9,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Subset
@@ -98,6 +100,58 @@ def test_optimize_keeps_the_image_folders_splits_and_bytes_and_skips_bad_files(c
     chunks = {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")}
     assert convert(root, str(dst), max_side=64, workers=2) == meta
     assert {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")} == chunks
+
+
+def test_a_large_16_bit_image_is_shrunk_not_skipped(tmp_path):
+    """--max-side shrinks a 16-bit image as any other (Pillow's reducing resize refused the
+    16-bit mode: the file was skipped as unreadable)."""
+    from PIL import Image
+
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=4)
+    ramp = np.linspace(0, 65535, 512 * 384).reshape(384, 512).astype(np.uint16)
+    Image.fromarray(ramp).save(root / "cat" / "deep.png")
+    meta = convert(root, str(tmp_path / "chunks"), max_side=64, workers=1)
+    assert sum(s["skipped"] for s in meta["splits"].values()) == 0
+    (item,) = [
+        i
+        for s in ("train", "val", "test")
+        for i in streamed(tmp_path / "chunks", s)
+        if i["name"] == "cat/deep.png"
+    ]
+    with Image.open(io.BytesIO(item["image"])) as image:
+        assert image.size == (64, 48) and image.mode == "L"
+        assert abs(np.asarray(image).mean() - 127.5) < 3  # the ramp's 16 bits, scaled to 8
+
+
+def test_an_interrupted_conversion_over_an_earlier_one_is_not_taken_as_finished(
+    converted, tmp_path, monkeypatch
+):
+    """Converting into a folder that holds an earlier conversion, stopped while the splits
+    are rewritten: the earlier meta no longer vouches for the mixed splits; a run refuses the
+    folder in one line, and converting again finishes it."""
+    import litlab.data.optimize as optimize
+
+    root, _, _ = converted
+    dst = tmp_path / "chunks"
+    other = tmp_path / "other"
+    write_png_folder(other, per_class=6)
+    first = convert(other, str(dst), workers=1)
+
+    def interrupted(output_dir: str) -> int:
+        raise KeyboardInterrupt  # after the first split is rewritten
+
+    monkeypatch.setattr(optimize, "_written", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert(root, str(dst), max_side=64, workers=1)
+    monkeypatch.undo()
+    cfg = make_cfg(
+        tmp_path, ["data=streaming", f"data.source.input_dir={dst}", "data.num_classes=3"]
+    )
+    with pytest.raises(DataError, match=r"unfinished conversion .* convert it again"):
+        build(cfg.data, "data").prepare_data()
+    again = convert(root, str(dst), max_side=64, workers=1)
+    assert again["source"] == str(root) and again != first
 
 
 def test_streaming_config_mistakes_are_one_clear_line(converted, tmp_path):

@@ -119,10 +119,12 @@ def encode(item: Item, max_side: int | None, quality: int) -> Any:
             with Image.open(io.BytesIO(data)) as image:
                 image.load()  # the whole file: a truncated one fails here, not in training
                 if max_side and max(image.size) > max_side:
-                    image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
-                    buffer = io.BytesIO()
+                    # 8 bits first: Pillow's reducing resize refuses 16-bit modes ("wrong mode")
                     gray = image.mode in ("1", "L", "F") or image.mode.startswith("I")
-                    eight_bit(image, 1 if gray else 3).save(buffer, "JPEG", quality=quality)
+                    small = eight_bit(image, 1 if gray else 3)
+                    small.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+                    buffer = io.BytesIO()
+                    small.save(buffer, "JPEG", quality=quality)
                     data = buffer.getvalue()
     except Exception as e:  # every failure of a damaged file is a skip
         print(f"skipped unreadable image {name}: {type(e).__name__}: {e}", file=sys.stderr)
@@ -157,10 +159,14 @@ def convert(
             return meta
     except DataError:
         pass  # nothing there yet, or an unfinished conversion: write it all
-    report = {}
     for split, items in splits.items():
         if not items:
             raise DataError(f"the {split} split of {src} would be empty; add images or fractions")
+    # An earlier conversion's meta would mark this one finished while its splits are rewritten:
+    # until the end, DST/meta says "unfinished" (a run refuses it; a new conversion redoes it).
+    _write_meta(dst, {"format": META_FORMAT, "unfinished": True, "source": str(src)})
+    report = {}
+    for split, items in splits.items():
         litdata.optimize(
             fn=partial(encode, max_side=max_side, quality=quality),
             inputs=items,
@@ -182,8 +188,12 @@ def convert(
         "options": options,
         "fractions": {"test": test_fraction, "val": val_fraction},
     }
-    # Written last: its presence marks a finished conversion.
-    litdata.optimize(
+    _write_meta(dst, meta)  # last: the conversion is finished
+    return meta
+
+
+def _write_meta(dst: str, meta: dict[str, Any]) -> None:
+    _litdata().optimize(
         fn=_meta_item,
         inputs=[json.dumps(meta)],
         output_dir=join(dst, "meta"),
@@ -193,7 +203,6 @@ def convert(
         start_method=START_METHOD,
         verbose=False,
     )
-    return meta
 
 
 def _meta_item(text: str) -> dict[str, str]:
@@ -208,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("src", type=Path, help="the image folder")
     parser.add_argument("dst", help="output folder or URL (s3://, gs://, azure://)")
-    parser.add_argument("--max-side", type=int, default=None, help="shrink larger images to this")
+    parser.add_argument(
+        "--max-side",
+        type=int,
+        default=None,
+        help="shrink images whose longer side exceeds this (keep the shorter side at or above "
+        "the training size: evaluation crops the centre square of the shorter side)",
+    )
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality of shrunk images")
     parser.add_argument("--test-fraction", type=float, default=0.2, help="without SRC/test/")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="as data.val_fraction")

@@ -83,6 +83,11 @@ def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
             f"python -m litlab.data.optimize /path/to/images {input_dir}"
         ) from e
     meta = json.loads(item["json"])
+    if meta.get("unfinished"):
+        raise DataError(
+            f"{input_dir} holds an unfinished conversion of {meta.get('source')} (interrupted); "
+            f"convert it again: python -m litlab.data.optimize {meta.get('source')} {input_dir}"
+        )
     if meta.get("format") != META_FORMAT:
         raise DataError(
             f"{input_dir} was written by another version of litlab.data.optimize (format "

@@ -571,6 +571,29 @@ def test_a_run_with_max_steps_resumed_mid_epoch_continues_that_epoch(tmp_path, s
     assert val_rows(folder) == val_rows(straight_classifier)
 
 
+@pytest.mark.slow
+def test_a_finished_cosine_run_trained_further_follows_the_longer_cosine(tmp_path):
+    """`resume=<folder> trainer.max_epochs=4` after a 2-epoch cosine run: the LR is the 4-epoch
+    cosine's from the step reached on (torch's recursive form, at eta_min = 0 after a finished
+    schedule, kept the LR at 0: the added epochs changed no weight)."""
+    args = [*CLF, "model/scheduler=cosine", "trainer.max_epochs=2", f"paths.log_dir={tmp_path}"]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    before = final_state(folder)
+    steps_per_epoch = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] // 2
+    resumed = run_cli(f"resume={folder}", "trainer.max_epochs=4")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    total = 4 * steps_per_epoch
+    with open(folder / "csv" / "metrics.csv") as f:
+        logged = {int(r["step"]): float(r["lr-AdamW"]) for r in csv.DictReader(f) if r["lr-AdamW"]}
+    later = {step: lr for step, lr in logged.items() if step >= 2 * steps_per_epoch}
+    cosine = {step: 3e-3 * (1 + math.cos(math.pi * step / total)) / 2 for step in later}
+    assert later and all(later[s] == pytest.approx(cosine[s], rel=1e-5) for s in later), later
+    after = final_state(folder)
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+
+
 def test_a_tuned_run_continues_in_place_with_the_values_found(tmp_path, monkeypatch):
     """The requeued command still says tune.batch_size=true: it continues with the batch size
     found the first time (kept in the checkpoint) instead of refusing or searching again."""

@@ -101,8 +101,23 @@ def _one_cycle_phase_ends(scheduler: OneCycleLR, total: int) -> list[float]:
 
 
 # Schedules that can change their length part way: OneCycleLR is a function of the step and
-# the phase ends; CosineAnnealingLR's recursive form reaches eta_min exactly at the new T_max.
+# the phase ends; CosineAnnealingLR's recursive form reaches eta_min exactly at the new T_max
+# once its current LR is the closed form's at the step reached under the new T_max.
 _REFITTABLE = (OneCycleLR, CosineAnnealingLR)
+
+
+def _cosine_refit(scheduler: CosineAnnealingLR) -> None:
+    """Set the current LRs of a cosine schedule whose T_max changed to its closed form at the
+    step reached: its recursive steps scale the current LR, which stays at eta_min for ever
+    after a finished schedule (an extended run trained at LR 0) and keeps the old curve's
+    level otherwise."""
+    t, length, floor = scheduler.last_epoch, scheduler.T_max, scheduler.eta_min
+    lrs = [
+        floor + (base - floor) * (1 + math.cos(math.pi * t / length)) / 2
+        for base in scheduler.base_lrs
+    ]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
 
 
 def fit_schedules_to_run(trainer: Any) -> None:
@@ -140,6 +155,8 @@ def fit_schedules_to_run(trainer: Any) -> None:
             if isinstance(scheduler, OneCycleLR):  # the LR is a function of the step: set the
                 scheduler.last_epoch -= 1  # current step's under the new length, not the old
                 scheduler.step()
+            else:
+                _cosine_refit(scheduler)
             log.warning(
                 "%s now spans %d %ss instead of %d (the run is longer or shorter than the "
                 "checkpoint's run); it continues from %s %d",

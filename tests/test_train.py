@@ -146,6 +146,7 @@ def test_eval_reproduces_the_test_figures_of_the_best_checkpoint(tmp_path, preci
     assert evaluated["status"] == "completed" and evaluated["precision"]["chosen"] == precision
     assert value == trained["metrics"]["test/acc"]
     assert evaluated["metrics"]["test/loss"] == trained["metrics"]["test/loss"]
+    assert evaluated["trained_config_digest"] == trained["config_digest"]
 
 
 def test_eval_builds_only_the_callbacks_it_uses(tmp_path):

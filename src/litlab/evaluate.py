@@ -23,7 +23,7 @@ from litlab.config import (
 from litlab.errors import ConfigError
 from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
-from litlab.run import Run, build_list
+from litlab.run import Run, build_list, config_digest
 from litlab.train import setup_extras
 
 log = logging.getLogger("litlab")
@@ -50,7 +50,8 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     setup_extras(cfg)
     L.seed_everything(cfg.seed, workers=True)
     run.summary["checkpoint"] = str(path)
-    run.summary["trained_config_digest"] = stored.get("config_digest")
+    # the training run's config_digest (of the config a tuned run continued with, if tuned)
+    run.summary["trained_config_digest"] = config_digest(stored)
     run.summary["metric"] = eval_metric(stored)
 
     datamodule = build(parts.data, "data")

@@ -120,6 +120,25 @@ def test_train_mistakes_in_process(tmp_path, capsys, overrides, needle):
     fails_with(capsys, train_task, make_cfg(tmp_path, [*overrides, *QUIET]), needle)
 
 
+def test_a_failed_download_is_one_line_with_the_ways_that_remain(tmp_path, capsys, monkeypatch):
+    """torchvision's download error lists each mirror on its own line: litlab's is one line,
+    and offers no system copy where there is none (MNIST) and no download=true when it is on."""
+    import torchvision
+
+    def offline(*args, **kwargs):
+        raise RuntimeError(
+            "Error downloading train-images-idx3-ubyte.gz:\nTried https://a/, got:\n"
+            "<urlopen error [Errno -2] Name or service not known>\n"
+        )
+
+    monkeypatch.setattr(torchvision.datasets, "MNIST", offline)  # as if offline
+    cfg = make_cfg(tmp_path, ["data=mnist", f"data.source.data_dir={tmp_path}", *QUIET])
+    message = fails_with(capsys, train_task, cfg, "download failed: Error downloading")["error"]
+    assert "\n" not in message and "Name or service not known" in message, message
+    assert "system copy" not in message and "download=true" not in message
+    assert "retry the download" in message
+
+
 def test_truncated_data_file_names_the_file(tmp_path, capsys):
     data = tmp_path / "data"
     write_idx_dataset(data, n_train=40, n_test=10)

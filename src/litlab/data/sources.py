@@ -171,16 +171,21 @@ class _IDXSource(Source):
 
         try:
             getattr(torchvision.datasets, self.torchvision_name)(str(self.data_dir), download=True)
-        except Exception as e:  # any network or disk failure: report all three ways in one line
-            raise DataError(self._not_found(f"download failed: {e}")) from e
+        except Exception as e:  # any network or disk failure: report all the ways in one line
+            reason = " ".join(str(e).split())  # torchvision's lists each mirror on its own line
+            raise DataError(self._not_found(f"download failed: {reason}")) from e
 
     def _not_found(self, why: str) -> str:
         places = ", ".join(str(p) for p in self._candidates())
-        return (
-            f"{self.name} files not found in {places} and {why}. Put the four IDX files "
-            f"(.gz or plain) in data.source.data_dir, install the system copy, or allow the "
-            "torchvision download (data.source.download=true, needs internet)"
+        ways = ["put the four IDX files (.gz or plain) in data.source.data_dir"]
+        if self.system_dir:
+            ways.append(f"install the system copy ({self.system_dir})")
+        ways.append(
+            "retry the download (needs internet)"
+            if self.download
+            else "allow the torchvision download (data.source.download=true, needs internet)"
         )
+        return f"{self.name} files not found in {places} and {why}; {', or '.join(ways)}"
 
     def load(self, split: Split) -> TensorDataset:
         image_stem, label_stem = self.files[split]

@@ -154,6 +154,19 @@ def test_an_interrupted_conversion_over_an_earlier_one_is_not_taken_as_finished(
     assert again["source"] == str(root) and again != first
 
 
+def test_a_converted_folder_missing_a_split_is_one_clear_line(converted, tmp_path):
+    import shutil
+
+    _, dst, _ = converted
+    shutil.copytree(dst / "meta", tmp_path / "partial" / "meta")
+    cfg = make_cfg(
+        tmp_path,
+        ["data=streaming", f"data.source.input_dir={tmp_path / 'partial'}", "data.num_classes=3"],
+    )
+    with pytest.raises(DataError, match=r"has no readable train split .* convert it again"):
+        build(cfg.data, "data").setup("fit")
+
+
 def test_streaming_config_mistakes_are_one_clear_line(converted, tmp_path):
     _, dst, _ = converted
     base = ["data=streaming", f"data.source.input_dir={dst}"]

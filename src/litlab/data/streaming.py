@@ -143,12 +143,19 @@ class Streaming(Source):
         classes, image count and sample shape attached for the DataModule."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        dataset = _litdata().StreamingDataset(
-            join(self.input_dir, split),
-            cache_dir=self.cache_dir and join(self.cache_dir, split),
-            max_cache_size=self.max_cache_size,
-            transform=DecodeImage(self.size, self.channels, self.decode == "device"),
-        )
+        try:
+            dataset = _litdata().StreamingDataset(
+                join(self.input_dir, split),
+                cache_dir=self.cache_dir and join(self.cache_dir, split),
+                max_cache_size=self.max_cache_size,
+                transform=DecodeImage(self.size, self.channels, self.decode == "device"),
+            )
+        except (FileNotFoundError, ValueError) as e:  # a split folder or its index missing
+            raise DataError(
+                f"{self.input_dir} has no readable {split} split ({type(e).__name__}: {e}); "
+                f"convert it again: python -m litlab.data.optimize {self.meta.get('source')} "
+                f"{self.input_dir}"
+            ) from e
         dataset.classes = self.meta["classes"]
         dataset.images = self.meta["splits"][split]["images"]  # all ranks' (len: this rank's)
         dataset.sample_shape = (self.channels, self.size, self.size)

@@ -40,10 +40,10 @@ from litlab.data.folder import cached_folder, load_image
 from litlab.data.sources import read_idx, stratified_indices
 from litlab.data.transforms import (
     BatchTransform,
+    centre_boxes,
     crop_boxes,
     random_hflip,
     random_translate,
-    centre_boxes,
     resized_crops,
     roi_crops,
 )

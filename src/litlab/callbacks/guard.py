@@ -66,7 +66,7 @@ class DivergenceGuard(Callback):
         module = trainer.lightning_module
         clip = (
             "trainer.gradient_clip_val"
-            if module.automatic_optimization
+            if getattr(module, "automatic_optimization", True)
             else "model.gradient_clip_val"
             if hasattr(module, "gradient_clip_val")
             else "gradient clipping"

@@ -26,6 +26,7 @@ from conftest import (
     write_png_folder,
     write_unusual_images,
 )
+from litlab.config import build
 from litlab.data import (
     CIFAR10,
     MNIST,
@@ -728,6 +729,38 @@ def test_a_class_without_training_images_is_refused_and_one_missing_from_the_tes
     with caplog.at_level("WARNING", logger="litlab.data.folder"):
         assert len(load("test")) == 4
     assert "no image of class(es) ['fox']" in caplog.text
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_class_whose_training_files_all_fall_in_validation_is_refused(tmp_path, cache):
+    """The validation share is carved from train/ file by file: a class of few files can lose
+    them all to it, and would never be trained on (the check ran before the carve)."""
+    from litlab.data.folder import validation_split
+
+    root = tmp_path / "images"
+    write_png_folder(root / "train", classes=("cat", "dog"), per_class=6)
+    write_png_folder(root / "test", classes=("cat", "dog", "fox"), per_class=2)
+    names = [f"fox/{i}.png" for i in range(200)]
+    _, val = validation_split(names, 0.1, 0)
+    (root / "train" / "fox").mkdir()
+    write_png_folder(tmp_path / "one", classes=("fox",), per_class=1)
+    shutil.copy(tmp_path / "one" / "fox" / "0.png", root / "train" / names[int(val[0])])
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "data=image_folder",
+            f"data.source.root={root}",
+            f"data.source.cache={cache}",
+            f"data.source.cache_dir={tmp_path / 'cache'}",
+            "data.source.size=16",
+            "data.image_shape=[3,16,16]",
+            "data.num_classes=3",
+            "data.num_workers=0",
+        ],
+    )
+    datamodule = build(cfg.data, "data")
+    with pytest.raises(DataError, match=r"\['fox'\] .*no readable image for training"):
+        datamodule.setup("fit")
 
 
 def test_netpbm_and_jfif_files_are_images_too(tmp_path):

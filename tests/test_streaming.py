@@ -102,6 +102,26 @@ def test_optimize_keeps_the_image_folders_splits_and_bytes_and_skips_bad_files(c
     assert {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")} == chunks
 
 
+def test_a_conversion_leaving_a_class_no_training_files_is_refused(tmp_path):
+    """As data=image_folder: a class whose only train/ file falls in the validation share (or
+    an empty class folder) would never be trained on; refused before anything is written."""
+    import shutil
+
+    from litlab.data.folder import validation_split
+
+    root = tmp_path / "images"
+    write_png_folder(root / "train", classes=("cat", "dog"), per_class=6)
+    write_png_folder(root / "test", classes=("cat", "dog", "fox"), per_class=2)
+    names = [f"fox/{i}.png" for i in range(200)]
+    _, val = validation_split(names, 0.1, 0)
+    (root / "train" / "fox").mkdir()
+    write_png_folder(tmp_path / "one", classes=("fox",), per_class=1)
+    shutil.copy(tmp_path / "one" / "fox" / "0.png", root / "train" / names[int(val[0])])
+    with pytest.raises(DataError, match=r"\['fox'\] .*no readable image for training"):
+        convert(root, str(tmp_path / "chunks"), workers=1)
+    assert not (tmp_path / "chunks").exists()
+
+
 def test_a_large_16_bit_image_is_shrunk_not_skipped(tmp_path):
     """--max-side shrinks a 16-bit image as any other (Pillow's reducing resize refused the
     16-bit mode: the file was skipped as unreadable)."""

@@ -517,8 +517,14 @@ class ImageFolder(Source):
     def validation_split(
         self, train: Dataset, fraction: float, seed: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decided file by file from the file's name and ``seed`` (``split_by_name``)."""
-        return validation_split(file_names(train), fraction, seed)
+        """Decided file by file from the file's name and ``seed`` (``split_by_name``); every
+        class keeps training images (a class's few files can all fall in validation)."""
+        keep, val = validation_split(file_names(train), fraction, seed)
+        folders = self._split_folders()
+        where = folders["train"] if folders is not None else self.root
+        classes = train.classes  # type: ignore[attr-defined]
+        check_classes_present(labels_of(train)[keep], classes, where, "train")
+        return keep, val
 
     def given_validation(self) -> Dataset | None:
         """root/val/ (or valid/, validation/) when it lies beside train/ and test/."""

@@ -35,6 +35,7 @@ from PIL import Image
 from litlab.data.folder import (
     FolderIndex,
     cache_key,
+    check_classes_present,
     check_same_classes,
     eight_bit,
     scan,
@@ -85,6 +86,10 @@ def source_splits(
             "val": shuffled([train_items[i] for i in val.tolist()]),
         }
     splits["test"] = shuffled(test_items)
+    # every class keeps training files (the folder path's rule; unreadable ones aside)
+    train_labels = torch.tensor([label for _, label, _ in splits["train"]], dtype=torch.long)
+    where = folders["train"] if folders is not None else root
+    check_classes_present(train_labels, indexes[0].classes, where, "train")
     key = hashlib.sha256(
         # "by name": the splits' method (file by file, from the names), part of what was written
         repr(

@@ -283,3 +283,47 @@ def test_a_finished_epoch_is_not_restarted_when_max_steps_is_set(tmp_path, valid
     )
     resumed.fit(model, *loaders, ckpt_path=tmp_path / "end.ckpt")
     assert starts.steps == [8, 12] and resumed.global_step == 16
+
+
+def test_periodic_saves_of_a_module_stepping_two_optimizers(tmp_path):
+    """every_n_train_steps (compat.every_n_train_steps) and ModelCheckpoint's own periodic save
+    (compat.save_periodic_checkpoint), for a module whose global_step moves by two a batch."""
+    from litlab.callbacks import ModelCheckpoint
+
+    class TwoSteps(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.a, self.b = nn.Linear(4, 2), nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            for opt, net in zip(self.optimizers(), (self.a, self.b), strict=True):
+                loss = nn.functional.cross_entropy(net(batch[0]), batch[1])
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.a.parameters(), 0.1), torch.optim.SGD(
+                self.b.parameters(), 0.1
+            )
+
+    class Saves(L.Callback):
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            self.steps.append(checkpoint["global_step"])
+
+    every = ModelCheckpoint(dirpath=tmp_path, filename="step", every_n_train_steps=3)
+    assert compat.every_n_train_steps(every) == 3
+    saves = Saves()
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    trainer = bare_trainer(max_epochs=1, callbacks=[saves, every], enable_checkpointing=True)
+    trainer.fit(TwoSteps(), DataLoader(data, batch_size=8))  # global_step 2, 4, .., 16
+    assert saves.steps == [
+        4,
+        6,
+        10,
+        12,
+    ]  # each multiple of 3 reached or passed (not the last batch)

@@ -327,3 +327,28 @@ def test_periodic_saves_of_a_module_stepping_two_optimizers(tmp_path):
         10,
         12,
     ]  # each multiple of 3 reached or passed (not the last batch)
+
+
+def test_an_epoch_cut_short_by_max_steps_continues_when_max_steps_is_raised(tmp_path):
+    """Stopped by max_steps in the middle of an epoch (Lightning closes that epoch's counters as
+    if it had ended), resumed with a larger max_steps: the rest of that epoch trains first."""
+
+    class Batches(L.Callback):
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, int]] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.seen.append((batch_idx, trainer.global_step))
+
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    model = Tiny()
+    first = bare_trainer(max_epochs=-1, max_steps=6)
+    first.fit(model, DataLoader(data, batch_size=8))  # 4 batches an epoch: stops in epoch 1
+    first.save_checkpoint(tmp_path / "cut.ckpt")
+    batches = Batches()
+    resumed = compat.restart_finished_epochs_as_epoch_based(
+        bare_trainer(max_epochs=-1, max_steps=12, callbacks=[batches])
+    )
+    resumed.fit(model, DataLoader(data, batch_size=8), ckpt_path=tmp_path / "cut.ckpt")
+    assert batches.seen[:3] == [(2, 6), (3, 7), (0, 8)]  # as Lightning alone does
+    assert resumed.global_step == 12

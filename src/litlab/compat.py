@@ -116,7 +116,12 @@ class _FitLoop(LightningFitLoop):
     def restarting(self, restarting: bool) -> None:
         progress = self.epoch_progress.current
         unfinished = progress.ready != progress.processed or progress.started != progress.processed
-        _Loop.restarting.fset(self, restarting and unfinished)
+        # An epoch cut short by max_steps is closed like a finished one but did not reach its
+        # last batch: Lightning's rule stands there (the rest of that epoch comes next).
+        cut_short = self._iteration_based_training() and not (
+            self.epoch_loop.batch_progress.is_last_batch
+        )
+        _Loop.restarting.fset(self, restarting and (unfinished or cut_short))
 
 
 def restart_finished_epochs_as_epoch_based(trainer: L.Trainer) -> L.Trainer:
@@ -125,7 +130,8 @@ def restart_finished_epochs_as_epoch_based(trainer: L.Trainer) -> L.Trainer:
     "... or self._iteration_based_training()"), also when the checkpoint's epoch had finished:
     the next epoch then starts with the finished one's batch counters and trains none of its
     batches (one, without validation), so a resumed run silently loses an epoch. A checkpoint
-    from within an epoch (started, not processed) restarts as before. The loop's class is
+    from within an epoch (started, not processed), or from an epoch that max_steps cut short,
+    restarts as before. The loop's class is
     swapped in place, so that everything the Trainer set on it stays."""
     if type(trainer.fit_loop) is LightningFitLoop:
         trainer.fit_loop.__class__ = _FitLoop

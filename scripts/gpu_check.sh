@@ -72,9 +72,9 @@ if [ "$DRY" = 1 ]; then
   # 10 batches: torch's OneCycleLR divides by zero when pct_start x total steps = 1 (0.2 x 5)
   SMALL_P3="trainer.max_epochs=1 ++trainer.limit_train_batches=10 ++trainer.limit_val_batches=2"
   SMALL_P3="$SMALL_P3 ++trainer.limit_test_batches=2 model.net.width=8"
-  SMALL_P1="--steps 5"; SMALL_P0="--max-batches 5"; P3_REPEATS=1
+  SMALL_P1="--steps 5"; SMALL_P0="--max-batches 5"; P3_REPEATS=1; P45_LIMIT=240
 else
-  SMALL_P45=""; SMALL_P3=""; SMALL_P1=""; SMALL_P0=""; P3_REPEATS=3
+  SMALL_P45=""; SMALL_P3=""; SMALL_P1=""; SMALL_P0=""; P3_REPEATS=3; P45_LIMIT=110
 fi
 if part 1; then
   # P3': the two Fashion-MNIST recipes, whole train + test in one process (start-up excluded);
@@ -82,7 +82,9 @@ if part 1; then
   # (P3's GPU row is P3' now: fashion_fast is a CPU recipe.)
   step bench_p3_sprint 90 $PY scripts/bench_time_to_accuracy.py --device $DEV \
     --repeats $P3_REPEATS --experiment fashion_sprint --target 0.94 $DDIR $SMALL_P3
-  step bench_p4_p5_throughput 110 $PY scripts/bench_throughput.py --device $DEV --repeats 1 $SMALL_P45
+  # (a CPU dry run compiles ResNet-50 with inductor on the host's cores: about 2 minutes on 2)
+  step bench_p4_p5_throughput "$P45_LIMIT" $PY scripts/bench_throughput.py --device $DEV --repeats 1 \
+    $SMALL_P45
   step bench_p1_overhead 50 $PY scripts/bench_overhead.py --device $DEV --net cnn --repeats 1 \
     $DDIR $SMALL_P1
   [ "$DRY" = 1 ] || step bench_p1_overhead_mlp 60 $PY scripts/bench_overhead.py --device $DEV \

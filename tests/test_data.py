@@ -508,6 +508,9 @@ def test_evaluation_crops_whole_pixels_on_every_device():
     centre = images[:, :, 8:168, 8:168]
     assert torch.equal(resized_crops(images, boxes, (160, 160)), centre)
     assert torch.equal(roi_crops(images, boxes, (160, 160)).round().byte(), centre)
+    for h, w, fraction in [(100, 101, 0.875), (97, 130, 0.9), (36, 36, 0.875), (74, 74, 0.875)]:
+        x1, y1, x2, y2 = centre_boxes(1, h, w, fraction, images.device)[0].tolist()
+        assert x2 - x1 == y2 - y1 == round(min(h, w) * fraction)  # square, whole pixels
 
 
 def train_on_folder(tmp_path: Path, *overrides: str) -> dict:

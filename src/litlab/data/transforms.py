@@ -112,9 +112,9 @@ def centre_boxes(n: int, h: int, w: int, fraction: float, device: torch.device) 
     """``n`` copies of the box of the centre square of ``fraction`` of the shorter side, in whole
     pixels (as torchvision's CenterCrop, and as the CPU crops any box): the same pixels on every
     device, and no resampling on an accelerator where the crop is the output's size."""
-    side = min(h, w) * fraction
-    x, y = (w - side) / 2, (h - side) / 2
-    box = torch.tensor([[x, y, x + side, y + side]], device=device).round()
+    side = round(min(h, w) * fraction)
+    x, y = round((w - side) / 2), round((h - side) / 2)  # as CenterCrop places it
+    box = torch.tensor([[x, y, x + side, y + side]], device=device, dtype=torch.float)
     return box.expand(n, 4)
 
 

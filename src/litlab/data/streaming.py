@@ -151,6 +151,8 @@ class Streaming(Source):
                 transform=DecodeImage(self.size, self.channels, self.decode == "device"),
             )
         except (FileNotFoundError, ValueError) as e:  # a split folder or its index missing
+            if isinstance(e, ValueError) and "index.json" not in str(e):
+                raise  # another of LitData's checks: its own message
             raise DataError(
                 f"{self.input_dir} has no readable {split} split ({type(e).__name__}: {e}); "
                 f"convert it again: python -m litlab.data.optimize {self.meta.get('source')} "

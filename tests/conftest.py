@@ -149,6 +149,24 @@ def write_png_folder(
             Image.fromarray(pixels).save(root / c / f"{i}.png")
 
 
+def write_folder_losing_a_class_to_validation(tmp_path: Path) -> Path:
+    """tmp_path/images with train/ and test/ where class fox's one train/ file is one that
+    data.val_fraction's default share (0.1, split seed 0) takes for validation."""
+    import shutil
+
+    from litlab.data.folder import validation_split
+
+    root = tmp_path / "images"
+    write_png_folder(root / "train", classes=("cat", "dog"), per_class=6)
+    write_png_folder(root / "test", classes=("cat", "dog", "fox"), per_class=2)
+    names = [f"fox/{i}.png" for i in range(200)]
+    _, val = validation_split(names, 0.1, 0)
+    (root / "train" / "fox").mkdir()
+    write_png_folder(tmp_path / "one", classes=("fox",), per_class=1)
+    shutil.copy(tmp_path / "one" / "fox" / "0.png", root / "train" / names[int(val[0])])
+    return root
+
+
 def write_digits_folder(root: Path) -> Path:
     """scikit-learn's 1,797 digits as 28-px grayscale PNGs in root/<digit>/ (a flat folder)."""
     from PIL import Image

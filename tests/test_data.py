@@ -21,6 +21,7 @@ from conftest import (
     needs_fashion,
     summary_of,
     write_cifar_batches,
+    write_folder_losing_a_class_to_validation,
     write_idx,
     write_idx_dataset,
     write_png_folder,
@@ -738,16 +739,7 @@ def test_a_class_without_training_images_is_refused_and_one_missing_from_the_tes
 def test_a_class_whose_training_files_all_fall_in_validation_is_refused(tmp_path, cache):
     """The validation share is carved from train/ file by file: a class of few files can lose
     them all to it, and would never be trained on (the check ran before the carve)."""
-    from litlab.data.folder import validation_split
-
-    root = tmp_path / "images"
-    write_png_folder(root / "train", classes=("cat", "dog"), per_class=6)
-    write_png_folder(root / "test", classes=("cat", "dog", "fox"), per_class=2)
-    names = [f"fox/{i}.png" for i in range(200)]
-    _, val = validation_split(names, 0.1, 0)
-    (root / "train" / "fox").mkdir()
-    write_png_folder(tmp_path / "one", classes=("fox",), per_class=1)
-    shutil.copy(tmp_path / "one" / "fox" / "0.png", root / "train" / names[int(val[0])])
+    root = write_folder_losing_a_class_to_validation(tmp_path)
     cfg = make_cfg(
         tmp_path,
         [

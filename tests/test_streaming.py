@@ -20,6 +20,7 @@ from conftest import (
     make_cfg,
     run_cli,
     write_digits_folder,
+    write_folder_losing_a_class_to_validation,
     write_png_folder,
     write_unusual_images,
 )
@@ -105,18 +106,7 @@ def test_optimize_keeps_the_image_folders_splits_and_bytes_and_skips_bad_files(c
 def test_a_conversion_leaving_a_class_no_training_files_is_refused(tmp_path):
     """As data=image_folder: a class whose only train/ file falls in the validation share (or
     an empty class folder) would never be trained on; refused before anything is written."""
-    import shutil
-
-    from litlab.data.folder import validation_split
-
-    root = tmp_path / "images"
-    write_png_folder(root / "train", classes=("cat", "dog"), per_class=6)
-    write_png_folder(root / "test", classes=("cat", "dog", "fox"), per_class=2)
-    names = [f"fox/{i}.png" for i in range(200)]
-    _, val = validation_split(names, 0.1, 0)
-    (root / "train" / "fox").mkdir()
-    write_png_folder(tmp_path / "one", classes=("fox",), per_class=1)
-    shutil.copy(tmp_path / "one" / "fox" / "0.png", root / "train" / names[int(val[0])])
+    root = write_folder_losing_a_class_to_validation(tmp_path)
     with pytest.raises(DataError, match=r"\['fox'\] .*no readable image for training"):
         convert(root, str(tmp_path / "chunks"), workers=1)
     assert not (tmp_path / "chunks").exists()

@@ -31,6 +31,18 @@ def test_torchvision_net_by_name_with_grayscale_input():
     assert net(torch.randn(2, 1, 64, 64)).shape == (2, 5)
 
 
+@pytest.mark.parametrize(("name", "size"), [("googlenet", 64), ("inception_v3", 75)])
+def test_torchvision_nets_with_auxiliary_heads_train_with_one_output(name, size):
+    """GoogLeNet and Inception v3 (auxiliary heads by default) give a classifier's loss plain
+    logits in training too (their named tuple was a TypeError in the loss), and every
+    parameter takes part (no unused auxiliary heads under DDP)."""
+    net = TorchvisionNet(name, in_channels=3, num_classes=5).train()
+    logits = net(torch.randn(2, 3, size, size))
+    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 5)
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1])).backward()
+    assert all(p.grad is not None for p in net.parameters())
+
+
 @pytest.mark.parametrize(
     "build, message",
     [

@@ -7,6 +7,8 @@ from torch import Tensor, nn
 
 from litlab.errors import ConfigError
 
+AUX_HEADED = ("googlenet", "inception_v3")
+
 
 class TorchvisionNet(nn.Module):
     """Wraps ``torchvision.models.get_model(name)``; 1-channel input is repeated to 3 channels."""
@@ -21,7 +23,12 @@ class TorchvisionNet(nn.Module):
         if in_channels not in (1, 3):
             raise ConfigError(f"torchvision models take 1 or 3 channels, got {in_channels}")
         self.in_channels = in_channels
-        self.model = torchvision.models.get_model(name, weights=weights, num_classes=num_classes)
+        # GoogLeNet and Inception v3 train with auxiliary heads by default and then return a
+        # named tuple, which a classifier's loss cannot take: built without them (one output)
+        extra = {"aux_logits": False} if name in AUX_HEADED else {}
+        self.model = torchvision.models.get_model(
+            name, weights=weights, num_classes=num_classes, **extra
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         if self.in_channels == 1:

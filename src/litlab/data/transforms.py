@@ -104,8 +104,9 @@ def crop_boxes(
     w = width if in_ratio <= max(ratio) else round(height * max(ratio))
     h = height if in_ratio >= min(ratio) else round(width / min(ratio))
     x, y = (width - w) // 2, (height - h) // 2
-    centred = torch.tensor([x, y, x + w, y + h], device=device, dtype=boxes.dtype)
-    return torch.where(found[:, None], boxes, centred)
+    # Python scalars, not a tensor made on the device: no host-to-device copy (a sync) a batch
+    centred = (x, y, x + w, y + h)
+    return torch.stack([torch.where(found, boxes[:, i], v) for i, v in enumerate(centred)], 1)
 
 
 def centre_boxes(n: int, h: int, w: int, fraction: float, device: torch.device) -> torch.Tensor:

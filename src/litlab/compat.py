@@ -11,6 +11,7 @@ import csv
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -131,8 +132,8 @@ def restart_finished_epochs_as_epoch_based(trainer: L.Trainer) -> L.Trainer:
     the next epoch then starts with the finished one's batch counters and trains none of its
     batches (one, without validation), so a resumed run silently loses an epoch. A checkpoint
     from within an epoch (started, not processed), or from an epoch that max_steps cut short,
-    restarts as before. The loop's class is
-    swapped in place, so that everything the Trainer set on it stays."""
+    restarts as before. The loop's class is swapped in place, so that everything the Trainer
+    set on it stays."""
     if type(trainer.fit_loop) is LightningFitLoop:
         trainer.fit_loop.__class__ = _FitLoop
     return trainer
@@ -230,8 +231,6 @@ def save_periodic_checkpoint(callback: Any, trainer: L.Trainer) -> None:
     checks, then its top-k and last saves), for a save it would not see as due: its private
     ``_should_skip_saving_checkpoint``, ``_monitor_candidates``, ``_save_topk_checkpoint`` and
     ``_save_last_checkpoint``, ``_defer_save_until_validation`` and ``_last_time_checked``."""
-    import time
-
     if callback._should_skip_saving_checkpoint(trainer):
         return
     candidates = callback._monitor_candidates(trainer)

@@ -261,17 +261,26 @@ def check_ema(cfg: DictConfig) -> None:
         )
 
 
+def clipping_option(module: Any) -> str | None:
+    """The option that clips a module's gradients: Lightning's for automatic optimization, the
+    module's own where it steps its optimizers itself (the GANs' model.gradient_clip_val);
+    None where such a module has none."""
+    if getattr(module, "automatic_optimization", True):
+        return "trainer.gradient_clip_val"
+    return "model.gradient_clip_val" if hasattr(module, "gradient_clip_val") else None
+
+
 def check_manual_optimization(cfg: DictConfig, model: Any) -> None:
     """A model that steps its own optimizers (Lightning's manual optimization: the GANs) gets
     neither Lightning's gradient clipping nor its gradient accumulation; Lightning refuses both
     with a traceback once training starts."""
     if getattr(model, "automatic_optimization", True):
         return
-    own = "model.gradient_clip_val" if hasattr(model, "gradient_clip_val") else "the model"
     if cfg.trainer.get("gradient_clip_val"):
         raise ConfigError(
             f"trainer.gradient_clip_val: {type(model).__name__} steps its own optimizers (manual "
-            f"optimization), which Lightning does not clip; set {own} to clip instead"
+            f"optimization), which Lightning does not clip; set {clipping_option(model) or 'the model'} to clip "
+            "instead"
         )
     if (cfg.trainer.get("accumulate_grad_batches") or 1) != 1:
         raise ConfigError(

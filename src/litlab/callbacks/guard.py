@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from litlab.config import clipping_option
 from litlab.errors import ConfigError, TrainingDiverged
 
 
@@ -63,17 +64,10 @@ class DivergenceGuard(Callback):
         where = (
             f"the last good checkpoint is {kept}" if kept else "no checkpoint had been written yet"
         )
-        module = trainer.lightning_module
-        clip = (
-            "trainer.gradient_clip_val"
-            if getattr(module, "automatic_optimization", True)
-            else "model.gradient_clip_val"
-            if hasattr(module, "gradient_clip_val")
-            else "gradient clipping"
-        )
         raise TrainingDiverged(
             f"training diverged: {', '.join(broken)} became NaN or infinite by step {trainer.global_step}; "
-            f"{where}. Lower the learning rate, add {clip}, or try another loss"
+            f"{where}. Lower the learning rate, add "
+            f"{clipping_option(trainer.lightning_module) or 'gradient clipping'}, or try another loss"
         )
 
     def on_save_checkpoint(

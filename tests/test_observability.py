@@ -249,3 +249,26 @@ def test_the_valley_is_half_way_along_the_longest_fall_of_the_loss():
     losses = [1.4 + i * 0.04 for i in range(30)] + [2.6 - i * 0.015 for i in range(60)]
     losses += [2.0 + i * 0.5 for i in range(9)] + [float("nan")]
     assert valley(losses) == 29 + 30  # the fall runs from point 30 to 89
+
+
+def test_the_lr_is_logged_at_the_schedules_own_interval(tmp_path):
+    """A per-step schedule's LR is in the logs every log_every_n_steps (the one-cycle warm-up is
+    a curve, not one point an epoch); a per-epoch one's (plateau) once an epoch."""
+    base = ["logger=csv", "data.batch_size=32", "trainer.max_epochs=2", *FAST]
+    step_cfg = make_cfg(tmp_path / "step", [*base, "trainer.log_every_n_steps=5"])
+    train_task(step_cfg)
+    lrs = {
+        int(r["step"]): float(r["lr-AdamW"])
+        for r in csv_rows(Path(step_cfg.paths.output_dir))
+        if r.get("lr-AdamW")
+    }
+    steps = sorted(lrs)
+    per_epoch = max(int(r["step"]) for r in csv_rows(Path(step_cfg.paths.output_dir))) // 2
+    assert len([s for s in steps if s < per_epoch]) >= 4, lrs
+    warm_up = [lrs[s] for s in steps if s <= 0.25 * 2 * per_epoch]
+    assert len(warm_up) >= 2 and warm_up == sorted(warm_up) and warm_up[0] < warm_up[-1], lrs
+
+    epoch_cfg = make_cfg(tmp_path / "epoch", [*base, "model/scheduler=plateau"])
+    train_task(epoch_cfg)
+    rows = [r for r in csv_rows(Path(epoch_cfg.paths.output_dir)) if r.get("lr-AdamW")]
+    assert len(rows) == 2, rows

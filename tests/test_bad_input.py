@@ -270,6 +270,11 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
         no_schedule,
         "model.scheduler: torch.optim.lr_scheduler.OneCycleLR -> None",
     )
+    other_groups = make_cfg(
+        tmp_path,
+        [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.decay_norm_and_bias=false"],
+    )
+    refused(capsys, train_task, other_groups, "model.decay_norm_and_bias: True -> False")
     assert last.read_bytes() == written and summary.read_bytes() == summarized
     # Continued for real, the run's summary keeps what it said before; refused again, the
     # summary (with its own previous_summary) stays whole.

@@ -307,6 +307,38 @@ def test_training_accuracy_counts_as_torchmetrics_does():
     assert place_hits(logits[:, :3], labels % 3, 0).shape == (1,)  # 5 classes or fewer: top-1
 
 
+@pytest.mark.parametrize("decay_norm_and_bias", [True, False])
+def test_weight_decay_spares_norms_and_biases_when_asked(tmp_path, decay_norm_and_bias):
+    """model.decay_norm_and_bias=false (folder_resnet50): a step with zero gradients shrinks
+    the weight matrices and kernels by the decay and leaves BatchNorm's scales and shifts and
+    the biases as they were; the default decays every parameter."""
+    from hydra.utils import instantiate
+
+    overrides = ["model=resnet", "model.net.width=4", "model.scheduler=null"]
+    # plain SGD (no momentum): a step moves each parameter by -lr x (gradient + decay x value)
+    overrides += ["model.optimizer.momentum=0", "model.optimizer.nesterov=false"]
+    overrides += ["model.optimizer.weight_decay=0.1"]
+    cfg = make_cfg(tmp_path, [*overrides, f"model.decay_norm_and_bias={decay_norm_and_bias}"])
+    model = instantiate(cfg.model)
+    model.trainer = bare_trainer(max_epochs=1)
+    optimizer = model.configure_optimizers()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    in_groups = [id(p) for group in optimizer.param_groups for p in group["params"]]
+    assert sorted(in_groups) == sorted(id(p) for p in model.parameters())  # each one, once
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    shrink = 1 - cfg.model.optimizer.lr * 0.1
+    one_dim = [name for name, p in model.named_parameters() if p.ndim <= 1]
+    assert any("bn" in name or "norm" in name for name in one_dim) and any(
+        name.endswith("bias") for name in one_dim
+    )
+    for name, param in model.named_parameters():
+        spared = param.ndim <= 1 and not decay_norm_and_bias
+        expected = before[name] if spared else before[name] * shrink
+        assert torch.allclose(param.detach(), expected, rtol=1e-6), name
+
+
 def test_evaluation_loss_is_the_plain_cross_entropy_over_every_image():
     """val/loss and test/loss are the mean cross-entropy of all the images, batches of any size
     weighted by their images, without the training's label smoothing (so that val/loss of a

@@ -197,11 +197,16 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
         )
 
 
+# Model settings that shape the optimizer's parameter groups, restored from the checkpoint.
+_OPTIMIZER_GROUPS = ("decay_norm_and_bias",)
+
+
 def _changed_optimization(stored: DictConfig, now: DictConfig) -> list[str]:
-    """The optimizer and LR-schedule settings (model.*optimizer*, model.*scheduler*) that differ
-    between a checkpoint's run and this one, as "model.<key>: <then> -> <now>": Lightning
-    restores the optimizer's and the schedule's state (learning rate, momentum, weight decay,
-    the schedule's own settings), so new values there would be recorded but not used."""
+    """The optimizer and LR-schedule settings (model.*optimizer*, model.*scheduler*, and what
+    makes the optimizer's parameter groups) that differ between a checkpoint's run and this one,
+    as "model.<key>: <then> -> <now>": Lightning restores the optimizer's and the schedule's
+    state (learning rate, momentum, weight decay, the schedule's own settings), so new values
+    there would be recorded but not used (other parameter groups: not restored at all)."""
 
     def flat(node: Any, prefix: str) -> dict[str, Any]:
         if not isinstance(node, DictConfig):
@@ -213,7 +218,8 @@ def _changed_optimization(stored: DictConfig, now: DictConfig) -> list[str]:
 
     changes = []
     for key in now:
-        if ("optimizer" in str(key) or "scheduler" in str(key)) and key in stored:
+        optimization = "optimizer" in str(key) or "scheduler" in str(key)
+        if (optimization or key in _OPTIMIZER_GROUPS) and key in stored:
             if (stored[key] is None) != (now[key] is None):  # switched on or off, as a whole
                 named = [
                     n.get("_target_", "set") if isinstance(n, DictConfig) else n

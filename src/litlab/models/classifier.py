@@ -23,7 +23,12 @@ from litlab.compat import (
 from litlab.data.decode import all_unreadable
 from litlab.distributed import broadcast_buffers, log_job_value
 from litlab.errors import ConfigError
-from litlab.models.optim import Interval, build_optimizer, fit_schedules_to_run
+from litlab.models.optim import (
+    Interval,
+    build_optimizer,
+    fit_schedules_to_run,
+    weight_decay_groups,
+)
 from litlab.rng import RankSeeded
 
 
@@ -64,6 +69,7 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         tta_flip: bool = False,
         erasing: Callable[[Tensor], Tensor] | None = None,
         mix: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+        decay_norm_and_bias: bool = True,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -74,6 +80,9 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.scheduler_interval = scheduler_interval
+        # False: the optimizer's weight decay on weight matrices and kernels only, none on the
+        # normalization layers' scales and shifts and the biases (optim.weight_decay_groups).
+        self.decay_norm_and_bias = decay_norm_and_bias
         # What ReduceLROnPlateau watches, and in which direction (the configs: the objective).
         self.scheduler_monitor, self.scheduler_mode = scheduler_monitor, scheduler_mode
         # Accepts class indices and, from mixing, class probabilities (smoothed alike).
@@ -266,7 +275,9 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
     def configure_optimizers(self) -> Any:
         optimizer, scheduler = build_optimizer(
             self.optimizer_factory,
-            self.parameters(),
+            self.parameters()
+            if self.decay_norm_and_bias
+            else weight_decay_groups(self.named_parameters()),
             self.scheduler_factory,
             self.scheduler_interval,
             self.trainer,

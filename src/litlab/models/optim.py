@@ -47,6 +47,23 @@ def resumed_length(trainer: Any, interval: Interval) -> int:
     return min(length, trainer.max_steps) if trainer.max_steps >= 0 else length
 
 
+def weight_decay_groups(
+    named: Iterable[tuple[str, torch.nn.Parameter]],
+) -> list[dict[str, Any]]:
+    """Two parameter groups: "decay" (weight matrices and kernels: the optimizer's weight decay)
+    and "no_decay" (parameters of one dimension or none: normalization scales and shifts,
+    biases; weight decay 0). The rule of timm's ``param_groups_weight_decay`` and of FFCV's and
+    Goyal et al.'s ImageNet recipes; the group names label the LR monitor's curves."""
+    decay, no_decay = [], []
+    for _, param in named:
+        if param.requires_grad:
+            (no_decay if param.ndim <= 1 else decay).append(param)
+    return [
+        {"params": decay, "name": "decay"},
+        {"params": no_decay, "name": "no_decay", "weight_decay": 0.0},
+    ]
+
+
 def build_optimizer(
     factory: Callable[..., Optimizer],
     params: Iterable[torch.nn.Parameter],

@@ -111,6 +111,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         ),
         (["data.train_fraction=0"], "train_fraction must lie in (0, 1]"),
         (
+            ["model/scheduler=plateau", "model.scheduler_monitor=val/loss"],  # in max's direction
+            "set model.scheduler_mode=min or max for it too",
+        ),
+        (
             ["callbacks.model_checkpoint.save_top_k=3"],  # best.ckpt: the newest of the top 3
             "would hold the newest of the top k, not the best",
         ),
@@ -118,6 +122,21 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
 )
 def test_train_mistakes_in_process(tmp_path, capsys, overrides, needle):
     fails_with(capsys, train_task, make_cfg(tmp_path, [*overrides, *QUIET]), needle)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.scheduler_mode=min"],
+        ["+model.scheduler.mode=min"],
+        ["model.scheduler_monitor=val/acc"],  # the objective itself
+    ],
+)
+def test_a_plateau_schedule_on_another_metric_with_its_direction_is_accepted(tmp_path, overrides):
+    from litlab.config import check_plateau_mode
+
+    base = ["model/scheduler=plateau", "model.scheduler_monitor=val/loss"]
+    check_plateau_mode(make_cfg(tmp_path, [*base, *overrides]))
 
 
 def test_a_failed_download_is_one_line_with_the_ways_that_remain(tmp_path, capsys, monkeypatch):

@@ -325,6 +325,33 @@ def check_objective(cfg: DictConfig) -> None:
         )
 
 
+def check_plateau_mode(cfg: DictConfig) -> None:
+    """ReduceLROnPlateau on another metric than the objective needs that metric's direction:
+    model.scheduler_mode follows objective.mode unless set (a loss watched in the accuracy's
+    direction, max, would cut the LR while the loss falls)."""
+    model = cfg.get("model") or {}
+    scheduler = model.get("scheduler")
+    monitor = model.get("scheduler_monitor")
+    if not isinstance(scheduler, DictConfig) or "_target_" not in scheduler or monitor is None:
+        return
+    target = hydra.utils.get_object(str(scheduler._target_))
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+    if not (isinstance(target, type) and issubclass(target, ReduceLROnPlateau)):
+        return
+    if "mode" in scheduler or str(monitor) == str(cfg.objective.metric):
+        return
+    follows = OmegaConf.is_interpolation(model, "scheduler_mode") and "objective.mode" in str(
+        OmegaConf.to_container(model, resolve=False).get("scheduler_mode")
+    )
+    if follows:
+        raise ConfigError(
+            f"model.scheduler_monitor={monitor} is not the objective ({cfg.objective.metric}), "
+            f"whose direction ({cfg.objective.mode}) model.scheduler_mode follows; set "
+            "model.scheduler_mode=min or max for it too"
+        )
+
+
 def check_top_level(cfg: DictConfig, config_name: str) -> None:
     """Refuse top-level keys that the task's config does not have (``+seeed=3``, a typo that
     Hydra's ``+`` adds silently); keys inside the groups are checked against their targets."""

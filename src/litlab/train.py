@@ -26,6 +26,7 @@ from litlab.config import (
     check_ema,
     check_manual_optimization,
     check_objective,
+    check_plateau_mode,
     check_precision,
     check_top_level,
     config_dir,
@@ -124,6 +125,7 @@ def check(cfg: DictConfig, run: Run) -> None:
         )
         cfg.trainer.sync_batchnorm = False
     check_objective(cfg)
+    check_plateau_mode(cfg)
     check_augmentation(cfg)
     check_precision(cfg)
 

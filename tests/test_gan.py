@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -553,15 +555,22 @@ def test_sample_grids_reach_wandb_and_tensorboard(tmp_path):
     )
     train_task(cfg)
     (run,) = (Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*")
-    images = [row for row in offline_run(run)["history"] if "samples/_type" in row]
-    assert [row["samples/captions"][0].split(" ")[0] for row in images] == [
-        "g_step_0000003",
-        "g_step_0000006",
-        "final",
-        "final_raw_g",
-        "test",
-    ]
-    assert list(run.glob("files/media/images/samples_*.png"))
+    history = offline_run(run)["history"]
+    logged = {  # the EMA generator's grids in one panel, the raw generator's in another
+        key: {
+            row[f"{key}/captions"][0].split(" ")[0]: row[f"{key}/filenames"][0]
+            for row in history
+            if f"{key}/_type" in row
+        }
+        for key in ("samples", "samples_raw_g")
+    }
+    assert list(logged["samples"]) == ["g_step_0000003", "g_step_0000006", "final", "test"]
+    assert list(logged["samples_raw_g"]) == ["final_raw_g"]
+    # W&B shows the very pixels of the PNGs in samples/ (a float grid reached it black)
+    for name, media in {**logged["samples"], **logged["samples_raw_g"]}.items():
+        shown = np.asarray(Image.open(run / "files" / media).convert("RGB"))
+        saved = np.asarray(Image.open(Path(cfg.paths.output_dir) / "samples" / f"{name}.png"))
+        assert np.array_equal(shown, saved.reshape(shown.shape)), name
     cfg = make_cfg(
         tmp_path / "tb",
         [

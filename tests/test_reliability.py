@@ -287,6 +287,30 @@ def test_a_gans_periodic_checkpoints_come_every_n_steps(tmp_path, n_critic, ever
     assert step["global_step"] == saved[-1]
 
 
+def test_a_resumed_gan_makes_each_sample_grid_once(tmp_path):
+    """Stopped on the batch whose G step made the grid of g/step 2 (n_critic 2), the resumed run
+    starts with D's batch alone: it leaves that grid as it was and makes the next ones."""
+    args = [
+        *GAN,
+        "trainer.max_epochs=2",
+        "model.n_critic=2",
+        "callbacks.samples.every_n_g_steps=2",
+        f"paths.log_dir={tmp_path}",
+    ]
+    stopped = run_cli(*args, "+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=3")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    grid = folder / "samples" / "g_step_0000002.png"
+    assert sorted(p.name for p in (folder / "samples").glob("g_step_*")) == [grid.name]
+    written = grid.stat().st_mtime_ns
+    time.sleep(0.05)
+    resumed = run_cli(f"resume={folder}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert grid.stat().st_mtime_ns == written  # not drawn again
+    made = sorted(p.name for p in (folder / "samples").glob("g_step_*"))
+    assert made == ["g_step_0000002.png", "g_step_0000004.png", "g_step_0000006.png"]
+
+
 class Exploding:
     """Pickles half way, then fails: a crash in the middle of writing a checkpoint."""
 

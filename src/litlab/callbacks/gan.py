@@ -238,15 +238,25 @@ class SampleGrid(Callback):
         grid = make_grid(images.cpu(), nrow=self.nrow, padding=2, pad_value=1.0)
         path = Path(trainer.default_root_dir) / self.dirname / f"{name}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
+        # The PNG's very pixels (save_image's rounding) for every logger: W&B casts float
+        # images to uint8 as they are, which made a [0, 1] grid black and white padding.
+        pixels = grid.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)
         save_image(grid, path)
+        # The EMA generator's grids in one panel, the raw generator's in another.
+        key = "samples" if ema else "samples_raw_g"
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.log_image(
-                    key="samples", images=[grid], caption=[f"{name} (g/step {pl_module.g_steps})"]
+                    key=key, images=[pixels], caption=[f"{name} (g/step {pl_module.g_steps})"]
                 )
             elif isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_image("samples", grid, global_step=pl_module.g_steps)
+                logger.experiment.add_image(key, pixels, global_step=pl_module.g_steps)
         return path
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A resumed run made the grid of the generator step it restarts at (the batches before
+        # its next G step are D's alone): not again.
+        self._last_saved = pl_module.g_steps
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = pl_module.g_steps

@@ -65,6 +65,19 @@ class InjectNaN(Callback):
                 next(getattr(pl_module, self.module).parameters()).fill_(float("nan"))
 
 
+class PoisonBatch(Callback):
+    """Fills one rank's training images with NaN at a given training batch (a bad input that
+    only that rank sees)."""
+
+    def __init__(self, at_batch: int, rank: int) -> None:
+        self.at_batch, self.rank = at_batch, rank
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.fit_loop.total_batch_idx == self.at_batch and trainer.global_rank == self.rank:
+            images = batch[0] if isinstance(batch, (list, tuple)) else batch
+            images.fill_(float("nan"))
+
+
 class SignalAt(Callback):
     """Sends a real signal to this process (global rank 0) during a given training batch (a
     preemption); the run stops at the end of that batch."""

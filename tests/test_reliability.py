@@ -157,6 +157,39 @@ def test_gan_under_ddp_ranks_draw_their_own_noise_and_resume_bit_identically(tmp
     assert val_rows(folder) == val_rows(run_folder(tmp_path / "straight"))
 
 
+@pytest.mark.slow
+@pytest.mark.dist
+def test_a_loss_that_diverges_on_one_rank_stops_every_rank_before_a_save(tmp_path):
+    """NaN reals on rank 1 alone (a D-only batch, n_critic 2): the save at that batch's end is
+    refused on both ranks (rank 0's losses were finite; it wrote NaN weights, and a classifier's
+    rank 0 died in the next collective), and the error names the newest good checkpoint."""
+    result = run_cli(
+        *GAN,
+        "trainer.max_epochs=1",
+        "model.n_critic=2",
+        "callbacks.step_checkpoint.every_n_train_steps=1",
+        "callbacks.divergence_guard.check_every_n_steps=1000",
+        "+callbacks.poison._target_=helpers.PoisonBatch",
+        "+callbacks.poison.at_batch=2",
+        "+callbacks.poison.rank=1",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        f"paths.log_dir={tmp_path}",
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    summary = json.loads((folder / "summary.json").read_text())
+    step = folder / "checkpoints" / "step.ckpt"
+    assert summary["status"] == "failed" and "training diverged: d/loss" in summary["error"]
+    assert f"the last good checkpoint is {step}" in summary["error"]
+    saved = load_checkpoint(step)
+    assert saved["gan"]["d_steps"] == 2  # the batch before the fault's
+    assert all(
+        torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point()
+    )
+
+
 def summary_status(folder: Path) -> str:
     return json.loads((folder / "summary.json").read_text())["status"]
 

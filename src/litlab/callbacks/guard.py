@@ -13,6 +13,20 @@ from litlab.config import clipping_option
 from litlab.errors import ConfigError, TrainingDiverged
 
 
+def newest_saved(trainer: L.Trainer) -> str:
+    """The most recently written of the run's checkpoints (last, periodic step, best), or ""."""
+    written = [
+        Path(path)
+        for callback in trainer.checkpoint_callbacks
+        for path in (
+            getattr(callback, "last_model_path", ""),
+            getattr(callback, "best_model_path", ""),
+        )
+        if path and Path(path).is_file()
+    ]
+    return str(max(written, key=lambda p: p.stat().st_mtime_ns)) if written else ""
+
+
 class DivergenceGuard(Callback):
     """Watches every loss a training step returns.
 
@@ -51,16 +65,21 @@ class DivergenceGuard(Callback):
             self.check(trainer)
 
     def check(self, trainer: L.Trainer) -> None:
-        broken = [name for name, total in self._sums.items() if not bool(total.isfinite())]
+        """Raise TrainingDiverged on every rank if a loss became non-finite on any rank since
+        the last check. Every rank reaches each check at the same batch (and at each save, which
+        every rank prepares), so one rank's NaN stops all of them together: a rank that went on
+        would wait for the stopped one in the next collective, or save diverged weights."""
+        if not self._sums:
+            return
+        names = list(self._sums)
+        broken = torch.stack([~total.isfinite() for total in self._sums.values()]).float()
+        broken = trainer.strategy.reduce(broken, reduce_op="sum")  # any rank's
+        broken = [name for name, flag in zip(names, broken.tolist(), strict=True) if flag]
         if not broken:
             for total in self._sums.values():
                 total.zero_()
             return
-        callback = trainer.checkpoint_callback
-        last = Path(callback.dirpath) / "last.ckpt" if callback and callback.dirpath else None
-        kept = (
-            str(last) if last and last.is_file() else (callback.best_model_path if callback else "")
-        )
+        kept = newest_saved(trainer)
         where = (
             f"the last good checkpoint is {kept}" if kept else "no checkpoint had been written yet"
         )

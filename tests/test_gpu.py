@@ -96,6 +96,8 @@ def test_fsdp_classifier_trains_checkpoints_and_evaluates(tmp_path, state_dict_t
     )
     train_task(cfg)
     metrics = completed(cfg)
+    native_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)  # trainer=fsdp: auto
+    assert summary_of(cfg)["precision"]["chosen"] == ("bf16-mixed" if native_bf16 else "16-mixed")
     best = Path(summary_of(cfg)["best_checkpoint"])
     if state_dict_type == "sharded":
         assert best.is_dir()  # one shard per rank; consolidate into one file for eval

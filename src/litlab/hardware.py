@@ -52,6 +52,14 @@ def on_gpu(accelerator: str) -> bool:
     return accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
 
 
+def gpu_emulates_bf16() -> bool:
+    """Whether this CUDA GPU runs bfloat16 only by emulation (before compute capability 8.0,
+    where torch.cuda.is_bf16_supported() still says True)."""
+    return torch.cuda.is_bf16_supported() and not torch.cuda.is_bf16_supported(
+        including_emulation=False
+    )
+
+
 def fastest_precision(accelerator: str) -> tuple[str, str]:
     """(Lightning precision, reason): the fastest precision this hardware runs natively."""
     if on_gpu(accelerator):
@@ -90,6 +98,14 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
             "10-20x slower than 32-true on such a CPU; trainer.precision=auto picks the fastest",
             requested,
             "bfloat16 (AVX512-BF16/AMX)" if requested.startswith("bf16") else "float16",
+        )
+    elif requested.startswith("bf16") and on_gpu(accelerator) and gpu_emulates_bf16():
+        log.warning(
+            "trainer.precision=%s on %s, which has no native bfloat16 (compute capability below "
+            "8.0): torch emulates it without tensor cores; trainer.precision=auto picks %s",
+            requested,
+            torch.cuda.get_device_name(),
+            fastest_precision(accelerator)[0],
         )
     return {"requested": requested, "chosen": requested, "why": "as configured"}
 

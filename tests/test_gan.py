@@ -168,6 +168,36 @@ def test_ema_follows_the_generator_with_warmup():
     assert torch.allclose(bn_e.running_mean, before_mean + (1 - 3 / 12) * (1.0 - before_mean))
 
 
+def test_the_sync_free_average_is_torchs_to_the_bit_across_a_checkpoint():
+    """AveragedCopy (the GAN's EMA generator; callbacks=ema's average) keeps its count on the
+    host too: the same averages, count and state dict as torch's AveragedModel, also when the
+    state is loaded into a fresh copy part way (the count is read again)."""
+    from torch.optim.swa_utils import AveragedModel
+
+    from litlab.models.gan import AveragedCopy, ema_with_warmup
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten())
+    made = {
+        kind: kind(net, multi_avg_fn=ema_with_warmup(0.99), use_buffers=True)
+        for kind in (AveragedModel, AveragedCopy)
+    }
+    for step in range(7):
+        net.train()(torch.randn(2, 3, 5, 5))  # moves the BatchNorm statistics and its counter
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(torch.randn_like(p))
+        if step == 3:  # the copy continues from a checkpoint of itself
+            restored = AveragedCopy(net, multi_avg_fn=ema_with_warmup(0.99), use_buffers=True)
+            restored.load_state_dict(made[AveragedCopy].state_dict())
+            made[AveragedCopy] = restored
+        for average in made.values():
+            average.update_parameters(net)
+    theirs, ours = (made[kind].state_dict() for kind in (AveragedModel, AveragedCopy))
+    assert list(theirs) == list(ours) and int(ours["n_averaged"]) == 7
+    assert all(torch.equal(theirs[k], ours[k]) for k in theirs)
+
+
 @pytest.mark.parametrize("model", ["dcgan", "dcgan_wgangp", "dcgan_hinge"])
 def test_every_loss_trains_on_synthetic_data(tmp_path, model):
     cfg = make_cfg(tmp_path, [f"model={model}", *SMALL, "trainer.max_epochs=1", *QUIET])

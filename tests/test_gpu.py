@@ -158,3 +158,22 @@ def test_deterministic_on_gpu(tmp_path):
         )
     for key, value in states[0]["state_dict"].items():
         assert torch.equal(value, states[1]["state_dict"][key]), key
+
+
+def test_the_average_of_the_weights_updates_without_a_host_sync():
+    """The GAN's EMA generator and callbacks=ema's average (AveragedCopy) queue their update
+    without waiting for the GPU (torch's AveragedModel reads its count on the host twice)."""
+    from torch import nn
+
+    from litlab.models.gan import AveragedCopy, ema_with_warmup
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).cuda()
+    average = AveragedCopy(net, multi_avg_fn=ema_with_warmup(0.999), use_buffers=True)
+    average.update_parameters(net)  # the first reads the count once
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            average.update_parameters(net)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert int(average.n_averaged) == 4

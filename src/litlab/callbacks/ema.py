@@ -8,9 +8,10 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import EMAWeightAveraging, WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
+from torch.optim.swa_utils import AveragedModel
 
 from litlab.errors import ConfigError
-from litlab.models.gan import ema_with_warmup
+from litlab.models.gan import AveragedCopy, ema_with_warmup
 
 
 class EMA(EMAWeightAveraging):
@@ -57,6 +58,12 @@ class EMA(EMAWeightAveraging):
         self.update_every_n_steps = update_every_n_steps
         self.update_starting_at_step = update_starting_at_step
         self.update_starting_at_epoch = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self._average_model is not None and type(self._average_model) is AveragedModel:
+            # the same object and state, updated without torch's two host syncs a step
+            self._average_model.__class__ = AveragedCopy
 
     def _follow_until_averaged(self, pl_module: L.LightningModule) -> None:
         """Before its first update (update_starting_at_step) the average is the weights as they

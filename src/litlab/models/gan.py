@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -78,6 +79,46 @@ def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tenso
         ema_update(ema, current, d)
 
     return update
+
+
+class AveragedCopy(AveragedModel):
+    """torch's AveragedModel without its two host syncs an update: torch reads the device-side
+    count twice (``bool(n_averaged == 0)``, ``n_averaged > 0``), each a GPU stall per step. The
+    count is also kept on the host (read once after construction or a checkpoint load); the
+    averaging, its groups by device and dtype, and the state dict are torch's."""
+
+    _host_count: int | None = None  # None: read n_averaged once
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._host_count = None
+
+    @torch.no_grad()
+    def update_parameters(self, model: nn.Module) -> None:
+        if not self.use_buffers or self.multi_avg_fn is None:
+            super().update_parameters(model)
+            self._host_count = None
+            return
+        if self._host_count is None:
+            self._host_count = int(self.n_averaged)
+        averaged = [
+            t.detach() for t in itertools.chain(self.module.parameters(), self.module.buffers())
+        ]
+        current = itertools.chain(model.parameters(), model.buffers())
+        current = [t.detach().to(a.device) for a, t in zip(averaged, current, strict=True)]
+        if self._host_count == 0:
+            for a, c in zip(averaged, current, strict=True):
+                a.copy_(c)
+        else:
+            groups: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], list[Tensor]]] = {}
+            for a, c in zip(averaged, current, strict=True):
+                kept, new = groups.setdefault((a.device, a.dtype), ([], []))
+                kept.append(a)
+                new.append(c)
+            for (device, _), (kept, new) in groups.items():
+                self.multi_avg_fn(kept, new, self.n_averaged.to(device))
+        self.n_averaged += 1
+        self._host_count += 1
 
 
 @contextmanager
@@ -168,7 +209,7 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
         self.discriminator = discriminator
         self.generator_ema = None
         if ema_decay is not None:
-            self.generator_ema = AveragedModel(
+            self.generator_ema = AveragedCopy(
                 generator, multi_avg_fn=ema_with_warmup(ema_decay), use_buffers=True
             ).requires_grad_(False)
         self.g_optimizer_factory, self.d_optimizer_factory = g_optimizer, d_optimizer

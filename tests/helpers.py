@@ -122,6 +122,7 @@ class CaptureNoise(Callback):
         (clock,) = [c.totals["train"] for c in trainer.callbacks if isinstance(c, Throughput)]
         state = {**self.seen, "rng": torch.get_rng_state()}
         state["train_rate"] = clock.samples / clock.seconds  # this rank's own images/s
+        state["step_rate"] = clock.batches / clock.seconds  # and its own batches/s
         torch.save(state, self.folder / f"rank{trainer.global_rank}.pt")
 
 

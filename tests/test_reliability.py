@@ -136,6 +136,8 @@ def test_gan_under_ddp_ranks_draw_their_own_noise_and_resume_bit_identically(tmp
     assert not warned, warned
     perf = json.loads((run_folder(tmp_path / "straight") / "summary.json").read_text())["perf"]
     assert perf["train_images_per_s"] == pytest.approx(sum(r["train_rate"] for r in ranks))
+    # and its steps a second the ranks' mean (a step is one batch on each rank)
+    assert perf["train_batches_per_s"] == pytest.approx(sum(r["step_rate"] for r in ranks) / 2)
 
     stopped = run_cli(
         *ddp,

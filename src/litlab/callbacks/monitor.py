@@ -137,8 +137,9 @@ class Throughput(Callback):
     epoch's end; it restarts at the next training batch. The first ``warmup_batches`` of a fit
     are not timed (CUDA context, cuDNN and allocator warm-up, compilation).
 
-    Figures are the job's: images/s and batches/s are summed over ranks (each rank's own rate,
-    one collective per epoch), MFU is per device (the mean over ranks). FLOPs are counted once,
+    Figures are the job's: images/s are summed over ranks (each rank's own rate, one collective
+    per epoch); batches/s are the job's training steps a second (the mean over ranks: the ranks'
+    batches of a step are one step of the job, as the progress bar's it/s); MFU is per device. FLOPs are counted once,
     for ``pl_module.net`` (GANs report images/s only).
     """
 
@@ -191,8 +192,8 @@ class Throughput(Callback):
     def _finish(
         self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str
     ) -> list[float] | None:
-        """End a stage's epoch: log the job's images/s; return the job's [epoch images/s,
-        epoch batches/s] (summed over ranks), or None when nothing was timed."""
+        """End a stage's epoch: log the job's images/s; return the job's [epoch images/s (summed
+        over ranks), epoch batches/s (their mean)], or None when nothing was timed."""
         self._pause(stage)
         clock = self._clocks.pop(stage, None) or _Clock()
         total = self.totals.setdefault(stage, _Clock())
@@ -205,6 +206,7 @@ class Throughput(Callback):
             total.batches / total.seconds if total.seconds > 0 else 0.0,
         ]
         epoch_images, epoch_batches, run_images, run_batches = over_ranks(trainer, rates, "sum")
+        epoch_batches, run_batches = epoch_batches / self._world, run_batches / self._world
         self.job[f"{stage}_images_per_s"] = run_images
         if stage == "train":
             self.job["train_batches_per_s"] = run_batches
@@ -308,9 +310,10 @@ def rss_gb() -> float:
 
 
 class PeakMemory(Callback):
-    """Peak CUDA memory per training and test epoch (allocated by tensors, reserved by the
-    caching allocator) and the process's peak RSS, of the fullest rank; no device sync
-    (allocator counters)."""
+    """Peak CUDA memory per training epoch (its validation and checkpoint writes included: what
+    must fit) and per test epoch, allocated by tensors and reserved by the caching allocator,
+    and the process's peak RSS since it started (the OS keeps no other), of the fullest rank; no
+    device sync (allocator counters)."""
 
     def __init__(self) -> None:
         self.peaks: dict[str, float] = {}
@@ -320,7 +323,7 @@ class PeakMemory(Callback):
         self._device = trainer.strategy.root_device
 
     def current(self) -> dict[str, float]:
-        """Peaks since the last epoch start, in GB (1e9 bytes)."""
+        """CUDA peaks since the last epoch start, the RSS peak since the process started; GB."""
         values = {"rss_gb": rss_gb()}
         if self._device.type == "cuda":
             values["peak_allocated_gb"] = torch.cuda.max_memory_allocated(self._device) / GB

@@ -54,15 +54,24 @@ class RecordBatchSaves(Callback):
 
 
 class InjectNaN(Callback):
-    """Poisons the first parameter of a submodule at a given training batch (a fault injector)."""
+    """Poisons the first parameter of a submodule at a given training batch (a fault injector):
+    at its start, or with ``after_step`` at its end (the batch's loss stays finite)."""
 
-    def __init__(self, at_batch: int, module: str) -> None:
-        self.at_batch, self.module = at_batch, module
+    def __init__(self, at_batch: int, module: str, after_step: bool = False) -> None:
+        self.at_batch, self.module, self.after_step = at_batch, module, after_step
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def _poison(self, trainer, pl_module) -> None:
         if trainer.fit_loop.total_batch_idx == self.at_batch:
             with torch.no_grad():
                 next(getattr(pl_module, self.module).parameters()).fill_(float("nan"))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if not self.after_step:
+            self._poison(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.after_step:  # before the checkpoints' hooks (Lightning runs those last)
+            self._poison(trainer, pl_module)
 
 
 class PoisonBatch(Callback):

@@ -540,7 +540,8 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(
     """Train further (or stop sooner) than planned, or on with larger batches from an epoch's
     end: OneCycleLR's length follows the run (the steps taken, then the rest at the new rate),
     so it neither fails when stepped past its old end nor stops half way down."""
-    first = run_cli(*CLF, "trainer.max_epochs=2", f"paths.log_dir={tmp_path}")
+    every_step = "trainer.log_every_n_steps=1"  # the LR in the logs at every step
+    first = run_cli(*CLF, every_step, "trainer.max_epochs=2", f"paths.log_dir={tmp_path}")
     assert first.returncode == 0, first.stderr[-3000:]
     folder = run_folder(tmp_path)
     steps_per_epoch = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] // 2
@@ -548,6 +549,7 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(
     if changed == ["stopped"]:  # stopped by a signal after one epoch, then resumed shorter
         stopped = run_cli(
             *CLF,
+            every_step,
             "trainer.max_epochs=5",
             f"paths.log_dir={tmp_path / 'b'}",
             "+callbacks.stop._target_=helpers.SignalAt",
@@ -568,8 +570,8 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(
         assert total == resumed_from + math.ceil(steps_per_epoch / 2)
     schedule = saved["lr_schedulers"][0]
     assert schedule["total_steps"] == schedule["last_epoch"] == total
-    # From the resume on, the LR is that of a run planned for that many steps: at the start
-    # of each resumed epoch (logged per epoch) and at the end.
+    # From the resume on, the LR is that of a run planned for that many steps: at every step
+    # and at the end.
     planned = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=3e-3)
     one_cycle = torch.optim.lr_scheduler.OneCycleLR(
         planned, max_lr=3e-3, pct_start=0.25, total_steps=total
@@ -635,7 +637,8 @@ def test_a_finished_cosine_run_trained_further_follows_the_longer_cosine(tmp_pat
     """`resume=<folder> trainer.max_epochs=4` after a 2-epoch cosine run: the LR is the 4-epoch
     cosine's from the step reached on (torch's recursive form, at eta_min = 0 after a finished
     schedule, kept the LR at 0: the added epochs changed no weight)."""
-    args = [*CLF, "model/scheduler=cosine", "trainer.max_epochs=2", f"paths.log_dir={tmp_path}"]
+    args = [*CLF, "model/scheduler=cosine", "trainer.max_epochs=2", "trainer.log_every_n_steps=1"]
+    args += [f"paths.log_dir={tmp_path}"]
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     folder = run_folder(tmp_path)
@@ -675,6 +678,36 @@ def test_a_tuned_run_continues_in_place_with_the_values_found(tmp_path, monkeypa
     assert summary["status"] == "completed" and "tuned" not in summary  # no second search
     assert summary["resumed_from"].endswith("last.ckpt")
     assert again.data.batch_size == 32
+
+
+def test_a_save_after_a_step_that_broke_the_weights_is_refused(tmp_path, capsys):
+    """The batch's loss was finite (computed before the step), the weights the step left are
+    not: the periodic save at that batch is refused, the earlier step.ckpt stays."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            *CLF,
+            "callbacks.step_checkpoint.every_n_train_steps=2",
+            "callbacks.divergence_guard.check_every_n_steps=1000",
+            "+callbacks.nan._target_=helpers.InjectNaN",
+            "+callbacks.nan.at_batch=3",
+            "+callbacks.nan.module=net",
+            "+callbacks.nan.after_step=true",
+        ],
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        train_task(cfg)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    step = Path(cfg.paths.output_dir) / "checkpoints" / "step.ckpt"
+    assert "training diverged: the weights became NaN or infinite by step 4" in err, err[-500:]
+    assert f"the last good checkpoint is {step}" in err
+    saved = load_checkpoint(step)
+    assert saved["global_step"] == 2
+    weights = {k: v for k, v in saved["state_dict"].items() if k.startswith("net.")}
+    assert weights and all(
+        torch.isfinite(v).all() for v in weights.values() if v.is_floating_point()
+    )
 
 
 def test_divergence_guard_reads_its_sums_every_n_steps_and_forgets_nothing_between():

@@ -32,8 +32,8 @@ class DivergenceGuard(Callback):
 
     Each step adds the losses into one float32 sum on the device (one op, no host sync): a NaN
     or an infinity stays non-finite in a sum. The sum is read every ``check_every_n_steps``
-    steps and before every checkpoint save, so a checkpoint is never written from diverged
-    weights: the last good one stays in place.
+    steps and before every checkpoint save, where the weights to be saved are checked too, so
+    a checkpoint is never written from diverged weights: the last good one stays in place.
     """
 
     def __init__(self, check_every_n_steps: int = 50) -> None:
@@ -64,15 +64,23 @@ class DivergenceGuard(Callback):
         if self._batches % self.check_every_n_steps == 0:
             self.check(trainer)
 
-    def check(self, trainer: L.Trainer) -> None:
+    def check(self, trainer: L.Trainer, weights: dict[str, Any] | None = None) -> None:
         """Raise TrainingDiverged on every rank if a loss became non-finite on any rank since
-        the last check. Every rank reaches each check at the same batch (and at each save, which
-        every rank prepares), so one rank's NaN stops all of them together: a rank that went on
-        would wait for the stopped one in the next collective, or save diverged weights."""
-        if not self._sums:
+        the last check, or (at a save) any of the ``weights`` to be saved. Every rank reaches
+        each check at the same batch (and at each save, which every rank prepares), so one
+        rank's NaN stops all of them together: a rank that went on would wait for the stopped
+        one in the next collective, or save diverged weights."""
+        names, flags = list(self._sums), [~total.isfinite() for total in self._sums.values()]
+        tensors = [
+            t for t in (weights or {}).values() if type(t) is torch.Tensor and t.is_floating_point()
+        ]
+        if tensors:  # a step whose loss was finite can still leave NaN weights (an inf gradient)
+            names.append("the weights")
+            flags.append(torch.stack([~t.isfinite().all() for t in tensors]).any())
+        if not names:
             return
-        names = list(self._sums)
-        broken = torch.stack([~total.isfinite() for total in self._sums.values()]).float()
+        device = trainer.strategy.root_device
+        broken = torch.stack([flag.to(device) for flag in flags]).float()
         broken = trainer.strategy.reduce(broken, reduce_op="sum")  # any rank's
         broken = [name for name, flag in zip(names, broken.tolist(), strict=True) if flag]
         if not broken:
@@ -92,7 +100,12 @@ class DivergenceGuard(Callback):
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        self.check(trainer)
+        # the module's parameters and buffers (a metric's state may be infinite by design:
+        # MaxMetric starts at -inf)
+        names = {name for name, _ in pl_module.named_parameters()}
+        names |= {name for name, _ in pl_module.named_buffers()}
+        saved = checkpoint.get("state_dict") or {}
+        self.check(trainer, {name: saved[name] for name in names if name in saved})
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.check(trainer)

@@ -15,12 +15,14 @@ from omegaconf import OmegaConf
 
 from conftest import QUIET, REPO, make_cfg, run_cli, summary_of, write_digits_folder
 from litlab.config import build
-from litlab.distributed import rank0_dir, strategy_for
+from litlab.distributed import launcher_layout, rank0_dir, strategy_for
+from litlab.distributed.slurm import check_slurm_sweep, slurm_gpus, slurm_tasks
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
 from litlab.hardware import check_hardware
 from litlab.models import GAN, ImageClassifier
 from litlab.resume import checkpoint_folder, run_dir
+from litlab.tune import tune
 from wandb_records import offline_run
 
 SYNTH = [
@@ -190,6 +192,110 @@ def test_slurm_launcher_maps_devices_and_nodes(tmp_path):
     assert launcher.tasks_per_node == 4 and launcher.nodes == 2 and launcher.gpus_per_node == 4
 
 
+@pytest.mark.parametrize("devices", ["auto", -1, "-1", 0, "0,1", [0, 1], True])
+def test_slurm_launcher_refuses_devices_that_are_not_a_count(devices):
+    with pytest.raises(ConfigError, match="needs their number"):
+        slurm_tasks(devices)
+
+
+def test_slurm_launcher_asks_no_gpus_for_a_cpu_job(tmp_path):
+    assert slurm_tasks("4") == 4 and slurm_gpus(4, "auto") == 4 and slurm_gpus(4, "gpu") == 4
+    cfg = make_cfg(
+        tmp_path, ["hydra/launcher=slurm", "trainer.accelerator=cpu", "trainer.devices=2"]
+    )
+    assert cfg.hydra.launcher.tasks_per_node == 2 and cfg.hydra.launcher.gpus_per_node is None
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        ["trainer.devices=1,4"],
+        ["+trainer.num_nodes=range(1,3)"],
+        ["trainer=ddp,fsdp", "trainer.devices=4"],  # fsdp's own devices and num_nodes differ
+    ],
+)
+def test_slurm_sweeps_cannot_vary_the_resources_of_their_one_array_job(task):
+    with pytest.raises(ConfigError, match="one set of resources"):
+        check_slurm_sweep(OmegaConf.create({"hydra": {"overrides": {"task": task}}}))
+    fixed = ["trainer=ddp,fsdp", "trainer.devices=4", "trainer.num_nodes=2", "seed=1,2"]
+    check_slurm_sweep(OmegaConf.create({"hydra": {"overrides": {"task": fixed}}}))
+
+
+def test_slurm_sweep_with_devices_auto_or_swept_ends_in_one_line(tmp_path, monkeypatch):
+    fake = tmp_path / "bin"  # an sbatch that records being called: a refused sweep submits nothing
+    fake.mkdir()
+    (fake / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path / 'submitted'}\nexit 1\n")
+    (fake / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    common = ["-m", "hydra/launcher=slurm", "hydra.launcher.partition=p", *QUIET]
+    for args, says in [
+        (["trainer=ddp"], "trainer.devices=auto"),
+        (["trainer=fsdp"], "trainer.devices=-1"),
+        (["trainer=ddp", "trainer.devices=1,4"], "varies trainer.devices"),
+    ]:
+        out = run_cli(*common, *args, f"paths.log_dir={tmp_path / 'out'}")
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert out.stderr.strip().splitlines()[-1].startswith("litlab: error: hydra/launcher=slurm")
+        assert says in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "submitted").exists() and not (tmp_path / "out").exists()
+
+
+LAUNCHER_VARS = (
+    "TORCHELASTIC_RUN_ID",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "SLURM_JOB_NAME",
+    "SLURM_NTASKS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_NNODES",
+)
+
+
+def test_devices_and_nodes_follow_the_processes_srun_started(monkeypatch):
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert launcher_layout(1, 1) == {}
+    monkeypatch.setenv("SLURM_NTASKS", "1")  # a batch script's one task: one process
+    assert launcher_layout(1, 1) == {}
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
+    monkeypatch.setenv("SLURM_NNODES", "1")
+    assert launcher_layout(1, 1) == {"devices": 2, "num_nodes": 1}
+    monkeypatch.setenv("SLURM_JOB_NAME", "interactive")  # a salloc shell: srun's counts, not ours
+    assert launcher_layout(1, 1) == {}
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    monkeypatch.setenv("SLURM_NTASKS", "6")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x3)")
+    monkeypatch.setenv("SLURM_NNODES", "3")
+    assert launcher_layout(4, 1) == {"devices": 2, "num_nodes": 3}
+    for per_node, nodes in [("2(x2),1", "3"), ("2", "2")]:  # uneven; 6 tasks are not 2 x 2
+        monkeypatch.setenv("SLURM_NTASKS_PER_NODE", per_node)
+        monkeypatch.setenv("SLURM_NNODES", nodes)
+        with pytest.raises(ConfigError, match="srun started 6 tasks"):
+            launcher_layout(1, 1)
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE")  # Lightning's SLURM environment needs it
+    with pytest.raises(ConfigError, match="--ntasks-per-node"):
+        launcher_layout(1, 1)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r")  # torchrun inside a SLURM job: torchrun's
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert launcher_layout(1, 1) == {"devices": 4, "num_nodes": 2}
+
+
+@pytest.mark.parametrize("launcher", [{"WORLD_SIZE": "2"}, {"SLURM_NTASKS": "2"}])
+def test_tuning_refuses_the_processes_of_an_external_launcher(tmp_path, monkeypatch, launcher):
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in launcher.items():
+        monkeypatch.setenv(var, value)
+    cfg = make_cfg(
+        tmp_path,
+        [*SYNTH, "trainer.accelerator=cpu", "tune.lr=true", "tune.lr_finder.num_training=10"],
+    )
+    with pytest.raises(ConfigError, match="without torchrun or srun"):
+        tune(cfg, tmp_path)
+
+
 def summaries(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(root.rglob("summary.json"))]
 
@@ -218,6 +324,10 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
     (summary,) = summaries(tmp_path / "out")
     assert summary["status"] == "completed"
     assert len(wandb_runs(tmp_path / "out")) == 1
+    # the run says how many processes trained it: in summary.json and in its checkpoints' config
+    assert summary["world_size"] == ranks
+    trainer = torch.load(summary["last_checkpoint"], weights_only=False)["hyper_parameters"]
+    assert trainer["trainer"]["devices"] * trainer["trainer"]["num_nodes"] == ranks
     # The epoch's training accuracy and loss are over both ranks' images, each rank counting
     # its own shard (a rank's sums are not rank 0's: DDP copies buffers from rank 0).
     ranks = json.loads((tmp_path / "sums.json").read_text())
@@ -356,6 +466,10 @@ def assert_one_run_identical_weights(tmp_path: Path, ranks: int) -> None:
     (summary,) = summaries(tmp_path / "out")
     assert summary["status"] == "completed"
     assert len(wandb_runs(tmp_path / "out")) == 1
+    # the run says how many processes trained it: in summary.json and in its checkpoints' config
+    assert summary["world_size"] == ranks
+    trainer = torch.load(summary["last_checkpoint"], weights_only=False)["hyper_parameters"]
+    assert trainer["trainer"]["devices"] * trainer["trainer"]["num_nodes"] == ranks
     weights = [
         torch.load(tmp_path / "weights" / f"rank{r}.pt", weights_only=True) for r in range(ranks)
     ]
@@ -417,3 +531,57 @@ def test_torchrun_two_nodes_on_loopback(tmp_path):
     for node, out in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, out[-3000:]
     assert_one_run_identical_weights(tmp_path, 2)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_srun_tasks_train_one_model_whatever_trainer_devices_says(tmp_path):
+    """Two processes as `srun --ntasks-per-node=2 python train.py` starts them, with the default
+    trainer.devices=1: they follow srun's layout and train one model in one run folder."""
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "2"}
+    slurm.update(SLURM_NTASKS_PER_NODE="2", SLURM_NNODES="1", SLURM_NODEID="0")
+    slurm.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "WANDB_SERVICE"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
+    args = [a for a in run_args(tmp_path) if a != "trainer.strategy=ddp"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *args],
+            cwd=REPO,
+            env={**env, **slurm, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out[-3000:]
+    assert_one_run_identical_weights(tmp_path, 2)
+    assert (tmp_path / "out" / "train" / "slurm" / "4242" / "summary.json").is_file()
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_torchrun_multirun_leaves_one_sweep_folder_with_every_job(tmp_path):
+    """torchrun ... train.py -m seed=1,2: every rank runs the sweep's jobs in step; only rank 0's
+    sweep folder is written, and it holds both jobs, each trained by both ranks alike."""
+    script, *args = run_args(tmp_path)
+    args = [a if not a.startswith("+callbacks.dump.folder") else a + "/${seed}" for a in args]
+    proc = torchrun(
+        ["--standalone", "--nproc_per_node=2", script, "-m", *args, "seed=1,2"], tmp_path
+    )
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    (sweep,) = sorted(p.parent for p in (tmp_path / "out").rglob("sweep_summary.json"))
+    assert json.loads((sweep / "sweep_summary.json").read_text())["jobs"] == 2
+    assert [s["status"] for s in summaries(sweep)] == ["completed", "completed"]
+    assert sorted(p.name for p in (tmp_path / "out").rglob(".hydra")) == [".hydra"] * 2
+    for seed in (1, 2):
+        weights = [
+            torch.load(tmp_path / "weights" / str(seed) / f"rank{r}.pt", weights_only=True)
+            for r in (0, 1)
+        ]
+        for name, value in weights[0].items():
+            assert torch.equal(value, weights[1][name]), (seed, name)

@@ -32,7 +32,12 @@ from litlab.config import (
     config_dir,
     in_sweep,
 )
-from litlab.distributed import ranks_run_this_job, strategy_for, torchrun_layout
+from litlab.distributed import (
+    adopt_launcher_layout,
+    launcher_layout,
+    ranks_run_this_job,
+    strategy_for,
+)
 from litlab.errors import ConfigError, TrainingDiverged
 from litlab.hardware import check_hardware, resolve_precision
 from litlab.loggers import finish_loggers
@@ -61,6 +66,9 @@ def setup_extras(cfg: DictConfig) -> None:
 
 def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     """Train and test one model as the config says; return the final metrics."""
+    # Under torchrun or srun: the processes' layout into the config first, so that the run's
+    # config and checkpoints say how many trained it (and a requeued job's config matches).
+    adopt_launcher_layout(cfg.trainer)
     check(cfg, run)
     continued = continue_in_place(cfg)  # a requeued cluster job picks up its own checkpoints
     setup_extras(cfg)
@@ -77,6 +85,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     # The resolved config travels in every checkpoint and goes to every logger as hparams.
     model.save_hyperparameters(resolved_config(cfg))
     trainer = build_trainer(cfg, model, tuned)
+    run.summary["world_size"] = trainer.world_size
 
     preempted = False
     try:
@@ -138,12 +147,12 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
 
 def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, Any]) -> L.Trainer:
     """Callbacks, loggers and the Trainer, with the strategy the model needs and the devices
-    and nodes an external launcher (torchrun) laid out."""
+    and nodes an external launcher (torchrun, srun) laid out."""
     check_manual_optimization(cfg, model)
     callbacks = build_list(cfg.get("callbacks"), "callbacks")
     loggers = build_list(cfg.get("logger"), "logger")
     log_lr_plot(loggers, tuned)
-    layout = torchrun_layout(cfg.trainer.devices, cfg.trainer.num_nodes)
+    layout = launcher_layout(cfg.trainer.devices, cfg.trainer.num_nodes)
     devices = layout.get("devices", cfg.trainer.devices)
     num_nodes = layout.get("num_nodes", cfg.trainer.num_nodes)
     accelerator = cfg.trainer.get("accelerator", "auto")

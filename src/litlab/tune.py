@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.monitor import GB, rss_gb
 from litlab.config import build
+from litlab.distributed import launched_processes
 from litlab.errors import ConfigError, OutOfMemory
 
 log = logging.getLogger("litlab")
@@ -65,6 +66,11 @@ def finder_options(cfg: DictConfig, key: str) -> dict[str, Any]:
     return options
 
 
+ONE_DEVICE = (
+    "tune.batch_size/tune.lr run on one device: tune with trainer.devices=1 trainer.strategy=auto "
+    "in one process (without torchrun or srun), then start the multi-device run with the values "
+    "found"
+)
 # What each finder writes into the config.
 TUNED_KEYS = {"batch_size": "data.batch_size", "lr": "model.optimizer.lr"}
 
@@ -86,6 +92,8 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "tune.batch_size/tune.lr search before a new run; a resumed run keeps its values: "
             "drop the tune switches (or ckpt_path)"
         )
+    if launched_processes() > 1:  # torchrun's or srun's processes would each tune on their own
+        raise ConfigError(ONE_DEVICE)
     batch_options = finder_options(cfg, "batch_size_finder")
     lr_options = finder_options(cfg, "lr_finder")
     L.seed_everything(cfg.seed, workers=True)
@@ -108,10 +116,7 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         max_steps=int(lr_options.get("num_training", 100)),
     )
     if isinstance(trainer.strategy, ParallelStrategy):
-        raise ConfigError(
-            "tune.batch_size/tune.lr run on one device: tune with trainer.devices=1 "
-            "trainer.strategy=auto, then start the multi-device run with the values found"
-        )
+        raise ConfigError(ONE_DEVICE)
     found: dict[str, Any] = {}
     if switches.get("batch_size"):
         found["batch_size"] = find_batch_size(cfg, trainer, model, datamodule, batch_options)

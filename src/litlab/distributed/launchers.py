@@ -1,12 +1,18 @@
-"""External launchers (torchrun, srun): one run folder for all ranks, and torchrun's layout."""
+"""External launchers (torchrun, srun): one run or sweep folder for all ranks, and the layout of
+the processes they started."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
+
+from litlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +36,92 @@ def rank0_dir(path: str) -> str:
     return str(Path(tempfile.gettempdir()) / "litlab-ranks" / f"{Path(path).name}-rank{rank}")
 
 
-def torchrun_layout(devices: Any, num_nodes: int) -> dict[str, int]:
-    """Under torchrun, the devices and nodes that torchrun laid out (Lightning needs them equal)."""
+# hydra.sweep.dir: under torchrun or srun -m every rank runs the whole sweep, job by job in step
+OmegaConf.register_new_resolver("rank0_dir", rank0_dir, replace=True, use_cache=True)
+
+
+def srun_tasks() -> int:
+    """How many processes srun started for this step (1 outside srun).
+
+    As Lightning's SLURM detection has it: SLURM_NTASKS, except in an allocation used by hand
+    (job name "bash" or "interactive", e.g. a salloc shell), where it is not a process count.
+    """
+    if os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return 1
+    return int(os.environ.get("SLURM_NTASKS") or 1)
+
+
+def launched_processes() -> int:
+    """How many processes an external launcher started for this run: torchrun's WORLD_SIZE,
+    srun's tasks; 1 without one."""
+    return max(int(os.environ.get("WORLD_SIZE") or 1), srun_tasks())
+
+
+def _tasks_per_node(value: str, tasks: int) -> int:
+    """SLURM's tasks per node ("2", or "2(x3)" for 2 on each of 3 nodes) as one count."""
+    counts = {int(count) for count in re.findall(r"(\d+)(?:\(x\d+\))?", value)}
+    if len(counts) != 1:
+        raise ConfigError(
+            f"srun started {tasks} tasks unevenly over the nodes (tasks per node: {value}); "
+            "Lightning needs the same number on every node: srun --ntasks-per-node=<devices>"
+        )
+    return counts.pop()
+
+
+def _srun_layout() -> dict[str, int]:
+    tasks = srun_tasks()
+    if tasks <= 1:  # one task: a plain batch script or an allocation used by hand
+        return {}
+    per_node = os.environ.get("SLURM_NTASKS_PER_NODE")
+    if per_node is None:  # Lightning's SLURM environment refuses this with a traceback
+        raise ConfigError(
+            f"srun started {tasks} tasks without --ntasks-per-node, which Lightning needs: "
+            "srun --nodes=<nodes> --ntasks-per-node=<devices per node> python train.py ..."
+        )
+    devices = _tasks_per_node(per_node, tasks)
+    num_nodes = int(os.environ.get("SLURM_NNODES") or max(1, tasks // devices))
+    if devices * num_nodes != tasks:
+        raise ConfigError(
+            f"srun started {tasks} tasks as {devices} per node on {num_nodes} node(s); Lightning "
+            f"needs tasks = tasks per node x nodes: srun --nodes={num_nodes} "
+            f"--ntasks-per-node={devices} (or --ntasks={devices * num_nodes})"
+        )
+    return {"devices": devices, "num_nodes": num_nodes}
+
+
+def _torchrun_layout() -> dict[str, int]:
     if "TORCHELASTIC_RUN_ID" not in os.environ or "LOCAL_WORLD_SIZE" not in os.environ:
         return {}
     local, world = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["WORLD_SIZE"])
-    layout = {"devices": local, "num_nodes": max(1, world // local)}
-    if (devices, num_nodes) != (layout["devices"], layout["num_nodes"]):
+    return {"devices": local, "num_nodes": max(1, world // local)}
+
+
+def launcher_layout(devices: Any, num_nodes: int) -> dict[str, int]:
+    """Under torchrun or srun, the devices per node and nodes that the launcher laid out
+    (Lightning needs trainer.devices and trainer.num_nodes equal to them); {} without one.
+
+    The processes are already running, one per device: following their layout is the only
+    way they train one model together (with trainer.devices=1, each would train its own).
+    """
+    # torchrun first, as in Lightning's detection: torchrun may run inside a SLURM job
+    layout = _torchrun_layout() or _srun_layout()
+    if layout and (devices, num_nodes) != (layout["devices"], layout["num_nodes"]):
         log.info(
-            "torchrun started %d process(es) per node on %d node(s): using trainer.devices=%d "
+            "%s started %d process(es) per node on %d node(s): using trainer.devices=%d "
             "trainer.num_nodes=%d",
-            local,
+            "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "srun",
+            layout["devices"],
             layout["num_nodes"],
-            local,
+            layout["devices"],
             layout["num_nodes"],
         )
+    return layout
+
+
+def adopt_launcher_layout(trainer: Any) -> dict[str, int]:
+    """Write the launcher's layout into the trainer config (before it is saved as hparams), so
+    that the run's config says how many processes trained it."""
+    layout = launcher_layout(trainer.devices, trainer.num_nodes)
+    for key, value in layout.items():
+        trainer[key] = value
     return layout

@@ -321,13 +321,7 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
         f"+callbacks.sums.path={tmp_path / 'sums.json'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (summary,) = summaries(tmp_path / "out")
-    assert summary["status"] == "completed"
-    assert len(wandb_runs(tmp_path / "out")) == 1
-    # the run says how many processes trained it: in summary.json and in its checkpoints' config
-    assert summary["world_size"] == ranks
-    trainer = torch.load(summary["last_checkpoint"], weights_only=False)["hyper_parameters"]
-    assert trainer["trainer"]["devices"] * trainer["trainer"]["num_nodes"] == ranks
+    summary = one_completed_run(tmp_path, 2)
     # The epoch's training accuracy and loss are over both ranks' images, each rank counting
     # its own shard (a rank's sums are not rank 0's: DDP copies buffers from rank 0).
     ranks = json.loads((tmp_path / "sums.json").read_text())
@@ -462,7 +456,8 @@ def run_args(tmp_path: Path, data: list[str] = SYNTH) -> list[str]:
     ]
 
 
-def assert_one_run_identical_weights(tmp_path: Path, ranks: int) -> None:
+def one_completed_run(tmp_path: Path, ranks: int) -> dict:
+    """The one run's summary (one folder, one W&B run, completed) of ``ranks`` processes."""
     (summary,) = summaries(tmp_path / "out")
     assert summary["status"] == "completed"
     assert len(wandb_runs(tmp_path / "out")) == 1
@@ -470,6 +465,11 @@ def assert_one_run_identical_weights(tmp_path: Path, ranks: int) -> None:
     assert summary["world_size"] == ranks
     trainer = torch.load(summary["last_checkpoint"], weights_only=False)["hyper_parameters"]
     assert trainer["trainer"]["devices"] * trainer["trainer"]["num_nodes"] == ranks
+    return summary
+
+
+def assert_one_run_identical_weights(tmp_path: Path, ranks: int) -> None:
+    one_completed_run(tmp_path, ranks)
     weights = [
         torch.load(tmp_path / "weights" / f"rank{r}.pt", weights_only=True) for r in range(ranks)
     ]

@@ -15,13 +15,19 @@ and peak table (litlab.callbacks.monitor) as the Throughput callback's perf/mfu.
 P5: DCGAN (width 64, batch 128) on synthetic 64 px images (--gan-size/--gan-channels/--gan-width:
 the digits recipe's 1x28x28 at width 32), precision auto; litlab: `model=dcgan
 data=synthetic data.image_shape=[3,64,64] callbacks.fid=null callbacks.samples=null` (evaluation
-callbacks off); raw: the same G and D steps, Adam, EMA and requires_grad toggling by hand.
+callbacks off), one epoch as long as the run (an epoch's end once, not every few steps); raw:
+the same G and D steps (litlab's loss functions), Adam, EMA (litlab's AveragedCopy, on the
+device) and requires_grad toggling by hand. P5 runs first.
 Both: `logger=none extras.print_config=false +trainer.limit_val_batches=0 test=false
-callbacks.last_checkpoint=null` (the synthetic epoch is a few batches long; no checkpoint each
-one). Images/s are steady state: the first W steps of every run (CUDA warm-up, compilation)
-are not timed. Every round runs each variant once, in alternating order, after a warm-up round;
-dynamo is reset before each compiled run, so each compiles as a fresh process would (with warm
-caches). Medians of --repeats rounds. Results: docs/benchmarks.md, "P4/P5 throughput".
+callbacks.last_checkpoint=null` (ResNet-50's synthetic epoch is 8 batches long; no checkpoint
+each one), the synthetic set drawn once per process (`data.source._target_=benchlib.SyntheticOnce`).
+Images/s are steady state: the first W steps of every run (CUDA warm-up, compilation)
+are not timed. Every round runs each variant once, in alternating order, after a warm-up round
+(--no-warm-up-round: none); dynamo is reset before each compiled run, so each compiles as a fresh
+process would (with warm caches). Medians of --repeats rounds. The two sides of a pair do the
+same work and end on the same final loss (ResNet-50's, D's for the DCGAN): each round's are
+compared, a difference flagged under the table ("MISMATCH"; on a GPU up to 2e-3 relative is
+allowed for its non-deterministic kernels). Results: docs/benchmarks.md, "P4/P5 throughput".
 """
 
 from __future__ import annotations
@@ -34,17 +40,15 @@ from collections.abc import Callable
 import benchlib
 import lightning as L
 import torch
-import torch.nn.functional as F
 from benchlib import Measure
 from hydra.utils import instantiate
 from omegaconf import DictConfig
-from torch.optim.swa_utils import AveragedModel
 
 from litlab import rng
 from litlab.callbacks.monitor import peak_flops, training_flops_per_image
 from litlab.config import build
 from litlab.data import DeviceLoader
-from litlab.models.gan import ema_with_warmup
+from litlab.models.gan import AveragedCopy, d_loss_fn, ema_with_warmup, g_loss_fn
 from litlab.nets import TorchvisionNet
 
 
@@ -54,14 +58,16 @@ def resnet_flops(size: int) -> float:
     return training_flops_per_image(net, torch.empty(2, 3, size, size))
 
 
-def common(device: torch.device, batch: int) -> list[str]:
-    """Overrides both benchmarks share: the device, no evaluation, no logging, no checkpoints."""
-    batches_per_epoch = 8  # a small synthetic set: 224 px uint8 images are 150 kB each
+def common(device: torch.device, batch: int, batches_per_epoch: int) -> list[str]:
+    """Overrides both benchmarks share: the device, no evaluation, no logging, no checkpoints,
+    and a synthetic set of ``batches_per_epoch`` training batches (after the 10% validation
+    split), drawn once per process (benchlib.SyntheticOnce) for every run of either side."""
     return [
         *(["trainer=gpu"] if device.type == "cuda" else ["trainer=cpu"]),
         # bf16-mixed where the hardware has it (GPUs, AVX512-BF16/AMX CPUs), else 32-true
         "trainer.precision=auto",
         "data=synthetic",
+        "data.source._target_=benchlib.SyntheticOnce",
         f"data.batch_size={batch}",
         f"data.source.train_size={math.ceil(batch * batches_per_epoch / 0.9)}",
         "data.source.test_size=16",
@@ -82,7 +88,8 @@ def resnet_overrides(
         f"data.image_shape=[3,{args.image_size},{args.image_size}]",
         "data.num_classes=1000",
         "model.scheduler=null",  # a few steps are too short for OneCycleLR; throughput only
-        *common(device, args.batch),
+        # 8 batches an epoch: 224 px images are 150 kB each (an epoch's end every 8 steps)
+        *common(device, args.batch, 8),
         "callbacks.speed.channels_last=true",
         f"callbacks.speed.compile={str(compile_).lower()}",
         f"trainer.max_steps={steps}",
@@ -90,12 +97,15 @@ def resnet_overrides(
 
 
 def dcgan_overrides(args: argparse.Namespace, device: torch.device, steps: int) -> list[str]:
+    # One epoch as long as the longest run: an epoch's end (the Throughput callback's device
+    # sync, the DeviceLoader's reshuffle) comes once, not every few steps (64 px images are small).
+    epoch = args.warm_steps + args.steps
     return [
         "model=dcgan",
         f"data.image_shape=[{args.gan_channels},{args.gan_size},{args.gan_size}]",
         f"model.generator.width={args.gan_width}",
         f"model.discriminator.width={args.gan_width}",
-        *common(device, args.gan_batch),
+        *common(device, args.gan_batch, epoch),
         "callbacks.fid=null",
         "callbacks.samples=null",
         f"trainer.max_steps={2 * steps}",  # Lightning counts the D and the G step of every batch
@@ -104,12 +114,18 @@ def dcgan_overrides(args: argparse.Namespace, device: torch.device, steps: int) 
 
 def raw_dcgan(cfg: DictConfig, device: torch.device, steps: int, skip: int) -> Measure:
     """litlab's GAN training step (bce loss, one D and one G step per batch, EMA of G) by hand."""
+    benchlib.trainer_flags(cfg)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data, "data")
     generator = build(cfg.model.generator, "model.generator").to(device)
     discriminator = build(cfg.model.discriminator, "model.discriminator").to(device)
-    ema = AveragedModel(
-        generator, multi_avg_fn=ema_with_warmup(cfg.model.ema_decay), use_buffers=True
+    # litlab's GAN keeps its EMA in AveragedCopy, the count on the device and on the host (no
+    # sync an update); torch's AveragedModel without device= would keep it on the CPU
+    ema = AveragedCopy(
+        generator,
+        device=device,
+        multi_avg_fn=ema_with_warmup(cfg.model.ema_decay),
+        use_buffers=True,
     ).requires_grad_(False)
     g_opt = instantiate(cfg.model.g_optimizer)(params=generator.parameters())
     d_opt = instantiate(cfg.model.d_optimizer)(params=discriminator.parameters())
@@ -133,15 +149,15 @@ def raw_dcgan(cfg: DictConfig, device: torch.device, steps: int, skip: int) -> M
             with benchlib.autocast(cfg, device):
                 generator.requires_grad_(False)  # as Lightning's toggled_optimizer does
                 fake = generator(torch.randn(n, latent, device=device, generator=noise)).detach()
-                d_loss = F.softplus(-discriminator(real)).mean()
-                d_loss = d_loss + F.softplus(discriminator(fake)).mean()
+                # litlab's loss functions: the logits' means in float32, as its GAN takes them
+                d_loss = d_loss_fn(cfg.model.loss, discriminator(real), discriminator(fake))
                 d_opt.zero_grad(set_to_none=True)
                 d_loss.backward()
                 d_opt.step()
                 generator.requires_grad_(True)
                 discriminator.requires_grad_(False)
                 fake = generator(torch.randn(n, latent, device=device, generator=noise))
-                g_loss = F.softplus(-discriminator(fake)).mean()
+                g_loss = g_loss_fn(cfg.model.loss, discriminator(fake))
                 g_opt.zero_grad(set_to_none=True)
                 g_loss.backward()
                 g_opt.step()
@@ -151,7 +167,7 @@ def raw_dcgan(cfg: DictConfig, device: torch.device, steps: int, skip: int) -> M
             if step == steps:
                 break
     benchlib.sync(device)
-    return {"loop s": time.perf_counter() - loop_start}
+    return {"loop s": time.perf_counter() - loop_start, "loss": d_loss.item()}
 
 
 def main() -> None:
@@ -169,6 +185,12 @@ def main() -> None:
     parser.add_argument(
         "--warm-steps", type=int, help="untimed steps starting every run (default: 15 CUDA, 2 CPU)"
     )
+    parser.add_argument(
+        "--no-warm-up-round",
+        action="store_true",
+        help="no untimed first round (each run's first --warm-steps are untimed anyway, its "
+        "compilation included): saves ResNet-50's extra compilations where time is short",
+    )
     args = parser.parse_args()
     device = benchlib.start(args)
     cuda = device.type == "cuda"
@@ -184,6 +206,9 @@ def main() -> None:
             setattr(args, name, on_cuda if cuda else on_cpu)
     warm, steps = args.warm_steps, args.warm_steps + args.steps
     print(f"{args.steps} timed steps after {warm} untimed ones; warm-up round: {warm + 1} steps")
+    # Where the two sides do the same work, they end on the same loss (on a GPU up to its
+    # non-deterministic kernels): a relative spread beyond this is flagged.
+    tolerance = 2e-3 if cuda else 1e-5
 
     def litlab(make: Callable[[int], list[str]], batch: int) -> Callable[[bool], Measure]:
         def measure(warm_up: bool) -> Measure:
@@ -192,7 +217,7 @@ def main() -> None:
                 [*make(warm + 1 if warm_up else steps), *benchlib.timer_override(warm)]
             )
             loop = benchlib.LoopTimer.last
-            return {"img/s": loop["batches"] * batch / loop["s"]}
+            return {"img/s": loop["batches"] * batch / loop["s"], "loss": loop["loss"]}
 
         return measure
 
@@ -203,37 +228,23 @@ def main() -> None:
             cfg = benchlib.compose(make(n), benchlib.REPO / "outputs" / "unused")
             run = raw_dcgan if gan else benchlib.raw_classifier
             loop = run(cfg, device, steps=n, skip=warm)
-            return {"img/s": (n - warm) * batch / loop["loop s"]}
+            return {"img/s": (n - warm) * batch / loop["loop s"], "loss": loop["loss"]}
 
         return measure
 
-    if args.bench in ("resnet50", "all"):
-        variants = {}
-        for compile_ in (False, True):
-            mode = "compile" if compile_ else "eager"
+    def rounds(variants: dict[str, Callable[[bool], Measure]]) -> dict[str, list[Measure]]:
+        return benchlib.interleaved(variants, args.repeats, warm_up=not args.no_warm_up_round)
 
-            def make(n: int, compile_: bool = compile_) -> list[str]:
-                return resnet_overrides(args, device, compile_, n)
-
-            variants[f"litlab, {mode}"] = litlab(make, args.batch)
-            variants[f"raw, {mode}"] = raw(make, args.batch, gan=False)
-        print(f"\nP4 ResNet-50, {args.image_size} px, batch {args.batch}")
-        m = benchlib.medians(benchlib.interleaved(variants, args.repeats))
-        flops = resnet_flops(args.image_size)
-        peak = peak_flops(torch.cuda.get_device_name(device), "bf16") if cuda else None
-        print(f"\n{flops / 1e9:.1f} GFLOPs per image (fwd+bwd); peak {peak or 'unknown'} FLOP/s")
-        rows = [
-            [
-                name,
-                f"{v['img/s']:,.0f}",
-                f"{flops * v['img/s'] / peak:.1%}" if peak else "n/a",
-                f"{v['img/s'] / m['raw, ' + name.split(', ')[1]]['img/s']:.3f}",
-                f"{v['img/s'] / m[name.split(', ')[0] + ', eager']['img/s']:.2f}",
-            ]
-            for name, v in m.items()
+    def checks(results: dict[str, list[Measure]], pairs: list[tuple[str, str]]) -> list[str]:
+        """Each round's final losses of the two sides that did the same work."""
+        return [
+            benchlib.loss_check({a: x["loss"], b: y["loss"]}, tolerance, relative=True)
+            + f" (round {i + 1})"
+            for a, b in pairs
+            for i, (x, y) in enumerate(zip(results[a], results[b], strict=True))
         ]
-        print(benchlib.table(["variant", "img/s", "MFU", "x raw", "x eager"], rows))
 
+    # DCGAN first: short, and never yet measured on a GPU; ResNet-50's compilation is long.
     if args.bench in ("dcgan", "all"):
 
         def make_gan(n: int) -> list[str]:
@@ -247,11 +258,47 @@ def main() -> None:
             f"\nP5 DCGAN, {args.gan_channels}x{args.gan_size}x{args.gan_size}, "
             f"width {args.gan_width}, batch {args.gan_batch}"
         )
-        m = benchlib.medians(benchlib.interleaved(variants, args.repeats))
+        results = rounds(variants)
+        m = benchlib.medians(results)
         rows = [
-            [n, f"{v['img/s']:,.0f}", f"{v['img/s'] / m['raw']['img/s']:.3f}"] for n, v in m.items()
+            [n, f"{v['img/s']:,.0f}", f"{v['img/s'] / m['raw']['img/s']:.3f}", f"{v['loss']:.6f}"]
+            for n, v in m.items()
         ]
-        print(benchlib.table(["variant", "img/s", "x raw"], rows))
+        print(f"\nP5, {benchlib.rounds_caption(results)}:")
+        header = ["variant", "img/s", "x raw", "final D loss"]
+        benchlib.print_table(header, rows, checks(results, [("litlab", "raw")]))
+
+    if args.bench in ("resnet50", "all"):
+        variants = {}
+        for compile_ in (False, True):
+            mode = "compile" if compile_ else "eager"
+
+            def make(n: int, compile_: bool = compile_) -> list[str]:
+                return resnet_overrides(args, device, compile_, n)
+
+            variants[f"litlab, {mode}"] = litlab(make, args.batch)
+            variants[f"raw, {mode}"] = raw(make, args.batch, gan=False)
+        print(f"\nP4 ResNet-50, {args.image_size} px, batch {args.batch}")
+        results = rounds(variants)
+        m = benchlib.medians(results)
+        flops = resnet_flops(args.image_size)
+        peak = peak_flops(torch.cuda.get_device_name(device), "bf16") if cuda else None
+        print(f"\n{flops / 1e9:.1f} GFLOPs per image (fwd+bwd); peak {peak or 'unknown'} FLOP/s")
+        rows = [
+            [
+                name,
+                f"{v['img/s']:,.0f}",
+                f"{flops * v['img/s'] / peak:.1%}" if peak else "n/a",
+                f"{v['img/s'] / m['raw, ' + name.split(', ')[1]]['img/s']:.3f}",
+                f"{v['img/s'] / m[name.split(', ')[0] + ', eager']['img/s']:.2f}",
+                f"{v['loss']:.6f}",
+            ]
+            for name, v in m.items()
+        ]
+        print(f"P4, {benchlib.rounds_caption(results)}:")
+        header = ["variant", "img/s", "MFU", "x raw", "x eager", "final loss"]
+        pairs = [("litlab, eager", "raw, eager"), ("litlab, compile", "raw, compile")]
+        benchlib.print_table(header, rows, checks(results, pairs))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig
+from torch.utils.data import TensorDataset
+
+from litlab.data import Synthetic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,13 +104,20 @@ def machine(device: torch.device) -> str:
 
 
 def interleaved(
-    variants: dict[str, Callable[[bool], Measure]], repeats: int
+    variants: dict[str, Callable[[bool], Measure]],
+    repeats: int,
+    warm_up: bool = True,
+    after_round: Callable[[dict[str, list[Measure]]], None] | None = None,
 ) -> dict[str, list[Measure]]:
     """Run every variant once per round, in alternating order (A B, B A, ...), and collect
-    each one's measurements; the warm-up round (called with True) is printed, not kept."""
+    each one's measurements; the warm-up round (called with True) is printed, not kept.
+    ``after_round`` sees the rounds so far after each timed one (a table that a time limit
+    cannot take away)."""
+    rounds = f"{repeats} timed rounds: medians" if repeats > 1 else "1 timed round: single runs"
+    print(f"{rounds}{', after a warm-up round' if warm_up else ', no warm-up round'}", flush=True)
     results: dict[str, list[Measure]] = {name: [] for name in variants}
     names = list(variants)
-    for round_ in range(repeats + 1):
+    for round_ in range(0 if warm_up else 1, repeats + 1):
         order = names if round_ % 2 else names[::-1]
         for name in order:
             measure = variants[name](round_ == 0)
@@ -118,7 +128,31 @@ def interleaved(
             )
             label = "warm-up" if round_ == 0 else f"round {round_}"
             print(f"{label}: {name}: {shown}", flush=True)
+        if round_ and after_round is not None:
+            after_round(results)
     return results
+
+
+def rounds_caption(results: dict[str, list[Measure]]) -> str:
+    """What a table's figures are: single runs, or medians of how many rounds."""
+    n = len(next(iter(results.values())))
+    return "single runs (1 round), not medians" if n == 1 else f"medians of {n} rounds"
+
+
+def loss_check(losses: dict[str, float], tolerance: float, relative: bool = False) -> str:
+    """One line on whether sides that did the same work ended on the same training loss;
+    a line starting "MISMATCH" when they did not (flagged, not fatal: the figures still print)."""
+    spread = max(losses.values()) - min(losses.values())
+    if relative:
+        spread /= max(abs(v) for v in losses.values()) or 1.0
+    shown = ", ".join(f"{name} {loss:.6f}" for name, loss in losses.items())
+    kind = "relative " if relative else ""
+    if spread <= tolerance:
+        return f"final losses agree ({kind}spread {spread:.2g} <= {tolerance:g}): {shown}"
+    return (
+        f"MISMATCH: final losses differ ({kind}spread {spread:.2g} > {tolerance:g}): {shown}; "
+        "the sides may not have done the same work"
+    )
 
 
 def medians(results: dict[str, list[Measure]]) -> dict[str, Measure]:
@@ -144,6 +178,19 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     ]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def print_table(
+    header: Sequence[str], rows: Sequence[Sequence[Any]], checks: Sequence[str]
+) -> None:
+    """The table between its loss checks: those that agree above, mismatches below it, last,
+    where a log's tail (gpu_check.sh's summary line) shows them."""
+    for line in [c for c in checks if not c.startswith("MISMATCH")]:
+        print(line)
+    print(table(header, rows))
+    for line in [c for c in checks if c.startswith("MISMATCH")]:
+        print(line)
+    sys.stdout.flush()
 
 
 def compose(overrides: Sequence[str], run_dir: Path) -> DictConfig:
@@ -266,6 +313,31 @@ def bare_trainer(device: torch.device, **kwargs: Any) -> L.Trainer:
     )
 
 
+def trainer_flags(cfg: DictConfig) -> None:
+    """Set torch's determinism and cuDNN flags as the config's Trainer sets them: a raw loop
+    run after a litlab run in the same process would otherwise inherit that run's."""
+    deterministic = cfg.trainer.deterministic
+    torch.use_deterministic_algorithms(bool(deterministic), warn_only=deterministic == "warn")
+    torch.backends.cudnn.benchmark = bool(cfg.trainer.get("benchmark")) and not deterministic
+    if deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+
+
+class SyntheticOnce(Synthetic):
+    """litlab's Synthetic source, each split drawn once per process and then handed out again:
+    the draw (int64 noise, seconds for a few thousand 224 px images) is no part of what a
+    benchmark times, and every run of it would repeat it. A run names it as a user names any
+    class: `data.source._target_=benchlib.SyntheticOnce`."""
+
+    drawn: ClassVar[dict[tuple, TensorDataset]] = {}
+
+    def load(self, split: str) -> TensorDataset:  # type: ignore[override]
+        key = (self.image_shape, self.num_classes, self.sizes[split], self.seed, split)
+        if key not in SyntheticOnce.drawn:
+            SyntheticOnce.drawn[key] = super().load(split)  # type: ignore[arg-type]
+        return SyntheticOnce.drawn[key]
+
+
 def autocast(cfg: DictConfig, device: torch.device) -> torch.autocast:
     """The autocast the config's trainer.precision runs under (32-true: off; auto: as litlab
     resolves it on this machine)."""
@@ -276,7 +348,12 @@ def autocast(cfg: DictConfig, device: torch.device) -> torch.autocast:
         precision = fastest_precision(device.type)[0]
     if precision not in ("32-true", "32", "bf16-mixed"):
         sys.exit(f"the raw loop runs 32-true or bf16-mixed, not trainer.precision={precision}")
-    return torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16-mixed")
+    # cache_enabled=False as Lightning's MixedPrecision: with torch's weight cache a net used
+    # twice in a step (a GAN's D on real and fake images) casts its weights once, and its
+    # gradients come out (slightly) different from litlab's
+    return torch.autocast(
+        device.type, torch.bfloat16, enabled=precision == "bf16-mixed", cache_enabled=False
+    )
 
 
 def raw_classifier(
@@ -300,11 +377,7 @@ def raw_classifier(
     from litlab.models.optim import build_optimizer
 
     start = time.perf_counter()
-    deterministic = cfg.trainer.deterministic  # the flags as the Trainer sets them
-    torch.use_deterministic_algorithms(bool(deterministic), warn_only=deterministic == "warn")
-    torch.backends.cudnn.benchmark = bool(cfg.trainer.benchmark) and not deterministic
-    if deterministic:
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    trainer_flags(cfg)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data, "data")
     speed = cfg.callbacks.get("speed") or {}

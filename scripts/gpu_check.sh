@@ -4,13 +4,15 @@
 #   bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS] [PART]   (device tool: carry .whl, .data)
 #   DRY_RUN=1 bash scripts/gpu_check.sh OUT_DIR            (here, before a loan: every step on the
 #                                                           CPU at smoke size; GPU tests skip)
-# Everything does not fit one 9-minute run: PART 1 (default) is the GPU tests, P3' sprint, P4/P5
-# and P1 (caps add up to 460 s); PART 2 the JPEG folder (issue 14), P3' best and P0 (490 s): one
-# part per GPU loan, part 1 first. PART all (the dry run's default) runs both.
+# Everything does not fit one 9-minute run: PART 1 (default) is the GPU tests, P3' sprint, P5/P4
+# and P1 (caps add up to 525 s: with the set-up, the default deadline of 540 s); PART 2 the
+# JPEG folder (issue 14), P3' best and P0 (490 s): one part per GPU loan, part 1 first. PART all
+# (the dry run's default) runs both. A step past its cap gets SIGTERM, and SIGKILL 20 s later
+# (a fit that traps SIGTERM to checkpoint could overrun); the deadline allows for those 20 s.
 # Needs CUDA unless DRY_RUN=1: without it, it stops at once with a clear line and exit status 2.
 set -uo pipefail
 OUT=${1:?usage: bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS]}
-DEADLINE=${2:-400}
+DEADLINE=${2:-540}
 DRY=${DRY_RUN:-0}
 PART=${3:-$([ "$DRY" = 1 ] && echo all || echo 1)}
 case $PART in 1|2|all) ;; *) echo "gpu_check: PART must be 1, 2 or all, got $PART"; exit 2;; esac
@@ -29,26 +31,29 @@ fi
 # The GPU machine has torch/lightning but not hydra/omegaconf: install the carried wheels.
 if [ "$DRY" != 1 ] && [ -d .whl ]; then $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; fi
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
-export WANDB_MODE=disabled
+export WANDB_MODE=disabled  # the tests' runs; P1 times W&B offline where it is installed
 DATA=$PWD/.data  # Fashion-MNIST IDX files carried from the development machine
 mkdir -p data && cp -n "$DATA"/*.gz data/ 2>/dev/null  # data/ is where litlab looks first
 
 { date -u +"%Y-%m-%d %H:%M UTC, part $PART"; [ "$DRY" = 1 ] && echo "DRY RUN on the CPU: smoke sizes, not measurements"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   lscpu | grep "Model name"; nproc
-  $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"; } \
-  > "$OUT/machine.txt" 2>&1
+  $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"
+  # the code measured: the commit and what differs from it (or, without git, a digest of it)
+  if git rev-parse HEAD 2>/dev/null; then git status --short
+  else echo "no git checkout; code digest $(find src scripts conf tests -type f -name '*.py' -o -type f -name '*.yaml' -o -type f -name '*.sh' | sort | xargs sha256sum | sha256sum | cut -c1-16)"
+  fi; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
 left() { echo $((DEADLINE - SECONDS)); }
 step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), keep the log, one row
   local name=$1 limit=$2; shift 2
-  local budget; budget=$(( $(left) - 5 < limit ? $(left) - 5 : limit ))
+  local budget; budget=$(( $(left) - 25 < limit ? $(left) - 25 : limit ))  # 20 s: the kill
   if [ "$budget" -lt 15 ]; then
     printf "%-22s skipped (deadline)\n" "$name" | tee -a "$OUT/summary.txt"; return
   fi
   local start=$SECONDS
-  timeout "$budget" "$@" > "$OUT/$name.log" 2>&1
+  timeout -k 20 "$budget" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   printf "%-22s rc=%-3s %4ss  %s\n" "$name" "$rc" "$((SECONDS - start))" \
     "$(grep -v '^\s*$' "$OUT/$name.log" | tail -n 1 | cut -c1-100)" | tee -a "$OUT/summary.txt"
@@ -67,14 +72,20 @@ fi
 # Benchmarks, most informative first (docs/benchmarks.md says what each measures). A dry run
 # gives each the smallest size that runs every code path.
 DDIR="--data-dir data"; ls data/*.gz >/dev/null 2>&1 || DDIR=""  # else: data/, then the system's
+# Every benchmark here runs 1 timed round (--repeats 1: single runs, not medians; each log says
+# so), after its warm-up round, except where said.
 if [ "$DRY" = 1 ]; then
   SMALL_P45="--steps 1 --warm-steps 1"
   # 10 batches: torch's OneCycleLR divides by zero when pct_start x total steps = 1 (0.2 x 5)
   SMALL_P3="trainer.max_epochs=1 ++trainer.limit_train_batches=10 ++trainer.limit_val_batches=2"
   SMALL_P3="$SMALL_P3 ++trainer.limit_test_batches=2 model.net.width=8"
-  SMALL_P1="--steps 5"; SMALL_P0="--max-batches 5"; P3_REPEATS=1; P45_LIMIT=240
+  P1_CNN="--steps 5"; P1_MLP="trainer.max_steps=5"; SMALL_P0="--max-batches 5"; P3_REPEATS=1
+  P5_LIMIT=120; P4_LIMIT=240; P1_LIMIT=150; P1_MLP_REPEATS=1
 else
-  SMALL_P45=""; SMALL_P3=""; SMALL_P1=""; SMALL_P0=""; P3_REPEATS=3; P45_LIMIT=110
+  # P1: 400 steps a variant (under one epoch of 421) x 8 variants + a warm-up round: about a
+  # minute at the last run's 4-8 ms/step; the MLP: one epoch, the default run against the raw loop
+  SMALL_P45=""; SMALL_P3=""; P1_CNN="--steps 400"; P1_MLP="trainer.max_epochs=1"; SMALL_P0=""
+  P3_REPEATS=3; P5_LIMIT=40; P4_LIMIT=120; P1_LIMIT=80; P1_MLP_REPEATS=3
 fi
 if part 1; then
   # P3': the two Fashion-MNIST recipes, whole train + test in one process (start-up excluded);
@@ -82,13 +93,19 @@ if part 1; then
   # (P3's GPU row is P3' now: fashion_fast is a CPU recipe.)
   step bench_p3_sprint 90 $PY scripts/bench_time_to_accuracy.py --device $DEV \
     --repeats $P3_REPEATS --experiment fashion_sprint --target 0.94 $DDIR $SMALL_P3
+  # P5 first (short, never measured on a GPU), then P4; each run's first steps are untimed, and
+  # P4 skips the warm-up round (it would compile ResNet-50 twice more; compilation is untimed).
+  step bench_p5_dcgan "$P5_LIMIT" $PY scripts/bench_throughput.py --device $DEV --bench dcgan \
+    --repeats 1 $SMALL_P45
   # (a CPU dry run compiles ResNet-50 with inductor on the host's cores: about 2 minutes on 2)
-  step bench_p4_p5_throughput "$P45_LIMIT" $PY scripts/bench_throughput.py --device $DEV --repeats 1 \
-    $SMALL_P45
-  step bench_p1_overhead 50 $PY scripts/bench_overhead.py --device $DEV --net cnn --repeats 1 \
-    $DDIR $SMALL_P1
-  [ "$DRY" = 1 ] || step bench_p1_overhead_mlp 60 $PY scripts/bench_overhead.py --device $DEV \
-    --net mlp --repeats 1 $DDIR  # 3 epochs: minutes on a CPU, seconds on the GPU
+  step bench_p4_resnet50 "$P4_LIMIT" $PY scripts/bench_throughput.py --device $DEV \
+    --bench resnet50 --repeats 1 --no-warm-up-round $SMALL_P45
+  # P1 times W&B offline where wandb is installed (else CSV alone; the row says which)
+  step bench_p1_overhead "$P1_LIMIT" env -u WANDB_MODE $PY scripts/bench_overhead.py --device $DEV \
+    --net cnn --repeats 1 $DDIR $P1_CNN
+  # the MLP: the default run against the raw loop alone, 3 rounds (seconds on the GPU)
+  step bench_p1_overhead_mlp 45 env -u WANDB_MODE $PY scripts/bench_overhead.py --device $DEV \
+    --net mlp --pieces "+ progress bar" --repeats $P1_MLP_REPEATS $DDIR $P1_MLP
 fi
 if part 2; then
   # P2 folders (issue 14): ResNet-50 (bf16, channels_last) on a JPEG folder of ImageNet-like sizes

@@ -4,6 +4,7 @@ The scripts themselves run on a GPU only when one is lent; this keeps their shar
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import pytest
@@ -31,3 +32,43 @@ def test_the_raw_loop_and_the_train_task_end_on_the_same_loss(tmp_path):
     task = benchlib.LoopTimer.last
     assert raw["steps"] == task["batches"] == 12 and summary["status"] == "completed"
     assert task["loss"] == pytest.approx(raw["loss"], abs=1e-5)
+
+
+def test_the_raw_dcgan_loop_and_litlab_s_gan_end_on_the_same_loss():
+    """P5's hand-written G and D steps against litlab's GAN, 4 batches of a tiny DCGAN; under
+    bf16 autocast too (where this CPU has it), which needs Lightning's uncached autocast."""
+    import bench_throughput
+
+    args = argparse.Namespace(
+        gan_channels=1, gan_size=16, gan_width=8, gan_batch=8, warm_steps=1, steps=3
+    )
+    overrides = bench_throughput.dcgan_overrides(args, torch.device("cpu"), 4)
+    benchlib.litlab_run([*overrides, "callbacks.progress_bar=null", *benchlib.timer_override()])
+    task = benchlib.LoopTimer.last
+    cfg = benchlib.compose(overrides, benchlib.REPO / "outputs" / "unused")
+    raw = bench_throughput.raw_dcgan(cfg, torch.device("cpu"), steps=4, skip=0)
+    assert task["batches"] == 4
+    assert task["loss"] == raw["loss"]
+
+
+def test_synthetic_once_draws_each_split_once_as_synthetic_does():
+    from litlab.data import Synthetic
+
+    once = benchlib.SyntheticOnce((3, 8, 8), num_classes=4, train_size=32, test_size=8)
+    again = benchlib.SyntheticOnce((3, 8, 8), num_classes=4, train_size=32, test_size=8)
+    drawn = Synthetic((3, 8, 8), num_classes=4, train_size=32, test_size=8).load("train")
+    assert again.load("train") is once.load("train")
+    assert all(
+        torch.equal(a, b) for a, b in zip(once.load("train").tensors, drawn.tensors, strict=True)
+    )
+
+
+def test_overhead_task_sides_log_to_csv_where_wandb_is_missing():
+    """The GPU machine has no wandb: P1's train-task variants must not ask for it."""
+    import bench_overhead
+
+    args = argparse.Namespace(net="cnn", steps=5, data_dir=None, overrides=[])
+    without = bench_overhead.overrides(args, torch.device("cpu"), False, None)
+    offline = bench_overhead.overrides(args, torch.device("cpu"), False, "offline")
+    assert "logger=csv" in without and not any("wandb" in o for o in without)
+    assert "logger.wandb.mode=offline" in offline

@@ -192,6 +192,46 @@ def test_a_loss_that_diverges_on_one_rank_stops_every_rank_before_a_save(tmp_pat
     )
 
 
+@pytest.mark.slow
+@pytest.mark.dist
+def test_a_stop_on_an_epochs_last_batch_waits_for_validation_on_every_rank(tmp_path):
+    """SIGTERM during an epoch's last training batch, 2 ranks whose validation shards differ
+    in batches (33 images: 17 and 16, 16 a batch): both ranks finish validation, save and stop
+    (Lightning's evaluation loop stopped one of them after its first batch while the other
+    waited in the metrics' sync: a hang), and the resumed run ends as one never stopped."""
+    args = [
+        "data=synthetic",
+        "data.image_shape=[1,16,16]",
+        "data.source.train_size=330",
+        "data.batch_size=32",
+        "data.eval_batch_size=16",
+        "model.net.width=8",
+        "trainer.max_epochs=2",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "logger=csv",
+        *QUIET,
+    ]
+    straight = run_cli(*args, f"paths.log_dir={tmp_path / 'straight'}", timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    stopped = run_cli(
+        *args,
+        f"paths.log_dir={tmp_path / 'stopped'}",
+        "+callbacks.stop._target_=helpers.SignalAt",
+        "+callbacks.stop.batch=3",  # 297 training images: 4 batches a rank
+        timeout=300,
+    )
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    folder = run_folder(tmp_path / "stopped")
+    assert [epoch for epoch, _ in val_rows(folder)] == ["0"]  # validated before stopping
+    resumed = run_cli(f"resume={folder}", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = final_state(run_folder(tmp_path / "straight")), final_state(folder)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert val_rows(folder) == val_rows(run_folder(tmp_path / "straight"))
+
+
 def summary_status(folder: Path) -> str:
     return json.loads((folder / "summary.json").read_text())["status"]
 

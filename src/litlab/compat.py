@@ -39,6 +39,13 @@ def stop_at_batch_end(trainer: L.Trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
+def take_stop_mark(trainer: L.Trainer) -> bool:
+    """Clear Lightning's SIGTERM mark (see stop_at_batch_end) and return whether it was set."""
+    marked = bool(trainer._signal_connector.received_sigterm)
+    trainer._signal_connector.received_sigterm = False
+    return marked
+
+
 def logs_this_step(trainer: L.Trainer) -> bool:
     """Whether Lightning hands this training step's logged values to the loggers (every
     ``trainer.log_every_n_steps`` batches, counted across epochs). A step metric logged only

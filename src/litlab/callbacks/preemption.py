@@ -18,7 +18,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from litlab.compat import stop_at_batch_end
+from litlab.compat import stop_at_batch_end, take_stop_mark
 from litlab.errors import Requeued
 from litlab.rng import mixed_seed, seed_rank
 
@@ -128,6 +128,7 @@ class Preemption(Callback):
         self._taken: dict[signal.Signals, Any] = {}  # signal -> the handler it had before
         self._received: signal.Signals | None = None
         self._scheduler: Any = None  # submitit's handler, once a preemption was checkpointed
+        self._held = False  # a stop marked before validation, set again after it
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._received = self._scheduler = None
@@ -149,6 +150,18 @@ class Preemption(Callback):
             flag = torch.tensor([float(stop)], device=trainer.strategy.root_device)
             stop = bool(trainer.strategy.reduce(flag, reduce_op="max").item())
         if stop:
+            stop_at_batch_end(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A stop marked at an epoch's last training batch waits for the validation that follows:
+        # Lightning's evaluation loop acts on the mark after any batch but a rank's last, and the
+        # ranks' numbers of validation batches can differ (each image is evaluated once), so
+        # one rank would stop inside validation while the other waits in its metrics' sync.
+        self._held = take_stop_mark(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._held:  # Lightning stops right after validation, on every rank
+            self._held = False
             stop_at_batch_end(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -110,6 +110,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "set objective.metric=val/loss objective.mode=min",
         ),
         (["data.train_fraction=0"], "train_fraction must lie in (0, 1]"),
+        (  # digits at batch 256: 5 steps, x pct_start 0.2 = a warm-up of one step
+            ["data.batch_size=256", "trainer.max_epochs=1", "model.scheduler.pct_start=0.2"],
+            "a one-cycle warm-up of exactly one step",
+        ),
         (
             ["model/scheduler=plateau", "model.scheduler_monitor=val/loss"],  # in max's direction
             "set model.scheduler_mode=min or max for it too",

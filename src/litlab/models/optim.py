@@ -103,9 +103,23 @@ def build_optimizer(
         for arg in _LENGTH_ARGS
         if arg in wanted and arg not in given
     }
+    total = given.get("total_steps") or length.get("total_steps")
+    if inspect.isclass(func) and issubclass(func, OneCycleLR) and total:
+        _check_one_cycle(float(given.get("pct_start", wanted["pct_start"].default) * total))
     built = scheduler(optimizer=optimizer, **length)
     built.litlab_length_args = tuple(length)  # filled from the run's length: refit on resume
     return optimizer, {"scheduler": built, "interval": interval}
+
+
+def _check_one_cycle(warm_up_steps: float) -> None:
+    """Refuse a one-cycle schedule whose warm-up is one step (pct_start x total steps = 1):
+    torch's OneCycleLR divides by the length of a phase, which that makes 0."""
+    if warm_up_steps - 1 == 0:
+        raise ConfigError(
+            "model.scheduler: a one-cycle warm-up of exactly one step (pct_start x the run's "
+            "optimizer steps = 1), which torch's OneCycleLR cannot schedule (it divides by the "
+            "phase's length, 0); train more steps or set another model.scheduler.pct_start"
+        )
 
 
 def _one_cycle_phase_ends(scheduler: OneCycleLR, total: int) -> list[float]:
@@ -166,6 +180,7 @@ def fit_schedules_to_run(trainer: Any) -> None:
                 )
             if isinstance(scheduler, OneCycleLR):
                 ends = _one_cycle_phase_ends(scheduler, new)
+                _check_one_cycle(ends[0] + 1)
                 for phase, end in zip(one_cycle_phases(scheduler), ends, strict=True):
                     phase["end_step"] = end
             setattr(scheduler, arg, new)

@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from litlab.compat import rank_watchers_with_grace
+from litlab.distributed.launchers import launched_processes
 
 _LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 
@@ -61,7 +62,12 @@ def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
                 proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # Lightning's own ranks end with the job: the next job makes a new group on its own
+        # port. Processes an external launcher started (torchrun, srun) run every job in step
+        # and keep theirs: a new group on the launcher's store would read the last group's
+        # rendezvous keys there (gloo then dials a closed address: a failed job or a hang).
+        external = launched_processes() > 1
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and not external:
             torch.distributed.destroy_process_group()
         for key, value in env.items():
             if value is None:

@@ -23,7 +23,6 @@ import torch
 import torchvision
 from benchlib import Measure, sync
 from lightning.pytorch.callbacks import Callback
-from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from litlab.data import DataModule, DeviceLoader, FashionMNIST
@@ -67,22 +66,9 @@ def loaders(datamodule: DataModule, device: torch.device) -> dict[str, Callable[
         [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
     )
     dataset = TorchvisionFashion(images, labels, to_tensor)
-    pin = device.type == "cuda"
-
-    def torchvision_loader(workers: int) -> DataLoader:
-        return DataLoader(
-            dataset,
-            BATCH,
-            shuffle=True,
-            drop_last=True,
-            num_workers=workers,
-            pin_memory=pin,
-            persistent_workers=workers > 0,
-        )
-
     return {
-        PATHS[0]: partial(torchvision_loader, 0),
-        PATHS[1]: partial(torchvision_loader, 2),
+        PATHS[0]: partial(benchlib.torchvision_loader, dataset, BATCH, 0, device),
+        PATHS[1]: partial(benchlib.torchvision_loader, dataset, BATCH, 2, device),
         PATHS[2]: partial(DeviceLoader, images, labels, BATCH, True, True, device=device),
     }
 

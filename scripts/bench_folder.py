@@ -83,15 +83,7 @@ def torchvision_loader(root: Path, size: int, workers: int, device: torch.device
         ]
     )
     dataset = torchvision.datasets.ImageFolder(str(root / "train"), transform=transform)
-    return DataLoader(
-        dataset,
-        BATCH,
-        shuffle=True,
-        drop_last=True,
-        num_workers=workers,
-        persistent_workers=True,
-        pin_memory=device.type == "cuda",  # as litlab's loaders on CUDA
-    )
+    return benchlib.torchvision_loader(dataset, BATCH, workers, device)
 
 
 def litlab_datamodule(

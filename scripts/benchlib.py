@@ -24,7 +24,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from litlab.data import Synthetic
 
@@ -74,6 +74,22 @@ def quiet() -> None:
     warnings.filterwarnings("ignore")
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "litlab"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def torchvision_loader(
+    dataset: torch.utils.data.Dataset, batch: int, workers: int, device: torch.device
+) -> DataLoader:
+    """The torchvision side's DataLoader: shuffled, whole batches, pinned on CUDA as litlab's
+    loaders are, workers kept between epochs."""
+    return DataLoader(
+        dataset,
+        batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+    )
 
 
 def sync(device: torch.device) -> None:

@@ -74,9 +74,14 @@ class DivergenceGuard(Callback):
         tensors = [
             t for t in (weights or {}).values() if type(t) is torch.Tensor and t.is_floating_point()
         ]
-        if tensors:  # a step whose loss was finite can still leave NaN weights (an inf gradient)
+        if weights is not None:  # a finite loss can still be followed by NaN weights (an inf
+            # gradient). The flag is there on every rank, also one that saves no weights itself
+            # (FSDP's full state dict is rank 0's): the ranks' flags are reduced as one tensor.
             names.append("the weights")
-            flags.append(torch.stack([~t.isfinite().all() for t in tensors]).any())
+            none = torch.zeros((), dtype=torch.bool, device=trainer.strategy.root_device)
+            flags.append(
+                torch.stack([~t.isfinite().all() for t in tensors]).any() if tensors else none
+            )
         if not names:
             return
         device = trainer.strategy.root_device

@@ -72,6 +72,17 @@ def bare_trainer(**kwargs) -> L.Trainer:
     return L.Trainer(**{**defaults, **kwargs})
 
 
+def refused(capsys: pytest.CaptureFixture[str], task, cfg: DictConfig, needle: str) -> str:
+    """Run a task in-process, expect exit status 2 with one 'litlab: error:' line holding
+    ``needle``; return that line."""
+    with pytest.raises(SystemExit) as exit_info:
+        task(cfg)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("litlab: error: ") and needle in err[-1], err[-3:]
+    return err[-1]
+
+
 def run_cli(
     *args: str, script: str = "train.py", cwd: Path = REPO, timeout: int = 600
 ) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import QUIET_CSV as QUIET
-from conftest import make_cfg, run_cli, write_idx_dataset, write_png_folder
+from conftest import make_cfg, refused, run_cli, write_idx_dataset, write_png_folder
 from litlab.evaluate import eval_task
 from litlab.train import train_task
 
@@ -47,15 +47,6 @@ def test_cli_eval_without_checkpoint(tmp_path):
     result = run_cli(f"paths.log_dir={tmp_path}", script="eval.py")
     assert_one_clear_line(result, "litlab: error: ckpt_path is required: python eval.py ckpt_path=")
     assert result.returncode == 2
-
-
-def refused(capsys, task, cfg, needle: str) -> None:
-    """Run a task in-process, expect exit status 2 with one 'litlab: error:' line."""
-    with pytest.raises(SystemExit) as exit_info:
-        task(cfg)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("litlab: error: ") and needle in err[-1], err[-3:]
 
 
 def fails_with(capsys, task, cfg, needle: str) -> dict:

@@ -34,7 +34,6 @@ from litlab.config import (
 )
 from litlab.distributed import (
     adopt_launcher_layout,
-    launcher_layout,
     ranks_run_this_job,
     strategy_for,
 )
@@ -146,20 +145,16 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
 
 
 def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, Any]) -> L.Trainer:
-    """Callbacks, loggers and the Trainer, with the strategy the model needs and the devices
-    and nodes an external launcher (torchrun, srun) laid out."""
+    """Callbacks, loggers and the Trainer, with the strategy the model needs (cfg.trainer holds
+    the devices and nodes an external launcher laid out: adopt_launcher_layout)."""
     check_manual_optimization(cfg, model)
     callbacks = build_list(cfg.get("callbacks"), "callbacks")
     loggers = build_list(cfg.get("logger"), "logger")
     log_lr_plot(loggers, tuned)
-    layout = launcher_layout(cfg.trainer.devices, cfg.trainer.num_nodes)
-    devices = layout.get("devices", cfg.trainer.devices)
-    num_nodes = layout.get("num_nodes", cfg.trainer.num_nodes)
+    devices, num_nodes = cfg.trainer.devices, cfg.trainer.num_nodes
     accelerator = cfg.trainer.get("accelerator", "auto")
     strategy = strategy_for(model, cfg.trainer.strategy, devices, num_nodes, accelerator)
-    trainer = build(
-        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy, **layout
-    )
+    trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy)
     return compat.restart_finished_epochs_as_epoch_based(trainer)
 
 

@@ -70,21 +70,22 @@ class DivergenceGuard(Callback):
         each check at the same batch (and at each save, which every rank prepares), so one
         rank's NaN stops all of them together: a rank that went on would wait for the stopped
         one in the next collective, or save diverged weights."""
+        device = trainer.strategy.root_device
         names, flags = list(self._sums), [~total.isfinite() for total in self._sums.values()]
-        tensors = [
-            t for t in (weights or {}).values() if type(t) is torch.Tensor and t.is_floating_point()
-        ]
         if weights is not None:  # a finite loss can still be followed by NaN weights (an inf
             # gradient). The flag is there on every rank, also one that saves no weights itself
             # (FSDP's full state dict is rank 0's): the ranks' flags are reduced as one tensor.
+            tensors = [
+                t for t in weights.values() if type(t) is torch.Tensor and t.is_floating_point()
+            ]
             names.append("the weights")
-            none = torch.zeros((), dtype=torch.bool, device=trainer.strategy.root_device)
             flags.append(
-                torch.stack([~t.isfinite().all() for t in tensors]).any() if tensors else none
+                torch.stack([~t.isfinite().all() for t in tensors]).any()
+                if tensors
+                else torch.zeros((), dtype=torch.bool, device=device)
             )
         if not names:
             return
-        device = trainer.strategy.root_device
         broken = torch.stack([flag.to(device) for flag in flags]).float()
         broken = trainer.strategy.reduce(broken, reduce_op="sum")  # any rank's
         broken = [name for name, flag in zip(names, broken.tolist(), strict=True) if flag]

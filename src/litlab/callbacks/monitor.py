@@ -139,8 +139,8 @@ class Throughput(Callback):
 
     Figures are the job's: images/s are summed over ranks (each rank's own rate, one collective
     per epoch); batches/s are the job's training steps a second (the mean over ranks: the ranks'
-    batches of a step are one step of the job, as the progress bar's it/s); MFU is per device. FLOPs are counted once,
-    for ``pl_module.net`` (GANs report images/s only).
+    batches of a step are one step of the job, as the progress bar's it/s); MFU is per device.
+    FLOPs are counted once, for ``pl_module.net`` (GANs report images/s only).
     """
 
     def __init__(self, warmup_batches: int = 3) -> None:

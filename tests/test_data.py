@@ -423,6 +423,75 @@ def test_unusual_images_are_converted_and_damaged_ones_skipped_and_counted(tmp_p
     assert report["images"] == 12 + 5 and len(whole) + len(source.load("test")) == 17
 
 
+def test_links_are_read_once_hidden_files_left_out_and_a_broken_link_skipped(tmp_path, capsys):
+    """A link back up the tree was followed 40 levels deep (one image 40 times, in train and
+    test alike); hidden files (.ipynb_checkpoints, macOS's ._name) were read as images; a broken
+    link ended the cached run with a traceback (the check said a run skips it)."""
+    from litlab.data.check import main
+    from litlab.data.folder import scan
+
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=4)
+    (root / "cat" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    (root / "cat" / "again").symlink_to(".")
+    (root / "dog" / "more").symlink_to(root / "fox")  # a folder linked in is read
+    (root / "cat" / ".ipynb_checkpoints").mkdir()
+    shutil.copy(root / "cat" / "0.png", root / "cat" / ".ipynb_checkpoints" / "0-checkpoint.png")
+    (root / "cat" / "._0.png").write_bytes(b"\0\5\26\7 AppleDouble")
+    (root / "dog" / "notes.txt").write_text("not an image")
+    index = scan(root)
+    assert index.files.count("cat/0.png") == 1 and len(index.files) == 17
+    assert sorted(f for f in index.files if "/" in f[4:]) == [f"dog/more/{i}.png" for i in range(4)]
+    assert index.ignored == ["dog/notes.txt"]
+    source = ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+    source.load("train")
+    assert source.report["all"]["skipped"] == 1
+    assert source.report["all"]["skipped_files"][0]["file"] == "cat/gone.png"
+    assert main([str(root), "--workers", "1", "--size", "16"]) == 1
+    out = capsys.readouterr().out
+    assert f"unreadable\t{root / 'cat' / 'gone.png'}\tFileNotFoundError" in out
+    assert "not read (no image suffix" in out and "1 .txt" in out
+
+
+def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp_path, capsys):
+    """The check's exit status was 0 ("every file is readable") for folders a run refuses, and
+    rich's markup ate or choked on file names with brackets."""
+    from litlab.data.check import main
+
+    def check(root: Path, *options: str) -> tuple[int, str]:
+        status = main([str(root), "--workers", "1", "--size", "16", *options])
+        return status, capsys.readouterr().out
+
+    good = tmp_path / "good"
+    write_png_folder(good, per_class=6)
+    status, out = check(good)
+    assert status == 0 and out.endswith("every file is readable\n")
+    status, out = check(good, "--num-classes", "10")
+    assert status == 2 and "refused: 3 class folders but --num-classes 10" in out
+    mismatched = tmp_path / "mismatched"
+    write_png_folder(mismatched / "train", per_class=4)
+    write_png_folder(mismatched / "test", classes=("cat", "dog"), per_class=2)
+    status, out = check(mismatched)
+    assert status == 2 and "different class folders" in out
+    (good / "emu").mkdir()  # an empty class folder
+    status, out = check(good)
+    assert status == 2 and "['emu']" in out and "no readable image for training" in out
+    status, out = check(write_folder_losing_a_class_to_validation(tmp_path))
+    assert status == 2 and "['fox']" in out  # its one training image held out for validation
+    brackets = tmp_path / "brackets"
+    write_png_folder(brackets, classes=("a", "b["), per_class=4)
+    for name in ("photo [edited].png", "x].png"):
+        (brackets / "b[" / name).write_bytes(b"not an image")
+    status, out = check(brackets)
+    assert status == 1
+    assert f"unreadable\t{brackets / 'b[' / 'photo [edited].png'}\t" in out
+    assert f"unreadable\t{brackets / 'b[' / 'x].png'}\t" in out
+    for bad in (["--size", "0"], ["--workers", "0"], ["--channels", "2"]):
+        with pytest.raises(SystemExit) as stop:
+            main([str(good), *bad])
+        assert stop.value.code == 2, bad
+
+
 def load_image_from(tmp_path, pixels: np.ndarray) -> np.ndarray:
     from PIL import Image
 
@@ -654,7 +723,7 @@ def test_train_beside_valid_or_validation_is_a_split_layout_and_unknown_splits_a
         dm.setup()
         assert len(dm.datasets["train"]) + len(dm.datasets["val"]) == 18
         assert len(dm.datasets["test"]) == 6
-        assert sorted(splits(root)) == sorted(["train", held_out])
+        assert sorted(splits(root)) == ["test", "train"]  # as a run names them
     for odd in (("train", "dev"), ("train",), ("Train", "Test")):
         root = tmp_path / "-".join(odd)
         for name in odd:
@@ -687,7 +756,7 @@ def test_a_validation_folder_beside_train_and_test_is_the_validation_split(tmp_p
     assert len(dm.datasets["train"]) == 30 and len(dm.datasets["test"]) == 6
     assert len(dm.datasets["val"]) == 9
     assert file_names(dm.datasets["val"]) == file_names(source.load("val"))
-    assert sorted(splits(root)) == ["test", "train", "validation"]
+    assert sorted(splits(root)) == ["test", "train", "val"]
     _, converted, _ = source_splits(root, 0.2, 0.1)
     assert {split: len(items) for split, items in converted.items()} == {
         "train": 30,

@@ -1,11 +1,21 @@
-"""Pre-flight check of an image folder before a long run: classes, counts, sizes, bad files.
+"""Pre-flight check of an image folder before a long run: classes, counts, sizes, bad files, and
+whether a run would accept the folder at all.
 
     python -m litlab.data.check /path/to/images            # root/<class>/ or root/train|test/ (val/...)
-    python -m litlab.data.check /path/to/images --size 64  # also time the decode at 64 px
+    python -m litlab.data.check /path/to/images --size 64 --num-classes 10
 
-Every file is opened and decoded (at reduced scale where the format allows) by every core, as
-litlab's cache would; the exit status is 0 when every file is readable, 1 otherwise (the
-unreadable files are listed; a run skips them and counts them in summary.json).
+Every image file is opened and decoded (at reduced scale where the format allows) by every core,
+as the first run's cache would (about as long as that first decode); the rate is printed. The
+run's rules are applied to the readable files: the same classes in every split folder, every
+class with training images once the test and validation files (held out by name, as a run
+holds them out) are set aside, and --num-classes when given.
+
+Output: plain lines; each unreadable file on a line of its own, tab-separated:
+"unreadable<TAB><path><TAB><reason>". Files without an image suffix (.heic, .txt, ...) and hidden
+files are not read by litlab: they are counted, not decoded.
+
+Exit status: 0 the folder is ready; 1 a run would train, skipping the unreadable files listed (and
+counting them in summary.json); 2 a run would be refused (the reasons are printed), or bad input.
 """
 
 from __future__ import annotations
@@ -14,85 +24,184 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import torch
 from PIL import Image
 
-from litlab.data.folder import FolderIndex, load_image, scan, split_folders
-from litlab.errors import DataError, fail
+from litlab.data.folder import (
+    IMAGE_SUFFIXES,
+    FolderIndex,
+    check_classes_present,
+    check_decoded_shape,
+    check_same_classes,
+    load_image,
+    missing_classes,
+    scan,
+    split_folders,
+    test_split,
+    validation_split,
+    why_unreadable,
+)
+from litlab.errors import DataError, LitlabError, fail
 
 
-def probe(path: str, size: int) -> tuple[str, tuple[int, int] | None, str | None]:
+def probe(path: str, size: int, channels: int) -> tuple[str, tuple[int, int] | None, str | None]:
     """(mode, (width, height), None) of a readable file, else (.., None, reason)."""
     try:
-        with Image.open(path) as image:
-            mode, dims = image.mode, image.size
-        load_image(path, size, 3)
+        with warnings.catch_warnings():  # a decompression bomb is a finding, not a stray warning
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                mode, dims = image.mode, image.size
+        load_image(path, size, channels)
         return mode, dims, None
     except Exception as e:  # every failure of a damaged file is a finding here
-        return "?", None, f"{type(e).__name__}: {e}".splitlines()[0][:160]
+        return "?", None, why_unreadable(e)
 
 
 def splits(root: Path) -> dict[str, FolderIndex]:
-    """The folders a run reads, by name: train/ and its held-out folder, or the whole root."""
+    """The folders a run reads, by the run's split names: train and test (the held-out folder:
+    test/, or val/ beside train/ as ImageNet has it) and val (beside both); or "all" for a root of
+    class folders (test and validation files are then held out by name)."""
     folders = split_folders(root)
     if folders is not None:
-        return {path.name: scan(path) for path in folders.values()}
+        return {split: scan(path) for split, path in folders.items()}
     return {"all": scan(root)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def refusals(
+    root: Path,
+    found: dict[str, FolderIndex],
+    readable: dict[str, list[int]],
+    args: argparse.Namespace,
+) -> tuple[list[str], list[str]]:
+    """(why a run would refuse the folder, warnings) with only the ``readable`` files (positions
+    in each split's index), as ImageFolder.load and its validation split decide."""
+    refused: list[str] = []
+    notes: list[str] = []
+
+    def files_and_labels(split: str, keep: list[int]) -> tuple[list[str], torch.Tensor]:
+        index = found[split]
+        labels = torch.tensor([index.labels[i] for i in keep], dtype=torch.long)
+        return [index.files[i] for i in keep], labels
+
+    def held_out(split: str, labels: torch.Tensor, classes: list[str]) -> None:
+        if missing := missing_classes(labels, classes):
+            notes.append(f"the {split} split holds no image of class(es) {missing}")
+
+    try:
+        classes = found["train" if "train" in found else "all"].classes
+        if args.num_classes is not None and len(classes) != args.num_classes:
+            refused.append(
+                f"{len(classes)} class folders but --num-classes {args.num_classes}; "
+                f"set data.num_classes={len(classes)}"
+            )
+        if "all" in found:
+            names, labels = files_and_labels("all", readable["all"])
+            keep, test = test_split(names, args.test_fraction)
+            held_out("test", labels[test], classes)
+            where = root
+        else:
+            for split, index in found.items():
+                if split != "train":
+                    check_same_classes(found["train"].root, index.root)
+                    held_out(split, files_and_labels(split, readable[split])[1], classes)
+            names, labels = files_and_labels("train", readable["train"])
+            keep, where = torch.arange(len(names)), found["train"].root
+        if "val" not in found:  # validation is carved out of the training files
+            train, val = validation_split([names[i] for i in keep], args.val_fraction, args.seed)
+            held_out("validation", labels[keep][val], classes)
+            keep = keep[train]
+        check_classes_present(labels[keep], classes, where, "train")
+    except LitlabError as e:
+        refused.append(str(e))
+    return refused, notes
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m litlab.data.check",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("root", type=Path, help="the image folder")
-    parser.add_argument("--size", type=int, default=32, help="decode size, as data.source.size")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("root", type=lambda p: Path(p).expanduser(), help="the image folder")
+    parser.add_argument("--size", type=int, default=36, help="decode side (data.source.size)")
+    parser.add_argument("--channels", type=int, default=3, help="1 or 3 (data.source.channels)")
+    parser.add_argument("--num-classes", type=int, help="data.num_classes, checked when given")
+    parser.add_argument(
+        "--test-fraction", type=float, default=0.2, help="data.source.test_fraction"
+    )
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="data.val_fraction")
+    parser.add_argument("--seed", type=int, default=0, help="data.split_seed")
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="decoding processes (all cores)"
+    )
     args = parser.parse_args(argv)
-    from rich.console import Console
-    from rich.table import Table
+    try:
+        check_decoded_shape(args.size, args.channels)
+    except LitlabError as e:
+        parser.error(str(e))
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    for option in ("test_fraction", "val_fraction"):
+        if not 0.0 < getattr(args, option) < 1.0:
+            parser.error(f"--{option.replace('_', '-')} must lie strictly between 0 and 1")
+    return args
 
-    console = Console()
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     try:
         found = splits(args.root)
     except DataError as e:
         fail(str(e))
-    bad_total = 0
+    bad_total, readable = 0, {}
     for split, index in found.items():
         paths = [str(index.root / f) for f in index.files]
         start = time.perf_counter()
         with ProcessPoolExecutor(args.workers) as pool:
-            results = list(pool.map(probe, paths, [args.size] * len(paths), chunksize=64))
+            jobs = len(paths) * [args.size], len(paths) * [args.channels]
+            results = list(pool.map(probe, paths, *jobs, chunksize=64))
         seconds = time.perf_counter() - start
-        per_class = Counter(index.labels)
-        console.print(f"{index.root} ({split}): {len(paths)} files, {len(index.classes)} classes")
-        table = Table()
-        table.add_column("class")
-        table.add_column("images", justify="right")
-        for label, name in enumerate(index.classes):
-            table.add_row(name, str(per_class[label]))
-        console.print(table)
-        dims = sorted(d[0] * d[1] for _, d, _ in results if d)
-        modes = Counter(mode for mode, d, _ in results if d)
-        bad = [(f, why) for f, (_, _, why) in zip(index.files, results, strict=True) if why]
+        bad = [i for i, (_, _, why) in enumerate(results) if why]
+        readable[split] = [i for i, (_, _, why) in enumerate(results) if not why]
         bad_total += len(bad)
+        print(f"{index.root} ({split}): {len(paths)} image files, {len(index.classes)} classes")
+        images, unreadable = Counter(index.labels), Counter(index.labels[i] for i in bad)
+        width = max(len(name) for name in [*index.classes, "class"])
+        print(f"  {'class':<{width}}  {'images':>8}  {'unreadable':>10}")
+        for label, name in enumerate(index.classes):
+            print(f"  {name:<{width}}  {images[label]:>8}  {unreadable[label]:>10}")
+        dims = sorted(d[0] * d[1] for _, d, _ in results if d)
         if dims:
             sides = [int(d**0.5) for d in (dims[0], dims[len(dims) // 2], dims[-1])]
-            console.print(
-                f"sides (sqrt of pixels): min {sides[0]}, median {sides[1]}, max {sides[2]}"
+            print(f"sides (sqrt of pixels): min {sides[0]}, median {sides[1]}, max {sides[2]}")
+        print(f"modes: {dict(Counter(mode for mode, d, _ in results if d))}")
+        print(f"decoded at {args.size} px: {len(paths) / seconds:,.0f} images/s")
+        if index.ignored:
+            kinds = Counter(Path(f).suffix.lower() or "(no suffix)" for f in index.ignored)
+            print(
+                f"not read (no image suffix; litlab reads {', '.join(sorted(IMAGE_SUFFIXES))}): "
+                + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
             )
-        console.print(f"modes: {dict(modes)}")
-        console.print(f"decoded at {args.size} px: {len(paths) / seconds:,.0f} images/s")
-        for name, why in bad[:50]:
-            console.print(f"[red]unreadable[/red] {name}: {why}")
-        if len(bad) > 50:
-            console.print(f"... and {len(bad) - 50} more unreadable files")
-    console.print(f"{bad_total} unreadable file(s)" if bad_total else "every file is readable")
-    return 1 if bad_total else 0
+        for i in bad:
+            print(f"unreadable\t{paths[i]}\t{results[i][2]}")
+    refused, notes = refusals(args.root, found, readable, args)
+    for note in notes:
+        print(f"warning: {note}")
+    for reason in refused:
+        print(f"refused: {reason}")
+    if refused:
+        print("a run would refuse this folder")
+        return 2
+    if bad_total:
+        print(f"{bad_total} unreadable file(s): a run skips them and counts them in summary.json")
+        return 1
+    print("every file is readable")
+    return 0
 
 
 if __name__ == "__main__":

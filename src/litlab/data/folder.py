@@ -42,7 +42,7 @@ from PIL import Image
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from litlab.data.sources import Source, Split, labels_of
-from litlab.errors import ConfigError, DataError
+from litlab.errors import ConfigError, DataError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class FolderIndex:
     classes: list[str]
     files: list[str] = field(default_factory=list)  # relative to root
     labels: list[int] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # files without an image suffix
 
 
 def class_names(root: Path) -> list[str]:
@@ -125,21 +126,32 @@ def file_names(dataset: Dataset) -> list[str]:
 
 
 def scan(root: Path) -> FolderIndex:
-    """``root/<class>/**/<image>``, classes and files sorted (torchvision's ImageFolder order)."""
+    """``root/<class>/**/<image>``, classes and files sorted (torchvision's ImageFolder order).
+
+    Hidden files and folders (``.ipynb_checkpoints``, macOS's ``._name`` files) are left out;
+    links are followed, but a folder already read (a link back up the tree) is not read again.
+    Files without an image suffix are listed in ``ignored``."""
     if not root.is_dir():
-        raise DataError(f"image folder {root} does not exist; put images in {root}/<class name>/")
+        what = "is a file, not a folder" if root.exists() else "does not exist"
+        raise DataError(f"image folder {root} {what}; put images in {root}/<class name>/")
     classes = class_names(root)
     if not classes:
         raise DataError(f"{root} has no class folders; put images in {root}/<class name>/")
     index = FolderIndex(root, classes)
     for label, name in enumerate(classes):
-        found = []
-        for folder, _, names in os.walk(root / name, followlinks=True):
-            found += [
-                os.path.relpath(os.path.join(folder, n), root)
-                for n in names
-                if Path(n).suffix.lower() in IMAGE_SUFFIXES
-            ]
+        found, read = [], set()
+        for folder, folders, names in os.walk(root / name, followlinks=True):
+            real = os.path.realpath(folder)
+            if real in read:  # each copy would be trained on, and land in test as well
+                folders.clear()
+                continue
+            read.add(real)
+            folders[:] = [f for f in folders if not f.startswith(".")]
+            for n in names:
+                if n.startswith("."):
+                    continue
+                path = os.path.relpath(os.path.join(folder, n), root)
+                (found if Path(n).suffix.lower() in IMAGE_SUFFIXES else index.ignored).append(path)
         index.files += sorted(found)
         index.labels += [label] * len(found)
     if not index.files:
@@ -220,6 +232,12 @@ def worker_item(data: bytes, size: int, channels: int, encoded: bool = True) -> 
     return torch.from_numpy(load_image(io.BytesIO(data), size, channels))
 
 
+def why_unreadable(error: Exception) -> str:
+    """A damaged file's decoding error in one line, as the cache and the check list it."""
+    kind = type(error).__name__
+    return f"{kind}: {first_line(error)}" if str(error).strip() else kind
+
+
 def _decode_into(
     paths: list[str], start: int, target: str, shape: tuple[int, ...]
 ) -> list[tuple[int, str]]:
@@ -230,7 +248,7 @@ def _decode_into(
         try:
             images[start + offset] = load_image(path, shape[-1], shape[1])
         except Exception as e:  # PIL raises many kinds for damaged files; every one is a skip
-            failed.append((start + offset, f"{type(e).__name__}: {e}".splitlines()[0][:200]))
+            failed.append((start + offset, why_unreadable(e)))
     images.flush()
     return failed
 
@@ -242,8 +260,12 @@ def cache_key(index: FolderIndex, size: int, channels: int) -> str:
     same byte size with its modification time set back is not seen (delete the cache folder)."""
     digest = hashlib.sha256(repr((CACHE_FORMAT, size, channels, index.classes)).encode())
     for name, label in zip(index.files, index.labels, strict=True):
-        stat = os.stat(index.root / name)
-        digest.update(f"{name}\0{label}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        try:
+            stat = os.stat(index.root / name)
+            size, mtime = stat.st_size, stat.st_mtime_ns
+        except OSError:  # a broken link: its decode fails and it is skipped and counted
+            size = mtime = -1
+        digest.update(f"{name}\0{label}\0{size}\0{mtime}\n".encode())
     return digest.hexdigest()[:16]
 
 
@@ -268,13 +290,18 @@ def split_folders(root: Path) -> dict[str, Path] | None:
     return None
 
 
+def missing_classes(labels: torch.Tensor, classes: list[str]) -> list[str]:
+    """The classes of which ``labels`` hold no image."""
+    counts = torch.bincount(labels, minlength=len(classes))
+    return [classes[i] for i in (counts == 0).nonzero().flatten().tolist()]
+
+
 def check_classes_present(
     labels: torch.Tensor, classes: list[str], where: Path, split: str
 ) -> None:
     """Every class must have training images: a class the model never saw is never predicted,
     and all its test images count as errors. A held-out split without a class is a warning."""
-    counts = torch.bincount(labels, minlength=len(classes))
-    empty = [classes[i] for i in (counts == 0).nonzero().flatten().tolist()]
+    empty = missing_classes(labels, classes)
     if not empty:
         return
     if split == "train":

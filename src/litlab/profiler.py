@@ -12,8 +12,9 @@ pass-through does. ``trainer.profiler=simple|advanced|pytorch`` profiles as in L
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from typing import ClassVar
 
-from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.profilers import PassThroughProfiler, PyTorchProfiler
 
 _NOTHING = nullcontext()
 
@@ -23,3 +24,15 @@ class NoProfiler(PassThroughProfiler):
 
     def profile(self, action_name: str) -> AbstractContextManager:  # type: ignore[override]
         return _NOTHING
+
+
+class TrainingStepProfiler(PyTorchProfiler):
+    """Lightning's PyTorchProfiler whose schedule counts training steps only (``debug=profile``).
+
+    Lightning's steps the schedule on validation and test steps as well, each stage with its
+    own count: over several epochs the validation steps reached the schedule's window too (a
+    second trace named after training_step held a validation epoch and the checkpoint saves;
+    the table mixed both, and torch's profiler crashed stopping it in about half the runs).
+    """
+
+    STEP_FUNCTIONS: ClassVar[set[str]] = {"training_step"}

@@ -100,7 +100,10 @@ def test_sweep_report_ranks_runs_and_embeds_plots(sweep):
     assert "val/acc, max (higher is better)" in md and f"**Best run:** {ranked[0]}:" in md
 
     images = {alt: base64.b64decode(data) for data, alt in PNG.findall(html)}
-    assert {"val/acc against step", "train/loss_step against step"} <= images.keys()
+    assert {
+        "val/acc against epochs trained",
+        "train/loss_step against epochs trained",
+    } <= images.keys()
     assert "val/acc vs model.optimizer.lr" in images  # the sweep plot
     assert all(png.startswith(b"\x89PNG\r\n\x1a\n") for png in images.values())
     assert "http://" not in html and "https://" not in html
@@ -237,10 +240,66 @@ def test_curves_keep_one_point_per_step_after_a_resume(tmp_path):
     the curve keeps the later values, in step order, and does not fold back."""
     from litlab.report.runs import read_curves
 
-    rows = ["step,epoch,train/loss_step"]
-    rows += [f"{s},1,{1.0 / s}" for s in range(20, 28)]  # the killed run
-    rows += [f"{s},1,{2.0 / s}" for s in range(25, 30)]  # resumed from the step-25 checkpoint
+    rows = ["step,train/loss_step"]  # (no epoch column: the x axis is the step)
+    rows += [f"{s},{1.0 / s}" for s in range(20, 28)]  # the killed run
+    rows += [f"{s},{2.0 / s}" for s in range(25, 30)]  # resumed from the step-25 checkpoint
     (tmp_path / "metrics.csv").write_text("\n".join(rows) + "\n")
     steps, values = read_curves(tmp_path / "metrics.csv")["train/loss_step"]
     assert steps == list(range(20, 30))
     assert values == [1.0 / s for s in range(20, 25)] + [2.0 / s for s in range(25, 30)]
+
+
+def test_curves_are_drawn_against_the_epochs_trained(tmp_path):
+    """Curves were drawn against Lightning's step: runs of another batch size, process count
+    or GAN (D's and G's steps) never lined up (batch 128's 2 epochs ended where batch 32's
+    first epoch was half done). Now an epoch's end is at e + 1, its steps in between, and a
+    run stopped part-way through its last epoch ends part-way."""
+    from litlab.report.runs import read_curves
+
+    def curves(batches: int, epochs: float) -> dict:
+        rows, total = ["step,epoch,train/loss_step,val/acc,test/acc"], int(batches * epochs)
+        for step in range(1, total + 1):
+            epoch = (step - 1) // batches
+            rows.append(f"{step},{epoch},{1 / step},,")
+            if step % batches == 0:
+                rows.append(f"{step},{epoch},,{step / total},")
+        rows.append(f"{total + 1},{epochs:.0f},,,0.9")  # the test: at the next epoch, one step on
+        path = tmp_path / f"{batches}-{epochs}.csv"
+        path.write_text("\n".join(rows) + "\n")
+        return read_curves(path)
+
+    small, large = curves(40, 2), curves(10, 2)  # batch 32 and batch 128: 40 and 10 steps
+    for run in (small, large):
+        assert run["val/acc"][0] == [1.0, 2.0]
+        assert run["train/loss_step"][0][-1] == 2.0
+    assert small["train/loss_step"][0][19] == large["train/loss_step"][0][4] == 0.5
+    stopped = curves(10, 1.5)  # stopped half-way through its second epoch
+    assert stopped["val/acc"][0] == [1.0]
+    assert stopped["train/loss_step"][0][-1] == 1.5
+
+
+def test_fids_rank_only_against_fids_of_the_same_extractor_and_n(tmp_path, capsys):
+    """Every GAN's val/fid was ranked together: FIDs through another extractor (or at another N)
+    are other numbers (the same generator: 548 through one domain extractor, 228 through
+    another), and the report named the lower one best."""
+
+    def fid_run(name: str, fid: float, tag: str, n: int, overrides: list[str]) -> Path:
+        metrics = {f"val/fid_{tag}": fid, "val/fid_samples": n, "val/fid_floor": 3.0}
+        metrics.update({"test/fid": fid + 1, f"test/fid_{tag}": fid + 1, "test/fid_samples": n})
+        return write_run(tmp_path / "runs" / name, gan_summary(fid, **metrics), overrides)
+
+    fid_run("0", 548.0, "domain-7cca31a5", 2048, ["model=dcgan"])
+    fid_run("1", 500.0, "domain-7cca31a5", 2048, ["model=dcgan", "model.optimizer_g.lr=1e-3"])
+    fid_run("2", 228.0, "domain-6c73f971", 2048, ["model=dcgan"])
+    fid_run("3", 100.0, "domain-7cca31a5", 256, ["model=dcgan"])
+    write_run(tmp_path / "runs" / "4", {"status": "interrupted"}, ["model=dcgan"])
+    main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    capsys.readouterr()
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert [row.split(" | ")[1].split("`")[1] for row in md_rows(md)][:3] == ["1", "0", "2"]
+    assert "- **Best run:** 1: val/fid = 500;" in md
+    assert "| objective (val/fid [domain-7cca31a5, N=2048], min) | test/fid (" in md
+    assert "val/fid [domain-6c73f971, N=2048]=228" in md
+    assert "val/fid [domain-7cca31a5, N=256]=100" in md
+    # set in one run only, the override is what sets it apart: named in the header
+    assert "- **Varied:** model.optimizer_g.lr" in md

@@ -47,7 +47,7 @@ class FID(Callback):
     hub cache, else a download), or the path of a litlab classifier checkpoint.
     Logged: ``<stage>/fid`` (EMA generator; the objective), ``<stage>/fid_g`` (raw generator),
     ``<stage>/fid_<extractor tag>``, ``<stage>/fid_floor`` (real test vs real train images),
-    ``<stage>/class_entropy``. The extractor is never part of the GAN's checkpoint.
+    ``<stage>/fid_samples`` (N, the images compared), ``<stage>/class_entropy``. The extractor is never part of the GAN's checkpoint.
 
     Sample counts: the real statistics come from ``num_real`` training images, a seeded
     class-stratified subset, framed as the models see them (the centre ``data.eval_crop`` at
@@ -189,6 +189,7 @@ class FID(Callback):
             self._floor = float(metric.compute())
             metric.reset()
         values[f"{stage}/fid_floor"] = self._floor
+        values[f"{stage}/fid_samples"] = float(total)  # N: FIDs compare only at the same N
         has_ema = getattr(pl_module, "generator_ema", None) is not None
         for ema in (True, False) if has_ema else (False,):
             logits = self._feed_generated(trainer, pl_module, total, ema, stage)

@@ -9,7 +9,16 @@ from dataclasses import dataclass
 from litlab.overrides import override_key
 from litlab.report.runs import RunFolder, number
 
-KEY_METRICS = ("test/acc", "val/acc", "val/fid", "val/fid_floor", "train/loss", "g/loss", "d/loss")
+KEY_METRICS = (
+    "test/acc",
+    "val/acc",
+    "test/fid",
+    "val/fid",
+    "val/fid_floor",
+    "train/loss",
+    "g/loss",
+    "d/loss",
+)
 ERROR_CHARS = 90
 STATUS_ORDER = ("completed", "failed", "interrupted", "running")
 
@@ -21,6 +30,7 @@ class Comparison:
     runs: list[RunFolder]
     metric: str | None
     mode: str
+    scale: str  # what else the objective's values must share (an FID's extractor and N)
     best: RunFolder | None
     metric_columns: list[str]
     varied: list[str]
@@ -29,6 +39,8 @@ class Comparison:
     def columns(self) -> list[str]:
         """Table column titles, in order."""
         objective = f"objective ({self.metric}, {self.mode})" if self.metric else "objective"
+        if self.scale:
+            objective = f"objective ({self.metric} [{self.scale}], {self.mode})"
         return [
             "#",
             "run",
@@ -61,7 +73,7 @@ class Comparison:
 
     def comparable(self, run: RunFolder) -> bool:
         """Whether the run has a value for the report's objective (and did not fail)."""
-        return comparable(run, self.metric)
+        return comparable(run, self.metric, self.scale)
 
     def cells(self, rank: int, run: RunFolder) -> list[str]:
         """The plain-text table cells of one run, in column order."""
@@ -77,11 +89,13 @@ class Comparison:
         ]
 
     def objective_text(self, run: RunFolder) -> str:
-        """The objective value; runs judged by another metric name it."""
+        """The objective value; runs judged by another metric (or the same one on another scale:
+        another FID extractor or N) name it."""
         metric, _, value = run.objective
-        if metric and metric != self.metric and value is not None:
-            return f"{metric}={fmt(value)}"
-        return fmt(value)
+        if value is None or (metric, run.objective_scale) == (self.metric, self.scale):
+            return fmt(value)
+        scale = f" [{run.objective_scale}]" if run.objective_scale else ""
+        return f"{metric}{scale}={fmt(value)}"
 
     def varied_overrides(self, run: RunFolder) -> list[str]:
         """The run's overrides whose key takes different values across runs."""
@@ -91,39 +105,44 @@ class Comparison:
         """A legend label: the run name and the overrides that set it apart."""
         varied = " ".join(self.varied_overrides(run))
         label = f"{run.name}: {varied}" if varied else run.name
-        label = shorten(label, 48)
-        return f"{label} ({run.status})" if run.failed else label
+        label = shorten(label, 72)
+        return label if run.status == "completed" else f"{label} ({run.status})"
 
 
 def compare(runs: list[RunFolder]) -> Comparison:
-    """Rank runs: by the most common objective (each run's mode), valueless then failed last."""
-    objectives = Counter((r.objective[0], r.objective[1]) for r in runs if r.objective[0])
-    metric, mode = objectives.most_common(1)[0][0] if objectives else (None, "max")
+    """Rank runs: by the most common objective (each run's mode) on the same scale (an FID's
+    extractor and N); the others, valueless, then failed last."""
+    objectives = Counter(
+        (r.objective[0], r.objective[1], r.objective_scale) for r in runs if r.objective[0]
+    )
+    metric, mode, scale = objectives.most_common(1)[0][0] if objectives else (None, "max", "")
 
     def order(run: RunFolder) -> tuple[int, float]:
         if run.failed:
             return 2, 0.0
-        if not comparable(run, metric):
+        if not comparable(run, metric, scale):
             return 1, 0.0
         _, run_mode, value = run.objective
         return 0, -value if run_mode == "max" else value
 
     ranked = sorted(runs, key=order)
-    best = ranked[0] if comparable(ranked[0], metric) else None
+    best = ranked[0] if comparable(ranked[0], metric, scale) else None
     metric_columns = [m for m in KEY_METRICS if any(r.metric(m) is not None for r in runs)]
-    return Comparison(ranked, metric, mode, best, metric_columns, varied_params(runs))
+    return Comparison(ranked, metric, mode, scale, best, metric_columns, varied_params(runs))
 
 
-def comparable(run: RunFolder, metric: str | None) -> bool:
-    """Whether a run that did not fail has a value for the given objective metric."""
+def comparable(run: RunFolder, metric: str | None, scale: str = "") -> bool:
+    """Whether a run that did not fail has a value for the given objective metric and scale."""
     run_metric, _, value = run.objective
-    return not run.failed and value is not None and run_metric == metric
+    same = run_metric == metric and run.objective_scale == scale
+    return not run.failed and value is not None and same
 
 
 def varied_params(runs: list[RunFolder]) -> list[str]:
-    """Override keys set to different values in different runs, in order of first appearance."""
+    """Override keys set to different values in different runs, or in some runs only, in order
+    of first appearance."""
     keys = dict.fromkeys(key for run in runs for key in run.params)
-    return [k for k in keys if len({run.params[k] for run in runs if k in run.params}) > 1]
+    return [k for k in keys if len({run.params.get(k) for run in runs}) > 1]
 
 
 def numeric_params(runs: list[RunFolder], varied: list[str]) -> list[str]:
@@ -174,7 +193,9 @@ def facts(comparison: Comparison) -> list[tuple[str, str]]:
     lines = [("Runs", f"{len(comparison.runs)} ({by_status})")]
     if comparison.metric:
         better = "higher" if comparison.mode == "max" else "lower"
-        lines.append(("Objective", f"{comparison.metric}, {comparison.mode} ({better} is better)"))
+        scale = f" [{comparison.scale}]" if comparison.scale else ""
+        objective = f"{comparison.metric}{scale}, {comparison.mode} ({better} is better)"
+        lines.append(("Objective", objective))
     else:
         lines.append(("Objective", "none recorded in summary.json"))
     best = comparison.best

@@ -118,7 +118,8 @@ def curves_html(comparison: Comparison) -> str:
             '<p class="note">No run has csv/metrics.csv (runs with logger=none log no curves).</p>'
         )
     figures = (
-        f"<figure>{img(curve_plot(comparison, m), f'{m} against step')}</figure>" for m in metrics
+        f"<figure>{img(curve_plot(comparison, m), f'{m} against epochs trained')}</figure>"
+        for m in metrics
     )
     return f'<div class="plots">{"".join(figures)}</div>'
 

@@ -52,7 +52,7 @@ def curve_metrics(comparison: Comparison) -> list[str]:
 
 
 def curve_plot(comparison: Comparison, metric: str) -> bytes:
-    """One metric against step, one line per run, on shared axes."""
+    """One metric against the epochs trained, one line per run, on shared axes."""
     drawn = [(i, run) for i, run in enumerate(comparison.runs) if metric in run.curves]
     labels = [comparison.label(run) for _, run in drawn]
     wide = max(len(label) for label in labels) > WIDE_LABEL
@@ -71,7 +71,7 @@ def curve_plot(comparison: Comparison, metric: str) -> bytes:
             label=label,
             **style(index, len(comparison.runs)),
         )
-    finish(ax, metric, "step", metric)
+    finish(ax, metric, "epochs trained", metric)
     fig.legend(loc="outside lower center", ncols=columns, fontsize=8, frameon=False)
     return png(fig)
 

@@ -81,6 +81,19 @@ class RunFolder:
         return metric, mode, value if value is not None and math.isfinite(value) else None
 
     @property
+    def objective_scale(self) -> str:
+        """What an objective's value compares under besides its name: an FID's extractor and
+        sample count N (the same generator has another FID through another extractor or at
+        another N); "" for other metrics."""
+        metric = self.objective[0]
+        if not metric or metric.rsplit("/", 1)[-1] != "fid":
+            return ""
+        kinds = [k[len(metric) + 1 :] for k in self.metrics if k.startswith(f"{metric}_")]
+        tags = sorted(k for k in kinds if k not in ("g", "floor", "samples"))
+        n = self.metric(f"{metric}_samples")
+        return ", ".join(tags + ([f"N={n:g}"] if n is not None else []))
+
+    @property
     def tested(self) -> str:
         """Which weights the run's test/* metrics measure: its best checkpoint, its last (no
         best kept), a checkpoint it was given (train=false), or the final (or untrained) weights."""
@@ -117,7 +130,7 @@ class RunFolder:
 
     @cached_property
     def curves(self) -> dict[str, Curve]:
-        """Logged metrics against step, read from csv/metrics.csv."""
+        """Logged metrics against the epochs trained, read from csv/metrics.csv."""
         return read_curves(self.path / "csv" / "metrics.csv")
 
     @property
@@ -152,29 +165,63 @@ def run_overrides(run_dir: Path) -> list[str]:
 
 
 def read_curves(path: Path) -> dict[str, Curve]:
-    """Per metric, its (steps, values) from a sparse CSVLogger file, in step order; {} when
-    there is none. A step logged twice keeps its later value: a run killed without a
-    checkpoint at that point (SIGKILL, out of memory) logs the steps since its newest
-    checkpoint again after resume=, and its curve would fold back on itself."""
+    """Per metric, its (epochs, values) from a sparse CSVLogger file, in step order; {} when
+    there is none. The x axis is the epochs trained (``epoch_axis``), so that runs of other
+    batch sizes, process counts or GAN step counts (D's and G's steps) line up. A step logged
+    twice keeps its later value: a run killed without a checkpoint at that point (SIGKILL, out
+    of memory) logs the steps since its newest checkpoint again after resume=, and its curve
+    would fold back on itself."""
     points: dict[str, dict[float, float]] = {}
+    ends: dict[int, float] = {}  # the last step logged in each epoch (not by the test)
     try:
         with path.open(newline="") as f:
             for row in csv.DictReader(f):
-                step = number(row.get("step"))
+                step, epoch = number(row.get("step")), number(row.get("epoch"))
                 if step is None:
                     continue
-                for name, cell in row.items():
-                    value = number(cell) if isinstance(name, str) else None
-                    if name in ("step", "epoch") or value is None:
-                        continue
+                values = {
+                    name: value
+                    for name, cell in row.items()
+                    if isinstance(name, str)
+                    and name not in ("step", "epoch")
+                    and (value := number(cell)) is not None
+                }
+                for name, value in values.items():
                     points.setdefault(name, {})[step] = value
+                if epoch is not None and not any(n.startswith("test/") for n in values):
+                    ends[int(epoch)] = max(ends.get(int(epoch), step), step)
     except (OSError, UnicodeDecodeError, csv.Error):
         pass  # a missing or truncated log shows no (or fewer) curves
     curves: dict[str, Curve] = {}
     for name, by_step in points.items():
         steps = sorted(by_step)
-        curves[name] = (steps, [by_step[s] for s in steps])
+        curves[name] = (epoch_axis(steps, ends), [by_step[s] for s in steps])
     return curves
+
+
+def epoch_axis(steps: list[float], ends: dict[int, float]) -> list[float]:
+    """Each step as epochs trained: the k-th of an epoch's n steps at e + k/n, the values
+    logged at its end (validation, epoch means) at e + 1. An epoch's steps are counted from the
+    last step logged in it; the last epoch's as the one before (a run stopped part-way through
+    its last epoch logged only part of it). Without epochs logged: the steps."""
+    if not ends:
+        return list(steps)
+    bounds, previous = [], 0.0  # (epoch, first step, steps in it)
+    for epoch, end in sorted(ends.items()):
+        bounds.append((epoch, previous, end - previous))
+        previous = end
+    if len(bounds) > 1:  # the last epoch: at least as long as the one before
+        epoch, first, length = bounds[-1]
+        bounds[-1] = (epoch, first, max(length, bounds[-2][2]))
+    axis = []
+    for step in steps:
+        epoch, first, length = next(
+            (b for b in bounds if step <= b[1] + b[2]), (bounds[-1][0] + 1, *bounds[-1][1:])
+        )
+        if epoch > bounds[-1][0]:  # past every epoch logged: continue at the last one's pace
+            first, length = bounds[-1][1] + bounds[-1][2], bounds[-1][2]
+        axis.append(epoch + (step - first) / length if length > 0 else epoch + 1.0)
+    return axis
 
 
 def read_summary(run_dir: Path) -> dict:

@@ -1,8 +1,8 @@
 """A net from the user's own module, as the per-step overhead benchmark trains it (P1):
 
-    cd scripts && python ../train.py data=fashion_mnist model/net=custom model.net._target_=tiny_mlp.TinyMLP
+    PYTHONPATH=scripts python train.py data=fashion_mnist model/net=custom model.net._target_=tiny_mlp.TinyMLP
 
-(or any folder on PYTHONPATH). A step of this net takes about a millisecond on a CPU, so what a
+(the folder that holds the module on PYTHONPATH). A step of this net takes about a millisecond on a CPU, so what a
 framework adds to every step shows.
 """
 

@@ -404,3 +404,17 @@ def test_eval_on_data_of_another_image_size_is_refused(tmp_path, capsys):
         config_name="eval",
     )
     fails_with(capsys, eval_task, cfg, "trained on data.image_shape=[1, 28, 28]")
+
+
+def test_a_logger_whose_package_is_missing_is_one_line(tmp_path, capsys, monkeypatch):
+    """logger=tensorboard without TensorBoard installed (it is not a dependency of litlab's)
+    ended in Hydra's InstantiationException traceback."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    hidden = ("tensorboard", "tensorboardX")
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in hidden else real(name, *a)
+    )
+    cfg = make_cfg(tmp_path, ["logger=tensorboard"])
+    refused(capsys, train_task, cfg, "needs tensorboard, not installed: pip install tensorboard")

@@ -10,6 +10,7 @@ fails with one line naming the key.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import types
 import typing
@@ -110,6 +111,22 @@ def _is_target_node(node: Any) -> bool:
     return isinstance(node, DictConfig) and not is_none_node(node) and "_target_" in node.keys()  # noqa: SIM118
 
 
+# Targets that import a package of their own only when built: (any of these modules, to install)
+OPTIONAL_PACKAGES = {
+    "lightning.pytorch.loggers.TensorBoardLogger": (
+        ("tensorboard", "tensorboardX"),
+        "pip install tensorboard (or pip install 'litlab[tensorboard]')",
+    ),
+}
+
+
+def check_packages(target: str, path: str) -> None:
+    """A target whose package is not installed: one line that says what to install."""
+    modules, install = OPTIONAL_PACKAGES.get(target, ((), ""))
+    if modules and not any(importlib.util.find_spec(m) for m in modules):
+        raise ConfigError(f"{path} ({target}) needs {modules[0]}, not installed: {install}")
+
+
 def check_node(node: DictConfig, path: str) -> None:
     """Check a ``_target_`` node's keys and simple value types against its target's signature."""
     if OmegaConf.is_missing(node, "_target_"):
@@ -121,6 +138,7 @@ def check_node(node: DictConfig, path: str) -> None:
         built = hydra.utils.get_object(target)
     except Exception as e:
         raise ConfigError(f"{path}._target_: cannot import {target!r} ({e})") from e
+    check_packages(target, path)
     func = built.__init__ if inspect.isclass(built) else built
     try:
         params = inspect.signature(built).parameters

@@ -434,7 +434,8 @@ def test_links_are_read_once_hidden_files_left_out_and_a_broken_link_skipped(tmp
     write_png_folder(root, per_class=4)
     (root / "cat" / "gone.png").symlink_to(tmp_path / "nowhere.png")
     (root / "cat" / "again").symlink_to(".")
-    (root / "dog" / "more").symlink_to(root / "fox")  # a folder linked in is read
+    write_png_folder(tmp_path / "elsewhere", classes=("dogs",), per_class=4)
+    (root / "dog" / "more").symlink_to(tmp_path / "elsewhere" / "dogs")  # a folder linked in
     (root / "cat" / ".ipynb_checkpoints").mkdir()
     shutil.copy(root / "cat" / "0.png", root / "cat" / ".ipynb_checkpoints" / "0-checkpoint.png")
     (root / "cat" / "._0.png").write_bytes(b"\0\5\26\7 AppleDouble")

@@ -146,7 +146,9 @@ def scan(root: Path) -> FolderIndex:
                 folders.clear()
                 continue
             read.add(real)
-            folders[:] = [f for f in folders if not f.startswith(".")]
+            # sorted: of two links to one folder, the first name reads it on every machine
+            # (a file's name decides its split)
+            folders[:] = sorted(f for f in folders if not f.startswith("."))
             for n in names:
                 if n.startswith("."):
                     continue

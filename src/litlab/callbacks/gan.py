@@ -47,7 +47,8 @@ class FID(Callback):
     hub cache, else a download), or the path of a litlab classifier checkpoint.
     Logged: ``<stage>/fid`` (EMA generator; the objective), ``<stage>/fid_g`` (raw generator),
     ``<stage>/fid_<extractor tag>``, ``<stage>/fid_floor`` (real test vs real train images),
-    ``<stage>/fid_samples`` (N, the images compared), ``<stage>/class_entropy``. The extractor is never part of the GAN's checkpoint.
+    ``<stage>/fid_samples`` (N, the images compared), ``<stage>/class_entropy``. The extractor
+    is never part of the GAN's checkpoint.
 
     Sample counts: the real statistics come from ``num_real`` training images, a seeded
     class-stratified subset, framed as the models see them (the centre ``data.eval_crop`` at

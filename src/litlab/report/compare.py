@@ -38,9 +38,9 @@ class Comparison:
     @property
     def columns(self) -> list[str]:
         """Table column titles, in order."""
-        objective = f"objective ({self.metric}, {self.mode})" if self.metric else "objective"
-        if self.scale:
-            objective = f"objective ({self.metric} [{self.scale}], {self.mode})"
+        objective = "objective"
+        if self.metric:
+            objective = f"objective ({scaled(self.metric, self.scale)}, {self.mode})"
         return [
             "#",
             "run",
@@ -94,8 +94,7 @@ class Comparison:
         metric, _, value = run.objective
         if value is None or (metric, run.objective_scale) == (self.metric, self.scale):
             return fmt(value)
-        scale = f" [{run.objective_scale}]" if run.objective_scale else ""
-        return f"{metric}{scale}={fmt(value)}"
+        return f"{scaled(metric, run.objective_scale)}={fmt(value)}"
 
     def varied_overrides(self, run: RunFolder) -> list[str]:
         """The run's overrides whose key takes different values across runs."""
@@ -129,6 +128,11 @@ def compare(runs: list[RunFolder]) -> Comparison:
     best = ranked[0] if comparable(ranked[0], metric, scale) else None
     metric_columns = [m for m in KEY_METRICS if any(r.metric(m) is not None for r in runs)]
     return Comparison(ranked, metric, mode, scale, best, metric_columns, varied_params(runs))
+
+
+def scaled(metric: str, scale: str) -> str:
+    """A metric's name with its scale, when it has one: ``val/fid [domain-6c73f971, N=2048]``."""
+    return f"{metric} [{scale}]" if scale else metric
 
 
 def comparable(run: RunFolder, metric: str | None, scale: str = "") -> bool:
@@ -193,9 +197,8 @@ def facts(comparison: Comparison) -> list[tuple[str, str]]:
     lines = [("Runs", f"{len(comparison.runs)} ({by_status})")]
     if comparison.metric:
         better = "higher" if comparison.mode == "max" else "lower"
-        scale = f" [{comparison.scale}]" if comparison.scale else ""
-        objective = f"{comparison.metric}{scale}, {comparison.mode} ({better} is better)"
-        lines.append(("Objective", objective))
+        objective = scaled(comparison.metric, comparison.scale)
+        lines.append(("Objective", f"{objective}, {comparison.mode} ({better} is better)"))
     else:
         lines.append(("Objective", "none recorded in summary.json"))
     best = comparison.best

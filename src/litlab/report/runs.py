@@ -214,12 +214,10 @@ def epoch_axis(steps: list[float], ends: dict[int, float]) -> list[float]:
         epoch, first, length = bounds[-1]
         bounds[-1] = (epoch, first, max(length, bounds[-2][2]))
     axis = []
+    last, last_first, last_length = bounds[-1]
+    beyond = (last + 1, last_first + last_length, last_length)  # at the last epoch's pace
     for step in steps:
-        epoch, first, length = next(
-            (b for b in bounds if step <= b[1] + b[2]), (bounds[-1][0] + 1, *bounds[-1][1:])
-        )
-        if epoch > bounds[-1][0]:  # past every epoch logged: continue at the last one's pace
-            first, length = bounds[-1][1] + bounds[-1][2], bounds[-1][2]
+        epoch, first, length = next((b for b in bounds if step <= b[1] + b[2]), beyond)
         axis.append(epoch + (step - first) / length if length > 0 else epoch + 1.0)
     return axis
 

@@ -235,3 +235,29 @@ class RecordDraws(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         torch.save(torch.rand(8), self.folder / f"rank{trainer.global_rank}.pt")
+
+
+def agree_on_flags(rank: int, world: int, init_file: str, out: str) -> None:
+    """One process of a gloo job that raises flags through litlab.distributed.agree.AnyRank and
+    saves what it was told (test_distributed)."""
+    import torch.distributed as dist
+
+    from litlab.distributed.agree import AnyRank
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    agreed = AnyRank(torch.device("cpu"))
+    told = {"later": [], "now": []}
+    for call in range(6):  # rank 1 is signalled at call 2; the answer comes one call late
+        told["later"].append(agreed.later(rank == 1 and call == 2))
+        if told["later"][-1]:
+            break  # as Preemption does: every rank stops here
+    told["now"].append(agreed.now(rank == 0))  # raised now: answered at once
+    told["now"].append(agreed.now(False))
+    agreed.later(rank == 1)  # pending when now() is asked: counted
+    told["now"].append(agreed.now(False))
+    agreed.later(False)
+    told["now"].append(agreed.now(False))
+    agreed.later(False)
+    agreed.settle()
+    torch.save(told, Path(out) / f"rank{rank}.pt")
+    dist.destroy_process_group()

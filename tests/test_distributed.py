@@ -585,3 +585,19 @@ def test_torchrun_multirun_leaves_one_sweep_folder_with_every_job(tmp_path):
         ]
         for name, value in weights[0].items():
             assert torch.equal(value, weights[1][name]), (seed, name)
+
+
+@pytest.mark.dist
+def test_ranks_agree_on_a_flag_one_call_late_or_at_once(tmp_path):
+    """Preemption's agreement (AnyRank): a flag raised on one rank reaches every rank at the
+    same call, the next one (the all-reduce runs while the next step does), or at once where
+    asked; a flag never raised is never reported."""
+    import torch.multiprocessing as mp
+
+    from helpers import agree_on_flags
+
+    mp.spawn(agree_on_flags, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        told = torch.load(tmp_path / f"rank{rank}.pt")
+        assert told["later"] == [False, False, False, True], rank
+        assert told["now"] == [True, False, True, False], rank

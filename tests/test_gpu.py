@@ -177,3 +177,28 @@ def test_the_average_of_the_weights_updates_without_a_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert int(average.n_averaged) == 4
+
+
+def test_ranks_agree_on_a_flag_without_a_host_sync_in_the_step(tmp_path):
+    """Preemption's agreement under NCCL (one process: a world of one) queues its all-reduce and
+    the copy to the host without waiting for the GPU; the answer comes at the next call."""
+    import torch.distributed as dist
+
+    from litlab.distributed.agree import AnyRank
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        agreed = AnyRank(torch.device("cuda", 0))
+        x = torch.randn(2048, 2048, device="cuda")
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            told = []
+            for call in range(3):
+                x = x @ x.T / 2048  # a step's work on the GPU
+                told.append(agreed.later(call == 1))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert told == [False, False, True]
+        assert agreed.now(False) is False
+    finally:
+        dist.destroy_process_group()

@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab.compat import stop_at_batch_end, take_stop_mark
+from litlab.distributed.agree import AnyRank
 from litlab.errors import Requeued
 from litlab.rng import mixed_seed, seed_rank
 
@@ -108,9 +109,13 @@ class Preemption(Callback):
     """On SIGTERM (and SIGUSR1 outside SLURM) finish the current batch, save ``last.ckpt`` in
     the checkpoint folder, and stop; ``python train.py resume=<run folder>`` continues.
 
-    The signal only marks the run; at the end of the batch every rank agrees whether any of
-    them was signalled (one small collective a batch under DDP), and all stop after that same
-    batch, raising Lightning's SIGTERMException, and write the checkpoint together. (Lightning's
+    The signal only marks the run; under DDP the ranks then agree whether any of them was
+    signalled and all stop after the same batch, raising Lightning's SIGTERMException, and
+    write the checkpoint together. The agreement is an all-reduce started at each batch's end
+    and read at the next one's (litlab.distributed.agree.AnyRank: no host sync in the step), so
+    a signal stops the run one batch later than in a single process; at an epoch's last batch
+    it is read at once, so that a stop marked there waits for that epoch's validation as in a
+    single process. (Lightning's
     own SIGTERM handler broadcasts from inside the handler and stops the signalled rank alone:
     under DDP the ranks then wait on different collectives forever.) Under SLURM with
     auto-requeue, Lightning handles SIGUSR1 itself (hpc checkpoint and requeue). Inside a
@@ -129,9 +134,10 @@ class Preemption(Callback):
         self._received: signal.Signals | None = None
         self._scheduler: Any = None  # submitit's handler, once a preemption was checkpointed
         self._held = False  # a stop marked before validation, set again after it
+        self._agreed: AnyRank | None = None  # under DDP: whether any rank was signalled
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._received = self._scheduler = None
+        self._received = self._scheduler = self._agreed = None
         slurm = SLURMEnvironment.detect()  # then Lightning handles SIGUSR1 (hpc save, requeue)
         signals = {signal.SIGTERM, None if slurm else signal.SIGUSR1, _submitit_signal()}
         for signum in signals - {None}:
@@ -147,8 +153,9 @@ class Preemption(Callback):
     ) -> None:
         stop = self._received is not None
         if trainer.world_size > 1:  # every rank stops after the same batch
-            flag = torch.tensor([float(stop)], device=trainer.strategy.root_device)
-            stop = bool(trainer.strategy.reduce(flag, reduce_op="max").item())
+            if self._agreed is None:
+                self._agreed = AnyRank(trainer.strategy.root_device)
+            stop = (self._agreed.now if trainer.is_last_batch else self._agreed.later)(stop)
         if stop:
             stop_at_batch_end(trainer)
 
@@ -165,6 +172,9 @@ class Preemption(Callback):
             stop_at_batch_end(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._agreed is not None:  # a fit that ended within an epoch (max_steps)
+            self._agreed.settle()
+        self._agreed = None
         self._restore()
 
     def _restore(self) -> dict[signal.Signals, Any]:
@@ -177,6 +187,7 @@ class Preemption(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         previous = self._restore().get(self._received)
+        self._agreed = None  # a flag still being handed over is left (a rank may be gone)
         if not (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit"):
             return
         trainer.save_checkpoint(self.path)

@@ -215,6 +215,9 @@ def test_every_loss_trains_on_synthetic_data(tmp_path, model):
     assert {"lr/generator", "lr/discriminator"} <= metrics.keys()
     assert not any(name.startswith("lr-") for name in metrics)
     assert any(k.startswith("val/fid_domain-") for k in metrics)
+    # what the FID compares: N generated images, and the real statistics' images (num_real
+    # 10,000: the whole training split)
+    assert metrics["val/fid_samples"] == 64 and metrics["val/fid_real_samples"] == 230
     assert summary["objective"]["metric"] == "val/fid" and summary["objective"]["mode"] == "min"
     samples = Path(cfg.paths.output_dir) / "samples"
     assert (samples / "final.png").is_file() and (samples / "test.png").is_file()

@@ -18,6 +18,7 @@ from conftest import REPO, run_cli
 from litlab.report import main
 from litlab.report.compare import human_duration
 from litlab.report.runs import find_runs
+from litlab.sweep import best_job, read_jobs
 
 ROW = re.compile(r'<tr class="([^"]*)" data-run="([^"]*)">(.*?)</tr>', re.S)
 PNG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="([^"]*)">')
@@ -279,27 +280,32 @@ def test_curves_are_drawn_against_the_epochs_trained(tmp_path):
 
 
 def test_fids_rank_only_against_fids_of_the_same_extractor_and_n(tmp_path, capsys):
-    """Every GAN's val/fid was ranked together: FIDs through another extractor (or at another N)
-    are other numbers (the same generator: 548 through one domain extractor, 228 through
-    another), and the report named the lower one best."""
+    """Every GAN's val/fid was ranked together: FIDs through another extractor (or at another N
+    or N_real) are other numbers (the same generator: 548 through one domain extractor, 228
+    through another), and the report named the lower one best; so did sweep_summary.json."""
 
-    def fid_run(name: str, fid: float, tag: str, n: int, overrides: list[str]) -> Path:
+    def fid_run(name: str, fid: float, tag: str, n: int, overrides: list, real=10000) -> Path:
         metrics = {f"val/fid_{tag}": fid, "val/fid_samples": n, "val/fid_floor": 3.0}
         metrics.update({"test/fid": fid + 1, f"test/fid_{tag}": fid + 1, "test/fid_samples": n})
+        metrics.update({"val/fid_real_samples": real, "test/fid_real_samples": real})
         return write_run(tmp_path / "runs" / name, gan_summary(fid, **metrics), overrides)
 
     fid_run("0", 548.0, "domain-7cca31a5", 2048, ["model=dcgan"])
     fid_run("1", 500.0, "domain-7cca31a5", 2048, ["model=dcgan", "model.optimizer_g.lr=1e-3"])
     fid_run("2", 228.0, "domain-6c73f971", 2048, ["model=dcgan"])
     fid_run("3", 100.0, "domain-7cca31a5", 256, ["model=dcgan"])
+    fid_run("5", 90.0, "domain-7cca31a5", 2048, ["model=dcgan"], real=5000)
     write_run(tmp_path / "runs" / "4", {"status": "interrupted"}, ["model=dcgan"])
     main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     capsys.readouterr()
     md = (tmp_path / "out" / "report.md").read_text()
     assert [row.split(" | ")[1].split("`")[1] for row in md_rows(md)][:3] == ["1", "0", "2"]
     assert "- **Best run:** 1: val/fid = 500;" in md
-    assert "| objective (val/fid [domain-7cca31a5, N=2048], min) | test/fid (" in md
-    assert "val/fid [domain-6c73f971, N=2048]=228" in md
-    assert "val/fid [domain-7cca31a5, N=256]=100" in md
-    # set in one run only, the override is what sets it apart: named in the header
+    scale = "domain-7cca31a5, N=2048, N_real=10000"
+    assert f"| objective (val/fid [{scale}], min) | test/fid (" in md
+    assert "val/fid [domain-6c73f971, N=2048, N_real=10000]=228" in md
+    assert "val/fid [domain-7cca31a5, N=256, N_real=10000]=100" in md
+    assert "val/fid [domain-7cca31a5, N=2048, N_real=5000]=90" in md
+    # the sweep's own summary (litlab.sweep) picks the same best
+    assert Path(best_job(read_jobs(tmp_path / "runs"))["job_dir"]).name == "1"
     assert "- **Varied:** model.optimizer_g.lr" in md

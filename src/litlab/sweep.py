@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from litlab.errors import fail
+from litlab.report.runs import objective_scale
 from litlab.run import write_json
 
 log = logging.getLogger("litlab.sweep")
@@ -36,15 +38,33 @@ def read_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
     return jobs
 
 
-def best_job(jobs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The completed job with the best objective value (max or min, as its objective says)."""
+def scored_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The completed jobs with an objective value."""
     scored = []
     for job in jobs:
-        objective = job.get("objective") or {}
-        value = objective.get("value")
+        value = (job.get("objective") or {}).get("value")
         if job.get("status") == "completed" and value is not None and not math.isnan(value):
-            scored.append((value if objective.get("mode") == "max" else -value, job))
-    return max(scored, key=lambda pair: pair[0])[1] if scored else None
+            scored.append(job)
+    return scored
+
+
+def objective_of(job: dict[str, Any]) -> tuple[str, str, str]:
+    """A job's objective metric, mode and scale (an FID's extractor and counts)."""
+    objective = job.get("objective") or {}
+    return objective.get("metric"), objective.get("mode"), objective_scale(job)
+
+
+def best_job(jobs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The completed job with the best objective value (max or min, as its objective says),
+    among the jobs of the most common objective: values of another metric, or of an FID through
+    another extractor or at other counts, do not compare (as in litlab.report)."""
+    scored = scored_jobs(jobs)
+    if not scored:
+        return None
+    common = Counter(map(objective_of, scored)).most_common(1)[0][0]
+    same = [job for job in scored if objective_of(job) == common]
+    sign = 1.0 if common[1] == "max" else -1.0
+    return max(same, key=lambda job: sign * job["objective"]["value"])
 
 
 def continued_sampler(
@@ -109,6 +129,16 @@ class SweepSummary(Callback):
             log.warning("no job of the sweep in %s has an objective value", sweep_dir)
             return
         objective = best["objective"]
+        other = [j for j in scored_jobs(jobs) if objective_of(j) != objective_of(best)]
+        if other:
+            log.warning(
+                "%d completed job(s) were not compared with the best: their objective is "
+                "another metric or scale than %s [%s] (e.g. %s)",
+                len(other),
+                objective["metric"],
+                objective_scale(best),
+                other[0]["job_dir"],
+            )
         log.info(
             "best of %d jobs (%d failed): %s=%s in %s with %s",
             len(jobs),

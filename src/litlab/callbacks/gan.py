@@ -47,8 +47,9 @@ class FID(Callback):
     hub cache, else a download), or the path of a litlab classifier checkpoint.
     Logged: ``<stage>/fid`` (EMA generator; the objective), ``<stage>/fid_g`` (raw generator),
     ``<stage>/fid_<extractor tag>``, ``<stage>/fid_floor`` (real test vs real train images),
-    ``<stage>/fid_samples`` (N, the images compared), ``<stage>/class_entropy``. The extractor
-    is never part of the GAN's checkpoint.
+    ``<stage>/fid_samples`` (N, the images compared), ``<stage>/fid_real_samples`` (the real
+    statistics' images), ``<stage>/class_entropy``. The extractor is never part of the GAN's
+    checkpoint.
 
     Sample counts: the real statistics come from ``num_real`` training images, a seeded
     class-stratified subset, framed as the models see them (the centre ``data.eval_crop`` at
@@ -82,6 +83,7 @@ class FID(Callback):
         self.metric: FrechetInceptionDistance | None = None
         self.tag = ""
         self._floor: float | None = None
+        self._real_count = 0  # images in the real statistics (num_real, or the smaller split)
 
     def _build_extractor(self, trainer: L.Trainer) -> torch.nn.Module:
         dm = trainer.datamodule
@@ -142,15 +144,17 @@ class FID(Callback):
         """N, the number of images on the generated side (and the floor's test side)."""
         return min(self.num_samples, trainer.datamodule.split_size("test"))
 
-    def _feed_real(self, trainer: L.Trainer, split: str, count: int, real: bool) -> None:
+    def _feed_real(self, trainer: L.Trainer, split: str, count: int, real: bool) -> int:
         """Add this rank's shard of ``count`` real images of a split (a seeded, class-stratified
-        subset, framed as the models see them) to the real (or generated-side) statistics."""
+        subset, framed as the models see them) to the real (or generated-side) statistics;
+        returns how many images all ranks fed (fewer than ``count`` in a smaller split)."""
         device = self.metric.device
         images, _ = trainer.datamodule.eval_arrays(split, count, device=device)
         shard = images[trainer.global_rank :: trainer.world_size]
         for start in range(0, len(shard), self.batch_size):
             batch = shard[start : start + self.batch_size].to(device).float() / 255
             self.metric.update(batch, real=real)
+        return len(images)
 
     def _feed_generated(
         self, trainer: L.Trainer, pl_module: L.LightningModule, total: int, ema: bool, stage: str
@@ -176,7 +180,7 @@ class FID(Callback):
         metric = self.metric.to(pl_module.device)
         total = self.sample_count(trainer)
         if int(metric.real_features_num_samples) == 0:
-            self._feed_real(trainer, "train", self.num_real, real=True)
+            self._real_count = self._feed_real(trainer, "train", self.num_real, real=True)
         values: dict[str, float] = {}
         if self._floor is None:
             if total < self.num_samples and trainer.is_global_zero:
@@ -191,6 +195,7 @@ class FID(Callback):
             metric.reset()
         values[f"{stage}/fid_floor"] = self._floor
         values[f"{stage}/fid_samples"] = float(total)  # N: FIDs compare only at the same N
+        values[f"{stage}/fid_real_samples"] = float(self._real_count)  # and the same N_real
         has_ema = getattr(pl_module, "generator_ema", None) is not None
         for ema in (True, False) if has_ema else (False,):
             logits = self._feed_generated(trainer, pl_module, total, ema, stage)

@@ -35,6 +35,22 @@ def number(value: object) -> float | None:
         return None
 
 
+def objective_scale(summary: dict) -> str:
+    """What a summary's objective value compares under besides its name: an FID's extractor,
+    its sample count N and the real statistics' count N_real (the same generator has another
+    FID through another extractor or at other counts); "" for other metrics."""
+    objective, metrics = summary.get("objective"), summary.get("metrics")
+    metric = objective.get("metric") if isinstance(objective, dict) else None
+    metrics = metrics if isinstance(metrics, dict) else {}
+    if not isinstance(metric, str) or metric.rsplit("/", 1)[-1] != "fid":
+        return ""
+    kinds = [k[len(metric) + 1 :] for k in metrics if k.startswith(f"{metric}_")]
+    tags = sorted(k for k in kinds if k not in ("g", "floor", "samples", "real_samples"))
+    counts = {"N": f"{metric}_samples", "N_real": f"{metric}_real_samples"}
+    counts = {name: number(metrics.get(key)) for name, key in counts.items()}
+    return ", ".join(tags + [f"{name}={n:g}" for name, n in counts.items() if n is not None])
+
+
 @dataclass
 class RunFolder:
     """One run folder: its summary, its overrides and the files the report shows."""
@@ -82,16 +98,8 @@ class RunFolder:
 
     @property
     def objective_scale(self) -> str:
-        """What an objective's value compares under besides its name: an FID's extractor and
-        sample count N (the same generator has another FID through another extractor or at
-        another N); "" for other metrics."""
-        metric = self.objective[0]
-        if not metric or metric.rsplit("/", 1)[-1] != "fid":
-            return ""
-        kinds = [k[len(metric) + 1 :] for k in self.metrics if k.startswith(f"{metric}_")]
-        tags = sorted(k for k in kinds if k not in ("g", "floor", "samples"))
-        n = self.metric(f"{metric}_samples")
-        return ", ".join(tags + ([f"N={n:g}"] if n is not None else []))
+        """What the objective's value compares under besides its name (objective_scale)."""
+        return objective_scale(self.summary)
 
     @property
     def tested(self) -> str:

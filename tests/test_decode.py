@@ -4,6 +4,7 @@ with libjpeg-turbo; the CUDA tests (nvJPEG) run in the GPU tier."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -266,3 +267,52 @@ def test_an_empty_training_batch_is_one_clear_line_on_several_ranks():
     assert not all_unreadable(torch.zeros(3, dtype=torch.long), two)
     with pytest.raises(DataError, match=r"on rank 1 was unreadable.*litlab\.data\.check"):
         all_unreadable(labels, two)
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])  # turned 180, 90 one way and the other
+def test_photos_stored_turned_are_seen_upright_by_every_path(tmp_path, orientation):
+    """A phone photo stored on its side with an EXIF orientation (as viewers show it: upright)
+    was learnt, and tested, lying on its side: now upright in the cache and the workers' path,
+    handed decoded (not as bytes) to a device decoder, which ignores EXIF, and upright in a
+    stream converted with --max-side (whose re-encoded JPEG drops EXIF)."""
+    from PIL import ExifTags
+
+    from litlab.data.optimize import encode
+
+    picture = Image.fromarray(smooth_picture(48, 64, 3))
+    # stored as the camera wrote it: the orientation tag says how to turn it back
+    stored = picture.transpose(
+        {
+            3: Image.Transpose.ROTATE_180,
+            6: Image.Transpose.ROTATE_90,
+            8: Image.Transpose.ROTATE_270,
+        }[orientation]
+    )
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = orientation
+    stored.save(tmp_path / "turned.jpg", quality=95, exif=exif)
+    picture.save(tmp_path / "upright.jpg", quality=95)
+    stored.save(tmp_path / "as-stored.jpg", quality=95)
+
+    def seen(path: Path) -> torch.Tensor:
+        return torch.from_numpy(load_image(path, 32, 3)).float()
+
+    turned, upright, as_stored = (
+        seen(tmp_path / n) for n in ("turned.jpg", "upright.jpg", "as-stored.jpg")
+    )
+    assert (turned - upright).abs().mean() < 2.0
+    assert (turned - as_stored).abs().mean() > 10.0  # what it learnt before
+    item = worker_item((tmp_path / "turned.jpg").read_bytes(), 32, 3)
+    assert item.shape == (3, 32, 32) and torch.equal(item.float(), turned)
+    assert worker_item((tmp_path / "upright.jpg").read_bytes(), 32, 3).dim() == 1  # still bytes
+
+    def streamed(name: str) -> torch.Tensor:  # converted with --max-side 40, then decoded
+        (sample,) = encode((str(tmp_path / name), 0, name), max_side=40, quality=95)
+        assert worker_item(sample["image"], 32, 3).dim() == 1  # re-encoded, without EXIF: bytes
+        return torch.from_numpy(load_image(io.BytesIO(sample["image"]), 32, 3)).float()
+
+    turned, upright, as_stored = (
+        streamed(n) for n in ("turned.jpg", "upright.jpg", "as-stored.jpg")
+    )
+    assert (turned - upright).abs().mean() < 2.0
+    assert (turned - as_stored).abs().mean() > 10.0

@@ -38,7 +38,7 @@ from typing import BinaryIO
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from litlab.data.sources import Source, Split, labels_of
@@ -58,7 +58,7 @@ HELD_OUT_FOLDERS = ("test", "val", "valid", "validation")
 SPLIT_NAMES = frozenset(
     {"train", "training", "testing", "dev", "eval", "holdout", *HELD_OUT_FOLDERS}
 )
-CACHE_FORMAT = 1  # bump when what the cache holds changes
+CACHE_FORMAT = 2  # bump when what the cache holds changes (2: EXIF orientation applied)
 
 
 @dataclass
@@ -196,15 +196,31 @@ def check_decode(where: str, cache: bool = False) -> None:
         )
 
 
+def turned(image: Image.Image) -> bool:
+    """Whether a picture is stored turned or mirrored, with an EXIF orientation saying how to
+    show it (phone and camera photos; viewers and browsers show it upright). A damaged EXIF
+    block reads as not turned: the pixels are still there."""
+    try:
+        return image.getexif().get(ExifTags.Base.Orientation, 1) in range(2, 9)
+    except Exception:  # PIL raises many kinds for a malformed EXIF block
+        return False
+
+
+def upright(image: Image.Image) -> Image.Image:
+    """The picture as viewers show it: its EXIF orientation applied (torchvision's ImageFolder
+    and timm do not: a model would learn, and be tested on, photos lying on their side)."""
+    return ImageOps.exif_transpose(image) if turned(image) else image
+
+
 def load_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndarray:
-    """The centre square of an image (a file, or its bytes in a file object), resized to
-    ``size``: uint8 [channels, size, size]."""
+    """The centre square of an image (a file, or its bytes in a file object), upright (its EXIF
+    orientation applied), resized to ``size``: uint8 [channels, size, size]."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)  # refuse, don't thrash
         with Image.open(path) as image:
             # JPEG: decode at the smallest 1/2..1/8 scale that still covers size x size.
             image.draft("L" if channels == 1 else "RGB", (size, size))
-            image = eight_bit(image, channels)
+            image = eight_bit(upright(image), channels)
             w, h = image.size
             side = min(w, h)
             box = ((w - side) // 2, (h - side) // 2, (w - side) // 2 + side, (h - side) // 2 + side)
@@ -221,15 +237,15 @@ def worker_item(data: bytes, size: int, channels: int, encoded: bool = True) -> 
     (uint8 [channels, size, size]), or, when ``encoded`` (the run's device decodes JPEGs:
     ``data.source.decode=device``, litlab.data.decode), a whole 8-bit RGB or gray JPEG as its
     bytes (uint8 [n]). Decoded here even then: other formats, JPEGs in modes a GPU decoder may
-    refuse (CMYK), a JPEG without its end marker (truncated: PIL refuses it, and a GPU decoder
-    might return part of a picture); the decompression-bomb guard applies to both (PIL reads
-    the header only)."""
+    refuse (CMYK), JPEGs stored turned (an EXIF orientation: see ``upright``), a JPEG without
+    its end marker (truncated: PIL refuses it, and a GPU decoder might return part of a
+    picture); the decompression-bomb guard applies to both (PIL reads the header only)."""
     whole_jpeg = bytes(data[:3]) == JPEG_START and bytes(data[-16:]).rstrip(b"\0")[-2:] == JPEG_END
     if encoded and whole_jpeg:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as image:
-                if image.format == "JPEG" and image.mode in ("RGB", "L"):
+                if image.format == "JPEG" and image.mode in ("RGB", "L") and not turned(image):
                     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
     return torch.from_numpy(load_image(io.BytesIO(data), size, channels))
 

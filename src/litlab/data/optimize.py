@@ -41,6 +41,7 @@ from litlab.data.folder import (
     scan,
     split_folders,
     test_split,
+    upright,
     validation_split,
 )
 from litlab.data.streaming import META_FORMAT, _litdata, join, read_meta
@@ -126,7 +127,7 @@ def encode(item: Item, max_side: int | None, quality: int) -> Any:
                 if max_side and max(image.size) > max_side:
                     # 8 bits first: Pillow's reducing resize refuses 16-bit modes ("wrong mode")
                     gray = image.mode in ("1", "L", "F") or image.mode.startswith("I")
-                    small = eight_bit(image, 1 if gray else 3)
+                    small = eight_bit(upright(image), 1 if gray else 3)  # JPEG drops EXIF
                     small.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
                     buffer = io.BytesIO()
                     small.save(buffer, "JPEG", quality=quality)

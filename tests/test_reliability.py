@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -297,6 +298,7 @@ def test_preemption_signal_from_outside_saves_and_resume_finishes(tmp_path, sign
 def test_sigkill_leaves_a_loadable_checkpoint(tmp_path):
     proc = start(LONG, tmp_path)
     first = wait_for("step.ckpt", tmp_path)
+    seen = time.time()
     time.sleep(1.5)  # let it write more checkpoints, then kill it at an arbitrary moment
     proc.kill()
     proc.wait(timeout=60)
@@ -310,6 +312,13 @@ def test_sigkill_leaves_a_loadable_checkpoint(tmp_path):
     # one more epoch than the newest checkpoint began (a finished epoch's is refused as done)
     resumed = run_cli(f"resume={run_folder(tmp_path)}", f"trainer.max_epochs={newest['epoch'] + 2}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # The killed part's time counts in the run's duration (it wrote no total): from its start
+    # to its last write (was 0): it saved step.ckpt every 5 steps until it was killed, 1.5 s
+    # after the first one appeared.
+    durations = json.loads((run_folder(tmp_path) / "summary.json").read_text())["durations_s"]
+    started = datetime.fromisoformat(summary["started_at"]).timestamp()
+    assert durations["earlier_estimated"] is True
+    assert seen + 1.0 - started <= durations["earlier"] <= time.time() - started
 
 
 def test_no_periodic_checkpoint_on_an_epochs_last_batch(tmp_path):

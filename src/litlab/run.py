@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -118,6 +119,25 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) else None
 
 
+def killed_part_s(folder: Path, started_at: str | None) -> float | None:
+    """How long the part of a run that was killed before it could write its total ran: from
+    its start to the last file it wrote in the run folder (checkpoints, CSV and W&B logs; not
+    .hydra/, summary.json or log files, which the continuing run writes first)."""
+    try:
+        start = datetime.fromisoformat(started_at).timestamp()
+    except (TypeError, ValueError):
+        return None
+    last = start
+    for path in folder.rglob("*"):
+        parts = path.relative_to(folder).parts
+        if parts[0] == ".hydra" or path.name == "summary.json" or path.suffix == ".log":
+            continue
+        with contextlib.suppress(OSError):  # a file removed meanwhile, a broken link
+            if path.is_file():
+                last = max(last, path.stat().st_mtime)
+    return last - start
+
+
 class Run:
     """One task run in one folder. Use as a context manager around the task's work.
 
@@ -161,7 +181,11 @@ class Run:
                 self.summary["previous_summary"] = earlier
                 # the wall time of every earlier part of the run (each summary keeps one back)
                 before = earlier.get("durations_s") or {}
-                spent = (before.get("total") or 0) + (before.get("earlier") or 0)
+                total = before.get("total")
+                if total is None:  # killed (SIGKILL, out of memory, node lost): no total
+                    total = killed_part_s(self.dir, earlier.get("started_at"))
+                    self.summary["durations_s"]["earlier_estimated"] = True
+                spent = (total or 0) + (before.get("earlier") or 0)
                 self.summary["durations_s"]["earlier"] = round(spent, 3)
             self.summary.update(pid=os.getpid(), host=platform.node())
             write_json(self.dir / "summary.json", self.summary)

@@ -623,6 +623,9 @@ def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache, decode):
         "trainer.max_epochs=2",
     )
     assert "test/acc" in summary["metrics"]
+    # 44 files, 3 unreadable: what each split held (cached: images; read as they go: files)
+    assert sum(summary["data"]["splits"].values()) == (41 if cache else 44)
+    assert summary["data"]["splits"].keys() == {"train", "val", "test"}
     if cache:
         assert summary["data"]["all"]["skipped"] == 3
     else:  # seen as they are read: every epoch's training batches, and evaluation

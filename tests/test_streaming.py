@@ -210,6 +210,20 @@ def test_a_streamed_epoch_cut_short_refuses_another_topology(converted):
         loader.load_state_dict(state)
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_streaming_draws_nothing_from_the_global_generator(converted, workers):
+    """Each pass of the loader (iter()) took its workers' seed from the global generator, which
+    a run resumed mid-epoch restores as it was at the stop and then passes once more: every
+    later crop, flip and dropout draw differed from the uninterrupted run's."""
+    _, dst, _ = converted
+    dataset = litdata.StreamingDataset(join(str(dst), "train"), transform=DecodeImage(32, 3))
+    loader = streaming_loader_class()(dataset, batch_size=4, num_workers=workers, shuffle=True)
+    before = torch.get_rng_state()
+    for _ in range(2):
+        next(iter(loader))
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 @pytest.mark.slow
 @pytest.mark.dist
 def test_streaming_on_two_ranks_shards_exactly_and_resumes_bit_identically(tmp_path):

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from litlab import rng
 from litlab.data.folder import check_decode, check_decoded_shape, worker_item
 from litlab.data.sources import Source
 from litlab.errors import ConfigError, DataError
@@ -180,12 +181,20 @@ def streaming_loader_class() -> type:
 
         def __init__(
             self,
+            dataset: Any,
             *args: Any,
             trained: Callable[[], int] | None = None,
             epoch: Callable[[], int] | None = None,
             **kwargs: Any,
         ):
-            super().__init__(*args, **kwargs)
+            # The workers' seeds from the rank's own "loader" stream: torch's DataLoader draws
+            # them from the global generator at each iter() otherwise (with 0 workers too),
+            # which a resumed run restores as it was mid-epoch: every later augmentation and
+            # dropout draw would be shifted by one (litlab.data.loader.ResumableDataLoader).
+            dist = torch.distributed
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            kwargs.setdefault("generator", rng.stream(getattr(dataset, "seed", 0), rank, "loader"))
+            super().__init__(dataset, *args, **kwargs)
             self._trained, self._epoch = trained, epoch
             self._continued = False  # a pass from a loaded state (load_state_dict) has begun
 

@@ -25,6 +25,7 @@ from litlab.data.decode import (
     stack_samples,
 )
 from litlab.data.folder import load_image, worker_item
+from litlab.data.sources import Synthetic
 from litlab.errors import ConfigError, DataError
 from litlab.train import train_task
 
@@ -316,3 +317,42 @@ def test_photos_stored_turned_are_seen_upright_by_every_path(tmp_path, orientati
     )
     assert (turned - upright).abs().mean() < 2.0
     assert (turned - as_stored).abs().mean() > 10.0
+
+
+def test_workers_that_read_files_are_not_forked_from_the_training_process(tmp_path):
+    """Python 3.11 can leave a worker forked from a process with threads (the last pass's queue
+    feeders ending) waiting forever in PyOS_AfterFork_Child: a DDP rank hung at a new pass, here
+    and in a review. File readers start from a forkserver (one thread); the workers still hand
+    over the same batches. In-memory data keeps fork (a worker would get a copy of it)."""
+    import os
+
+    write_jpeg_folder(tmp_path / "images", per_class=8)
+    source = ImageFolder(str(tmp_path / "images"), size=24, cache=False)
+    dm = DataModule(
+        source,
+        [3, 24, 24],
+        2,
+        [0.5],
+        [0.25],
+        batch_size=4,
+        eval_batch_size=4,
+        num_workers=1,
+        loader="auto",
+    )
+    dm.setup()
+    loader = dm.test_dataloader()
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    images, labels, skipped = next(iter(loader))
+    reference = [source.load("test")[i] for i in range(len(labels))]  # in order
+    assert torch.equal(images, torch.stack([image for image, _ in reference]))
+    assert labels.tolist() == [label for _, label in reference] and skipped == 0
+    (worker,) = loader._iterator._workers  # persistent: still there
+    status = Path(f"/proc/{worker.pid}/status").read_text()
+    parent = int(status.split("PPid:")[1].split()[0])
+    assert parent != os.getpid()  # the forkserver's child, not ours
+    in_memory = DataModule(
+        Synthetic((1, 8, 8), train_size=64, test_size=16), [1, 8, 8], 10, [0.5], [0.25],
+        batch_size=8, loader="dataloader", num_workers=1,
+    )  # fmt: skip
+    in_memory.setup()
+    assert in_memory.test_dataloader().multiprocessing_context is None

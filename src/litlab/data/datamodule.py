@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, Tenso
 from litlab.compat import epoch_to_train
 from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
 from litlab.data.folder import FileImages
-from litlab.data.loader import DeviceLoader, ResumableDataLoader, ShardSampler
+from litlab.data.loader import DeviceLoader, ResumableDataLoader, ShardSampler, reader_context
 from litlab.data.sources import Source, labels_of, stratified_indices
 from litlab.data.transforms import BatchTransform
 from litlab.errors import ConfigError, DataError
@@ -319,6 +319,9 @@ class DataModule(L.LightningDataModule):
                 persistent_workers=self.num_workers > 0,
                 # files can be unreadable: such batches carry the count of those skipped
                 collate_fn=skip_unreadable if _reads_files(dataset) else None,
+                multiprocessing_context=reader_context(self.num_workers)
+                if _reads_files(dataset)
+                else None,
             )
         images, labels, rows = self._tensors(split)
         return DeviceLoader(
@@ -351,6 +354,7 @@ class DataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             collate_fn=skip_unreadable,
+            multiprocessing_context=reader_context(self.num_workers),
             trained=self._trained_batches() if train else None,
             epoch=(lambda: epoch_to_train(trainer)) if train and trainer is not None else None,
         )

@@ -7,8 +7,9 @@ in one call of torchvision's ``decode_jpeg`` on the run's device (nvJPEG on CUDA
 libjpeg-turbo on a CPU run), then takes each image's centre square at the stored size, resized
 bicubic with antialiasing (PIL's exact resize; the workers' PIL path decodes JPEGs at reduced
 scale first, so the two paths' pixels differ where a file is reduced 2x or more: 3 levels on
-average, up to about 25 at sharp edges, measured on 64-px crops of 300-500-px JPEGs; a run
-uses one path throughout, FID's real images included). Other formats
+average, up to about 25 at sharp edges, measured on 64-px crops of 300-500-px JPEGs; 5-13 on
+average, up to 91, on fine patterns such as an 8-px checkerboard, where the reduced-scale decode
+is the inexact one; a run uses one path throughout, FID's real images included). Other formats
 and unusual JPEGs are still decoded in the workers. CUDA is never touched inside a worker (it
 does not survive their fork); a JPEG the decoder refuses is decoded by PIL instead, and one
 nothing decodes is skipped and counted.

@@ -24,6 +24,7 @@ and trainer/connectors/data_connector.py):
 from __future__ import annotations
 
 import logging
+import multiprocessing
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -305,6 +306,25 @@ class DeviceLoader(Resumable):
             self._handed(epoch, b + 1)
             yield self.images[index], self.labels[index]
         self.sampler.set_epoch(epoch + 1)
+
+
+def reader_context(num_workers: int) -> Any:
+    """The multiprocessing context for loader workers that read files (their dataset is a list
+    of files or chunks: cheap to send to a worker): "forkserver" where the default would fork.
+
+    A worker forked from the training process can hang for good in Python 3.11: the fork copies
+    the interpreter's thread-state lock held by whichever thread was starting or ending at that
+    moment (the previous pass's queue feeder threads end as its workers are shut down), and the
+    child waits on it before it can reset it (CPython runs the two in that order until 3.12;
+    seen here as a DDP rank stuck at a new pass, its worker in PyOS_AfterFork_Child). A
+    forkserver forks workers from a process of one thread, started once per rank with torch
+    and litlab imported (about 4 s, once); Python 3.14 makes it the default for this reason.
+    In-memory datasets keep fork: sending them to a worker would copy them."""
+    if num_workers == 0 or multiprocessing.get_context().get_start_method() != "fork":
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["litlab.data.folder", "litlab.data.streaming"])
+    return context
 
 
 class ResumableDataLoader(Resumable, DataLoader):

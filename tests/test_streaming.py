@@ -445,10 +445,22 @@ def test_an_s3_dataset_converts_and_trains_with_credentials_from_the_environment
         # moto serves plain http, which LitData's obstore client refuses (real S3 is https):
         # allowed here in this process (and the forked conversion workers) only.
         monkeypatch.setitem(downloader._OBSTORE_CLIENT_OPTIONS, "allow_http", True)
-        boto3.client("s3").create_bucket(Bucket="litlab")
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="litlab")
         write_png_folder(tmp_path / "images", per_class=12)
+        # LitData's overwrite deletes every object whose key starts with <dst>/train (val, test,
+        # meta): a user's objects there are refused, not lost (reviewer: all of these went)
+        mine = ["mixed/train/notes.txt", "mixed/train_raw/cat/1.jpg", "mixed/valuable.csv"]
+        for key in [*mine, "mixed/README.md", "images/README.md"]:
+            s3.put_object(Bucket="litlab", Key=key, Body=b"precious")
+        with pytest.raises(DataError, match=r"3 object.*would delete.*mixed/train/notes\.txt"):
+            convert(tmp_path / "images", "s3://litlab/mixed", workers=2)
         meta = convert(tmp_path / "images", "s3://litlab/images", workers=2)
         assert sum(s["images"] for s in meta["splits"].values()) == 36
+        # converted again (other options): its own earlier objects are replaced, others kept
+        convert(tmp_path / "images", "s3://litlab/images", max_side=32, workers=2)
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket="litlab")["Contents"]}
+        assert {*mine, "mixed/README.md", "images/README.md"} <= keys
         cfg = make_cfg(
             tmp_path,
             [

@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import warnings
 from functools import partial
@@ -168,6 +169,7 @@ def convert(
     for split, items in splits.items():
         if not items:
             raise DataError(f"the {split} split of {src} would be empty; add images or fractions")
+    check_destination(dst)
     # An earlier conversion's meta would mark this one finished while its splits are rewritten:
     # until the end, DST/meta says "unfinished" (a run refuses it; a new conversion redoes it).
     _write_meta(dst, {"format": META_FORMAT, "unfinished": True, "source": str(src)})
@@ -196,6 +198,41 @@ def convert(
     }
     _write_meta(dst, meta)  # last: the conversion is finished
     return meta
+
+
+# What a conversion writes under DST: each split's and the meta's LitData index and chunks.
+_OWN_OBJECT = re.compile(r"(train|val|test|meta)/(index\.json|chunk-\d+-\d+\.bin)")
+
+
+def check_destination(dst: str) -> None:
+    """Refuse an s3:// destination holding objects that a conversion would delete.
+
+    LitData's overwrite (which a re-run needs) removes on an object store every object whose
+    key starts with DST/<split> or DST/meta, without the slash: DST/train/notes.txt, and also
+    DST/train_raw/... or DST/trainer.log. (In a local folder it removes its own index.json and
+    .bin files only.) Objects of an earlier conversion, and other names, are fine."""
+    if not dst.startswith("s3://"):
+        return
+    from litdata.streaming.fs_provider import S3FsProvider
+
+    bucket, _, prefix = dst.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+    client = S3FsProvider().client.client
+    doomed = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            name = item["Key"][len(prefix) :]
+            if name.startswith(("train", "val", "test", "meta")) and not _OWN_OBJECT.fullmatch(
+                name
+            ):
+                doomed.append(item["Key"])
+    if doomed:
+        shown = ", ".join(f"s3://{bucket}/{key}" for key in doomed[:3])
+        raise DataError(
+            f"{dst} holds {len(doomed)} object(s) that converting there would delete (LitData "
+            f"replaces everything whose name starts with train, val, test or meta), e.g. {shown}; "
+            "convert into a prefix of its own, e.g. {dst}/litdata".replace("{dst}", dst.rstrip("/"))
+        )
 
 
 def _write_meta(dst: str, meta: dict[str, Any]) -> None:

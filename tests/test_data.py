@@ -854,3 +854,49 @@ def test_netpbm_and_jfif_files_are_images_too(tmp_path):
     cached = cached_folder(root, 16, 3, tmp_path / "cache", workers=1)
     assert not cached.skipped and cached.images.shape == (6, 3, 16, 16)
     assert cached.images[0, :, 8, 8].tolist() == [200, 100, 50]
+
+
+def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
+    """eval.py on a folder of class folders other than the training one tested only the share
+    its file names would hold out in a run that trained on it (about a fifth): now every image.
+    The training folder itself keeps its held-out split (the rest was trained on), and a folder
+    with test/ is tested on that."""
+    from litlab.evaluate import eval_task, other_folder
+
+    write_png_folder(tmp_path / "images", per_class=6)
+    summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "test=false", "data.batch_size=4")
+    write_png_folder(tmp_path / "other", per_class=10)
+    other = ImageFolder(str(tmp_path / "other"), size=20, cache_dir=str(tmp_path / "cache"))
+    assert 0 < other.load("test").__len__() < 30  # what eval tested before
+    every = ImageFolder(str(other.root), size=20, cache_dir=str(tmp_path / "cache"), test_all=True)
+    assert len(every.load("test")) == 30
+
+    trained = {"root": str(tmp_path / "images"), "test_fraction": 0.2}
+    for root, expected in [(tmp_path / "other", True), (tmp_path / "images", False)]:
+        source = {"root": str(root), "test_fraction": 0.2}
+        other_folder(source, trained)
+        assert source.get("test_all", False) is expected, root
+    write_png_folder(tmp_path / "split" / "train", per_class=2)
+    write_png_folder(tmp_path / "split" / "test", per_class=2)
+    source = {"root": str(tmp_path / "split"), "test_fraction": 0.2}
+    other_folder(source, trained)
+    assert "test_all" not in source
+
+    eval_cfg = make_cfg(
+        tmp_path / "eval",
+        [
+            f"ckpt_path={summary['best_checkpoint']}",
+            "data=image_folder",
+            f"data.source.root={tmp_path / 'other'}",
+            f"data.source.cache_dir={tmp_path / 'cache'}",
+            "data.source.size=20",
+            "data.image_shape=[3,16,16]",
+            "data.num_classes=3",
+            "data.num_workers=0",
+            "extras.print_config=false",
+        ],
+        config_name="eval",
+    )
+    with caplog.at_level("INFO", logger="litlab"):
+        assert eval_task(eval_cfg) is not None
+    assert f"testing every image of {tmp_path / 'other'}" in caplog.text

@@ -20,6 +20,7 @@ from litlab.config import (
     config_dir,
     require,
 )
+from litlab.data.folder import split_folders
 from litlab.errors import ConfigError
 from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
@@ -110,7 +111,24 @@ def other_data(chosen: DictConfig, trained: DictConfig) -> DictConfig:
             data["std"],
         )
         data["mean"], data["std"] = before["mean"], before["std"]
+    other_folder(data["source"], before["source"])
     return OmegaConf.create(data)
+
+
+def other_folder(source: dict[str, Any], trained: dict[str, Any]) -> None:
+    """An image folder of class folders only, other than the training one: every image is
+    tested (``test_all``), not the share its file names would hold out for testing in a run
+    that trained on it. The same folder keeps its held-out test split (the others were trained
+    on); a folder with a test/ (or val/) folder is tested on that."""
+    root, trained_root = source.get("root"), trained.get("root")
+    if "test_fraction" not in source or not root or not Path(root).expanduser().is_dir():
+        return
+    folder = Path(root).expanduser().resolve()
+    same = trained_root and Path(trained_root).expanduser().resolve() == folder
+    if same or split_folders(folder) is not None:
+        return
+    source["test_all"] = True
+    log.info("testing every image of %s (the model was trained on %s)", folder, trained_root)
 
 
 def eval_callbacks(callbacks: DictConfig | None) -> DictConfig:

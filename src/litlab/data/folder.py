@@ -476,7 +476,10 @@ class ImageFolder(Source):
     ``decode="device"`` the workers only read the files and JPEGs are decoded a batch at a time
     on the run's device (nvJPEG on a GPU; litlab.data.decode). Unreadable
     files are skipped with a warning and counted (summary.json "data"). Without a split folder,
-    about ``test_fraction`` of the images is held out for testing, file by file (by name).
+    about ``test_fraction`` of the images is held out for testing, file by file (by name);
+    ``test_all``: every image is a test image (eval.py on a folder other than the training
+    one sets it; training splits, which evaluation reads only for FID's real statistics, are
+    then the whole folder too).
     """
 
     name = "image_folder"
@@ -491,6 +494,7 @@ class ImageFolder(Source):
         cache_dir: str = ".cache/litlab",
         workers: int | None = None,
         decode: str = "workers",
+        test_all: bool = False,
     ) -> None:
         check_decoded_shape(size, channels)
         check_decode(decode, cache)
@@ -498,7 +502,7 @@ class ImageFolder(Source):
         self.size, self.channels = size, channels
         self.test_fraction = test_fraction
         self.cache, self.cache_dir, self.workers = cache, Path(cache_dir), workers
-        self.decode = decode
+        self.decode, self.test_all = decode, test_all
         self._loaded: dict[str, Dataset] = {}
         self.report: dict[str, object] = {}
 
@@ -553,6 +557,8 @@ class ImageFolder(Source):
             return whole
         whole = self._whole(self.root, "all")
         keep, test = test_split(file_names(whole), self.test_fraction)
+        if self.test_all:
+            keep = test = torch.arange(len(labels_of(whole)))
         chosen = test if split == "test" else keep
         subset = Subset(whole, chosen.tolist())
         subset.classes = whole.classes  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """What Lightning lacks for GANs and Hydra under DDP, one module per concern: the strategy a GAN
 needs and rank 0's buffers (strategy), a sweep's jobs each on their own ranks (multirun), one
 run or sweep folder and the processes' layout under torchrun or srun (launchers), the resources
-of Hydra's SLURM launcher (slurm). Where a SLURM job's run lives, so that a requeued
+of Hydra's SLURM launcher (slurm), a flag all ranks agree on without a host sync in the step
+(agree). Where a SLURM job's run lives, so that a requeued
 job continues there, is litlab.resume's."""
 
 from litlab.distributed import slurm  # registers the SLURM launcher's resolvers

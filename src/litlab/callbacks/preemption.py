@@ -98,6 +98,19 @@ class RNGState(Callback):
             seed_rank(mixed_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), world), rank)
 
 
+def fit_ends_after_this_batch(trainer: L.Trainer) -> bool:
+    """Whether the fit ends after the current training batch: its last epoch's last batch, or
+    trainer.max_steps reached (the same answer on every rank)."""
+    if trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
+        return True
+    epochs = trainer.max_epochs
+    return (
+        bool(trainer.is_last_batch)
+        and epochs not in (None, -1)
+        and trainer.current_epoch + 1 >= epochs
+    )
+
+
 def _submitit_signal() -> signal.Signals | None:
     """The signal submitit sends before a preemption or time limit, inside a submitit job."""
     if not os.environ.get("SUBMITIT_EXECUTOR"):
@@ -124,6 +137,11 @@ class Preemption(Callback):
     :meth:`hand_over` lets submitit's own handler requeue the job, which then continues in the
     same folder (litlab.resume.continue_in_place).
 
+    With gradient accumulation a stop waits for the batch whose optimizer step takes the
+    accumulated gradients (they are in no checkpoint); a signal during the fit's last batch
+    stops nothing (a stopped run would have nothing left to train, which resume= refuses): the
+    run ends, and tests, as planned.
+
     The handlers are set when training starts, after Lightning has taken its snapshot of the
     signal handlers, so that Lightning's teardown puts the originals back.
     """
@@ -149,14 +167,25 @@ class Preemption(Callback):
             self._received = signal.Signals(signum)
 
     def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        *_: Any,
     ) -> None:
+        if not trainer.is_last_batch and (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return  # a stop waits for the step of the gradients accumulated (not in checkpoints)
+        last = fit_ends_after_this_batch(trainer)
         stop = self._received is not None
         if trainer.world_size > 1:  # every rank stops after the same batch
             if self._agreed is None:
                 self._agreed = AnyRank(trainer.strategy.root_device)
-            stop = (self._agreed.now if trainer.is_last_batch else self._agreed.later)(stop)
-        if stop:
+            stop = (self._agreed.now if trainer.is_last_batch or last else self._agreed.later)(stop)
+        if stop and last:  # a stop now would leave a run whose resume has nothing left to train
+            log.warning("a signal came at the last training batch: training ends as planned")
+        elif stop:
             stop_at_batch_end(trainer)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

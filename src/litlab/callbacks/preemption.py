@@ -19,17 +19,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab.compat import stop_at_batch_end, take_stop_mark
-from litlab.distributed.agree import AnyRank
+from litlab.distributed.agree import AnyRank, rank_and_world
 from litlab.errors import Requeued
 from litlab.rng import mixed_seed, seed_rank
 
 log = logging.getLogger(__name__)
-
-
-def _rank_and_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 def _capture() -> dict[str, Any]:
@@ -72,7 +66,7 @@ class RNGState(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         own = _capture()
-        _, world = _rank_and_world()
+        _, world = rank_and_world()
         if world == 1:
             return {"ranks": [own]}
         states: list[Any] = [None] * world
@@ -81,7 +75,7 @@ class RNGState(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ranks = state.get("ranks", [state])  # older checkpoints hold one state, rank 0's
-        rank, world = _rank_and_world()
+        rank, world = rank_and_world()
         if len(ranks) == world:
             _restore(ranks[rank])
             return

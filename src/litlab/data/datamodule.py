@@ -310,6 +310,7 @@ class DataModule(L.LightningDataModule):
         trained = self._trained_batches() if train else None
         if self.loader == "dataloader":
             dataset = self.datasets[split]
+            reads_files = _reads_files(dataset)
             return ResumableDataLoader(
                 dataset,
                 ShardSampler(len(dataset), batch_size=batch_size, **order),  # type: ignore[arg-type]
@@ -318,10 +319,8 @@ class DataModule(L.LightningDataModule):
                 pin_memory=self.pin_memory and torch.cuda.is_available(),
                 persistent_workers=self.num_workers > 0,
                 # files can be unreadable: such batches carry the count of those skipped
-                collate_fn=skip_unreadable if _reads_files(dataset) else None,
-                multiprocessing_context=reader_context(self.num_workers)
-                if _reads_files(dataset)
-                else None,
+                collate_fn=skip_unreadable if reads_files else None,
+                multiprocessing_context=reader_context(self.num_workers) if reads_files else None,
             )
         images, labels, rows = self._tensors(split)
         return DeviceLoader(

@@ -556,9 +556,10 @@ class ImageFolder(Source):
             check_classes_present(labels_of(whole), whole.classes, folders[split], split)
             return whole
         whole = self._whole(self.root, "all")
-        keep, test = test_split(file_names(whole), self.test_fraction)
         if self.test_all:
             keep = test = torch.arange(len(labels_of(whole)))
+        else:
+            keep, test = test_split(file_names(whole), self.test_fraction)
         chosen = test if split == "test" else keep
         subset = Subset(whole, chosen.tolist())
         subset.classes = whole.classes  # type: ignore[attr-defined]

@@ -231,7 +231,7 @@ def check_destination(dst: str) -> None:
         raise DataError(
             f"{dst} holds {len(doomed)} object(s) that converting there would delete (LitData "
             f"replaces everything whose name starts with train, val, test or meta), e.g. {shown}; "
-            "convert into a prefix of its own, e.g. {dst}/litdata".replace("{dst}", dst.rstrip("/"))
+            f"convert into a prefix of its own, e.g. {dst.rstrip('/')}/litdata"
         )
 
 

@@ -26,6 +26,7 @@ import torch
 from litlab import rng
 from litlab.data.folder import check_decode, check_decoded_shape, worker_item
 from litlab.data.sources import Source
+from litlab.distributed.agree import rank_and_world
 from litlab.errors import ConfigError, DataError
 
 META_FORMAT = 2  # bump when what DST holds changes (2: items in a random order)
@@ -191,8 +192,7 @@ def streaming_loader_class() -> type:
             # them from the global generator at each iter() otherwise (with 0 workers too),
             # which a resumed run restores as it was mid-epoch: every later augmentation and
             # dropout draw would be shifted by one (litlab.data.loader.ResumableDataLoader).
-            dist = torch.distributed
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            rank, _ = rank_and_world()
             kwargs.setdefault("generator", rng.stream(getattr(dataset, "seed", 0), rank, "loader"))
             super().__init__(dataset, *args, **kwargs)
             self._trained, self._epoch = trained, epoch
@@ -211,8 +211,7 @@ def streaming_loader_class() -> type:
 
         def load_state_dict(self, state: dict[str, Any]) -> None:
             saved = state["dataset"]
-            dist = torch.distributed
-            world_size = dist.get_world_size() if dist.is_initialized() else 1
+            _, world_size = rank_and_world()
             now = (world_size, max(1, self.num_workers), self.batch_size)
             then = (saved["world_size"], saved["num_workers"], saved["batch_size"])
             if now != then:

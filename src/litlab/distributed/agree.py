@@ -1,9 +1,17 @@
-"""Flags that every rank must agree on during training, without a host sync in the step."""
+"""This process's place in the process group, and flags that every rank must agree on during
+training without a host sync in the step."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) in torch.distributed's default group; (0, 1) outside one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 class AnyRank:

@@ -189,6 +189,29 @@ def test_a_resumed_fit_continues_the_ema_bit_identically(tmp_path):
             assert torch.equal(a[key][name], b[key][name]), (key, name)
 
 
+def test_validating_does_not_round_the_float32_average_of_16_bit_weights(tmp_path):
+    """trainer.precision=bf16-true: the module's weights are bfloat16, the average float32.
+    A run that validates after every epoch must average exactly what one that never validates
+    does (the swap around validation rounded the average to 16 bits each time)."""
+    common = [*TINY, "callbacks=ema", "callbacks.ema.decay=0.9", "model.scheduler=null"]
+    common += ["trainer.precision=bf16-true", "trainer.max_epochs=3", "test=false"]
+
+    def averaged(folder: str, *overrides: str) -> dict:
+        cfg = make_cfg(tmp_path / folder, [*common, *overrides])
+        train_task(cfg)
+        last = load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+        return last["state_dict"]
+
+    validated = averaged("validated")
+    blind = averaged("blind", "+trainer.limit_val_batches=0")
+    weights = [n for n in validated if n.startswith("net.") and validated[n].is_floating_point()]
+    assert weights and all(validated[name].dtype == torch.float32 for name in weights)
+    for name in weights:
+        assert torch.equal(validated[name], blind[name]), name
+    # the average is not a copy of 16-bit values (which the rounding would leave)
+    assert any(not torch.equal(validated[n], validated[n].bfloat16().float()) for n in weights)
+
+
 def test_recipes_config_what_they_promise(tmp_path):
     sprint = make_cfg(tmp_path, ["experiment=fashion_sprint"])
     assert sprint.model.tta_flip and sprint.model.label_smoothing > 0

@@ -8,6 +8,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import EMAWeightAveraging, WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
 from torch.optim.swa_utils import AveragedModel
 
 from litlab.errors import ConfigError
@@ -20,7 +21,11 @@ class EMA(EMAWeightAveraging):
     them as ``state_dict`` (eval.py tests them) and the raw weights beside them, and a resumed
     fit continues both.
 
-    One trap fixed: Lightning also calls the callback's ``on_load_checkpoint`` in
+    Two traps fixed. Under 16-bit weights (``trainer.precision=bf16-true``) the average stays in
+    float32 (it is copied before Lightning casts the module), but Lightning's swap around
+    validation copies it into the module and back out of it, rounding the average to 16 bits at
+    every validation: here the module's own weights are kept aside and put back instead.
+    And Lightning also calls the callback's ``on_load_checkpoint`` in
     ``trainer.test(ckpt_path=...)``; after a fit the averaged copy still exists, and the parent
     then loads the checkpoint's raw weights into the module, so the test after training would
     score the raw weights, not the averaged ones that validation chose the checkpoint by.
@@ -58,6 +63,7 @@ class EMA(EMAWeightAveraging):
         self.update_every_n_steps = update_every_n_steps
         self.update_starting_at_step = update_starting_at_step
         self.update_starting_at_epoch = None
+        self._raw_weights: list[Tensor] | None = None  # the module's, while validating the average
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -78,6 +84,25 @@ class EMA(EMAWeightAveraging):
         )
         for kept, current in pairs:
             kept.data.copy_(current.data)
+
+    def _swap_models(self, pl_module: L.LightningModule) -> None:
+        average = self._average_model
+        assert average is not None
+        pairs = list(
+            zip(
+                itertools.chain(average.module.parameters(), average.module.buffers()),
+                itertools.chain(pl_module.parameters(), pl_module.buffers()),
+                strict=True,
+            )
+        )
+        if self._raw_weights is None:  # validation starts: the module takes the average
+            self._raw_weights = [current.detach().clone() for _, current in pairs]
+            for kept, current in pairs:
+                current.data.copy_(kept.data)
+        else:  # validation ends: the module's own weights back, the average untouched
+            for (_, current), raw in zip(pairs, self._raw_weights, strict=True):
+                current.data.copy_(raw)
+            self._raw_weights = None
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._follow_until_averaged(pl_module)

@@ -352,3 +352,36 @@ def test_an_epoch_cut_short_by_max_steps_continues_when_max_steps_is_raised(tmp_
     resumed.fit(model, DataLoader(data, batch_size=8), ckpt_path=tmp_path / "cut.ckpt")
     assert batches.seen[:3] == [(2, 6), (3, 7), (0, 8)]  # as Lightning alone does
     assert resumed.global_step == 12
+
+
+def test_steps_counted_as_in_a_checkpoint_written_at_a_validation_inside_the_epoch():
+    """Lightning's checkpoint written at on_validation_end inside an epoch holds the loggers'
+    step count from before that batch (it counts the batch when it resumes); the stop's
+    checkpoint, written once the batch was counted, is given the same count."""
+
+    class Validated(Tiny):
+        def validation_step(self, batch, batch_idx):
+            return None
+
+    def steps(checkpoint: dict) -> int:
+        return checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"]
+
+    counts = {}
+
+    class Save(L.Callback):
+        def on_validation_end(self, trainer, pl_module):
+            if not trainer.sanity_checking and not counts:
+                counts["validation"] = steps(trainer._checkpoint_connector.dump_checkpoint())
+                compat.stop_at_batch_end(trainer)
+
+        def on_exception(self, trainer, pl_module, exception):
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint()
+            counts["stop"] = steps(checkpoint)
+            compat.count_steps_as_saved_in_validation(checkpoint)
+            counts["given"] = steps(checkpoint)
+
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    trainer = bare_trainer(max_epochs=1, callbacks=[Save()], val_check_interval=0.5)
+    with pytest.raises(SIGTERMException):
+        trainer.fit(Validated(), DataLoader(data, batch_size=4), DataLoader(data, batch_size=4))
+    assert counts == {"validation": 3, "stop": 4, "given": 3}  # validation after batch 3 of 8

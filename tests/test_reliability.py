@@ -806,23 +806,52 @@ def test_a_resume_continues_with_what_earlier_resumes_changed(tmp_path, monkeypa
     assert resume() == ["+callbacks.x.a=1", "trainer.max_epochs=6"]
 
 
+def straight_and_stopped_at(tmp_path: Path, batch: int, *args: str) -> tuple[Path, Path]:
+    """The run folders of ``args`` run to the end and of ``args`` stopped by SIGTERM in
+    ``batch`` (exit status 143, last.ckpt written)."""
+    straight = run_cli(*args, f"paths.log_dir={tmp_path / 'straight'}")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    stop = ["+callbacks.stop._target_=helpers.SignalAt", f"+callbacks.stop.batch={batch}"]
+    stopped = run_cli(*args, *stop, f"paths.log_dir={tmp_path / 'stopped'}")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    return run_folder(tmp_path / "straight"), run_folder(tmp_path / "stopped")
+
+
 @pytest.mark.slow
 def test_a_stop_waits_for_the_step_of_accumulated_gradients(tmp_path):
     """accumulate_grad_batches=2, SIGTERM in batch 2 (whose gradient waits for batch 3's step):
     the accumulated gradient is in no checkpoint, so a stop there lost it and the resumed run
     ended elsewhere (reviewer: 4 of 21 tensors equal); the stop now comes after batch 3."""
     args = [*CLF, "trainer.max_epochs=2", "trainer.accumulate_grad_batches=2"]
-    straight = run_cli(*args, f"paths.log_dir={tmp_path / 'straight'}")
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    stop = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=2"]
-    stopped = run_cli(*args, *stop, f"paths.log_dir={tmp_path / 'stopped'}")
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    folder = run_folder(tmp_path / "stopped")
+    straight, folder = straight_and_stopped_at(tmp_path, 2, *args)
     assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == 2
     resumed = run_cli(f"resume={folder}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = final_state(run_folder(tmp_path / "straight")), final_state(folder)
+    a, b = final_state(straight), final_state(folder)
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.slow
+def test_a_stop_after_a_validation_inside_the_epoch_resumes_at_the_same_logged_steps(tmp_path):
+    """val_check_interval=0.5, SIGTERM in the batch a validation follows: Lightning skips that
+    validation on resuming (it ran) and counts the batch for the loggers then, so the stop's
+    checkpoint holds the count from before it; the resumed run logged every row one step late."""
+    args = [*CLF, "trainer.max_epochs=2", "+trainer.val_check_interval=0.5"]
+    args += ["trainer.log_every_n_steps=1"]
+    straight, folder = straight_and_stopped_at(tmp_path, 4, *args)
+    resumed = run_cli(f"resume={folder}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    def rows(folder: Path) -> list[tuple[str, str, str]]:
+        with open(folder / "csv" / "metrics.csv") as f:
+            return [
+                (r["epoch"], r["step"], r.get("val/acc") or r["train/loss_step"])
+                for r in csv.DictReader(f)
+                if r.get("val/acc") or r.get("train/loss_step")
+            ]
+
+    a, b = rows(straight), rows(folder)
+    assert sum(1 for row in a if row[0] == "0") > 4 and a == b
 
 
 @pytest.mark.slow

@@ -46,6 +46,20 @@ def take_stop_mark(trainer: L.Trainer) -> bool:
     return marked
 
 
+def count_steps_as_saved_in_validation(checkpoint: dict[str, Any]) -> None:
+    """Give a checkpoint written after a batch whose validation ran inside the epoch
+    (``val_check_interval``) the loggers' step count from before that batch, as Lightning's
+    own checkpoints written there (ModelCheckpoint at ``on_validation_end``) hold it.
+
+    Lightning resumes such a checkpoint (its last batch completed, at a validation point) by
+    skipping that validation and only then counting the batch in ``_batches_that_stepped``, the
+    step its loggers write. A checkpoint saved after the batch was counted (a stop raised at
+    the batch's end, as Lightning's SIGTERM handling raises it) resumed with every later row of
+    the CSV and W&B curves one step late. Private: the loop's ``_batches_that_stepped`` and the
+    checkpoint's ``loops`` layout."""
+    checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+
+
 def logs_this_step(trainer: L.Trainer) -> bool:
     """Whether Lightning hands this training step's logged values to the loggers (every
     ``trainer.log_every_n_steps`` batches, counted across epochs). A step metric logged only

@@ -77,24 +77,23 @@ class EMA(EMAWeightAveraging):
         average = self._average_model
         if average is None or int(average.n_averaged) > 0:
             return
-        pairs = zip(
-            itertools.chain(average.module.parameters(), average.module.buffers()),
-            itertools.chain(pl_module.parameters(), pl_module.buffers()),
-            strict=True,
-        )
-        for kept, current in pairs:
+        for kept, current in self._pairs(pl_module):
             kept.data.copy_(current.data)
 
-    def _swap_models(self, pl_module: L.LightningModule) -> None:
+    def _pairs(self, pl_module: L.LightningModule) -> list[tuple[Tensor, Tensor]]:
+        """(the average's, the module's) for every parameter and buffer."""
         average = self._average_model
         assert average is not None
-        pairs = list(
+        return list(
             zip(
                 itertools.chain(average.module.parameters(), average.module.buffers()),
                 itertools.chain(pl_module.parameters(), pl_module.buffers()),
                 strict=True,
             )
         )
+
+    def _swap_models(self, pl_module: L.LightningModule) -> None:
+        pairs = self._pairs(pl_module)
         if self._raw_weights is None:  # validation starts: the module takes the average
             self._raw_weights = [current.detach().clone() for _, current in pairs]
             for kept, current in pairs:

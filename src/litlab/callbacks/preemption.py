@@ -18,7 +18,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from litlab.compat import stop_at_batch_end, take_stop_mark
+from litlab.compat import count_steps_as_saved_in_validation, stop_at_batch_end, take_stop_mark
 from litlab.distributed.agree import AnyRank, rank_and_world
 from litlab.errors import Requeued
 from litlab.rng import mixed_seed, seed_rank
@@ -147,9 +147,11 @@ class Preemption(Callback):
         self._scheduler: Any = None  # submitit's handler, once a preemption was checkpointed
         self._held = False  # a stop marked before validation, set again after it
         self._agreed: AnyRank | None = None  # under DDP: whether any rank was signalled
+        self._validated_at: int | None = None  # the training batch a validation last followed
+        self._saving_after_validation = False  # the stop's checkpoint, after one inside an epoch
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._received = self._scheduler = self._agreed = None
+        self._received = self._scheduler = self._agreed = self._validated_at = None
         slurm = SLURMEnvironment.detect()  # then Lightning handles SIGUSR1 (hpc save, requeue)
         signals = {signal.SIGTERM, None if slurm else signal.SIGUSR1, _submitit_signal()}
         for signum in signals - {None}:
@@ -190,6 +192,8 @@ class Preemption(Callback):
         self._held = take_stop_mark(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._validated_at = trainer.fit_loop.epoch_loop.total_batch_idx
         if self._held:  # Lightning stops right after validation, on every rank
             self._held = False
             stop_at_batch_end(trainer)
@@ -213,10 +217,23 @@ class Preemption(Callback):
         self._agreed = None  # a flag still being handed over is left (a rank may be gone)
         if not (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit"):
             return
-        trainer.save_checkpoint(self.path)
+        self._saving_after_validation = (
+            not trainer.is_last_batch
+            and self._validated_at == trainer.fit_loop.epoch_loop.total_batch_idx
+        )
+        try:
+            trainer.save_checkpoint(self.path)
+        finally:
+            self._saving_after_validation = False
         log.warning("stopped by a signal; saved %s to resume from", self.path)
         if self._received is not None and self._received == _submitit_signal():
             self._scheduler = previous if callable(previous) else None
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self._saving_after_validation:  # or the resumed run logs every row one step late
+            count_steps_as_saved_in_validation(checkpoint)
 
     def hand_over(self) -> None:
         """After a checkpointed preemption inside a submitit job: submitit requeues the job

@@ -89,17 +89,22 @@ class PoisonBatch(Callback):
 
 class SignalAt(Callback):
     """Sends a real signal to this process (global rank 0) during a given training batch (a
-    preemption); the run stops at the end of that batch."""
+    preemption); the run stops at the end of that batch. ``job``: to its child processes too
+    (W&B's service), as SLURM and ``docker stop`` signal a whole job."""
 
-    def __init__(self, batch: int, signum: str = "SIGTERM") -> None:
-        self.batch, self.signum = batch, signum
+    def __init__(self, batch: int, signum: str = "SIGTERM", job: bool = False) -> None:
+        self.batch, self.signum, self.job = batch, signum, job
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         import os
         import signal
+        import subprocess
 
         if trainer.fit_loop.total_batch_idx == self.batch and trainer.is_global_zero:
-            os.kill(os.getpid(), getattr(signal, self.signum))
+            signum = getattr(signal, self.signum)
+            if self.job:  # as the stand-in scontrol does (test_reliability.FAKE_SCONTROL)
+                subprocess.run(["pkill", f"-{signum.value}", "-P", str(os.getpid())], check=False)
+            os.kill(os.getpid(), signum)
 
 
 class CaptureNoise(Callback):
@@ -261,3 +266,32 @@ def agree_on_flags(rank: int, world: int, init_file: str, out: str) -> None:
     agreed.settle()
     torch.save(told, Path(out) / f"rank{rank}.pt")
     dist.destroy_process_group()
+
+
+# Stand-in for SLURM's scontrol: it records the call, and a requeue ends the job's processes
+# as SLURM does: all of them (here the run and its children, W&B's service among them), with
+# SIGTERM (then SIGKILL after KillWait; "KILL": as if KillWait were 0).
+FAKE_SCONTROL = """#!/bin/sh
+echo "$@" >> "$FAKE_SLURM_LOG"
+if [ "$1" = requeue ]; then
+  for pid in $(pgrep -P "$PPID"); do [ "$pid" != "$$" ] && kill -"$FAKE_SLURM_KILL" "$pid"; done
+  kill -"$FAKE_SLURM_KILL" "$PPID"
+fi
+exit 0
+"""
+
+
+def fake_scontrol(folder: Path, kill: str = "TERM") -> dict[str, str]:
+    """Put FAKE_SCONTROL in ``folder``/bin; the environment that finds it first (its calls are
+    recorded in ``folder``/scontrol.log)."""
+    import os
+
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_SLURM_LOG": str(folder / "scontrol.log"),
+        "FAKE_SLURM_KILL": kill,
+    }

@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import QUIET, REPO, make_cfg, run_cli, summary_of, write_digits_folder
+from helpers import fake_scontrol
 from litlab.config import build
 from litlab.distributed import launcher_layout, rank0_dir, strategy_for
 from litlab.distributed.slurm import check_slurm_sweep, slurm_gpus, slurm_tasks
@@ -460,7 +461,8 @@ def one_completed_run(tmp_path: Path, ranks: int) -> dict:
     """The one run's summary (one folder, one W&B run, completed) of ``ranks`` processes."""
     (summary,) = summaries(tmp_path / "out")
     assert summary["status"] == "completed"
-    assert len(wandb_runs(tmp_path / "out")) == 1
+    # one W&B run (a requeued job's part is another offline folder of the same run id)
+    assert len({run.name.rsplit("-", 1)[-1] for run in wandb_runs(tmp_path / "out")}) == 1
     # the run says how many processes trained it: in summary.json and in its checkpoints' config
     assert summary["world_size"] == ranks
     trainer = torch.load(summary["last_checkpoint"], weights_only=False)["hyper_parameters"]
@@ -468,14 +470,16 @@ def one_completed_run(tmp_path: Path, ranks: int) -> dict:
     return summary
 
 
-def assert_one_run_identical_weights(tmp_path: Path, ranks: int) -> None:
-    one_completed_run(tmp_path, ranks)
+def assert_one_run_identical_weights(tmp_path: Path, ranks: int) -> dict:
+    """The one run's summary, completed, its ranks ending with identical weights."""
+    summary = one_completed_run(tmp_path, ranks)
     weights = [
         torch.load(tmp_path / "weights" / f"rank{r}.pt", weights_only=True) for r in range(ranks)
     ]
     for other in weights[1:]:
         for name, value in weights[0].items():
             assert torch.equal(value, other[name]), name
+    return summary
 
 
 @pytest.mark.dist
@@ -538,17 +542,26 @@ def test_torchrun_two_nodes_on_loopback(tmp_path):
 def test_srun_tasks_train_one_model_whatever_trainer_devices_says(tmp_path):
     """Two processes as `srun --ntasks-per-node=2 python train.py` starts them, with the default
     trainer.devices=1: they follow srun's layout and train one model in one run folder."""
+    args = [a for a in run_args(tmp_path) if a != "trainer.strategy=ddp"]
+    for code, out in srun_two_tasks(args):
+        assert code == 0, out[-3000:]
+    assert_one_run_identical_weights(tmp_path, 2)
+    assert (tmp_path / "out" / "train" / "slurm" / "4242" / "summary.json").is_file()
+
+
+def srun_two_tasks(args: list[str], **env: str) -> list[tuple[int, str]]:
+    """train.py ``args`` in two processes as `srun --ntasks-per-node=2` starts them in SLURM
+    job 4242 (with ``env``); each one's exit status and output."""
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "2"}
     slurm.update(SLURM_NTASKS_PER_NODE="2", SLURM_NNODES="1", SLURM_NODEID="0")
     slurm.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "WANDB_SERVICE"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
-    args = [a for a in run_args(tmp_path) if a != "trainer.strategy=ddp"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "WANDB_SERVICE"))}
+    base["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), base.get("PYTHONPATH", "")])
     procs = [
         subprocess.Popen(
             [sys.executable, *args],
             cwd=REPO,
-            env={**env, **slurm, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+            env={**base, **slurm, **env, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -556,10 +569,33 @@ def test_srun_tasks_train_one_model_whatever_trainer_devices_says(tmp_path):
         for rank in (0, 1)
     ]
     outputs = [proc.communicate(timeout=300)[0] for proc in procs]
-    for proc, out in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, out[-3000:]
-    assert_one_run_identical_weights(tmp_path, 2)
-    assert (tmp_path / "out" / "train" / "slurm" / "4242" / "summary.json").is_file()
+    return [(proc.returncode, out) for proc, out in zip(procs, outputs, strict=True)]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_slurm_warning_signal_under_ddp_saves_on_every_rank_and_requeues_once(tmp_path):
+    """SIGUSR1 (SLURM's --signal before the time limit) reaching one rank of two: both stop
+    after the same batch, last.ckpt is written, rank 0 calls `scontrol requeue` once, and the
+    requeued job finishes the run in the job's folder. (Lightning's SLURM handler saved from
+    inside the signal handler: its collectives met the other rank's training ones, which hung
+    or broke the job; the reviewer's 2 of 6 runs with the signal on both ranks hung.)"""
+    args = [a for a in run_args(tmp_path) if a != "trainer.strategy=ddp"]
+    args += ["trainer.max_epochs=2", "+callbacks.stop._target_=helpers.SignalAt"]
+    args += ["+callbacks.stop.batch=3", "+callbacks.stop.signum=SIGUSR1"]
+    scontrol = fake_scontrol(tmp_path)
+    for code, out in srun_two_tasks(args, **scontrol):
+        assert code == 143, out[-3000:]
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    folder = tmp_path / "out" / "train" / "slurm" / "4242"
+    assert json.loads((folder / "summary.json").read_text())["status"] == "requeued"
+    saved = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 5  # batch 3's signal read at batch 4's end: 5 steps
+
+    for code, out in srun_two_tasks(args, **scontrol, SLURM_RESTART_COUNT="1"):
+        assert code == 0, out[-3000:]
+    summary = assert_one_run_identical_weights(tmp_path, 2)
+    assert summary["resumed_from"] == str(folder / "checkpoints" / "last.ckpt")
 
 
 @pytest.mark.dist

@@ -20,6 +20,7 @@ import torch
 import yaml
 
 from conftest import QUIET, REPO, bare_trainer, make_cfg, refused, run_cli, summary_of
+from helpers import fake_scontrol
 from litlab import rng
 from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
 from litlab.config import build
@@ -475,18 +476,6 @@ def straight_classifier(tmp_path_factory) -> Path:
     return run_folder(root)
 
 
-# Stand-in for SLURM's scontrol: it records the call, and a requeue ends the job's processes
-# as SLURM does: all of them (here the run and its children, W&B's service among them), with
-# SIGTERM (then SIGKILL after KillWait; "KILL": as if KillWait were 0).
-FAKE_SCONTROL = """#!/bin/sh
-echo "$@" >> "$FAKE_SLURM_LOG"
-if [ "$1" = requeue ]; then
-  for pid in $(pgrep -P "$PPID"); do [ "$pid" != "$$" ] && kill -"$FAKE_SLURM_KILL" "$pid"; done
-  kill -"$FAKE_SLURM_KILL" "$PPID"
-fi
-exit 0
-"""
-
 SLURM_JOB = {
     "SLURM_JOB_ID": "4242",
     "SLURM_JOB_NAME": "train",
@@ -504,33 +493,43 @@ def wandb_run_ids(folder: Path) -> set[str]:
 
 
 @pytest.mark.slow
+def test_sigterm_to_the_whole_job_stops_at_the_batch_end_without_a_traceback(tmp_path):
+    """SIGTERM to the run and its child processes (SLURM's time limit, `docker stop`): W&B's
+    service dies with it; one warning (before: the next W&B log call crashed the run with a
+    ConnectionResetError and no checkpoint), the batch ends, last.ckpt is saved, exit 143."""
+    stop = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=19"]
+    result = run_cli(
+        *CLF, "logger=wandb", f"paths.log_dir={tmp_path}", *stop, "+callbacks.stop.job=true"
+    )
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "W&B stopped taking data" in result.stdout + result.stderr  # its service is gone
+    folder = run_folder(tmp_path)
+    assert summary_status(folder) == "interrupted"
+    assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == 20
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", ["TERM", "KILL"])
 def test_slurm_requeue_continues_in_the_job_folder(
     tmp_path, monkeypatch, straight_classifier, kill
 ):
-    """SLURM's warning signal (SIGUSR1): Lightning saves hpc_ckpt_1.ckpt and calls `scontrol
-    requeue`; SLURM ends the process and starts the same command again, which continues in
-    the job's folder: from last.ckpt (SIGTERM let litlab save at the batch boundary) to the
-    weights of an uninterrupted run, or from Lightning's hpc checkpoint (killed at once)."""
-    monkeypatch.setenv("FAKE_SLURM_KILL", kill)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
-    (bin_dir / "scontrol").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SLURM_LOG", str(tmp_path / "scontrol.log"))
-    for key, value in SLURM_JOB.items():
+    """SLURM's warning signal (SIGUSR1): the batch ends, last.ckpt is saved, then `scontrol
+    requeue`; SLURM ends the process (SIGTERM, ignored by then: the summary says requeued; or
+    SIGKILL at once) and starts the same command again, which continues in the job's folder
+    from last.ckpt to the weights of an uninterrupted run."""
+    for key, value in {**fake_scontrol(tmp_path, kill), **SLURM_JOB}.items():
         monkeypatch.setenv(key, value)
     args = [*CLF, "logger=wandb", f"paths.log_dir={tmp_path / 'out'}"]
     signal_at = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=19"]
 
     first = run_cli(*args, *signal_at, "+callbacks.stop.signum=SIGUSR1")
     assert first.returncode == (143 if kill == "TERM" else -9), first.stderr[-3000:]
-    assert "Traceback" not in first.stderr  # W&B's service died too: one warning, no crash
+    assert "Traceback" not in first.stderr
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     folder = tmp_path / "out" / "train" / "slurm" / "4242"
-    assert (folder / "hpc_ckpt_1.ckpt").is_file()
-    assert summary_status(folder) == ("interrupted" if kill == "TERM" else "running")
+    assert not list(folder.glob("hpc_ckpt_*"))  # Lightning's handler (in the signal) replaced
+    assert summary_status(folder) == ("requeued" if kill == "TERM" else "running")
 
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     again = run_cli(*args, *signal_at, "+callbacks.stop.signum=SIGUSR1")  # the same command
@@ -543,12 +542,9 @@ def test_slurm_requeue_continues_in_the_job_folder(
     straight = load_checkpoint(straight_classifier / "checkpoints" / "last.ckpt")
     resumed = load_checkpoint(folder / "checkpoints" / "last.ckpt")
     assert resumed["global_step"] == straight["global_step"]  # all the planned epochs
-    if kill == "TERM":
-        assert summary["resumed_from"] == str(folder / "checkpoints" / "last.ckpt")
-        a, b = straight["state_dict"], resumed["state_dict"]
-        assert all(torch.equal(a[name], b[name]) for name in a)
-    else:
-        assert summary["resumed_from"] == str(folder / "hpc_ckpt_1.ckpt")
+    assert summary["resumed_from"] == str(folder / "checkpoints" / "last.ckpt")
+    a, b = straight["state_dict"], resumed["state_dict"]
+    assert all(torch.equal(a[name], b[name]) for name in a)
 
 
 @pytest.mark.slow

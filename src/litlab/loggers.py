@@ -194,3 +194,15 @@ def finish_loggers(loggers: list[Logger]) -> None:
                 continue
             if offline and sync_dir:
                 log.info("W&B run saved offline; upload it later with: wandb sync %s", sync_dir)
+
+
+def end_wandb_service() -> None:
+    """Stop W&B's service process now (``wandb.teardown``), before a cluster scheduler that was
+    asked to requeue the job ends every process of it: else W&B's exit hook, finding its service
+    gone, prints a traceback after the run had closed cleanly. Nothing if W&B was not used."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is not None:
+        with contextlib.suppress(Exception):
+            wandb.teardown()

@@ -119,9 +119,13 @@ def resume_argv(argv: list[str]) -> list[str]:
     return [argv[0], *args, *flags, *merged_overrides(_recorded_overrides(folder), overrides)]
 
 
-def _computes(cfg: DictConfig) -> str:
-    """The digest of what a config computes, wherever it starts from and whatever it logs to."""
+def _computes(cfg: DictConfig, folder: Path) -> str:
+    """The digest of what a config computes, wherever it starts from and whatever it logs to,
+    as if it wrote in ``folder`` (the checkpoints' and the trainer's folders follow the run's:
+    ranks other than 0 of an srun step have a scratch one, see checkpoint_folder)."""
     plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in ("ckpt_path", "logger")])
+    with open_dict(plain):
+        plain.paths.output_dir = str(folder)
     return config_digest(plain)
 
 
@@ -144,7 +148,7 @@ def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
     checkpoint = load_checkpoint(path)
     stored = stored_config(checkpoint, path)
     take_tuned_values(cfg, stored)
-    if _computes(stored) != _computes(cfg):
+    if _computes(stored, folder) != _computes(cfg, folder):
         raise ConfigError(
             f"{folder} already holds checkpoints of a run with another config; continue that "
             f"run with: python train.py resume={folder}, or train in a new folder"
@@ -239,8 +243,9 @@ def _changed_optimization(stored: DictConfig, now: DictConfig) -> list[str]:
 # -- SLURM: a requeued job finds its run folder ------------------------------------------------
 
 
-def slurm_job() -> str | None:
-    """This SLURM job's id (array jobs: <job>_<task>; srun steps: .<step>), None outside one.
+def slurm_job(step: bool = True) -> str | None:
+    """This SLURM job's id (array jobs: <job>_<task>; srun steps: .<step> unless ``step`` is
+    false, as scontrol names the job), None outside one.
 
     An allocation used by hand (job name "bash" or "interactive", as Lightning's SLURM
     detection has it) is not a job to requeue: None.
@@ -253,8 +258,8 @@ def slurm_job() -> str | None:
     job = os.environ["SLURM_JOB_ID"]
     if os.environ.get("SLURM_ARRAY_TASK_ID"):
         job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    step = os.environ.get("SLURM_STEP_ID")
-    return f"{job}.{step}" if step else job
+    step_id = os.environ.get("SLURM_STEP_ID") if step else None
+    return f"{job}.{step_id}" if step_id else job
 
 
 def slurm_attempt() -> int:

@@ -8,6 +8,7 @@ import logging
 import os
 import random
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from litlab.compat import count_steps_as_saved_in_validation, stop_at_batch_end, take_stop_mark
 from litlab.distributed.agree import AnyRank, rank_and_world
 from litlab.errors import Requeued
+from litlab.loggers import end_wandb_service
 from litlab.rng import mixed_seed, seed_rank
 
 log = logging.getLogger(__name__)
@@ -112,9 +114,33 @@ def _submitit_signal() -> signal.Signals | None:
     return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
 
 
+def requeue_slurm_job() -> bool:
+    """``scontrol requeue`` this SLURM job, as Lightning's SLURM handler does; whether SLURM
+    took it (it refuses a job submitted without ``--requeue``), said in one line if not."""
+    from litlab.resume import slurm_job  # (resume imports the run machinery)
+
+    job = slurm_job(step=False)
+    try:
+        done = subprocess.run(
+            ["scontrol", "requeue", str(job)], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("could not requeue SLURM job %s (%s)", job, e)
+        return False
+    if done.returncode:
+        log.warning(
+            "SLURM did not requeue job %s (scontrol: %s); submit it with --requeue",
+            job,
+            done.stderr.strip() or f"exit status {done.returncode}",
+        )
+        return False
+    log.warning("requeued SLURM job %s: it continues in this run folder", job)
+    return True
+
+
 class Preemption(Callback):
-    """On SIGTERM (and SIGUSR1 outside SLURM) finish the current batch, save ``last.ckpt`` in
-    the checkpoint folder, and stop; ``python train.py resume=<run folder>`` continues.
+    """On SIGTERM and SIGUSR1 finish the current batch, save ``last.ckpt`` in the checkpoint
+    folder, and stop; ``python train.py resume=<run folder>`` continues.
 
     The signal only marks the run; under DDP the ranks then agree whether any of them was
     signalled and all stop after the same batch, raising Lightning's SIGTERMException, and
@@ -122,14 +148,19 @@ class Preemption(Callback):
     and read at the next one's (litlab.distributed.agree.AnyRank: no host sync in the step), so
     a signal stops the run one batch later than in a single process; at an epoch's last batch
     it is read at once, so that a stop marked there waits for that epoch's validation as in a
-    single process. (Lightning's
-    own SIGTERM handler broadcasts from inside the handler and stops the signalled rank alone:
-    under DDP the ranks then wait on different collectives forever.) Under SLURM with
-    auto-requeue, Lightning handles SIGUSR1 itself (hpc checkpoint and requeue). Inside a
-    submitit job (Hydra's submitit launcher) submitit's preemption signal (USR2) is routed the
-    same way too, and once the run has saved ``last.ckpt`` and closed its loggers,
-    :meth:`hand_over` lets submitit's own handler requeue the job, which then continues in the
-    same folder (litlab.resume.continue_in_place).
+    single process. (Lightning's own SIGTERM handler broadcasts from inside the handler and
+    stops the signalled rank alone: under DDP the ranks then wait on different collectives
+    forever.)
+
+    In a SLURM job, SIGUSR1 (``--signal=SIGUSR1@<seconds>``, before the time limit) also
+    requeues the job with ``scontrol requeue`` from global rank 0, once ``last.ckpt`` is saved
+    and the loggers closed (``slurm_requeue``); the requeued job continues in the same folder
+    (litlab.resume.continue_in_place). This replaces Lightning's SLURM auto-requeue handler,
+    which saves its hpc checkpoint from inside the signal handler: under DDP its collectives (a
+    barrier, the ranks' generators gathered) met other collectives on ranks the signal reached
+    elsewhere in the step, and the job hung until its time limit instead of being requeued.
+    Inside a submitit job (Hydra's submitit launcher) submitit's preemption signal (USR2) is
+    routed the same way, and :meth:`hand_over` then lets submitit's own handler requeue the job.
 
     With gradient accumulation a stop waits for the batch whose optimizer step takes the
     accumulated gradients (they are in no checkpoint); a signal during the fit's last batch
@@ -140,8 +171,10 @@ class Preemption(Callback):
     signal handlers, so that Lightning's teardown puts the originals back.
     """
 
-    def __init__(self, dirpath: str, filename: str = "last") -> None:
+    def __init__(self, dirpath: str, filename: str = "last", slurm_requeue: bool = True) -> None:
         self.path = Path(dirpath) / f"{filename}.ckpt"
+        self.slurm_requeue = slurm_requeue
+        self._requeue = False  # SIGUSR1 in a SLURM job stopped the run: requeue it
         self._taken: dict[signal.Signals, Any] = {}  # signal -> the handler it had before
         self._received: signal.Signals | None = None
         self._scheduler: Any = None  # submitit's handler, once a preemption was checkpointed
@@ -152,8 +185,8 @@ class Preemption(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._received = self._scheduler = self._agreed = self._validated_at = None
-        slurm = SLURMEnvironment.detect()  # then Lightning handles SIGUSR1 (hpc save, requeue)
-        signals = {signal.SIGTERM, None if slurm else signal.SIGUSR1, _submitit_signal()}
+        self._requeue = False
+        signals = {signal.SIGTERM, signal.SIGUSR1, _submitit_signal()}
         for signum in signals - {None}:
             with contextlib.suppress(ValueError):  # not in the main thread: leave signals alone
                 self._taken[signum] = signal.signal(signum, self._mark)
@@ -228,6 +261,8 @@ class Preemption(Callback):
         log.warning("stopped by a signal; saved %s to resume from", self.path)
         if self._received is not None and self._received == _submitit_signal():
             self._scheduler = previous if callable(previous) else None
+        elif self._received == signal.SIGUSR1 and self.slurm_requeue:
+            self._requeue = SLURMEnvironment.detect() and not os.environ.get("SUBMITIT_EXECUTOR")
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -235,20 +270,28 @@ class Preemption(Callback):
         if self._saving_after_validation:  # or the resumed run logs every row one step late
             count_steps_as_saved_in_validation(checkpoint)
 
-    def hand_over(self) -> None:
+    def hand_over(self, trainer: L.Trainer) -> None:
         """After a checkpointed preemption inside a submitit job: submitit requeues the job
-        (from global rank 0) and exits, as litlab.errors.Requeued. Otherwise nothing."""
+        (from global rank 0) and exits, as litlab.errors.Requeued. After SIGUSR1 in a SLURM
+        job: global rank 0 requeues it and exits the same way; SLURM ends every rank with
+        SIGTERM then, which they now ignore (their part is saved). Otherwise nothing."""
         scheduler, self._scheduler = self._scheduler, None
-        if scheduler is None:
-            return
-        try:
-            scheduler(self._received, None)
-        except SystemExit as e:
-            raise Requeued(e.code) from e
+        requeue, self._requeue = self._requeue, False
+        if scheduler is not None or requeue:
+            end_wandb_service()
+        if scheduler is not None:
+            try:
+                scheduler(self._received, None)
+            except SystemExit as e:
+                raise Requeued(e.code) from e
+        elif requeue:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the run's summary be written
+            if trainer.is_global_zero and requeue_slurm_job():
+                raise Requeued(143)  # 128 + SIGTERM, as an interrupted run
 
 
 def hand_over_preemption(trainer: L.Trainer) -> None:
     """Let the cluster scheduler requeue a run that stopped for a preemption (see Preemption)."""
     for callback in trainer.callbacks:
         if isinstance(callback, Preemption):
-            callback.hand_over()
+            callback.hand_over(trainer)

@@ -96,6 +96,13 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         raise ConfigError(ONE_DEVICE)
     batch_options = finder_options(cfg, "batch_size_finder")
     lr_options = finder_options(cfg, "lr_finder")
+    # A finite max_steps keeps step-based schedules (OneCycleLR) constructible; they are built
+    # once for it and the batch-size search's trials all step them (the LR range test puts its
+    # own schedule in place), so it covers every trial too.
+    steps = int(lr_options.get("num_training", 100))
+    if switches.get("batch_size"):
+        trials = int(batch_options.get("max_trials", 25)) + 2  # binsearch's last bisection
+        steps = max(steps, int(batch_options.get("steps_per_trial", 3)) * trials)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data, "data")
     model = build(cfg.model, "model")
@@ -110,10 +117,8 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        # Epochs unbounded so that the LR range test gets all its steps; a finite max_steps keeps
-        # step-based schedules (OneCycleLR) constructible.
-        max_epochs=-1,
-        max_steps=int(lr_options.get("num_training", 100)),
+        max_epochs=-1,  # unbounded, so that the LR range test gets all its steps
+        max_steps=steps,
     )
     if isinstance(trainer.strategy, ParallelStrategy):
         raise ConfigError(ONE_DEVICE)

@@ -52,7 +52,8 @@ class FID(Callback):
     checkpoint.
 
     Sample counts: the real statistics come from ``num_real`` training images, a seeded
-    class-stratified subset, framed as the models see them (the centre ``data.eval_crop`` at
+    class-stratified subset (of streamed data: a seeded uniform one, whose labels are not known
+    without reading every image), framed as the models see them (the centre ``data.eval_crop`` at
     ``data.image_shape``, not the stored frame, which may be larger: an image folder's). FID
     is biased by the number N of images compared, so the generated side and the floor's real
     test side use the same N: ``num_samples``, or the test split's size when that is smaller.
@@ -145,8 +146,8 @@ class FID(Callback):
         return min(self.num_samples, trainer.datamodule.split_size("test"))
 
     def _feed_real(self, trainer: L.Trainer, split: str, count: int, real: bool) -> int:
-        """Add this rank's shard of ``count`` real images of a split (a seeded, class-stratified
-        subset, framed as the models see them) to the real (or generated-side) statistics;
+        """Add this rank's shard of ``count`` real images of a split (a seeded subset, as
+        DataModule.arrays draws it, framed as the models see them) to the real (or generated-side) statistics;
         returns how many images all ranks fed (fewer than ``count`` in a smaller split)."""
         device = self.metric.device
         images, _ = trainer.datamodule.eval_arrays(split, count, device=device)

@@ -72,7 +72,9 @@ def _stream_sample(
     if limit is None:
         raise ConfigError(
             "a streamed split is too large to hold in memory whole: FID on streamed data needs "
-            "callbacks.fid.extractor=inception (the auto extractor trains on the whole split)"
+            "callbacks.fid.extractor=inception or a litlab classifier checkpoint trained on this "
+            "data (callbacks.fid.extractor=<run>/checkpoints/best.ckpt); the auto extractor "
+            "trains on the whole split"
         )
     generator = torch.Generator().manual_seed(seed)
     index = torch.randperm(dataset.images, generator=generator)[:limit].sort().values

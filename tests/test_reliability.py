@@ -61,6 +61,19 @@ def val_rows(folder: Path) -> list[tuple[str, str]]:
         ]
 
 
+def straight_and_stopped_at(
+    tmp_path: Path, batch: int, *args: str, timeout: int = 600
+) -> tuple[Path, Path]:
+    """The run folders of ``args`` run to the end and of ``args`` stopped by SIGTERM in
+    ``batch`` (exit status 143: interrupted, not finished)."""
+    straight = run_cli(*args, f"paths.log_dir={tmp_path / 'straight'}", timeout=timeout)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    stop = ["+callbacks.stop._target_=helpers.SignalAt", f"+callbacks.stop.batch={batch}"]
+    stopped = run_cli(*args, *stop, f"paths.log_dir={tmp_path / 'stopped'}", timeout=timeout)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    return run_folder(tmp_path / "straight"), run_folder(tmp_path / "stopped")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family, args, stop_batch", [("classifier", CLF, 6), ("gan", GAN, 13)])
 def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
@@ -70,17 +83,7 @@ def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
     last.ckpt; its one-cycle schedule asks Lightning for the run's length before the checkpoint
     is restored), `resume=<folder>`, and the same weights as never stopping, in the same
     checkpoint files (the preemption's last.ckpt overwritten, never beside a last-v1.ckpt)."""
-    straight = run_cli(*args, f"paths.log_dir={tmp_path / 'straight'}")
-    assert straight.returncode == 0, straight.stderr[-3000:]
-
-    stopped = run_cli(
-        *args,
-        f"paths.log_dir={tmp_path / 'stopped'}",
-        "+callbacks.stop._target_=helpers.SignalAt",
-        f"+callbacks.stop.batch={stop_batch}",
-    )
-    assert stopped.returncode == 143, stopped.stderr[-3000:]  # interrupted, not finished
-    folder = run_folder(tmp_path / "stopped")
+    straight, folder = straight_and_stopped_at(tmp_path, stop_batch, *args)
     assert summary_status(folder) == "interrupted"
     assert (folder / "checkpoints" / "last.ckpt").is_file()
 
@@ -93,11 +96,11 @@ def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
     assert not list((folder / "checkpoints").glob("*-v*.ckpt"))
     summary = json.loads((folder / "summary.json").read_text())
     assert Path(summary["last_checkpoint"]) == folder / "checkpoints" / "last.ckpt"
-    a, b = final_state(run_folder(tmp_path / "straight")), final_state(folder)
+    a, b = final_state(straight), final_state(folder)
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    assert val_rows(folder) == val_rows(run_folder(tmp_path / "straight"))  # metrics of every epoch
+    assert val_rows(folder) == val_rows(straight)  # metrics of every epoch
 
 
 @pytest.mark.slow
@@ -215,23 +218,14 @@ def test_a_stop_on_an_epochs_last_batch_waits_for_validation_on_every_rank(tmp_p
         "logger=csv",
         *QUIET,
     ]
-    straight = run_cli(*args, f"paths.log_dir={tmp_path / 'straight'}", timeout=300)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    stopped = run_cli(
-        *args,
-        f"paths.log_dir={tmp_path / 'stopped'}",
-        "+callbacks.stop._target_=helpers.SignalAt",
-        "+callbacks.stop.batch=3",  # 297 training images: 4 batches a rank
-        timeout=300,
-    )
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    folder = run_folder(tmp_path / "stopped")
+    # batch 3: 297 training images, 4 batches a rank
+    straight, folder = straight_and_stopped_at(tmp_path, 3, *args, timeout=300)
     assert [epoch for epoch, _ in val_rows(folder)] == ["0"]  # validated before stopping
     resumed = run_cli(f"resume={folder}", timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = final_state(run_folder(tmp_path / "straight")), final_state(folder)
+    a, b = final_state(straight), final_state(folder)
     assert all(torch.equal(a[name], b[name]) for name in a)
-    assert val_rows(folder) == val_rows(run_folder(tmp_path / "straight"))
+    assert val_rows(folder) == val_rows(straight)
 
 
 def summary_status(folder: Path) -> str:
@@ -800,17 +794,6 @@ def test_a_resume_continues_with_what_earlier_resumes_changed(tmp_path, monkeypa
     assert resume("trainer.max_epochs=6") == ["+callbacks.x.a=1", "trainer.max_epochs=6"]
     record_resume_overrides(folder)
     assert resume() == ["+callbacks.x.a=1", "trainer.max_epochs=6"]
-
-
-def straight_and_stopped_at(tmp_path: Path, batch: int, *args: str) -> tuple[Path, Path]:
-    """The run folders of ``args`` run to the end and of ``args`` stopped by SIGTERM in
-    ``batch`` (exit status 143, last.ckpt written)."""
-    straight = run_cli(*args, f"paths.log_dir={tmp_path / 'straight'}")
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    stop = ["+callbacks.stop._target_=helpers.SignalAt", f"+callbacks.stop.batch={batch}"]
-    stopped = run_cli(*args, *stop, f"paths.log_dir={tmp_path / 'stopped'}")
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    return run_folder(tmp_path / "straight"), run_folder(tmp_path / "stopped")
 
 
 @pytest.mark.slow

@@ -147,8 +147,9 @@ class FID(Callback):
 
     def _feed_real(self, trainer: L.Trainer, split: str, count: int, real: bool) -> int:
         """Add this rank's shard of ``count`` real images of a split (a seeded subset, as
-        DataModule.arrays draws it, framed as the models see them) to the real (or generated-side) statistics;
-        returns how many images all ranks fed (fewer than ``count`` in a smaller split)."""
+        DataModule.arrays draws it, framed as the models see them) to the real (or
+        generated-side) statistics; returns how many images all ranks fed (fewer than ``count``
+        in a smaller split)."""
         device = self.metric.device
         images, _ = trainer.datamodule.eval_arrays(split, count, device=device)
         shard = images[trainer.global_rank :: trainer.world_size]

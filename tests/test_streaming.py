@@ -5,8 +5,14 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
 import re
+import shutil
+import tempfile
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +107,57 @@ def test_optimize_keeps_the_image_folders_splits_and_bytes_and_skips_bad_files(c
     chunks = {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")}
     assert convert(root, str(dst), max_side=64, workers=2) == meta
     assert {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")} == chunks
+
+
+@pytest.fixture
+def shared_staging(tmp_path, monkeypatch) -> Path:
+    """LitData's staging folder shared by every optimize() on the machine ($TMPDIR/chunks),
+    with $TMPDIR (Python's, inherited by the forked workers) inside this test's folder."""
+    from litdata.processing.data_processor import _get_cache_dir
+
+    monkeypatch.delenv("DATA_OPTIMIZER_CACHE_FOLDER", raising=False)
+    monkeypatch.delenv("DATA_OPTIMIZER_DATA_CACHE_FOLDER", raising=False)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    shared = Path(_get_cache_dir())
+    assert shared.parent == tmp_path / "tmp"
+    return shared
+
+
+@contextmanager
+def another_litdata_job_wiping(folder: Path) -> Iterator[None]:
+    """What each other optimize() on the machine does to the shared staging folder as it
+    starts: delete it (here every 2 ms, for as long as the block runs)."""
+    stop = threading.Event()
+
+    def wipe() -> None:
+        while not stop.is_set():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            stop.wait(0.002)
+
+    thread = threading.Thread(target=wipe, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_conversion_leaves_the_machines_shared_staging_folder_alone(tmp_path, shared_staging):
+    """Every LitData optimize() empties $TMPDIR/chunks as it starts and stages an object
+    store's chunks there: two conversions at once on a node deleted each other's chunks before
+    their upload (CI, 2026-12-03). A conversion stages in folders of its own, removed after;
+    another job's files in the shared one survive it."""
+    shared_staging.mkdir()
+    (shared_staging / "chunk-0-0.bin").write_bytes(b"another job's chunk")
+    write_png_folder(tmp_path / "images", per_class=4)
+    meta = convert(tmp_path / "images", str(tmp_path / "chunks"), workers=2)
+    assert sum(s["images"] for s in meta["splits"].values()) == 12
+    assert (shared_staging / "chunk-0-0.bin").read_bytes() == b"another job's chunk"
+    assert not list(shared_staging.parent.glob("litlab-optimize-*"))  # its own: removed
+    assert "DATA_OPTIMIZER_CACHE_FOLDER" not in os.environ  # the user's environment as it was
 
 
 def test_a_conversion_leaving_a_class_no_training_files_is_refused(tmp_path):
@@ -425,10 +482,11 @@ def test_the_epoch_after_a_continued_one_streams_all_of_its_batches(converted, w
 
 @pytest.mark.slow
 def test_an_s3_dataset_converts_and_trains_with_credentials_from_the_environment_only(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, shared_staging
 ):
     """The URL path against a local S3 server (moto): convert to s3://, train one epoch from it,
-    and the secret key appears nowhere in the run folder."""
+    and the secret key appears nowhere in the run folder. The conversion stages its chunks
+    before the upload where other LitData jobs on the machine do not delete them."""
     moto_server = pytest.importorskip("moto.server")
     boto3 = pytest.importorskip("boto3")
     from litdata.streaming import downloader
@@ -455,7 +513,8 @@ def test_an_s3_dataset_converts_and_trains_with_credentials_from_the_environment
             s3.put_object(Bucket="litlab", Key=key, Body=b"precious")
         with pytest.raises(DataError, match=r"3 object.*would delete.*mixed/train/notes\.txt"):
             convert(tmp_path / "images", "s3://litlab/mixed", workers=2)
-        meta = convert(tmp_path / "images", "s3://litlab/images", workers=2)
+        with another_litdata_job_wiping(shared_staging):
+            meta = convert(tmp_path / "images", "s3://litlab/images", workers=2)
         assert sum(s["images"] for s in meta["splits"].values()) == 36
         # converted again (other options): its own earlier objects are replaced, others kept
         convert(tmp_path / "images", "s3://litlab/images", max_side=32, workers=2)

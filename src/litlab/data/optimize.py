@@ -24,8 +24,12 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -145,6 +149,39 @@ def _written(output_dir: str) -> int:
     return len(litdata.StreamingDataset(output_dir))
 
 
+# LitData's staging folders, one per machine unless these are set (its defaults: $TMPDIR/chunks
+# and $TMPDIR/data), emptied by every optimize() as it starts.
+STAGING_VARIABLES = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
+
+
+@contextmanager
+def private_staging() -> Iterator[Path]:
+    """Give LitData's optimize() staging folders of this conversion's own, removed afterwards.
+
+    LitData stages the chunks bound for an object store (and merges index files) in one folder
+    per machine, $TMPDIR/chunks, and every optimize() deletes that folder as it starts: two
+    conversions at once on one machine (two jobs on a node, two users of a login node) deleted
+    each other's staged chunks before their upload (seen: FileNotFoundError on chunk-0-0.bin),
+    or could upload the other's chunk of the same name. The private folders are made where the
+    user's DATA_OPTIMIZER_CACHE_FOLDER points (a scratch disk), else in $TMPDIR; the forked
+    workers inherit them."""
+    parent = os.environ.get(STAGING_VARIABLES[0]) or tempfile.gettempdir()
+    os.makedirs(parent, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix="litlab-optimize-", dir=parent))
+    before = {name: os.environ.get(name) for name in STAGING_VARIABLES}
+    os.environ[STAGING_VARIABLES[0]] = str(private / "chunks")
+    os.environ[STAGING_VARIABLES[1]] = str(private / "data")
+    try:
+        yield private
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(private, ignore_errors=True)
+
+
 def convert(
     src: Path,
     dst: str,
@@ -156,48 +193,51 @@ def convert(
     chunk_bytes: str = "64MB",
 ) -> dict[str, Any]:
     """Write SRC's splits to DST as LitData datasets, then DST/meta; return the meta."""
-    litdata = _litdata()
-    classes, splits, key = source_splits(src, test_fraction, val_fraction)
-    options = {"max_side": max_side, "quality": quality if max_side else None}
-    try:
-        meta = read_meta(dst)
-        if meta.get("source_key") == key and meta.get("options") == options:
-            print(f"{dst} already holds this conversion of {src}; nothing to do")
-            return meta
-    except DataError:
-        pass  # nothing there yet, or an unfinished conversion: write it all
-    for split, items in splits.items():
-        if not items:
-            raise DataError(f"the {split} split of {src} would be empty; add images or fractions")
-    check_destination(dst)
-    # An earlier conversion's meta would mark this one finished while its splits are rewritten:
-    # until the end, DST/meta says "unfinished" (a run refuses it; a new conversion redoes it).
-    _write_meta(dst, {"format": META_FORMAT, "unfinished": True, "source": str(src)})
-    report = {}
-    for split, items in splits.items():
-        litdata.optimize(
-            fn=partial(encode, max_side=max_side, quality=quality),
-            inputs=items,
-            output_dir=join(dst, split),
-            chunk_bytes=chunk_bytes,
-            num_workers=max(1, min(workers or os.cpu_count() or 1, len(items))),
-            reorder_files=False,  # LitData would sort by file size, which follows the class
-            mode="overwrite",
-            start_method=START_METHOD,
-        )
-        written = _written(join(dst, split))
-        report[split] = {"images": written, "skipped": len(items) - written}
-    meta = {
-        "format": META_FORMAT,
-        "classes": classes,
-        "splits": report,
-        "source": str(src),
-        "source_key": key,
-        "options": options,
-        "fractions": {"test": test_fraction, "val": val_fraction},
-    }
-    _write_meta(dst, meta)  # last: the conversion is finished
-    return meta
+    with private_staging():  # not LitData's folder shared by every conversion on the machine
+        litdata = _litdata()
+        classes, splits, key = source_splits(src, test_fraction, val_fraction)
+        options = {"max_side": max_side, "quality": quality if max_side else None}
+        try:
+            meta = read_meta(dst)
+            if meta.get("source_key") == key and meta.get("options") == options:
+                print(f"{dst} already holds this conversion of {src}; nothing to do")
+                return meta
+        except DataError:
+            pass  # nothing there yet, or an unfinished conversion: write it all
+        for split, items in splits.items():
+            if not items:
+                raise DataError(
+                    f"the {split} split of {src} would be empty; add images or fractions"
+                )
+        check_destination(dst)
+        # An earlier conversion's meta would mark this one finished while its splits are rewritten:
+        # until the end, DST/meta says "unfinished" (a run refuses it; a new conversion redoes it).
+        _write_meta(dst, {"format": META_FORMAT, "unfinished": True, "source": str(src)})
+        report = {}
+        for split, items in splits.items():
+            litdata.optimize(
+                fn=partial(encode, max_side=max_side, quality=quality),
+                inputs=items,
+                output_dir=join(dst, split),
+                chunk_bytes=chunk_bytes,
+                num_workers=max(1, min(workers or os.cpu_count() or 1, len(items))),
+                reorder_files=False,  # LitData would sort by file size, which follows the class
+                mode="overwrite",
+                start_method=START_METHOD,
+            )
+            written = _written(join(dst, split))
+            report[split] = {"images": written, "skipped": len(items) - written}
+        meta = {
+            "format": META_FORMAT,
+            "classes": classes,
+            "splits": report,
+            "source": str(src),
+            "source_key": key,
+            "options": options,
+            "fractions": {"test": test_fraction, "val": val_fraction},
+        }
+        _write_meta(dst, meta)  # last: the conversion is finished
+        return meta
 
 
 # What a conversion writes under DST: each split's and the meta's LitData index and chunks.

@@ -449,6 +449,26 @@ def test_domain_classifier_refuses_labels_of_one_class(tmp_path):
         domain_classifier(images, torch.zeros(16, dtype=torch.long), [0.5], [0.5], tmp_path)
 
 
+def test_the_cached_extractor_is_written_through_a_file_of_its_writers_own(tmp_path, monkeypatch):
+    """A sweep's jobs may train the same cached extractor at once, on hosts sharing the cache
+    or in containers that all run as pid 1: each writes its own temporary file (one named by
+    the pid alone was written by both at once), then renames it into place."""
+    import os
+
+    import litlab.data.folder as folder
+
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    assert folder.writer_tag() != folder.writer_tag()
+    images = torch.randint(0, 256, (32, 1, 16, 16), dtype=torch.uint8)
+    labels = torch.arange(32) % 2
+    first = domain_classifier(images, labels, [0.5], [0.5], tmp_path)
+    (path,) = tmp_path.iterdir()  # the cache alone, no temporary file left
+    assert path.suffix == ".pt"
+    again = domain_classifier(images, labels, [0.5], [0.5], tmp_path)  # read from the cache
+    x = torch.rand(4, 1, 16, 16)
+    assert torch.equal(first.eval()(x), again.eval()(x))
+
+
 def test_test_fid_draws_other_latents_than_val_fid_and_repeats(tmp_path):
     """test/fid of the selected checkpoint is a measurement of its own (other latents than the
     val/fid it was selected by), and eval.py measures it again exactly."""

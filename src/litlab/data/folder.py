@@ -358,6 +358,13 @@ def _open(folder: Path, index: FolderIndex) -> CachedFolder:
     return CachedFolder(images, labels, meta["classes"], meta["skipped"], folder, files)
 
 
+def writer_tag() -> str:
+    """A name for this writer's own temporary file or folder, distinct from every other
+    process's that shares the filesystem: hosts of a cluster, and containers sharing a volume,
+    which all run as pid 1."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
 def cached_folder(
     root: Path, size: int, channels: int, cache_dir: Path, workers: int | None = None
 ) -> CachedFolder:
@@ -368,10 +375,9 @@ def cached_folder(
     if (folder / "meta.json").is_file():
         return _open(folder, index)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    # A folder of its own for each build, never an existing one: containers sharing a cache
-    # volume all run as pid 1, and two builds in one folder wipe each other's rows.
-    tag = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    building = folder.with_name(f"{folder.name}.building-{tag}")
+    # A folder of its own for each build, never an existing one: two builds in one folder wipe
+    # each other's rows.
+    building = folder.with_name(f"{folder.name}.building-{writer_tag()}")
     building.mkdir()  # raises if it exists
     try:
         _build(index, building, size, channels, workers)

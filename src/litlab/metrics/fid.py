@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from litlab.data.folder import writer_tag
 from litlab.data.transforms import per_channel
 from litlab.errors import CheckpointError, ConfigError, first_line
 
@@ -175,9 +175,13 @@ def domain_classifier(
             optimizer.step()
     net.cpu()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes may build the same one at once
-    torch.save(net.state_dict(), tmp)
-    tmp.replace(path)
+    # A sweep's jobs (on several hosts, or in containers as pid 1) may build the same one at once
+    tmp = path.with_name(f"{path.name}.{writer_tag()}.tmp")
+    try:
+        torch.save(net.state_dict(), tmp)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return ClassifierFeatures(net, mean, std, image_shape)
 
 

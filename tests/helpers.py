@@ -295,3 +295,28 @@ def fake_scontrol(folder: Path, kill: str = "TERM") -> dict[str, str]:
         "FAKE_SLURM_LOG": str(folder / "scontrol.log"),
         "FAKE_SLURM_KILL": kill,
     }
+
+
+def fetch_fashion_mnist(data_dir: str, mirror: str, md5s: str, ready: str, go: str) -> None:
+    """One job's prepare_data on a fresh machine, against a local mirror of torchvision's
+    Fashion-MNIST files (``md5s``: JSON {file name: md5}): says it is ready, waits for the go,
+    fetches, then prints a digest of both splits as the job reads them."""
+    import hashlib
+    import time
+
+    import torchvision
+
+    from litlab.data.sources import FashionMNIST
+
+    torchvision.datasets.FashionMNIST.mirrors = [mirror]
+    torchvision.datasets.FashionMNIST.resources = list(json.loads(md5s).items())
+    Path(ready).touch()
+    while not Path(go).exists():
+        time.sleep(0.01)
+    source = FashionMNIST(data_dir, system_dir=None)
+    source.prepare()
+    digest = hashlib.sha256()
+    for split in ("train", "test"):
+        for tensor in source.load(split).tensors:
+            digest.update(tensor.numpy().tobytes())
+    print(digest.hexdigest())

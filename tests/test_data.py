@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +140,82 @@ def test_cifar10_corrupt_batch_is_a_data_error(tmp_path):
     (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(b"\x80\x04garbage")
     with pytest.raises(DataError, match="not a readable CIFAR-10 batch"):
         CIFAR10(str(tmp_path), download=False).load("test")
+
+
+def test_jobs_starting_at_once_download_a_dataset_once_and_read_it_whole(tmp_path):
+    """A sweep's jobs on a fresh machine prepare the same data folder at once. torchvision
+    writes and extracts its files in place: each job downloaded every file again over the
+    others' (a job's md5 check or extraction could meet another's truncation) and a job could
+    take another's half-written file as found. Three jobs against a slow local mirror: each
+    file is fetched once, and every job reads the whole dataset."""
+    import hashlib
+    import http.server
+    import threading
+    import time
+
+    mirror = tmp_path / "mirror"
+    write_idx_dataset(mirror, n_train=2000, n_test=500)
+    fetched: Counter = Counter()
+
+    class SlowMirror(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(mirror), **kwargs)
+
+        def copyfile(self, source, outputfile):  # about 1 s a file: the jobs' fetches overlap
+            if self.headers.get("Method") == "HEAD":
+                return  # torchvision's redirect probe: a GET it closes after the headers
+            fetched[self.path.lstrip("/")] += 1
+            while chunk := source.read(16384):
+                outputfile.write(chunk)
+                time.sleep(0.02)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowMirror)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    md5s = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(mirror.iterdir())}
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "src")])}
+    go = tmp_path / "go"
+    jobs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys, helpers; helpers.fetch_fashion_mnist(*sys.argv[1:])",
+                str(tmp_path / "data"),
+                url,
+                json.dumps(md5s),
+                str(tmp_path / f"ready{i}"),
+                str(go),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready{i}").exists() for i in range(3)):
+            assert time.monotonic() < deadline and all(j.poll() is None for j in jobs)
+            time.sleep(0.05)
+        go.touch()  # all three fetch from the same instant
+        outputs = [job.communicate(timeout=120) for job in jobs]
+    finally:
+        server.shutdown()
+        for job in jobs:
+            job.kill()
+    for job, (_, err) in zip(jobs, outputs, strict=True):
+        assert job.returncode == 0, err[-3000:]
+    expected = hashlib.sha256()  # the mirror's files, read where they are
+    for split in ("train", "test"):
+        for tensor in FashionMNIST(str(mirror), system_dir=None).load(split).tensors:
+            expected.update(tensor.numpy().tobytes())
+    assert [out.strip() for out, _ in outputs] == [expected.hexdigest()] * 3
+    assert fetched == Counter(list(md5s))  # each file once
 
 
 def test_missing_cifar_without_download_says_what_to_do(tmp_path):

@@ -8,9 +8,11 @@ Folders of image files (``ImageFolder``) live in litlab.data.folder.
 from __future__ import annotations
 
 import gzip
+import logging
 import pickle
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from math import prod
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -20,6 +22,8 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from litlab.errors import ConfigError, DataError
+
+log = logging.getLogger("litlab")
 
 Split = Literal["train", "test"]
 
@@ -134,6 +138,34 @@ def read_idx(path: Path) -> torch.Tensor:
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8).reshape(dims)
 
 
+@contextmanager
+def one_download_at_a_time(folder: Path, name: str) -> Iterator[None]:
+    """Hold ``folder/.<name>.download.lock`` while a dataset's files are looked for and, if
+    missing, downloaded into ``folder``.
+
+    A sweep's jobs start at once, on one machine or on hosts sharing the folder, and torchvision
+    writes and extracts its files in place: each job's download truncated the files another was
+    writing or checking, and a job could take another's half-written file as found. A folder
+    where no lock can be made (read-only) is only read."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(folder / f".{name}.download.lock"))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            log.info("%s: another process is fetching it into %s; waiting for it", name, folder)
+            lock.acquire()
+    except OSError:
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
 class _IDXSource(Source):
     """A dataset published as four IDX files (MNIST and Fashion-MNIST)."""
 
@@ -163,17 +195,19 @@ class _IDXSource(Source):
         return all(self._find(stem) for pair in self.files.values() for stem in pair)
 
     def prepare(self) -> None:
-        if self._all_found():
-            return
-        if not self.download:
-            raise DataError(self._not_found("download is off (data.source.download=false)"))
-        import torchvision
+        with one_download_at_a_time(self.data_dir, self.name):
+            if self._all_found():
+                return
+            if not self.download:
+                raise DataError(self._not_found("download is off (data.source.download=false)"))
+            import torchvision
 
-        try:
-            getattr(torchvision.datasets, self.torchvision_name)(str(self.data_dir), download=True)
-        except Exception as e:  # any network or disk failure: report all the ways in one line
-            reason = " ".join(str(e).split())  # torchvision's lists each mirror on its own line
-            raise DataError(self._not_found(f"download failed: {reason}")) from e
+            try:
+                dataset = getattr(torchvision.datasets, self.torchvision_name)
+                dataset(str(self.data_dir), download=True)
+            except Exception as e:  # any network or disk failure: report all the ways in one line
+                reason = " ".join(str(e).split())  # torchvision lists each mirror on its own line
+                raise DataError(self._not_found(f"download failed: {reason}")) from e
 
     def _not_found(self, why: str) -> str:
         places = ", ".join(str(p) for p in self._candidates())
@@ -238,20 +272,21 @@ class CIFAR10(Source):
         self.download = download
 
     def prepare(self) -> None:
-        if all((self.root / b).is_file() for names in self.batches.values() for b in names):
-            return
-        hint = (
-            f"CIFAR-10 batches not found in {self.root}: put the extracted cifar-10-batches-py "
-            "folder in data.source.data_dir or allow the download (data.source.download=true)"
-        )
-        if not self.download:
-            raise DataError(hint)
-        import torchvision
+        with one_download_at_a_time(self.root.parent, self.name):
+            if all((self.root / b).is_file() for names in self.batches.values() for b in names):
+                return
+            hint = (
+                f"CIFAR-10 batches not found in {self.root}: put the extracted cifar-10-batches-py "
+                "folder in data.source.data_dir or allow the download (data.source.download=true)"
+            )
+            if not self.download:
+                raise DataError(hint)
+            import torchvision
 
-        try:
-            torchvision.datasets.CIFAR10(str(self.root.parent), download=True)
-        except Exception as e:
-            raise DataError(f"{hint}; download failed: {e}") from e
+            try:
+                torchvision.datasets.CIFAR10(str(self.root.parent), download=True)
+            except Exception as e:
+                raise DataError(f"{hint}; download failed: {e}") from e
 
     def load(self, split: Split) -> TensorDataset:
         images, labels = [], []

@@ -178,6 +178,7 @@ def test_jobs_starting_at_once_download_a_dataset_once_and_read_it_whole(tmp_pat
     url = f"http://127.0.0.1:{server.server_address[1]}/"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "src")])}
     go = tmp_path / "go"
+    logs = [open(tmp_path / f"job{i}.txt", "w+") for i in range(3)]  # noqa: SIM115
     jobs = [
         subprocess.Popen(
             [
@@ -191,11 +192,10 @@ def test_jobs_starting_at_once_download_a_dataset_once_and_read_it_whole(tmp_pat
                 str(go),
             ],
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
-        for i in range(3)
+        for i, log in enumerate(logs)
     ]
     try:
         deadline = time.monotonic() + 120
@@ -203,19 +203,56 @@ def test_jobs_starting_at_once_download_a_dataset_once_and_read_it_whole(tmp_pat
             assert time.monotonic() < deadline and all(j.poll() is None for j in jobs)
             time.sleep(0.05)
         go.touch()  # all three fetch from the same instant
-        outputs = [job.communicate(timeout=120) for job in jobs]
+        for job in jobs:
+            job.wait(timeout=120)
     finally:
         server.shutdown()
+        server.server_close()
         for job in jobs:
             job.kill()
-    for job, (_, err) in zip(jobs, outputs, strict=True):
-        assert job.returncode == 0, err[-3000:]
+            job.wait()
+    outputs = []
+    for job, log in zip(jobs, logs, strict=True):
+        log.seek(0)
+        lines = log.read().splitlines()
+        log.close()
+        assert job.returncode == 0, "\n".join(line for line in lines if "B/s]" not in line)[-3000:]
+        outputs.append(lines[-1])
     expected = hashlib.sha256()  # the mirror's files, read where they are
     for split in ("train", "test"):
         for tensor in FashionMNIST(str(mirror), system_dir=None).load(split).tensors:
             expected.update(tensor.numpy().tobytes())
-    assert [out.strip() for out, _ in outputs] == [expected.hexdigest()] * 3
+    assert outputs == [expected.hexdigest()] * 3
     assert fetched == Counter(list(md5s))  # each file once
+
+
+def test_a_job_waiting_too_long_for_anothers_download_says_which_lock(tmp_path, monkeypatch):
+    """A download that stalls holds the others back: after DOWNLOAD_WAIT_S a waiting job stops
+    with one line naming the lock (in DDP it hit Lightning's barrier timeout, which names
+    nothing)."""
+    import litlab.data.sources as sources
+
+    lock = tmp_path / "data" / ".fashion_mnist.download.lock"
+    lock.parent.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from filelock import FileLock; lock = FileLock(sys.argv[1]); lock.acquire(); "
+            "print('held', flush=True); time.sleep(120)",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(sources, "DOWNLOAD_WAIT_S", 1)
+        with pytest.raises(DataError, match=r"another process has held .*fashion_mnist\.download"):
+            sources.FashionMNIST(str(tmp_path / "data"), system_dir=None).prepare()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_missing_cifar_without_download_says_what_to_do(tmp_path):

@@ -459,14 +459,22 @@ def test_the_cached_extractor_is_written_through_a_file_of_its_writers_own(tmp_p
 
     monkeypatch.setattr(os, "getpid", lambda: 1)
     assert folder.writer_tag() != folder.writer_tag()
+    save, written = torch.save, []
+    monkeypatch.setattr(torch, "save", lambda obj, f: written.append(Path(f)) or save(obj, f))
     images = torch.randint(0, 256, (32, 1, 16, 16), dtype=torch.uint8)
     labels = torch.arange(32) % 2
-    first = domain_classifier(images, labels, [0.5], [0.5], tmp_path)
-    (path,) = tmp_path.iterdir()  # the cache alone, no temporary file left
-    assert path.suffix == ".pt"
-    again = domain_classifier(images, labels, [0.5], [0.5], tmp_path)  # read from the cache
+    nets = []
+    for _ in range(2):  # two writers of the same cache file, both pid 1
+        for path in tmp_path.iterdir():
+            path.unlink()
+        nets.append(domain_classifier(images, labels, [0.5], [0.5], tmp_path))
+        (path,) = tmp_path.iterdir()  # the cache alone, no temporary file left
+        assert path.suffix == ".pt"
+    assert len(written) == 2 and written[0] != written[1]
+    assert all(w.parent == tmp_path and w != path for w in written)
+    cached = domain_classifier(images, labels, [0.5], [0.5], tmp_path)  # read, not trained
     x = torch.rand(4, 1, 16, 16)
-    assert torch.equal(first.eval()(x), again.eval()(x))
+    assert len(written) == 2 and torch.equal(nets[1].eval()(x), cached.eval()(x))
 
 
 def test_test_fid_draws_other_latents_than_val_fid_and_repeats(tmp_path):

@@ -160,6 +160,44 @@ def test_a_conversion_leaves_the_machines_shared_staging_folder_alone(tmp_path, 
     assert "DATA_OPTIMIZER_CACHE_FOLDER" not in os.environ  # the user's environment as it was
 
 
+def test_private_staging_sits_beside_the_users_folder_and_clears_abandoned_ones(
+    tmp_path, monkeypatch
+):
+    """With DATA_OPTIMIZER_CACHE_FOLDER set (a scratch disk), the conversion's own folders go
+    beside that folder, not inside it (other LitData jobs delete it as they start). Folders
+    of this host's conversions stopped by Ctrl-C (LitData exits with os._exit, past any
+    cleanup) are removed once their process is gone and they sat unchanged for an hour."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from litlab.data.optimize import private_staging
+
+    scratch = tmp_path / "scratch"
+    monkeypatch.setenv("DATA_OPTIMIZER_CACHE_FOLDER", str(scratch / "chunks"))
+    monkeypatch.delenv("DATA_OPTIMIZER_DATA_CACHE_FOLDER", raising=False)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    host, hour_ago = socket.gethostname(), time.time() - 3700
+    abandoned = scratch / f"litlab-optimize-{host}-{gone.stdout.strip()}-0123456789ab"
+    recent = scratch / f"litlab-optimize-{host}-{gone.stdout.strip()}-ba9876543210"
+    running = scratch / f"litlab-optimize-{host}-{os.getppid()}-0123456789ab"
+    for folder in (abandoned, recent, running):
+        (folder / "chunks").mkdir(parents=True)
+    for folder in (abandoned, running):
+        for path in (folder / "chunks", folder):
+            os.utime(path, (hour_ago, hour_ago))
+    with private_staging() as private:
+        assert private.parent == scratch and private.name.startswith(f"litlab-optimize-{host}-")
+        assert os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] == str(private / "chunks")
+        assert os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] == str(private / "data")
+        assert not abandoned.exists() and recent.exists() and running.exists()
+    assert not private.exists()
+    assert os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] == str(scratch / "chunks")
+    assert "DATA_OPTIMIZER_DATA_CACHE_FOLDER" not in os.environ
+
+
 def test_a_conversion_leaving_a_class_no_training_files_is_refused(tmp_path):
     """As data=image_folder: a class whose only train/ file falls in the validation share (or
     an empty class folder) would never be trained on; refused before anything is written."""

@@ -25,8 +25,10 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +50,7 @@ from litlab.data.folder import (
     test_split,
     upright,
     validation_split,
+    writer_tag,
 )
 from litlab.data.streaming import META_FORMAT, _litdata, join, read_meta
 from litlab.errors import DataError, LitlabError, fail
@@ -152,6 +155,33 @@ def _written(output_dir: str) -> int:
 # LitData's staging folders, one per machine unless these are set (its defaults: $TMPDIR/chunks
 # and $TMPDIR/data), emptied by every optimize() as it starts.
 STAGING_VARIABLES = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
+STAGING_PREFIX = "litlab-optimize-"
+
+
+def _remove_abandoned_staging(parent: Path) -> None:
+    """Remove the staging folders of this host's conversions whose process is gone and that
+    nothing changed for an hour: LitData ends a conversion stopped by Ctrl-C with os._exit,
+    past any cleanup (they can hold the chunks of a whole split bound for an object store).
+    (The hour: containers with the host's name but pids of their own.)"""
+    host = socket.gethostname()
+    for folder in parent.glob(f"{STAGING_PREFIX}{host}-*"):
+        try:
+            changed = max(p.stat().st_mtime for p in [folder, *folder.iterdir()])
+        except OSError:
+            continue
+        if time.time() - changed < 3600:
+            continue
+        mark = re.fullmatch(
+            r"(\d+)-[0-9a-f]{12}", folder.name.removeprefix(f"{STAGING_PREFIX}{host}-")
+        )
+        if mark is None or int(mark[1]) == os.getpid():  # (another host's name may start so)
+            continue
+        try:
+            os.kill(int(mark[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
 
 
 @contextmanager
@@ -162,12 +192,16 @@ def private_staging() -> Iterator[Path]:
     per machine, $TMPDIR/chunks, and every optimize() deletes that folder as it starts: two
     conversions at once on one machine (two jobs on a node, two users of a login node) deleted
     each other's staged chunks before their upload (seen: FileNotFoundError on chunk-0-0.bin),
-    or could upload the other's chunk of the same name. The private folders are made where the
-    user's DATA_OPTIMIZER_CACHE_FOLDER points (a scratch disk), else in $TMPDIR; the forked
-    workers inherit them."""
-    parent = os.environ.get(STAGING_VARIABLES[0]) or tempfile.gettempdir()
-    os.makedirs(parent, exist_ok=True)
-    private = Path(tempfile.mkdtemp(prefix="litlab-optimize-", dir=parent))
+    or could upload the other's chunk of the same name. The private folder is made beside the
+    folder the user's DATA_OPTIMIZER_CACHE_FOLDER names (a scratch disk; not inside it, which
+    other LitData jobs delete), else in $TMPDIR; the forked workers inherit it. (os.environ is
+    the process's: one conversion at a time per process.)"""
+    user = os.environ.get(STAGING_VARIABLES[0])
+    parent = Path(user).resolve().parent if user else Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_staging(parent)
+    private = parent / f"{STAGING_PREFIX}{writer_tag()}"
+    private.mkdir()
     before = {name: os.environ.get(name) for name in STAGING_VARIABLES}
     os.environ[STAGING_VARIABLES[0]] = str(private / "chunks")
     os.environ[STAGING_VARIABLES[1]] = str(private / "data")

@@ -7,9 +7,12 @@ Folders of image files (``ImageFolder``) live in litlab.data.folder.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import logging
+import os
 import pickle
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -21,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from litlab.errors import ConfigError, DataError
+from litlab.errors import ConfigError, DataError, first_line
 
 log = logging.getLogger("litlab")
 
@@ -138,30 +141,55 @@ def read_idx(path: Path) -> torch.Tensor:
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8).reshape(dims)
 
 
+DOWNLOAD_WAIT_S = 30 * 60  # the longest a job waits for another's download
+DOWNLOAD_STALL_S = 120  # a download that receives nothing for this long fails
+
+
 @contextmanager
 def one_download_at_a_time(folder: Path, name: str) -> Iterator[None]:
     """Hold ``folder/.<name>.download.lock`` while a dataset's files are looked for and, if
-    missing, downloaded into ``folder``.
+    missing, downloaded into ``folder``; a download stalled for DOWNLOAD_STALL_S fails.
 
     A sweep's jobs start at once, on one machine or on hosts sharing the folder, and torchvision
     writes and extracts its files in place: each job's download truncated the files another was
     writing or checking, and a job could take another's half-written file as found. A folder
-    where no lock can be made (read-only) is only read."""
+    this process cannot write to (a read-only dataset mount) is only read."""
     from filelock import FileLock, Timeout
 
-    lock = FileLock(str(folder / f".{name}.download.lock"))
-    try:
+    with contextlib.suppress(OSError):
         folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+        yield
+        return
+    path = folder / f".{name}.download.lock"
+    lock: FileLock | None = FileLock(str(path), mode=0o666)  # hosts' and users' jobs share it
+    try:
         try:
             lock.acquire(timeout=0)
         except Timeout:
-            log.info("%s: another process is fetching it into %s; waiting for it", name, folder)
-            lock.acquire()
-    except OSError:
+            log.info("%s: waiting for another process holding %s (fetching the files)", name, path)
+            try:
+                lock.acquire(timeout=DOWNLOAD_WAIT_S)
+            except Timeout:
+                raise DataError(
+                    f"another process has held {path} for {DOWNLOAD_WAIT_S // 60} minutes while "
+                    f"fetching {name} (a stalled download?); stop it, or put the files in {folder}"
+                ) from None
+    except OSError as e:  # e.g. a file system without locks (NFS without lockd)
+        log.warning(
+            "%s: cannot lock %s (%s); fetching without it: jobs starting at once may "
+            "download over each other",
+            name,
+            path,
+            first_line(str(e)),
+        )
         lock = None
+    stall = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_STALL_S)  # torchvision's download sets no timeout
     try:
         yield
     finally:
+        socket.setdefaulttimeout(stall)
         if lock is not None:
             lock.release()
 

@@ -196,6 +196,11 @@ def test_private_staging_sits_beside_the_users_folder_and_clears_abandoned_ones(
     assert not private.exists()
     assert os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] == str(scratch / "chunks")
     assert "DATA_OPTIMIZER_DATA_CACHE_FOLDER" not in os.environ
+    # A folder whose parent cannot take it (a mount point's /, or not writable): on its disk still
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != scratch and access(p, mode))
+    with private_staging() as private:
+        assert private.parent == scratch / "chunks"
 
 
 def test_a_conversion_leaving_a_class_no_training_files_is_refused(tmp_path):

@@ -178,6 +178,8 @@ def _remove_abandoned_staging(parent: Path) -> None:
             continue
         try:
             os.kill(int(mark[1]), 0)
+        except OverflowError:
+            continue  # no pid of this machine
         except ProcessLookupError:
             shutil.rmtree(folder, ignore_errors=True)
         except PermissionError:
@@ -194,10 +196,15 @@ def private_staging() -> Iterator[Path]:
     each other's staged chunks before their upload (seen: FileNotFoundError on chunk-0-0.bin),
     or could upload the other's chunk of the same name. The private folder is made beside the
     folder the user's DATA_OPTIMIZER_CACHE_FOLDER names (a scratch disk; not inside it, which
-    other LitData jobs delete), else in $TMPDIR; the forked workers inherit it. (os.environ is
+    other LitData jobs delete; inside it only where its parent is / or not writable), else in
+    $TMPDIR; the forked workers inherit it. (os.environ is
     the process's: one conversion at a time per process.)"""
     user = os.environ.get(STAGING_VARIABLES[0])
-    parent = Path(user).resolve().parent if user else Path(tempfile.gettempdir())
+    parent = Path(tempfile.gettempdir())
+    if user:
+        parent = Path(os.path.abspath(user)).parent
+        if parent == Path(parent.anchor) or not os.access(parent, os.W_OK):
+            parent = Path(os.path.abspath(user))  # a mount point's (/scratch): on that disk still
     parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_staging(parent)
     private = parent / f"{STAGING_PREFIX}{writer_tag()}"

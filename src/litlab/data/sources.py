@@ -141,7 +141,7 @@ def read_idx(path: Path) -> torch.Tensor:
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8).reshape(dims)
 
 
-DOWNLOAD_WAIT_S = 30 * 60  # the longest a job waits for another's download
+DOWNLOAD_WAIT_S = 20 * 60  # the longest a job waits for another's download (< DDP's 30-min timeout)
 DOWNLOAD_STALL_S = 120  # a download that receives nothing for this long fails
 
 

@@ -226,6 +226,26 @@ def test_jobs_starting_at_once_download_a_dataset_once_and_read_it_whole(tmp_pat
     assert fetched == Counter(list(md5s))  # each file once
 
 
+def test_a_folder_that_cannot_be_locked_warns_only_when_it_downloads(tmp_path, monkeypatch, caplog):
+    """Where no lock can be taken (NFS without lockd; here the lock's name is a folder) the
+    files are still read, silently when they are there, with a warning before a download."""
+    import torchvision
+
+    data = tmp_path / "data"
+    (data / ".fashion_mnist.download.lock").mkdir(parents=True)
+    write_idx_dataset(data, n_train=20, n_test=10)
+    source = FashionMNIST(str(data), system_dir=None)
+    with caplog.at_level("WARNING", logger="litlab"):
+        source.prepare()
+    assert len(source.load("train")) == 20 and not caplog.records
+    monkeypatch.setattr(torchvision.datasets.FashionMNIST, "mirrors", ["http://127.0.0.1:9/"])
+    missing = FashionMNIST(str(tmp_path / "empty"), system_dir=None)
+    (tmp_path / "empty" / ".fashion_mnist.download.lock").mkdir(parents=True)
+    with caplog.at_level("WARNING", logger="litlab"), pytest.raises(DataError, match="download"):
+        missing.prepare()
+    assert "downloading without a lock" in caplog.text and "Is a directory" in caplog.text
+
+
 def test_a_job_waiting_too_long_for_anothers_download_says_which_lock(tmp_path, monkeypatch):
     """A download that stalls holds the others back: after DOWNLOAD_WAIT_S a waiting job stops
     with one line naming the lock (in DDP it hit Lightning's barrier timeout, which names

@@ -14,7 +14,7 @@ import os
 import pickle
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from math import prod
 from pathlib import Path
@@ -146,9 +146,10 @@ DOWNLOAD_STALL_S = 120  # a download that receives nothing for this long fails
 
 
 @contextmanager
-def one_download_at_a_time(folder: Path, name: str) -> Iterator[None]:
+def one_download_at_a_time(folder: Path, name: str) -> Iterator[Callable[[], None]]:
     """Hold ``folder/.<name>.download.lock`` while a dataset's files are looked for and, if
-    missing, downloaded into ``folder``; a download stalled for DOWNLOAD_STALL_S fails.
+    missing, downloaded into ``folder``; a download stalled for DOWNLOAD_STALL_S fails. Gives
+    the function to call before downloading: it warns where the folder could not be locked.
 
     A sweep's jobs start at once, on one machine or on hosts sharing the folder, and torchvision
     writes and extracts its files in place: each job's download truncated the files another was
@@ -158,8 +159,19 @@ def one_download_at_a_time(folder: Path, name: str) -> Iterator[None]:
 
     with contextlib.suppress(OSError):
         folder.mkdir(parents=True, exist_ok=True)
+    unlocked = ""  # why not, where the folder could not be locked
+
+    def before_download() -> None:
+        if unlocked:
+            log.warning(
+                "%s: downloading without a lock (%s): jobs starting at once may download over "
+                "each other",
+                name,
+                unlocked,
+            )
+
     if not os.access(folder, os.W_OK):
-        yield
+        yield before_download  # nothing can be downloaded into it: only read
         return
     path = folder / f".{name}.download.lock"
     lock: FileLock | None = FileLock(str(path), mode=0o666)  # hosts' and users' jobs share it
@@ -176,18 +188,11 @@ def one_download_at_a_time(folder: Path, name: str) -> Iterator[None]:
                     f"fetching {name} (a stalled download?); stop it, or put the files in {folder}"
                 ) from None
     except OSError as e:  # e.g. a file system without locks (NFS without lockd)
-        log.warning(
-            "%s: cannot lock %s (%s); fetching without it: jobs starting at once may "
-            "download over each other",
-            name,
-            path,
-            first_line(str(e)),
-        )
-        lock = None
+        unlocked, lock = f"{path}: {first_line(str(e))}", None
     stall = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_STALL_S)  # torchvision's download sets no timeout
     try:
-        yield
+        yield before_download
     finally:
         socket.setdefaulttimeout(stall)
         if lock is not None:
@@ -223,11 +228,12 @@ class _IDXSource(Source):
         return all(self._find(stem) for pair in self.files.values() for stem in pair)
 
     def prepare(self) -> None:
-        with one_download_at_a_time(self.data_dir, self.name):
+        with one_download_at_a_time(self.data_dir, self.name) as before_download:
             if self._all_found():
                 return
             if not self.download:
                 raise DataError(self._not_found("download is off (data.source.download=false)"))
+            before_download()
             import torchvision
 
             try:
@@ -300,7 +306,7 @@ class CIFAR10(Source):
         self.download = download
 
     def prepare(self) -> None:
-        with one_download_at_a_time(self.root.parent, self.name):
+        with one_download_at_a_time(self.root.parent, self.name) as before_download:
             if all((self.root / b).is_file() for names in self.batches.values() for b in names):
                 return
             hint = (
@@ -309,6 +315,7 @@ class CIFAR10(Source):
             )
             if not self.download:
                 raise DataError(hint)
+            before_download()
             import torchvision
 
             try:

@@ -150,7 +150,6 @@ def test_jobs_starting_at_once_download_a_dataset_once_and_read_it_whole(tmp_pat
     file is fetched once, and every job reads the whole dataset."""
     import hashlib
     import http.server
-    import threading
     import time
 
     mirror = tmp_path / "mirror"

@@ -197,8 +197,8 @@ def private_staging() -> Iterator[Path]:
     or could upload the other's chunk of the same name. The private folder is made beside the
     folder the user's DATA_OPTIMIZER_CACHE_FOLDER names (a scratch disk; not inside it, which
     other LitData jobs delete; inside it only where its parent is / or not writable), else in
-    $TMPDIR; the forked workers inherit it. (os.environ is
-    the process's: one conversion at a time per process.)"""
+    $TMPDIR; the forked workers inherit it. (os.environ is the process's: one conversion at a
+    time per process.)"""
     user = os.environ.get(STAGING_VARIABLES[0])
     parent = Path(tempfile.gettempdir())
     if user:
@@ -234,23 +234,21 @@ def convert(
     chunk_bytes: str = "64MB",
 ) -> dict[str, Any]:
     """Write SRC's splits to DST as LitData datasets, then DST/meta; return the meta."""
+    litdata = _litdata()
+    classes, splits, key = source_splits(src, test_fraction, val_fraction)
+    options = {"max_side": max_side, "quality": quality if max_side else None}
+    try:
+        meta = read_meta(dst)
+        if meta.get("source_key") == key and meta.get("options") == options:
+            print(f"{dst} already holds this conversion of {src}; nothing to do")
+            return meta
+    except DataError:
+        pass  # nothing there yet, or an unfinished conversion: write it all
+    for split, items in splits.items():
+        if not items:
+            raise DataError(f"the {split} split of {src} would be empty; add images or fractions")
+    check_destination(dst)
     with private_staging():  # not LitData's folder shared by every conversion on the machine
-        litdata = _litdata()
-        classes, splits, key = source_splits(src, test_fraction, val_fraction)
-        options = {"max_side": max_side, "quality": quality if max_side else None}
-        try:
-            meta = read_meta(dst)
-            if meta.get("source_key") == key and meta.get("options") == options:
-                print(f"{dst} already holds this conversion of {src}; nothing to do")
-                return meta
-        except DataError:
-            pass  # nothing there yet, or an unfinished conversion: write it all
-        for split, items in splits.items():
-            if not items:
-                raise DataError(
-                    f"the {split} split of {src} would be empty; add images or fractions"
-                )
-        check_destination(dst)
         # An earlier conversion's meta would mark this one finished while its splits are rewritten:
         # until the end, DST/meta says "unfinished" (a run refuses it; a new conversion redoes it).
         _write_meta(dst, {"format": META_FORMAT, "unfinished": True, "source": str(src)})

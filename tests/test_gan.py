@@ -455,12 +455,12 @@ def test_the_cached_extractor_is_written_through_a_file_of_its_writers_own(tmp_p
     the pid alone was written by both at once), then renames it into place."""
     import os
 
-    import litlab.data.folder as folder
+    from litlab.files import writer_tag
 
     monkeypatch.setattr(os, "getpid", lambda: 1)
-    assert folder.writer_tag() != folder.writer_tag()
+    assert writer_tag() != writer_tag()
     save, written = torch.save, []
-    monkeypatch.setattr(torch, "save", lambda obj, f: written.append(Path(f)) or save(obj, f))
+    monkeypatch.setattr(torch, "save", lambda obj, f: written.append(Path(f.name)) or save(obj, f))
     images = torch.randint(0, 256, (32, 1, 16, 16), dtype=torch.uint8)
     labels = torch.arange(32) % 2
     nets = []

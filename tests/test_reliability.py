@@ -406,6 +406,28 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
+def test_atomic_files_of_two_writers_as_pid_1_never_meet(tmp_path, monkeypatch):
+    """checkpoints, summaries and cached extractors are written through litlab.files.atomic_file:
+    each writer has its own temporary file, even as pid 1 (containers sharing a volume), and a
+    reader sees the old file or the new one whole."""
+    from litlab.files import atomic_file
+
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    path = tmp_path / "sub" / "summary.json"
+    with atomic_file(path, "w") as first, atomic_file(path, "w") as second:
+        assert first.name != second.name and Path(first.name).parent == path.parent
+        first.write("first")
+        second.write("second")
+        assert not path.exists()  # nothing is visible before the body ends
+    assert path.read_text() == "first"  # the outer writer finished last
+    with pytest.raises(RuntimeError), atomic_file(path, "w") as f:
+        f.write("half")
+        raise RuntimeError
+    assert path.read_text() == "first" and sorted(p.name for p in path.parent.iterdir()) == [
+        "summary.json"
+    ]
+
+
 def test_truncated_checkpoint_is_one_clear_error(tmp_path):
     path = tmp_path / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(1000)}}, path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.errors import CheckpointError, first_line
+from litlab.files import atomic_file
 
 # ckpt_path values that Lightning's Trainer resolves itself (trainer.fit/test(ckpt_path=...)).
 LIGHTNING_SHORTHANDS = ("last", "best", "hpc", "registry")
@@ -71,14 +71,5 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ) -> None:
         if "://" in str(path):  # remote storage: keep Lightning's fsspec transaction
             return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with atomic_file(path) as f:
+            torch.save(checkpoint, f)

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 import litlab
 from litlab.config import build
 from litlab.errors import ConfigError, LitlabError, Requeued, fail
+from litlab.files import atomic_file
 
 log = logging.getLogger("litlab")
 
@@ -105,9 +106,8 @@ def to_number(value: Any) -> float | None:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically: readers see the old file or the new one, never half of one."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    with atomic_file(path, "w") as f:
+        f.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def read_summary(path: Path) -> dict[str, Any] | None:

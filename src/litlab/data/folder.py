@@ -27,8 +27,6 @@ import json
 import logging
 import os
 import shutil
-import socket
-import uuid
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -43,6 +41,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from litlab.data.sources import Source, Split, labels_of
 from litlab.errors import ConfigError, DataError, first_line
+from litlab.files import writer_tag
 
 log = logging.getLogger(__name__)
 
@@ -356,13 +355,6 @@ def _open(folder: Path, index: FolderIndex) -> CachedFolder:
     if len(files) != count:
         raise DataError(f"the cache {folder} does not match its folder; delete it and run again")
     return CachedFolder(images, labels, meta["classes"], meta["skipped"], folder, files)
-
-
-def writer_tag() -> str:
-    """A name for this writer's own temporary file or folder, distinct from every other
-    process's that shares the filesystem: hosts of a cluster, and containers sharing a volume,
-    which all run as pid 1."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def cached_folder(

@@ -50,10 +50,10 @@ from litlab.data.folder import (
     test_split,
     upright,
     validation_split,
-    writer_tag,
 )
 from litlab.data.streaming import META_FORMAT, _litdata, join, read_meta
 from litlab.errors import DataError, LitlabError, fail
+from litlab.files import writer_tag
 
 # Workers forked from this process start at once; spawned ones import torch again (~5 s each).
 START_METHOD = "fork" if sys.platform == "linux" else None

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from litlab.data.folder import writer_tag
 from litlab.data.transforms import per_channel
 from litlab.errors import CheckpointError, ConfigError, first_line
+from litlab.files import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -174,14 +174,8 @@ def domain_classifier(
             loss.backward()
             optimizer.step()
     net.cpu()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A sweep's jobs (on several hosts, or in containers as pid 1) may build the same one at once
-    tmp = path.with_name(f"{path.name}.{writer_tag()}.tmp")
-    try:
-        torch.save(net.state_dict(), tmp)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path) as f:  # a sweep's jobs may build the same one at once
+        torch.save(net.state_dict(), f)
     return ClassifierFeatures(net, mean, std, image_shape)
 
 

@@ -109,11 +109,25 @@ class SignalAt(Callback):
 
 class CaptureNoise(Callback):
     """Each rank saves what its generators were fed (the first training batches' noise, and the
-    noise of FID's samples at validation) and its random state at the end of training."""
+    noise of FID's samples at validation), the real images it fed FID's real statistics (as
+    uint8) and its random state at the end of training."""
 
     def __init__(self, folder: str, train_batches: int = 2) -> None:
         self.folder, self.train_batches = Path(folder), train_batches
-        self.seen: dict[str, list[torch.Tensor]] = {"train": [], "fid": []}
+        self.seen: dict[str, list[torch.Tensor]] = {"train": [], "fid": [], "fid_real": []}
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        from litlab.callbacks import FID
+
+        (fid,) = [c for c in trainer.callbacks if isinstance(c, FID)]
+        update = fid.metric.update
+
+        def record(images, real):
+            if real:
+                self.seen["fid_real"].append(images.mul(255).round().to(torch.uint8).cpu())
+            return update(images, real=real)
+
+        fid.metric.update = record
 
     def setup(self, trainer, pl_module, stage) -> None:
         if stage != "fit":

@@ -495,7 +495,10 @@ def test_device_is_the_default_and_keeps_the_splits_of_the_dataloader_path():
     train = torch.cat([labels for _, labels in device.train_dataloader()])
     assert len(train) == len(device.datasets["train"]) // 32 * 32
     assert next(iter(device.train_dataloader()))[0].device.type == "cpu"  # no trainer: the CPU
-    assert device.arrays("val", limit=5)[0].shape == (5, 1, 28, 28)
+    five, labels = device.arrays("val", limit=5)
+    assert five.shape == (5, 1, 28, 28)
+    odd, odd_labels = device.arrays("val", limit=5, shard=(1, 2))  # a DDP rank's part
+    assert torch.equal(odd, five[1::2]) and torch.equal(odd_labels, labels[1::2])
 
 
 def test_loader_choice_is_checked(tmp_path):

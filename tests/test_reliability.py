@@ -134,6 +134,12 @@ def test_gan_under_ddp_ranks_draw_their_own_noise_and_resume_bit_identically(tmp
     # G_ema and G and at every evaluation, none shared between the ranks.
     assert [len(f) for f in fid] == [32, 32]
     assert len(torch.cat(fid).unique(dim=0)) == 64
+    # FID's real statistics: each rank reads and feeds its own part of the training images, the
+    # parts disjoint, all of them together (fewer than callbacks.fid.num_real here) once.
+    reals = [torch.cat(rank["fid_real"]).flatten(1) for rank in ranks]
+    assert abs(len(reals[0]) - len(reals[1])) <= 1
+    assert len(torch.cat(reals).unique(dim=0)) == len(images.flatten(1).unique(dim=0))
+    assert sum(map(len, reals)) == len(images)
     assert not torch.equal(ranks[0]["rng"], ranks[1]["rng"])  # augmentation/dropout streams
     # No Lightning warning (epoch metrics are reduced as they mean), and the job's throughput
     # is the sum of the ranks' own.

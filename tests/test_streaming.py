@@ -590,7 +590,8 @@ def test_an_s3_dataset_converts_and_trains_with_credentials_from_the_environment
 @pytest.mark.parametrize("decode", ["workers", "device"])
 def test_a_streamed_split_gives_a_seeded_random_sample_for_metrics(converted, tmp_path, decode):
     """What FID's real statistics read: a seeded random subset of the whole split (decoded as
-    training decodes), the same for the same seed, all of the split when it asks for more."""
+    training decodes), the same for the same seed, all of the split when it asks for more; a
+    DDP rank reads its own part of it (every world-th image), the parts making up the whole."""
     _, dst, _ = converted
     cfg = make_cfg(
         tmp_path,
@@ -608,6 +609,9 @@ def test_a_streamed_split_gives_a_seeded_random_sample_for_metrics(converted, tm
     again, _ = datamodule.arrays("train", 5, seed=1)
     other, _ = datamodule.arrays("train", 5, seed=2)
     assert torch.equal(images, again) and not torch.equal(images, other)
+    parts = [datamodule.arrays("train", 5, seed=1, shard=(rank, 2)) for rank in (0, 1)]
+    assert [len(p[0]) for p in parts] == [3, 2]
+    assert torch.equal(torch.cat([p[0] for p in parts])[[0, 3, 1, 4, 2]], images)
     assert len(datamodule.arrays("train", total + 10)[0]) == total
     with pytest.raises(ConfigError, match="extractor=inception"):
         datamodule.arrays("train")

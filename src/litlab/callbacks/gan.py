@@ -147,16 +147,17 @@ class FID(Callback):
 
     def _feed_real(self, trainer: L.Trainer, split: str, count: int, real: bool) -> int:
         """Add this rank's shard of ``count`` real images of a split (a seeded subset, as
-        DataModule.arrays draws it, framed as the models see them) to the real (or
-        generated-side) statistics; returns how many images all ranks fed (fewer than ``count``
-        in a smaller split)."""
+        DataModule.arrays draws it, framed as the models see them; each rank reads only its
+        own) to the real (or generated-side) statistics; returns how many images all ranks fed
+        (fewer than ``count`` in a smaller split, or where files did not decode)."""
         device = self.metric.device
-        images, _ = trainer.datamodule.eval_arrays(split, count, device=device)
-        shard = images[trainer.global_rank :: trainer.world_size]
-        for start in range(0, len(shard), self.batch_size):
-            batch = shard[start : start + self.batch_size].to(device).float() / 255
+        shard = (trainer.global_rank, trainer.world_size)
+        images, _ = trainer.datamodule.eval_arrays(split, count, device=device, shard=shard)
+        for start in range(0, len(images), self.batch_size):
+            batch = images[start : start + self.batch_size].to(device).float() / 255
             self.metric.update(batch, real=real)
-        return len(images)
+        fed = torch.tensor(len(images), device=device)
+        return int(trainer.strategy.reduce(fed, reduce_op="sum"))
 
     def _feed_generated(
         self, trainer: L.Trainer, pl_module: L.LightningModule, total: int, ema: bool, stage: str

@@ -64,11 +64,11 @@ def _class_count(dataset: Dataset) -> tuple[int, bool]:
 
 
 def _stream_sample(
-    dataset: Dataset, limit: int | None, seed: int
+    dataset: Dataset, limit: int | None, seed: int, shard: tuple[int, int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A seeded uniform random subset of a streamed split, read item by item: its labels are
-    not known without reading every item, so the subset is representative in expectation, not
-    stratified."""
+    """A seeded uniform random subset of a streamed split (``shard``'s part of it), read item
+    by item: its labels are not known without reading every item, so the subset is
+    representative in expectation, not stratified."""
     if limit is None:
         raise ConfigError(
             "a streamed split is too large to hold in memory whole: FID on streamed data needs "
@@ -78,6 +78,7 @@ def _stream_sample(
         )
     generator = torch.Generator().manual_seed(seed)
     index = torch.randperm(dataset.images, generator=generator)[:limit].sort().values
+    index = index[shard[0] :: shard[1]]
     return stack_samples([dataset[i] for i in index.tolist()], dataset.sample_shape)
 
 
@@ -390,17 +391,24 @@ class DataModule(L.LightningDataModule):
         return self._loader("test", train=False)
 
     def arrays(
-        self, split: str, limit: int | None = None, seed: int = 0
+        self,
+        split: str,
+        limit: int | None = None,
+        seed: int = 0,
+        shard: tuple[int, int] = (0, 1),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A split's uint8 images and labels (for metrics such as FID): all of them, or a seeded
         class-stratified random subset of ``limit`` (splits are stored class by class, so a
-        head would hold the first classes only)."""
+        head would hold the first classes only). ``shard=(rank, world)``: only every
+        world-th image of that set, from the rank-th on (read alone: a rank of a DDP job reads
+        its part of a stream or folder, not all of it)."""
         self.setup()
         dataset = self.datasets[split]
         if _streams(dataset):
-            return _stream_sample(dataset, limit, seed)
+            return _stream_sample(dataset, limit, seed, shard)
         labels = labels_of(dataset)
         index = stratified_indices(labels, len(labels) if limit is None else limit, seed)
+        index = index[shard[0] :: shard[1]]
         base, within = dataset, index
         while isinstance(base, Subset):  # index the tensors themselves, not one sample at a time
             base, within = base.dataset, torch.as_tensor(base.indices, dtype=torch.long)[within]
@@ -416,12 +424,13 @@ class DataModule(L.LightningDataModule):
         seed: int = 0,
         device: torch.device | str = "cpu",
         chunk: int = 2048,
+        shard: tuple[int, int] = (0, 1),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``arrays`` framed as the models see them: each image's centre ``eval_crop`` resized to
         ``image_shape`` (on ``device``, as a run there crops), returned as uint8 on the CPU. Real
         images for FID and its extractor: a generator learns these frames (GANs take the
         evaluation crop in training too), not the stored ones, which may be larger."""
-        images, labels = self.arrays(split, limit, seed)
+        images, labels = self.arrays(split, limit, seed, shard)
         framed = [self.transform.eval_pixels(part.to(device)).cpu() for part in images.split(chunk)]
         return (torch.cat(framed) if framed else images), labels
 

@@ -18,13 +18,16 @@ train: install  ## train the default CNN on the embedded digits (add ARGS="key=v
 
 # pytest processes side by side (pytest-xdist): the suite's tests wait on processes, files and
 # Python more than on arithmetic, so two share two cores well (CI: 2 cores); JOBS=0: one process.
+# worksteal: a process that runs out of tests takes half of another's queue (the slow tier,
+# first in the order, would otherwise end the run on one process while the other idles).
 JOBS ?= 2
+XDIST = -n $(JOBS) --dist worksteal
 
 test: install  ## the whole suite (GPU tests skip themselves without CUDA)
-	$(BIN)/python -m pytest -n $(JOBS) $(ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(ARGS)
 
 test-fast: install  ## the suite without the slow tier
-	$(BIN)/python -m pytest -n $(JOBS) -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(ARGS)
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -166,26 +166,30 @@ def test_private_staging_sits_beside_the_users_folder_and_clears_abandoned_ones(
     """With DATA_OPTIMIZER_CACHE_FOLDER set (a scratch disk), the conversion's own folders go
     beside that folder, not inside it (other LitData jobs delete it as they start). Folders
     of this host's conversions stopped by Ctrl-C (LitData exits with os._exit, past any
-    cleanup) are removed once their process is gone and they sat unchanged for an hour."""
+    cleanup) are removed once their process is gone and they sat unchanged for an hour; not
+    those of another pid namespace (a container with the host's name), whose pids are not ours."""
     import socket
     import subprocess
     import sys
     import time
 
     from litlab.data.optimize import private_staging
+    from litlab.files import pid_namespace
 
     scratch = tmp_path / "scratch"
     monkeypatch.setenv("DATA_OPTIMIZER_CACHE_FOLDER", str(scratch / "chunks"))
     monkeypatch.delenv("DATA_OPTIMIZER_DATA_CACHE_FOLDER", raising=False)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    host, hour_ago = socket.gethostname(), time.time() - 3700
+    host, hour_ago = f"{socket.gethostname()}-{pid_namespace()}", time.time() - 3700
     abandoned = scratch / f"litlab-optimize-{host}-{gone.stdout.strip()}-0123456789ab"
     recent = scratch / f"litlab-optimize-{host}-{gone.stdout.strip()}-ba9876543210"
     running = scratch / f"litlab-optimize-{host}-{os.getppid()}-0123456789ab"
-    for folder in (abandoned, recent, running):
+    container = f"litlab-optimize-{socket.gethostname()}-{pid_namespace() + 1}"
+    elsewhere = scratch / f"{container}-{gone.stdout.strip()}-0123456789ab"
+    for folder in (abandoned, recent, running, elsewhere):
         (folder / "chunks").mkdir(parents=True)
-    for folder in (abandoned, running):
+    for folder in (abandoned, running, elsewhere):
         for path in (folder / "chunks", folder):
             os.utime(path, (hour_ago, hour_ago))
     with private_staging() as private:
@@ -193,6 +197,7 @@ def test_private_staging_sits_beside_the_users_folder_and_clears_abandoned_ones(
         assert os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] == str(private / "chunks")
         assert os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] == str(private / "data")
         assert not abandoned.exists() and recent.exists() and running.exists()
+        assert elsewhere.exists()
     assert not private.exists()
     assert os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] == str(scratch / "chunks")
     assert "DATA_OPTIMIZER_DATA_CACHE_FOLDER" not in os.environ

@@ -15,11 +15,20 @@ from pathlib import Path
 from typing import IO
 
 
+def pid_namespace() -> int:
+    """This process's pid namespace (an inode number; 0 where there is no /proc): containers on
+    one host, even with the host's name (--network host), number their processes apart."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def writer_tag() -> str:
     """A name for this writer's own temporary file or folder, distinct from every other
     process's that shares the filesystem: hosts of a cluster, and containers sharing a volume,
-    which all run as pid 1."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    which all run as pid 1: ``<host>-<pid namespace>-<pid>-<12 random hex digits>``."""
+    return f"{socket.gethostname()}-{pid_namespace()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 @contextmanager

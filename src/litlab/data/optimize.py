@@ -53,7 +53,7 @@ from litlab.data.folder import (
 )
 from litlab.data.streaming import META_FORMAT, _litdata, join, read_meta
 from litlab.errors import DataError, LitlabError, fail
-from litlab.files import writer_tag
+from litlab.files import pid_namespace, writer_tag
 
 # Workers forked from this process start at once; spawned ones import torch again (~5 s each).
 START_METHOD = "fork" if sys.platform == "linux" else None
@@ -162,18 +162,17 @@ def _remove_abandoned_staging(parent: Path) -> None:
     """Remove the staging folders of this host's conversions whose process is gone and that
     nothing changed for an hour: LitData ends a conversion stopped by Ctrl-C with os._exit,
     past any cleanup (they can hold the chunks of a whole split bound for an object store).
-    (The hour: containers with the host's name but pids of their own.)"""
-    host = socket.gethostname()
-    for folder in parent.glob(f"{STAGING_PREFIX}{host}-*"):
+    Only folders of this pid namespace (``writer_tag``: containers with the host's name number
+    their processes apart); the hour is a margin for machines of one name sharing the disk."""
+    mine = f"{STAGING_PREFIX}{socket.gethostname()}-{pid_namespace()}-"
+    for folder in parent.glob(f"{mine}*"):
         try:
             changed = max(p.stat().st_mtime for p in [folder, *folder.iterdir()])
         except OSError:
             continue
         if time.time() - changed < 3600:
             continue
-        mark = re.fullmatch(
-            r"(\d+)-[0-9a-f]{12}", folder.name.removeprefix(f"{STAGING_PREFIX}{host}-")
-        )
+        mark = re.fullmatch(r"(\d+)-[0-9a-f]{12}", folder.name.removeprefix(mine))
         if mark is None or int(mark[1]) == os.getpid():  # (another host's name may start so)
             continue
         try:

@@ -432,6 +432,15 @@ def test_atomic_files_of_two_writers_as_pid_1_never_meet(tmp_path, monkeypatch):
     assert path.read_text() == "first" and sorted(p.name for p in path.parent.iterdir()) == [
         "summary.json"
     ]
+    # What a writer killed mid-write (SIGKILL after a preemption's save began) left is removed by
+    # the next one that finishes, once it sat unchanged for an hour; a live writer's is not.
+    killed, live = path.parent / ".summary.json.0123.tmp", path.parent / ".summary.json.4567.tmp"
+    for left in (killed, live):
+        left.write_text("{")
+    os.utime(killed, (time.time() - 3700, time.time() - 3700))
+    with atomic_file(path, "w") as f:
+        f.write("third")
+    assert path.read_text() == "third" and not killed.exists() and live.exists()
 
 
 def test_truncated_checkpoint_is_one_clear_error(tmp_path):

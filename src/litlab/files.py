@@ -6,13 +6,17 @@ all run as pid 1: a temporary file named by pid alone is one file for all of the
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
+
+ABANDONED_AFTER_S = 3600  # a temporary file unchanged this long was left by a killed writer
 
 
 def pid_namespace() -> int:
@@ -34,12 +38,16 @@ def writer_tag() -> str:
 @contextmanager
 def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO]:
     """Open ``path`` for writing so that readers see the old file or the whole new one, never
-    part of one: the body writes a temporary file of this writer's own in the same folder,
-    which is flushed to disk and renamed over ``path`` (atomic within a filesystem) when the
-    body ends without an error, and removed when it raises. The folder is created if missing."""
+    part of one: the body writes a temporary file of this writer's own in the same folder
+    (``.<name>.<random>.tmp``), which is flushed to disk and renamed over ``path`` (atomic
+    within a filesystem) when the body ends without an error, and removed when it raises. The
+    folder is created if missing. Temporary files of ``path`` left by writers killed mid-write
+    (a checkpoint saved at a preemption signal, then SIGKILL) are removed by the next writer
+    that finishes, once unchanged for an hour."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{writer_tag()}.tmp")
+    # random alone: unique, and short (host names are up to 64 characters, file names 255)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:16]}.tmp")
     try:
         with open(tmp, mode) as f:
             yield f
@@ -48,3 +56,9 @@ def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    for left in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            if time.time() - left.stat().st_mtime > ABANDONED_AFTER_S:
+                left.unlink()
+        except OSError:
+            pass  # gone already, or not ours to remove

@@ -6,7 +6,6 @@ traceback; this check runs first and says what to do instead.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +14,13 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from litlab.errors import fail
+from litlab.files import writer_tag
 
 
 def _check(folder: str, key: str) -> None:
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        probe = Path(folder) / f".write-test-{os.getpid()}"  # ranks may probe at once
+        probe = Path(folder) / f".write-test-{writer_tag()}"  # ranks may probe at once
         probe.touch()
         probe.unlink()
     except OSError as e:

@@ -182,7 +182,7 @@ class FID(Callback):
     ) -> dict[str, float]:
         metric = self.metric.to(pl_module.device)
         total = self.sample_count(trainer)
-        if int(metric.real_features_num_samples) == 0:
+        if self._real_count == 0:  # the job's count, the same on every rank (a rank's own may be 0)
             self._real_count = self._feed_real(trainer, "train", self.num_real, real=True)
         values: dict[str, float] = {}
         if self._floor is None:

@@ -24,6 +24,11 @@ class DumpWeights(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         parameters = {name: p.detach().cpu() for name, p in pl_module.named_parameters()}
+        from litlab.callbacks import FID
+
+        for fid in (c for c in trainer.callbacks if isinstance(c, FID)):  # and FID's extractor's
+            for name, tensor in fid.metric.inception.state_dict().items():
+                parameters[f"fid_extractor.{name}"] = tensor.detach().cpu()
         torch.save(parameters, self.folder / f"rank{trainer.global_rank}.pt")
 
 

@@ -588,6 +588,7 @@ def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
     )
     assert rank0.keys() == rank1.keys() and any(k.startswith("generator.") for k in rank0)
     assert any(k.startswith("discriminator.") for k in rank0)
+    assert any(k.startswith("fid_extractor.net.") for k in rank0)  # the same extractor too
     for name in rank0:
         assert torch.equal(rank0[name], rank1[name]), name
     summaries = list(tmp_path.rglob("summary.json"))

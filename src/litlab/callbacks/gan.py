@@ -20,6 +20,7 @@ from litlab.metrics.fid import (
     class_histogram,
     classifier_from_checkpoint,
     domain_classifier,
+    domain_net,
     entropy,
 )
 
@@ -102,23 +103,25 @@ class FID(Callback):
             )
         if spec == "auto":
             device = trainer.strategy.root_device
-            images, labels = dm.eval_arrays("train", device=device)
             mean, std = dm.transform.mean.flatten().tolist(), dm.transform.std.flatten().tolist()
-            # Rank 0 trains it (or reads its cache) and hands its weights to every rank: ranks on
-            # other nodes may not share the cache folder, and a net trained twice on a GPU differs
-            # (each rank would measure its shard through its own extractor).
+            # Rank 0 trains it on the training split (or reads its cache) and hands its weights
+            # to every rank: ranks on other nodes may not share the cache folder, and a net
+            # trained twice on a GPU differs (each rank would measure its shard through its own
+            # extractor). The other ranks do not read the split.
             with torch.inference_mode(False):
-                extractor = None
+                extractor, trained = None, None
                 if trainer.is_global_zero:
+                    images, labels = dm.eval_arrays("train", device=device)
                     extractor = domain_classifier(
                         images, labels, mean, std, self.cache_dir, device=device
                     )
-                weights = extractor.net.state_dict() if extractor is not None else None
-                weights = trainer.strategy.broadcast(weights, src=0)
+                    trained = (extractor.net.state_dict(), int(labels.max()) + 1)
+                weights, classes = trainer.strategy.broadcast(trained, src=0)
                 if extractor is None:
-                    extractor = domain_classifier(
-                        images, labels, mean, std, self.cache_dir, device=device, weights=weights
-                    )
+                    shape = tuple(dm.image_shape)  # the frames eval_arrays gives rank 0
+                    net = domain_net(shape[0], classes)
+                    net.load_state_dict(weights)
+                    extractor = ClassifierFeatures(net, mean, std, shape)
                 return extractor
         if not Path(spec).is_file():
             raise ConfigError(

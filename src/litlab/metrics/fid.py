@@ -114,6 +114,17 @@ def _training_hash(
     return digest.hexdigest()[:16]
 
 
+def domain_net(channels: int, num_classes: int, width: int = 32, seed: int = 0) -> nn.Module:
+    """The domain classifier's net (SmallCNN) as initialized from a random stream of its own: the
+    run's random state (and so its results) must not depend on whether the extractor was
+    cached, and the cached weights on nothing but what their key names."""
+    from litlab.nets import SmallCNN
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SmallCNN(channels, num_classes, width=width)
+
+
 def domain_classifier(
     images: Tensor,
     labels: Tensor,
@@ -123,14 +134,8 @@ def domain_classifier(
     width: int = 32,
     seed: int = 0,
     device: str | torch.device = "cpu",
-    weights: dict[str, Tensor] | None = None,
 ) -> ClassifierFeatures:
-    """Train (once, cached by a hash of the data) a small CNN on real images as FID extractor.
-
-    ``weights``: another process's trained net (rank 0's), taken as it is.
-    """
-    from litlab.nets import SmallCNN
-
+    """Train (once, cached by a hash of the data) a small CNN on real images as FID extractor."""
     num_classes = int(labels.max()) + 1
     if labels.unique().numel() < 2:  # cross-entropy of one class is 0: the net would stay random
         raise ConfigError(
@@ -138,14 +143,7 @@ def domain_classifier(
             "set data.num_classes=1 (auto then uses InceptionV3) or callbacks.fid.extractor=inception"
         )
     image_shape = tuple(images.shape[1:])
-    # Its own random stream: the run's (and so its results) must not depend on whether the
-    # extractor was cached, and the cached weights on nothing but what the key names.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        net = SmallCNN(image_shape[0], num_classes, width=width)
-    if weights is not None:
-        net.load_state_dict(weights)
-        return ClassifierFeatures(net, mean, std, image_shape)
+    net = domain_net(image_shape[0], num_classes, width, seed)
     key = _training_hash(images, labels, mean, std, seed)
     path = Path(cache_dir) / f"fid-classifier-{key}-w{width}.pt"
     if path.is_file():

@@ -622,6 +622,39 @@ def test_a_streamed_split_gives_a_seeded_random_sample_for_metrics(converted, tm
         datamodule.arrays("train")
 
 
+@pytest.mark.dist
+def test_a_gan_on_streamed_data_under_ddp_ends_every_rank_with_the_extractors_one_line(
+    converted, tmp_path
+):
+    """FID's auto extractor trains on the whole training split, which a stream is too large to
+    hold: the one line says what to do. Only rank 0 reads the split (the others wait for its
+    weights): its error ends every rank, none is left waiting in the broadcast (it was)."""
+    _, dst, _ = converted
+    result = run_cli(
+        "model=dcgan",
+        "data=streaming",
+        f"data.source.input_dir={dst}",
+        "data.num_classes=3",
+        "data.source.size=16",
+        "data.image_shape=[3,16,16]",
+        "data.batch_size=4",
+        "model.generator.width=8",
+        "model.discriminator.width=8",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "logger=csv",
+        f"paths.log_dir={tmp_path}",
+        *QUIET,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("litlab: error:")]
+    # each rank's own (before: rank 0's alone; rank 1 waited until the launcher killed it)
+    assert len(lines) == 2 and all("callbacks.fid.extractor=inception" in x for x in lines), lines
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_streamed_epoch_resumed_inside_a_batch_gives_that_batch_again(converted, workers):
     """A checkpoint written inside a batch (Lightning's SLURM handler saves in the signal

@@ -6,6 +6,7 @@ all run as pid 1: a temporary file named by pid alone is one file for all of the
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import socket
@@ -56,9 +57,10 @@ def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    for left in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        try:
-            if time.time() - left.stat().st_mtime > ABANDONED_AFTER_S:
-                left.unlink()
-        except OSError:
-            pass  # gone already, or not ours to remove
+    try:  # the file is written: tidying up may fail, the write has not
+        for left in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+            with contextlib.suppress(OSError):  # gone already, or not ours to remove
+                if time.time() - left.stat().st_mtime > ABANDONED_AFTER_S:
+                    left.unlink()
+    except OSError:
+        pass  # the folder unreadable a moment (NFS)

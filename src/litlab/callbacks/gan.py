@@ -13,7 +13,7 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 from torchvision.utils import make_grid, save_image
 
 from litlab.distributed import log_job_value
-from litlab.errors import ConfigError
+from litlab.errors import ConfigError, LitlabError, first_line
 from litlab.metrics.fid import (
     ClassifierFeatures,
     InceptionFeatures,
@@ -111,12 +111,23 @@ class FID(Callback):
             with torch.inference_mode(False):
                 extractor, trained = None, None
                 if trainer.is_global_zero:
-                    images, labels = dm.eval_arrays("train", device=device)
-                    extractor = domain_classifier(
-                        images, labels, mean, std, self.cache_dir, device=device
-                    )
-                    trained = (extractor.net.state_dict(), int(labels.max()) + 1)
-                weights, classes = trainer.strategy.broadcast(trained, src=0)
+                    try:
+                        images, labels = dm.eval_arrays("train", device=device)
+                        extractor = domain_classifier(
+                            images, labels, mean, std, self.cache_dir, device=device
+                        )
+                        trained = (extractor.net.state_dict(), int(labels.max()) + 1)
+                    except Exception as error:  # every rank ends with it, none waits for rank 0
+                        failed = error
+                        if not isinstance(error, LitlabError):
+                            error = RuntimeError(
+                                f"rank 0 could not build the FID extractor: {first_line(error)}"
+                            )
+                        trained = error
+                trained = trainer.strategy.broadcast(trained, src=0)
+                if isinstance(trained, Exception):
+                    raise failed if trainer.is_global_zero else trained
+                weights, classes = trained
                 if extractor is None:
                     shape = tuple(dm.image_shape)  # the frames eval_arrays gives rank 0
                     net = domain_net(shape[0], classes)
@@ -164,20 +175,26 @@ class FID(Callback):
 
     def _feed_generated(
         self, trainer: L.Trainer, pl_module: L.LightningModule, total: int, ema: bool, stage: str
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """This rank's share of ``total`` generated images, from its own "fid" noise stream:
-        the stage's latents (the same at every evaluation, for G_ema and G), distinct across ranks."""
+        the stage's latents (the same at every evaluation, for G_ema and G), distinct across ranks.
+        Returns the extractor's class logits of them where it is a classifier, else None."""
         rank, world = trainer.global_rank, trainer.world_size
         n = total // world + (1 if rank < total % world else 0)
         generator = pl_module.random_stream("fid", LATENT_SETS[stage])
-        logits = []
+        extractor = self.metric.inception
+        classifies = isinstance(extractor, ClassifierFeatures)
+        # (a rank with no images, where N < ranks, has an empty histogram to sum all the same)
+        logits = (
+            [torch.empty(0, extractor.num_classes, device=pl_module.device)] if classifies else []
+        )
         for start in range(0, n, self.batch_size):
             noise = pl_module.random_noise(min(self.batch_size, n - start), generator)
             images = pl_module.sample(noise, ema=ema)
             self.metric.update(images, real=False)
-            if isinstance(self.metric.inception, ClassifierFeatures):
-                logits.append(self.metric.inception.features_and_logits(images)[1])
-        return torch.cat(logits) if logits else torch.empty(0)
+            if classifies:
+                logits.append(extractor.features_and_logits(images)[1])
+        return torch.cat(logits) if logits else None
 
     @torch.no_grad()
     def evaluate(
@@ -209,7 +226,7 @@ class FID(Callback):
             metric.reset()
             if ema or not has_ema:
                 values[f"{stage}/fid"] = values[f"{stage}/fid_{self.tag}"] = fid
-                if len(logits):
+                if logits is not None:  # on every rank: the sum is a collective
                     counts = class_histogram(logits)
                     counts = trainer.strategy.reduce(counts, reduce_op="sum")
                     values[f"{stage}/class_entropy"] = entropy(counts)

@@ -49,7 +49,7 @@ class ClassifierFeatures(nn.Module):
         if not heads:
             raise ConfigError("the FID extractor net has no Linear layer to take features from")
         self.net = net.eval().requires_grad_(False)
-        self.num_features = heads[-1].in_features
+        self.num_features, self.num_classes = heads[-1].in_features, heads[-1].out_features
         self.image_shape = tuple(image_shape)
         self.register_buffer("mean", per_channel(mean))
         self.register_buffer("std", per_channel(std))

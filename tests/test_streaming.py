@@ -622,6 +622,7 @@ def test_a_streamed_split_gives_a_seeded_random_sample_for_metrics(converted, tm
         datamodule.arrays("train")
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_a_gan_on_streamed_data_under_ddp_ends_every_rank_with_the_extractors_one_line(
     converted, tmp_path

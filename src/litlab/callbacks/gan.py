@@ -194,7 +194,7 @@ class FID(Callback):
             self.metric.update(images, real=False)
             if classifies:
                 logits.append(extractor.features_and_logits(images)[1])
-        return torch.cat(logits) if logits else None
+        return torch.cat(logits) if classifies else None
 
     @torch.no_grad()
     def evaluate(

@@ -63,12 +63,10 @@ def _class_count(dataset: Dataset) -> tuple[int, bool]:
     return int(dataset.tensors[1].max()) + 1, False
 
 
-def _stream_sample(
-    dataset: Dataset, limit: int | None, seed: int, shard: tuple[int, int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A seeded uniform random subset of a streamed split (``shard``'s part of it), read item
-    by item: its labels are not known without reading every item, so the subset is
-    representative in expectation, not stratified."""
+def _stream_index(dataset: Dataset, limit: int | None, seed: int) -> torch.Tensor:
+    """A seeded uniform random subset of a streamed split's items (sorted): their labels are
+    not known without reading every item, so the subset is representative in expectation, not
+    stratified."""
     if limit is None:
         raise ConfigError(
             "a streamed split is too large to hold in memory whole: FID on streamed data needs "
@@ -77,9 +75,7 @@ def _stream_sample(
             "trains on the whole split"
         )
     generator = torch.Generator().manual_seed(seed)
-    index = torch.randperm(dataset.images, generator=generator)[:limit].sort().values
-    index = index[shard[0] :: shard[1]]
-    return stack_samples([dataset[i] for i in index.tolist()], dataset.sample_shape)
+    return torch.randperm(dataset.images, generator=generator)[:limit].sort().values
 
 
 class DataModule(L.LightningDataModule):
@@ -405,16 +401,18 @@ class DataModule(L.LightningDataModule):
         self.setup()
         dataset = self.datasets[split]
         if _streams(dataset):
-            return _stream_sample(dataset, limit, seed, shard)
-        labels = labels_of(dataset)
-        index = stratified_indices(labels, len(labels) if limit is None else limit, seed)
+            index = _stream_index(dataset, limit, seed)
+        else:
+            labels = labels_of(dataset)
+            index = stratified_indices(labels, len(labels) if limit is None else limit, seed)
         index = index[shard[0] :: shard[1]]
         base, within = dataset, index
         while isinstance(base, Subset):  # index the tensors themselves, not one sample at a time
             base, within = base.dataset, torch.as_tensor(base.indices, dtype=torch.long)[within]
         if isinstance(base, TensorDataset):
             return base.tensors[0][within], base.tensors[1][within]
-        # files read one by one: some may not decode (dropped), JPEGs may come encoded
+        # files or a stream's items read one by one: some may not decode (dropped), JPEGs may
+        # come encoded
         return stack_samples([dataset[i] for i in index.tolist()], _sample_shape(dataset))
 
     def eval_arrays(

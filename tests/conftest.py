@@ -21,6 +21,23 @@ from omegaconf import DictConfig, open_dict
 from litlab.config import config_dir
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist, each worker (and every process it starts: CLI runs, DDP ranks) gets
+    its share of the cores for torch's intra-op threads. Left to torch's default, every worker
+    runs one OpenMP thread per core, and their spinning threads fight: the suite took twice the
+    time on 2 cores with 2 workers (tests/test_train.py + test_recipes.py + test_observability.py:
+    288 s vs 143 s, 2026-12-03). A user's OMP_NUM_THREADS is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = max(1, (cores or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+_share_the_cores_between_workers()
 FASHION_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 # A GAN small enough for a CPU test: 16 px synthetic images, widths of 8 (any model=dcgan*).
 TINY_GAN_DATA = [

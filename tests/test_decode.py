@@ -5,6 +5,8 @@ with libjpeg-turbo; the CUDA tests (nvJPEG) run in the GPU tier."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -356,3 +358,35 @@ def test_workers_that_read_files_are_not_forked_from_the_training_process(tmp_pa
     )  # fmt: skip
     in_memory.setup()
     assert in_memory.test_dataloader().multiprocessing_context is None
+
+
+def test_a_reader_worker_finds_what_the_main_script_imports_already_imported(tmp_path):
+    """multiprocessing runs the main script (as __mp_main__) in every worker it starts, and
+    train.py imports everything a run needs (W&B, Hydra, ...). The readers' forkserver imports
+    it once for all its workers; before, each worker imported it at every pass (a stream's
+    workers are not persistent). Three loaders of one worker each, in a script as train.py."""
+    write_jpeg_folder(tmp_path / "images", per_class=4)
+    runs = tmp_path / "runs.txt"
+    script = tmp_path / "script.py"
+    script.write_text(
+        f"""import os, sys
+with open({str(runs)!r}, "a") as f:
+    f.write(f"{{__name__}} {{'litlab.train' in sys.modules}}\\n")
+from litlab.train import main
+from litlab.data import DataModule, ImageFolder
+
+if __name__ == "__main__":
+    source = ImageFolder({str(tmp_path / "images")!r}, size=16, cache=False)
+    dm = DataModule(source, [3, 16, 16], 2, [0.5], [0.25], batch_size=2, eval_batch_size=2,
+                    num_workers=1, loader="auto")
+    dm.setup()
+    for _ in range(3):
+        loader = dm.test_dataloader()
+        assert loader.multiprocessing_context.get_start_method() == "forkserver"
+        assert len(list(loader)) == len(loader) > 0
+"""
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = runs.read_text().splitlines()
+    assert runs == ["__main__ False"] + ["__mp_main__ True"] * 3, runs

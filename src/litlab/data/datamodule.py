@@ -352,7 +352,7 @@ class DataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             collate_fn=skip_unreadable,
-            multiprocessing_context=reader_context(self.num_workers),
+            multiprocessing_context=reader_context(self.num_workers, "litdata"),
             trained=self._trained_batches() if train else None,
             epoch=(lambda: epoch_to_train(trainer)) if train and trainer is not None else None,
         )

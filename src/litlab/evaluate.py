@@ -24,7 +24,7 @@ from litlab.data.folder import split_folders
 from litlab.errors import ConfigError
 from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
-from litlab.run import Run, build_list, config_digest
+from litlab.run import Run, build_list, config_digest, skip_the_final_collection
 from litlab.train import setup_extras
 
 log = logging.getLogger("litlab")
@@ -166,8 +166,14 @@ def eval_task(cfg: DictConfig) -> float | None:
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="eval")
-def main(cfg: DictConfig) -> float | None:
+def hydra_main(cfg: DictConfig) -> float | None:
     return eval_task(cfg)
+
+
+def main() -> None:
+    """`python eval.py ...`: Hydra's command line."""
+    skip_the_final_collection()
+    hydra_main()
 
 
 if __name__ == "__main__":

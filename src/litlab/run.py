@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -44,6 +46,19 @@ warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 # Lightning counts trainer.log_every_n_steps across epochs (since 2.0), so epochs shorter than
 # the interval still get their per-step curves; its warning says otherwise.
 warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller")
+
+
+def skip_the_final_collection() -> None:
+    """At the interpreter's exit, no last garbage collection over the objects of this run's
+    imports (torch's operator registry, sympy, scipy...): they are frozen (``gc.freeze``) once
+    every exit handler registered after this call has run (W&B's finish, Lightning's). The
+    collection only frees memory that the OS takes back anyway, and it cost 1.5 s of every
+    process's exit on 2 CPU cores (``import litlab.train`` then exit: 1.83-1.93 s of teardown,
+    0.31-0.37 s frozen; py-spy: gc_collect_main), once per command and per DDP rank. Handlers
+    registered earlier (logging's flush, multiprocessing's children, temporary folders) run
+    after it and are explicit calls, not collections. For the command-line entry points only:
+    a library user's interpreter exits as they expect."""
+    atexit.register(gc.freeze)
 
 
 def build_list(node: DictConfig | None, path: str) -> list[Any]:

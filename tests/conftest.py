@@ -50,6 +50,8 @@ TINY_GAN_DATA = [
     "model.discriminator.width=8",
 ]
 TINY_GAN = ["model=dcgan", *TINY_GAN_DATA]
+# The README's DDP line on a machine without GPUs: two CPU processes (gloo).
+CPU_DDP = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp"]
 # A test run's console: no config tree, no progress bar (and with QUIET_CSV, CSV logs only).
 QUIET = ["extras.print_config=false", "callbacks.progress_bar=null"]
 QUIET_CSV = [*QUIET, "logger=csv"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import QUIET, REPO, make_cfg, run_cli, summary_of, write_digits_folder
+from conftest import CPU_DDP, QUIET, REPO, make_cfg, run_cli, summary_of, write_digits_folder
 from helpers import fake_scontrol
 from litlab.config import build
 from litlab.distributed import launcher_layout, rank0_dir, strategy_for
@@ -93,9 +93,7 @@ def test_bf16_true_trains_under_ddp_on_cpu(tmp_path):
         *SYNTH,
         *QUIET,
         "logger=csv",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "trainer.strategy=ddp",
+        *CPU_DDP,
         "trainer.precision=bf16-true",
         "trainer.max_epochs=3",
         f"paths.log_dir={tmp_path}",
@@ -117,9 +115,7 @@ def test_ranks_draw_their_own_augmentation_without_any_callback(tmp_path):
         "callbacks=none",
         "+callbacks.draws._target_=helpers.RecordDraws",
         f"+callbacks.draws.folder={tmp_path / 'draws'}",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "trainer.strategy=ddp",
+        *CPU_DDP,
         "trainer.max_epochs=1",
         "test=false",
         f"paths.log_dir={tmp_path}",
@@ -403,9 +399,7 @@ def test_a_ddp_job_failing_on_every_rank_does_not_end_the_sweep(tmp_path):
         *QUIET,
         "logger=csv",
         "trainer.max_epochs=1",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "trainer.strategy=ddp",
+        *CPU_DDP,
         f"paths.log_dir={tmp_path}",
         timeout=400,
     )

@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import QUIET, REPO, bare_trainer, make_cfg, refused, run_cli, summary_of
+from conftest import CPU_DDP, QUIET, REPO, bare_trainer, make_cfg, refused, run_cli, summary_of
 from helpers import fake_scontrol
 from litlab import rng
 from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
@@ -114,7 +114,7 @@ def test_gan_under_ddp_ranks_draw_their_own_noise_and_resume_bit_identically(tmp
     cfg = make_cfg(tmp_path / "cfg", GAN_MODEL)
     images, labels = build(cfg.data, "data").arrays("train")
     domain_classifier(images, labels, cfg.data.mean, cfg.data.std, tmp_path / "cache")
-    ddp = [*GAN, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp"]
+    ddp = [*GAN, *CPU_DDP]
     ddp += [f"callbacks.fid.cache_dir={tmp_path / 'cache'}"]
     ddp += ["+callbacks.capture._target_=helpers.CaptureNoise"]
     straight = run_cli(
@@ -185,9 +185,7 @@ def test_a_loss_that_diverges_on_one_rank_stops_every_rank_before_a_save(tmp_pat
         "+callbacks.poison._target_=helpers.PoisonBatch",
         "+callbacks.poison.at_batch=2",
         "+callbacks.poison.rank=1",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "trainer.strategy=ddp",
+        *CPU_DDP,
         f"paths.log_dir={tmp_path}",
     )
     assert result.returncode == 2, result.stderr[-3000:]
@@ -218,9 +216,7 @@ def test_a_stop_on_an_epochs_last_batch_waits_for_validation_on_every_rank(tmp_p
         "data.eval_batch_size=16",
         "model.net.width=8",
         "trainer.max_epochs=2",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "trainer.strategy=ddp",
+        *CPU_DDP,
         "logger=csv",
         *QUIET,
     ]

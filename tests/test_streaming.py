@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import Subset
 
 from conftest import (
+    CPU_DDP,
     QUIET,
     make_cfg,
     run_cli,
@@ -641,9 +642,7 @@ def test_a_gan_on_streamed_data_under_ddp_ends_every_rank_with_the_extractors_on
         "data.batch_size=4",
         "model.generator.width=8",
         "model.discriminator.width=8",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "trainer.strategy=ddp",
+        *CPU_DDP,
         "logger=csv",
         f"paths.log_dir={tmp_path}",
         *QUIET,

@@ -1,5 +1,5 @@
 """A command's exit: the time from its last statement to the end of its process, with and
-without litlab's ``skip_the_final_collection`` (train.py and eval.py call it first).
+without litlab's ``freeze_the_imports`` (train.py and eval.py call it first).
 
     python scripts/bench_exit.py --repeats 7
 
@@ -20,8 +20,8 @@ import time
 CHILD = """
 import sys, time, {module}
 if {skip}:
-    from litlab.run import skip_the_final_collection
-    skip_the_final_collection()
+    from litlab.run import freeze_the_imports
+    freeze_the_imports()
 print(time.time(), flush=True)
 """
 
@@ -53,7 +53,7 @@ def main() -> None:
     paired = statistics.median(d / s for d, s in zip(rows[False], rows[True], strict=True))
     print(f"\nexit after importing {args.module}, median of {args.repeats} rounds:")
     print(f"  interpreter's default: {statistics.median(rows[False]):.2f} s")
-    print(f"  skip_the_final_collection: {statistics.median(rows[True]):.2f} s")
+    print(f"  freeze_the_imports: {statistics.median(rows[True]):.2f} s")
     print(f"  default / skipped, paired: {paired:.2f}x")
 
 

@@ -24,7 +24,7 @@ from litlab.data.folder import split_folders
 from litlab.errors import ConfigError
 from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
-from litlab.run import Run, build_list, config_digest, skip_the_final_collection
+from litlab.run import Run, build_list, config_digest, freeze_the_imports
 from litlab.train import setup_extras
 
 log = logging.getLogger("litlab")
@@ -172,7 +172,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """`python eval.py ...`: Hydra's command line."""
-    skip_the_final_collection()
+    freeze_the_imports()
     hydra_main()
 
 

@@ -46,7 +46,7 @@ from litlab.resume import (
     record_resume_overrides,
     resume_argv,
 )
-from litlab.run import Run, build_list, print_config_tree, skip_the_final_collection
+from litlab.run import Run, build_list, freeze_the_imports, print_config_tree
 from litlab.tune import log_lr_plot, out_of_memory_explained, tune
 
 log = logging.getLogger("litlab")
@@ -220,7 +220,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """`python train.py ...`: Hydra's command line, plus `resume=<run folder>`."""
-    skip_the_final_collection()
+    freeze_the_imports()
     sys.argv = resume_argv(sys.argv)
     hydra_main()
 

@@ -325,10 +325,10 @@ def reader_context(num_workers: int, *preload: str) -> Any:
     ``preload`` (LitData for a stream). multiprocessing runs the main script again in each
     worker it starts (as __mp_main__; Python 3.11's forkserver ignores a "__main__" preload:
     it looks for the script under a key its preparation data lacks), and LitData is imported
-    on unpickling the worker's dataset: each worker would import W&B, Hydra's launchers,
-    LitData... at every pass (a stream's workers are not persistent). Measured: an 8-epoch
-    streamed digits run's fit in 16.0-16.9 s instead of 18.9-19.7 (2 CPU cores, 1 worker,
-    alternating pairs, 2026-12-03)."""
+    on unpickling the worker's dataset: each worker would import Hydra, torch-fidelity,
+    LitData... at every pass (a stream's workers are not persistent).
+    Measured: an 8-epoch streamed digits run's fit in 16.0-16.9 s instead of 18.9-19.7 (2 CPU
+    cores, 1 worker, alternating pairs, 2026-12-03)."""
     if num_workers == 0 or multiprocessing.get_context().get_start_method() != "fork":
         return None
     context = multiprocessing.get_context("forkserver")

@@ -19,17 +19,17 @@ import time
 
 CHILD = """
 import sys, time, {module}
-if {skip}:
+if {frozen}:
     from litlab.run import freeze_the_imports
     freeze_the_imports()
 print(time.time(), flush=True)
 """
 
 
-def exit_s(module: str, skip: bool) -> float:
+def exit_s(module: str, frozen: bool) -> float:
     """Seconds from the child's last statement to its end as its parent sees it."""
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(module=module, skip=skip)], stdout=subprocess.PIPE
+        [sys.executable, "-c", CHILD.format(module=module, frozen=frozen)], stdout=subprocess.PIPE
     )
     assert child.stdout is not None
     last = float(child.stdout.readline())
@@ -47,14 +47,14 @@ def main() -> None:
     args = parser.parse_args()
     rows: dict[bool, list[float]] = {False: [], True: []}
     for r in range(args.repeats):
-        for skip in (r % 2 == 0, r % 2 == 1):  # alternating order
-            rows[skip].append(exit_s(args.module, skip))
-        print(f"round {r + 1}: default {rows[False][-1]:.2f} s, skipped {rows[True][-1]:.2f} s")
-    paired = statistics.median(d / s for d, s in zip(rows[False], rows[True], strict=True))
+        for frozen in (r % 2 == 0, r % 2 == 1):  # alternating order
+            rows[frozen].append(exit_s(args.module, frozen))
+        print(f"round {r + 1}: default {rows[False][-1]:.2f} s, frozen {rows[True][-1]:.2f} s")
+    paired = statistics.median(d / f for d, f in zip(rows[False], rows[True], strict=True))
     print(f"\nexit after importing {args.module}, median of {args.repeats} rounds:")
     print(f"  interpreter's default: {statistics.median(rows[False]):.2f} s")
     print(f"  freeze_the_imports: {statistics.median(rows[True]):.2f} s")
-    print(f"  default / skipped, paired: {paired:.2f}x")
+    print(f"  default / frozen, paired: {paired:.2f}x")
 
 
 if __name__ == "__main__":

@@ -362,7 +362,7 @@ def test_workers_that_read_files_are_not_forked_from_the_training_process(tmp_pa
 
 def test_a_reader_worker_finds_what_the_main_script_imports_already_imported(tmp_path):
     """multiprocessing runs the main script (as __mp_main__) in every worker it starts, and
-    train.py imports everything a run needs (W&B, Hydra, ...). The readers' forkserver imports
+    train.py imports everything a run needs (Hydra, torch-fidelity, ...). The readers' forkserver imports
     it once for all its workers; before, each worker imported it at every pass (a stream's
     workers are not persistent). Three loaders of one worker each, in a script as train.py."""
     write_jpeg_folder(tmp_path / "images", per_class=4)

@@ -339,6 +339,105 @@ def test_weight_decay_spares_norms_and_biases_when_asked(tmp_path, decay_norm_an
         assert torch.allclose(param.detach(), expected, rtol=1e-6), name
 
 
+@pytest.mark.parametrize(
+    ("overrides", "kind"),
+    [
+        (["model=cnn", "model.scheduler=null"], torch.optim.AdamW),
+        (["model=resnet", "model.net.width=4", "model.scheduler=null"], torch.optim.SGD),
+        (["model=dcgan", "data=synthetic"], torch.optim.Adam),
+    ],
+)
+def test_optimizers_take_torchs_fused_kernels_unless_the_config_chooses(tmp_path, overrides, kind):
+    """Adam, AdamW and SGD are built with torch's fused implementation (fewer kernels a step;
+    the same update to rounding); a config that names an implementation gets what it names, and
+    an optimizer without a fused one is built as before."""
+    from hydra.utils import instantiate
+
+    from litlab.models.optim import make_optimizer
+
+    def optimizers(more: list[str]) -> list[torch.optim.Optimizer]:
+        cfg = make_cfg(tmp_path / str(len(list(tmp_path.iterdir()))), [*overrides, *more])
+        model = instantiate(cfg.model)
+        model.trainer = bare_trainer(max_epochs=1)
+        built = model.configure_optimizers()
+        built = built[0] if isinstance(built, tuple) else built
+        built = built.get("optimizer", built) if isinstance(built, dict) else built
+        return built if isinstance(built, list) else [built]
+
+    names = ["g_optimizer", "d_optimizer"] if "model=dcgan" in overrides else ["optimizer"]
+    for optimizer in optimizers([]):
+        assert type(optimizer) is kind and optimizer.defaults["fused"] is True
+    for chosen, fused, foreach in [("fused=false", False, None), ("foreach=true", None, True)]:
+        for optimizer in optimizers([f"+model.{name}.{chosen}" for name in names]):
+            assert (optimizer.defaults["fused"], optimizer.defaults["foreach"]) == (fused, foreach)
+    assert (
+        "fused"
+        not in make_optimizer(
+            functools.partial(torch.optim.RMSprop, lr=0.1), nn.Linear(2, 2).parameters()
+        ).defaults
+    )  # no fused implementation: built as the config says
+
+
+@pytest.mark.parametrize(
+    "overrides, clip",
+    [
+        (["model=cnn", "model.scheduler=null"], {"gradient_clip_val": 1.0}),
+        (["model=dcgan", "model.gradient_clip_val=1.0"], {}),
+    ],
+)
+def test_under_a_grad_scaler_optimizers_are_not_fused_so_clipping_sees_unscaled_gradients(
+    tmp_path, overrides, clip
+):
+    """precision=16-mixed (the default on GPUs without bfloat16) scales the loss: Lightning
+    unscales the gradients before clipping only for an optimizer that does not unscale them in
+    its step, and refuses to clip for a fused one (a RuntimeError at the first step). So under a
+    GradScaler the optimizers keep torch's default implementation, and clipping (the
+    classifier's trainer.gradient_clip_val, the GAN's model.gradient_clip_val) trains. Real fp16
+    autocast with Lightning's GradScaler, on the CPU."""
+    from hydra.utils import instantiate
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    cfg = make_cfg(tmp_path, ["data=synthetic", *overrides])
+    trainer = bare_trainer(
+        accelerator="cpu",
+        plugins=[MixedPrecision("16-mixed", "cpu")],
+        max_steps=2,
+        limit_val_batches=0,
+        **clip,
+    )
+    trainer.fit(instantiate(cfg.model), instantiate(cfg.data))
+    assert trainer.global_step >= 2 and trainer.precision_plugin.scaler is not None
+    assert [o.defaults["fused"] for o in trainer.optimizers] == [None] * len(trainer.optimizers)
+
+
+@pytest.mark.parametrize("kind", [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD])
+def test_a_fused_optimizer_makes_the_default_implementations_update(kind):
+    """What make_optimizer changes is how the update is computed, not the update: 50 steps on
+    the same gradients end on the same weights as torch's default implementation, to float
+    rounding."""
+    from litlab.models.optim import make_optimizer
+
+    torch.manual_seed(0)
+    nets = [nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)) for _ in "ab"]
+    nets[1].load_state_dict(nets[0].state_dict())
+    start = [p.detach().clone() for p in nets[0].parameters()]
+    settings = {"lr": 0.01, "weight_decay": 0.01}
+    if kind is torch.optim.SGD:
+        settings.update(momentum=0.9, nesterov=True)
+    fused = make_optimizer(functools.partial(kind, **settings), nets[0].parameters())
+    default = make_optimizer(functools.partial(kind, fused=None, **settings), nets[1].parameters())
+    assert fused.defaults["fused"] is True and not default.defaults["fused"]
+    for _ in range(50):
+        grads = [torch.randn_like(p) for p in nets[0].parameters()]
+        for net, optimizer in zip(nets, (fused, default), strict=True):
+            for p, g in zip(net.parameters(), grads, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+    for a, b, before in zip(nets[0].parameters(), nets[1].parameters(), start, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert (a - before).abs().max() > 0.05  # they did move
+
+
 def test_evaluation_loss_is_the_plain_cross_entropy_over_every_image():
     """val/loss and test/loss are the mean cross-entropy of all the images, batches of any size
     weighted by their images, without the training's label smoothing (so that val/loss of a

@@ -23,6 +23,7 @@ from litlab.data.transforms import per_channel
 from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
 from litlab.models.diffaugment import diff_augment, parse_policy
+from litlab.models.optim import make_optimizer
 from litlab.rng import RankSeeded
 
 Loss = Literal["bce", "wgan_gp", "hinge"]
@@ -351,8 +352,10 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
         self._d_real(batch, batch_idx, "test")
 
     def configure_optimizers(self) -> tuple[list[Optimizer], list[dict[str, Any]]]:
-        g_opt = self.g_optimizer_factory(params=self.generator.parameters())
-        d_opt = self.d_optimizer_factory(params=self.discriminator.parameters())
+        g_opt = make_optimizer(self.g_optimizer_factory, self.generator.parameters(), self.trainer)
+        d_opt = make_optimizer(
+            self.d_optimizer_factory, self.discriminator.parameters(), self.trainer
+        )
         # Constant schedules, only so that Lightning's LR monitor names the two learning rates
         # for what they are (it calls optimizers without a scheduler lr-Adam, lr-Adam-1).
         named = [

@@ -28,6 +28,13 @@ Variants, each adding one piece to the one before:
   + callbacks         the train task: litlab's default callbacks without the progress bar
   + progress bar      the train task as `python train.py` runs it (litlab's default run);
                       these two with the loggers of "+ loggers"
+and, for reference, not a piece:
+  raw loop, torch's default optimizer
+                      the raw loop with the optimizer as a hand-written loop builds it
+                      (`torch.optim.Adam(params, lr)`: on a CPU a loop over the tensors, on CUDA
+                      `foreach`), where every other variant has torch's fused implementation,
+                      which litlab picks (litlab.models.optim.make_optimizer); the same update to
+                      rounding, so its final loss may differ in the last digits
 "loop s": first batch to last step, device synced. Every round runs each variant once, in
 alternating order; a short first round warms up and is not counted; medians of --repeats
 rounds and "x raw paired", the median of the per-round ratios to the raw loop (robust to a
@@ -123,6 +130,7 @@ PIECES = [
     "+ callbacks",
     "+ progress bar",
 ]
+HAND_WRITTEN = "raw loop, torch's default optimizer"
 
 
 class Bare(L.LightningModule):
@@ -218,8 +226,8 @@ def main() -> None:
     parser.add_argument(
         "--pieces",
         nargs="+",
-        choices=PIECES,
-        default=PIECES,
+        choices=[*PIECES, HAND_WRITTEN],
+        default=[*PIECES, HAND_WRITTEN],
         help="variants to run (default: all); two run back to back, the closest pairing on a "
         "machine whose speed drifts",
     )
@@ -242,10 +250,12 @@ def main() -> None:
 
     def variant(piece: str):
         def run(warm: bool) -> Measure:
-            if piece == "raw loop":
+            if piece in ("raw loop", HAND_WRITTEN):
                 cfg = composed(warm)
                 steps = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
-                return benchlib.raw_classifier(cfg, device, steps=steps)
+                return benchlib.raw_classifier(
+                    cfg, device, steps=steps, torch_default_optimizer=piece == HAND_WRITTEN
+                )
             if piece in ("+ callbacks", "+ progress bar"):
                 bar = NO_BAR if piece == "+ callbacks" else []
                 return task_side([*overrides(args, device, warm, mode), *bar])
@@ -265,7 +275,9 @@ def main() -> None:
                 [
                     loggers_label(mode) if name == "+ loggers" else name,
                     f"{ms:.3f}",
-                    f"{ms - previous:+.3f}" if previous is not None else "",
+                    f"{ms - previous:+.3f}"
+                    if previous is not None and name != HAND_WRITTEN
+                    else "",
                     f"{benchlib.paired_ratio(results, name, 'raw loop', 'loop s'):.3f}",
                     f"{v['steps'] * 128 / v['loop s']:,.0f}",
                     f"{raw['loop s'] / v['loop s']:.2f}",
@@ -285,14 +297,18 @@ def main() -> None:
         steps = int(raw["steps"])
         print(f"\n{args.net}: {steps} steps of batch 128, {benchlib.rounds_caption(results)}")
         # The same work, with more or less framework around it: the same loss to 5 decimals.
+        same = [name for name in results if name != HAND_WRITTEN]
         checks = [
-            benchlib.loss_check(dict(zip(results, (r["loss"] for r in runs), strict=True)), 5e-6)
+            benchlib.loss_check({name: results[name][i]["loss"] for name in same}, 5e-6)
             + f" (round {i + 1})"
-            for i, runs in enumerate(zip(*results.values(), strict=True))
+            for i in range(len(results["raw loop"]))
         ]
         benchlib.print_table(header, rows, checks)
 
-    pieces = ["raw loop", *(p for p in PIECES if p in args.pieces and p != "raw loop")]
+    pieces = [
+        "raw loop",
+        *(p for p in [*PIECES, HAND_WRITTEN] if p in args.pieces and p != "raw loop"),
+    ]
     benchlib.interleaved({p: variant(p) for p in pieces}, args.repeats, after_round=report)
 
 

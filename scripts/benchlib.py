@@ -373,16 +373,24 @@ def autocast(cfg: DictConfig, device: torch.device) -> torch.autocast:
 
 
 def raw_classifier(
-    cfg: DictConfig, device: torch.device, steps: int | None = None, skip: int = 0
+    cfg: DictConfig,
+    device: torch.device,
+    steps: int | None = None,
+    skip: int = 0,
+    torch_default_optimizer: bool = False,
 ) -> Measure:
     """The config's classifier trained (and tested, when cfg.test) by a plain PyTorch loop.
 
     Same data path (DeviceLoader + the DataModule's batch transform), net, optimizer, schedule,
     seed, precision and Speed switches (channels_last, compile) as the train task, in the task's
     order (seed, data, net), so that the two runs compute the same numbers. Validation is not
-    run. Returns seconds of the whole call ("run s"), of the loop from batch ``skip`` on
-    ("loop s"), the final training loss, and the test accuracy.
+    run. ``torch_default_optimizer``: the optimizer in torch's default implementation, as a
+    hand-written loop builds it (``torch.optim.Adam(params, lr)``), not the fused one litlab picks
+    (litlab.models.optim.make_optimizer): the same update to rounding. Returns seconds of the
+    whole call ("run s"), of the loop from batch ``skip`` on ("loop s"), the final training loss,
+    and the test accuracy.
     """
+    import functools
     from types import SimpleNamespace
 
     from hydra.utils import instantiate
@@ -408,8 +416,11 @@ def raw_classifier(
     epochs = int(cfg.trainer.max_epochs)
     total = steps or epochs * len(loader)
     schedule = instantiate(cfg.model.scheduler) if cfg.model.get("scheduler") else None
+    factory = instantiate(cfg.model.optimizer)
+    if torch_default_optimizer:  # an implementation chosen (None: torch's default) is kept
+        factory = functools.partial(factory, fused=None)
     optimizer, scheduler = build_optimizer(
-        instantiate(cfg.model.optimizer),
+        factory,
         net.parameters(),
         schedule,
         cfg.model.scheduler_interval,

@@ -5,7 +5,8 @@
 #   DRY_RUN=1 bash scripts/gpu_check.sh OUT_DIR            (here, before a loan: every step on the
 #                                                           CPU at smoke size; GPU tests skip)
 # Everything does not fit one 9-minute run: PART 1 (default) is the GPU tests, P3' sprint, P5/P4
-# and P1 (caps add up to 525 s: with the set-up, the default deadline of 540 s); PART 2 the
+# and P1 (caps add up to 525 s: with the set-up, the default deadline of 540 s; P1's optimizer
+# step, 30 s more, last, in what the others leave); PART 2 the
 # JPEG folder (issue 14), P3' best and P0 (490 s): one part per GPU loan, part 1 first. PART all
 # (the dry run's default) runs both. A step past its cap gets SIGTERM, and SIGKILL 20 s later
 # (a fit that traps SIGTERM to checkpoint could overrun); the deadline allows for those 20 s.
@@ -81,11 +82,13 @@ if [ "$DRY" = 1 ]; then
   SMALL_P3="$SMALL_P3 ++trainer.limit_test_batches=2 model.net.width=8"
   P1_CNN="--steps 5"; P1_MLP="trainer.max_steps=5"; SMALL_P0="--max-batches 5"; P3_REPEATS=1
   P5_LIMIT=120; P4_LIMIT=240; P1_LIMIT=150; P1_MLP_REPEATS=1
+  P1_OPT="--repeats 1 --steps 3 --round-s 0.05"; P1_OPT_LIMIT=120
 else
   # P1: 400 steps a variant (under one epoch of 421) x 8 variants + a warm-up round: about a
   # minute at the last run's 4-8 ms/step; the MLP: one epoch, the default run against the raw loop
   SMALL_P45=""; SMALL_P3=""; P1_CNN="--steps 400"; P1_MLP="trainer.max_epochs=1"; SMALL_P0=""
   P3_REPEATS=3; P5_LIMIT=40; P4_LIMIT=120; P1_LIMIT=80; P1_MLP_REPEATS=3
+  P1_OPT="--repeats 5"; P1_OPT_LIMIT=30
 fi
 if part 1; then
   # P3': the two Fashion-MNIST recipes, whole train + test in one process (start-up excluded);
@@ -106,6 +109,9 @@ if part 1; then
   # the MLP: the default run against the raw loop alone, 3 rounds (seconds on the GPU)
   step bench_p1_overhead_mlp 45 env -u WANDB_MODE $PY scripts/bench_overhead.py --device $DEV \
     --net mlp --pieces "+ progress bar" --repeats $P1_MLP_REPEATS $DDIR $P1_MLP
+  # torch's fused optimizers against its default (foreach on CUDA), one step per net; last: it
+  # runs in the time the caps above leave
+  step bench_p1_optimizer "$P1_OPT_LIMIT" $PY scripts/bench_optimizer.py --device $DEV $P1_OPT
 fi
 if part 2; then
   # P2 folders (issue 14): ResNet-50 (bf16, channels_last) on a JPEG folder of ImageNet-like sizes

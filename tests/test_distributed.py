@@ -135,6 +135,13 @@ def test_rank0_dir_gives_one_run_folder_under_external_launchers(monkeypatch):
     assert not rank0_dir("/out/run").startswith("/out/") and rank0_dir("/out/run").endswith(
         "run-rank3"
     )
+    # each user's ranks have a scratch folder of their own: on a shared machine a folder made by
+    # the first user (mode 755) would refuse the others' ranks
+    scratch = {}
+    for uid in (1000, 1001):
+        monkeypatch.setattr(os, "getuid", lambda uid=uid: uid)
+        scratch[uid] = Path(rank0_dir("/out/run")).parent
+    assert scratch[1000] != scratch[1001] and scratch[1000].name.endswith("1000")
 
 
 SLURM_VARS = (

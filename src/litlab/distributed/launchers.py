@@ -28,12 +28,16 @@ def rank0_dir(path: str) -> str:
     Under torchrun or srun every rank composes its own config, and ``${now:...}`` differs by
     microseconds between them; only rank 0 writes run files (checkpoint folders are broadcast
     from rank 0 by Lightning), so the other ranks' Hydra files go to a temporary folder and
-    each run leaves exactly one folder.
+    each run leaves exactly one folder. That folder is the user's own (``litlab-ranks-<uid>``): a
+    shared machine's /tmp would otherwise hold one ``litlab-ranks`` made by whoever ran first,
+    where the other users' ranks cannot write.
     """
     rank = global_rank()
     if rank == 0:
         return path
-    return str(Path(tempfile.gettempdir()) / "litlab-ranks" / f"{Path(path).name}-rank{rank}")
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    scratch = Path(tempfile.gettempdir()) / f"litlab-ranks-{user}"
+    return str(scratch / f"{Path(path).name}-rank{rank}")
 
 
 # hydra.sweep.dir: under torchrun or srun -m every rank runs the whole sweep, job by job in step

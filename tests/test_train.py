@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import functools
 import itertools
@@ -378,36 +379,95 @@ def test_optimizers_take_torchs_fused_kernels_unless_the_config_chooses(tmp_path
     )  # no fused implementation: built as the config says
 
 
+CNN = ["model=cnn", "model.scheduler=null"]
+
+
 @pytest.mark.parametrize(
-    "overrides, clip",
+    "precision, overrides, clip, fused",
     [
-        (["model=cnn", "model.scheduler=null"], {"gradient_clip_val": 1.0}),
-        (["model=dcgan", "model.gradient_clip_val=1.0"], {}),
+        ("16-mixed", CNN, {"gradient_clip_val": 1.0}, None),
+        ("16-mixed", CNN, {}, None),
+        ("bf16-mixed", CNN, {"gradient_clip_val": 1.0}, None),
+        ("bf16-mixed", CNN, {}, True),
+        ("16-mixed", ["model=dcgan", "model.gradient_clip_val=1.0"], {}, None),
+        ("bf16-mixed", ["model=dcgan", "model.gradient_clip_val=1.0"], {}, None),
     ],
 )
-def test_under_a_grad_scaler_optimizers_are_not_fused_so_clipping_sees_unscaled_gradients(
-    tmp_path, overrides, clip
+def test_mixed_precision_fuses_only_where_lightning_can_unscale_and_clip(
+    tmp_path, precision, overrides, clip, fused
 ):
-    """precision=16-mixed (the default on GPUs without bfloat16) scales the loss: Lightning
-    unscales the gradients before clipping only for an optimizer that does not unscale them in
-    its step, and refuses to clip for a fused one (a RuntimeError at the first step). So under a
-    GradScaler the optimizers keep torch's default implementation, and clipping (the
-    classifier's trainer.gradient_clip_val, the GAN's model.gradient_clip_val) trains. Real fp16
-    autocast with Lightning's GradScaler, on the CPU."""
+    """Lightning's mixed precision refuses to clip gradients (the classifier's
+    trainer.gradient_clip_val, the GAN's model.gradient_clip_val) for an optimizer that unscales
+    them in its step, which every fused one may: a RuntimeError at the first step, with or
+    without a GradScaler. And under 16-mixed's GradScaler it would not unscale them before
+    on_before_optimizer_step. So there the optimizers keep torch's default implementation and
+    the run trains; bf16-mixed without clipping keeps the fused one. Real autocast and
+    Lightning's GradScaler, on the CPU."""
     from hydra.utils import instantiate
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     cfg = make_cfg(tmp_path, ["data=synthetic", *overrides])
     trainer = bare_trainer(
         accelerator="cpu",
-        plugins=[MixedPrecision("16-mixed", "cpu")],
+        plugins=[MixedPrecision(precision, "cpu")],
         max_steps=2,
         limit_val_batches=0,
         **clip,
     )
     trainer.fit(instantiate(cfg.model), instantiate(cfg.data))
-    assert trainer.global_step >= 2 and trainer.precision_plugin.scaler is not None
-    assert [o.defaults["fused"] for o in trainer.optimizers] == [None] * len(trainer.optimizers)
+    assert trainer.global_step >= 2
+    assert (trainer.precision_plugin.scaler is not None) == (precision == "16-mixed")
+    assert [o.defaults["fused"] for o in trainer.optimizers] == [fused] * len(trainer.optimizers)
+
+
+def test_float16_weights_keep_torchs_default_optimizer():
+    """precision=16-true: fused Adam keeps its second moment in float16, where small values
+    underflow to 0, and divides by eps: steps thousands of times too large but finite, so
+    nothing stops the run. Such weights keep torch's default implementation; bfloat16 ones
+    (wider exponent) are fused."""
+    from litlab.models.optim import make_optimizer
+
+    adam = functools.partial(torch.optim.Adam, lr=1e-3)
+    assert not make_optimizer(adam, nn.Linear(4, 4).half().parameters()).defaults["fused"]
+    assert make_optimizer(adam, nn.Linear(4, 4).bfloat16().parameters()).defaults["fused"]
+
+
+@pytest.mark.parametrize("saved, built", [(True, None), (None, True)])
+def test_a_resumed_optimizer_steps_as_built_not_as_saved(saved, built):
+    """torch restores a parameter group's fused/foreach as saved: a checkpoint saved fused would
+    step fused after a resume with +model.optimizer.fused=false (and one saved before litlab
+    chose fused would never be). After loading, the optimizer steps as make_optimizer built it,
+    its step counts where that implementation keeps them, and the update continues where the
+    saved optimizer would have."""
+    from litlab.models.optim import make_optimizer
+
+    torch.manual_seed(0)
+    nets = [nn.Linear(6, 3) for _ in "ab"]
+    nets[1].load_state_dict(nets[0].state_dict())
+    optimizers = [
+        make_optimizer(functools.partial(torch.optim.Adam, lr=0.01, fused=chosen), net.parameters())
+        for net, chosen in zip(nets, (saved, built), strict=True)
+    ]
+    grads = [[torch.randn_like(p) for p in nets[0].parameters()] for _ in range(10)]
+
+    def step(net: nn.Module, optimizer: torch.optim.Optimizer, g: list[torch.Tensor]) -> None:
+        for p, grad in zip(net.parameters(), g, strict=True):
+            p.grad = grad.clone()
+        optimizer.step()
+
+    for g in grads[:5]:
+        step(nets[0], optimizers[0], g)
+    nets[1].load_state_dict(nets[0].state_dict())
+    optimizers[1].load_state_dict(copy.deepcopy(optimizers[0].state_dict()))  # as from a file
+    group = optimizers[1].param_groups[0]
+    assert group["fused"] is built and group["fused"] is not saved
+    counts = [optimizers[1].state[p]["step"] for p in nets[1].parameters()]
+    assert all(c.dtype == torch.float32 and float(c) == 5 for c in counts)
+    for g in grads[5:]:
+        for net, optimizer in zip(nets, optimizers, strict=True):
+            step(net, optimizer, g)
+    for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD])

@@ -352,9 +352,12 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
         self._d_real(batch, batch_idx, "test")
 
     def configure_optimizers(self) -> tuple[list[Optimizer], list[dict[str, Any]]]:
-        g_opt = make_optimizer(self.g_optimizer_factory, self.generator.parameters(), self.trainer)
+        clipped = bool(self.gradient_clip_val)
+        g_opt = make_optimizer(
+            self.g_optimizer_factory, self.generator.parameters(), self.trainer, clipped
+        )
         d_opt = make_optimizer(
-            self.d_optimizer_factory, self.discriminator.parameters(), self.trainer
+            self.d_optimizer_factory, self.discriminator.parameters(), self.trainer, clipped
         )
         # Constant schedules, only so that Lightning's LR monitor names the two learning rates
         # for what they are (it calls optimizers without a scheduler lr-Adam, lr-Adam-1).

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR, ReduceLROnPlateau
 
@@ -69,41 +70,80 @@ def weight_decay_groups(
 # implementation or rule the fused one out. Adagrad's fused kernel is CPU-only: not listed.
 _FUSED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 _FUSED_DEVICES = ("cpu", "cuda")
+_FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 _IMPLEMENTATION_ARGS = ("fused", "foreach", "differentiable")
 
 
 def make_optimizer(
-    factory: Callable[..., Optimizer], params: Iterable[Any], trainer: Any = None
+    factory: Callable[..., Optimizer],
+    params: Iterable[Any],
+    trainer: Any = None,
+    clipped: bool = False,
 ) -> Optimizer:
     """The optimizer of a ``_partial_`` config on ``params`` (tensors or parameter groups), with
     torch's fused implementation where it has one and the config chose none: Adam, AdamW and SGD
-    on the CPU or CUDA, every parameter a dense floating-point tensor. The same update as torch's
-    default implementation, to rounding, in fewer kernels: a tiny MLP's Adam step on a CPU took
-    0.38 ms as a loop over tensors and 0.13 ms fused (docs/benchmarks.md, P1). A config that sets
-    ``fused``, ``foreach`` or ``differentiable`` (``+model.optimizer.fused=false``) is built as
-    it says. Not fused when ``trainer`` scales the loss (``precision=16-mixed``: a GradScaler): a
-    fused optimizer unscales the gradients inside its step, so Lightning would not unscale them
-    before ``on_before_optimizer_step`` and refuses to clip them (``gradient_clip_val``)."""
+    on the CPU or CUDA, every parameter a dense tensor of float32, float64 or bfloat16. The same
+    update as torch's default implementation, to rounding, in fewer kernels: a tiny MLP's Adam
+    step on a CPU took 0.38 ms as a loop over tensors and 0.13 ms fused (docs/benchmarks.md, P1).
+    A config that sets ``fused``, ``foreach`` or ``differentiable``
+    (``+model.optimizer.fused=false``) is built as it says.
+
+    Not fused where that would change what is learned or stop the run: under ``trainer``'s
+    GradScaler (``precision=16-mixed``), where a fused step unscales the gradients itself so
+    Lightning would hand ``on_before_optimizer_step`` scaled ones; under any mixed precision
+    when gradients are ``clipped`` (Lightning refuses to clip for an optimizer that could unscale
+    in its step: a RuntimeError at the first step); on float16 weights (``precision=16-true``),
+    where fused Adam keeps its float16 second moment, which underflows to 0, and divides by eps
+    (steps thousands of times too large; torch's default fails there with inf, which the
+    divergence guard stops). A checkpoint's optimizer state is loaded into the implementation
+    built here (``keep_the_built_implementation``), not the one it was saved from."""
     params = list(params)
     func = getattr(factory, "func", factory)
     given = getattr(factory, "keywords", {})
     tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
-    scaled = getattr(getattr(trainer, "precision_plugin", None), "scaler", None) is not None
+    plugin = getattr(trainer, "precision_plugin", None)
+    scaled = getattr(plugin, "scaler", None) is not None
     fused = (
         inspect.isclass(func)
         and func in _FUSED
         and not scaled
+        and not (clipped and isinstance(plugin, MixedPrecision))
         and not any(arg in given for arg in _IMPLEMENTATION_ARGS)
         and bool(tensors)
         and all(
             isinstance(p, torch.Tensor)
-            and p.is_floating_point()
+            and p.dtype in _FUSED_DTYPES
             and not p.is_sparse
             and p.device.type in _FUSED_DEVICES
             for p in tensors
         )
     )
-    return factory(params=params, **({"fused": True} if fused else {}))
+    optimizer = factory(params=params, **({"fused": True} if fused else {}))
+    optimizer.register_load_state_dict_post_hook(keep_the_built_implementation)
+    return optimizer
+
+
+def keep_the_built_implementation(optimizer: Optimizer) -> None:
+    """After ``optimizer.load_state_dict``: the implementation chosen when the optimizer was
+    built, not the saved one. torch restores every parameter group's settings as saved, its
+    ``fused`` and ``foreach`` too: a checkpoint saved fused would step fused after a resume with
+    ``+model.optimizer.fused=false`` or on float16 weights, and one saved before litlab chose
+    fused would never be. Adam's step counts go where the implementation keeps them (the
+    parameter's device, float32, when fused or capturable; the CPU otherwise), as torch puts
+    them when it builds the state itself."""
+    for group in optimizer.param_groups:
+        for key in ("fused", "foreach"):
+            if key in optimizer.defaults:
+                group[key] = optimizer.defaults[key]
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if isinstance(step, torch.Tensor):
+                optimizer.state[param]["step"] = (
+                    step.to(dtype=torch.float32, device=param.device)
+                    if on_device
+                    else step.to("cpu")
+                )
 
 
 def build_optimizer(
@@ -121,7 +161,9 @@ def build_optimizer(
     the scheduler config sets its own mode); it steps after each validation, which only epochs
     of ``trainer.check_val_every_n_epoch`` have.
     """
-    optimizer = make_optimizer(factory, params, trainer)
+    optimizer = make_optimizer(
+        factory, params, trainer, clipped=bool(getattr(trainer, "gradient_clip_val", None))
+    )
     if scheduler is None:
         return optimizer, None
     func = getattr(scheduler, "func", scheduler)

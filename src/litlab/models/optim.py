@@ -71,7 +71,7 @@ def weight_decay_groups(
 _FUSED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 _FUSED_DEVICES = ("cpu", "cuda")
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
-_IMPLEMENTATION_ARGS = ("fused", "foreach", "differentiable")
+_IMPLEMENTATION_ARGS = ("fused", "foreach", "capturable", "differentiable")
 
 
 def make_optimizer(
@@ -85,7 +85,7 @@ def make_optimizer(
     on the CPU or CUDA, every parameter a dense tensor of float32, float64 or bfloat16. The same
     update as torch's default implementation, to rounding, in fewer kernels: a tiny MLP's Adam
     step on a CPU took 0.38 ms as a loop over tensors and 0.13 ms fused (docs/benchmarks.md, P1).
-    A config that sets ``fused``, ``foreach`` or ``differentiable``
+    A config that sets ``fused``, ``foreach``, ``capturable`` or ``differentiable``
     (``+model.optimizer.fused=false``) is built as it says.
 
     Not fused where that would change what is learned or stop the run: under ``trainer``'s
@@ -126,16 +126,20 @@ def make_optimizer(
 def keep_the_built_implementation(optimizer: Optimizer) -> None:
     """After ``optimizer.load_state_dict``: the implementation chosen when the optimizer was
     built, not the saved one. torch restores every parameter group's settings as saved, its
-    ``fused`` and ``foreach`` too: a checkpoint saved fused would step fused after a resume with
-    ``+model.optimizer.fused=false`` or on float16 weights, and one saved before litlab chose
-    fused would never be. Adam's step counts go where the implementation keeps them (the
-    parameter's device, float32, when fused or capturable; the CPU otherwise), as torch puts
-    them when it builds the state itself."""
+    ``fused``, ``foreach``, ``capturable`` and ``differentiable`` too: a checkpoint saved fused
+    would step fused after a resume with ``+model.optimizer.fused=false`` or on float16
+    weights, and one saved before litlab chose fused would never be. Where that changes whether
+    the step counts live on the parameter's device (fused or capturable: float32 there) or on
+    the CPU, they are moved as torch places them when it builds the state itself; otherwise
+    they stay where torch loaded them."""
     for group in optimizer.param_groups:
-        for key in ("fused", "foreach"):
+        was = bool(group.get("fused") or group.get("capturable"))
+        for key in _IMPLEMENTATION_ARGS:
             if key in optimizer.defaults:
                 group[key] = optimizer.defaults[key]
         on_device = bool(group.get("fused") or group.get("capturable"))
+        if on_device == was:
+            continue
         for param in group["params"]:
             step = optimizer.state.get(param, {}).get("step")
             if isinstance(step, torch.Tensor):

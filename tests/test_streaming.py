@@ -34,8 +34,8 @@ from conftest import (
 from helpers import fingerprints
 from litlab.config import build
 from litlab.data.folder import load_image
-from litlab.data.optimize import convert
-from litlab.data.streaming import DecodeImage, join, streaming_loader_class
+from litlab.data.optimize import _write_meta, convert
+from litlab.data.streaming import DecodeImage, join, read_labels, streaming_loader_class
 from litlab.errors import ConfigError, DataError
 from litlab.evaluate import eval_task
 from litlab.train import train_task
@@ -108,6 +108,24 @@ def test_optimize_keeps_the_image_folders_splits_and_bytes_and_skips_bad_files(c
     chunks = {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")}
     assert convert(root, str(dst), max_side=64, workers=2) == meta
     assert {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")} == chunks
+
+
+def test_a_conversion_records_each_splits_labels_in_stream_order(converted, tmp_path):
+    """FID's class-stratified samples of a stream need each split's labels in the order the
+    stream indexes its items, known without reading the chunks: the conversion records them
+    (2 writer workers, unreadable files skipped) in DST/meta. And the order is the conversion's,
+    not a race between its workers: converting again gives the same stream."""
+    root, dst, _ = converted
+    for split in ("train", "val", "test"):
+        assert read_labels(str(dst), None, split).tolist() == [
+            i["label"] for i in streamed(dst, split)
+        ], split
+    again = tmp_path / "again"
+    convert(root, str(again), max_side=64, workers=3)
+    for split in ("train", "val", "test"):
+        assert [i["name"] for i in streamed(again, split)] == [
+            i["name"] for i in streamed(dst, split)
+        ], split
 
 
 @pytest.fixture
@@ -621,6 +639,31 @@ def test_a_streamed_split_gives_a_seeded_random_sample_for_metrics(converted, tm
     assert len(datamodule.arrays("train", total + 10)[0]) == total
     with pytest.raises(ConfigError, match="extractor=inception"):
         datamodule.arrays("train")
+    # class-stratified, as an in-memory split's sample: every class in proportion to its share
+    share = torch.bincount(read_labels(str(dst), None, "train"), minlength=3) / total
+    for n, seed in itertools.product((5, 9, 13), range(4)):
+        counts = torch.bincount(datamodule.arrays("train", n, seed=seed)[1], minlength=3)
+        assert ((counts - n * share).abs() < 1).all(), (n, seed, counts.tolist())
+
+
+def test_a_stream_converted_without_its_labels_gives_a_uniform_sample_and_says_so(
+    converted, tmp_path, caplog
+):
+    """A conversion made before the labels were recorded still gives FID its seeded sample,
+    uniform, with a line saying how to get a stratified one."""
+    _, dst, _ = converted
+    old = tmp_path / "old"
+    shutil.copytree(dst, old)
+    meta = json.loads(streamed(dst, "meta")[0]["json"])
+    _write_meta(str(old), {k: v for k, v in meta.items() if k != "label_items"})
+    assert read_labels(str(old), None, "train") is None
+    cfg = make_cfg(
+        tmp_path, ["data=streaming", f"data.source.input_dir={old}", "data.num_classes=3"]
+    )
+    datamodule = build(cfg.data, "data")
+    images, labels = datamodule.arrays("train", 5, seed=1)
+    assert len(images) == len(labels) == 5
+    assert "convert it again for a stratified one" in caplog.text
 
 
 @pytest.mark.slow

@@ -53,8 +53,9 @@ class FID(Callback):
     checkpoint.
 
     Sample counts: the real statistics come from ``num_real`` training images, a seeded
-    class-stratified subset (of streamed data: a seeded uniform one, whose labels are not known
-    without reading every image), framed as the models see them (the centre ``data.eval_crop`` at
+    class-stratified subset (of streamed data too: its conversion recorded the labels in stream
+    order; one made before they were gives a uniform subset, with a warning), framed as the
+    models see them (the centre ``data.eval_crop`` at
     ``data.image_shape``, not the stored frame, which may be larger: an image folder's). FID
     is biased by the number N of images compared, so the generated side and the floor's real
     test side use the same N: ``num_samples``, or the test split's size when that is smaller.

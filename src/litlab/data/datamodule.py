@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from litlab.data.sources import Source, labels_of, stratified_indices
 from litlab.data.transforms import BatchTransform
 from litlab.errors import ConfigError, DataError
 
+log = logging.getLogger(__name__)
 LoaderKind = Literal["auto", "device", "dataloader"]
 
 
@@ -64,9 +66,9 @@ def _class_count(dataset: Dataset) -> tuple[int, bool]:
 
 
 def _stream_index(dataset: Dataset, limit: int | None, seed: int) -> torch.Tensor:
-    """A seeded uniform random subset of a streamed split's items (sorted): their labels are
-    not known without reading every item, so the subset is representative in expectation, not
-    stratified."""
+    """A seeded class-stratified random subset of a streamed split's items (sorted), as of an
+    in-memory split, from the labels the conversion recorded in stream order; a seeded uniform
+    one for a conversion without them (made by an older litlab: convert again)."""
     if limit is None:
         raise ConfigError(
             "a streamed split is too large to hold in memory whole: FID on streamed data needs "
@@ -74,6 +76,13 @@ def _stream_index(dataset: Dataset, limit: int | None, seed: int) -> torch.Tenso
             "data (callbacks.fid.extractor=<run>/checkpoints/best.ckpt); the auto extractor "
             "trains on the whole split"
         )
+    labels = dataset.read_labels()
+    if labels is not None and len(labels) == dataset.images:
+        return stratified_indices(labels, limit, seed)
+    log.warning(
+        "this streamed dataset's conversion did not record its labels (an older litlab): its "
+        "FID sample is uniform, not class-stratified; convert it again for a stratified one"
+    )
     generator = torch.Generator().manual_seed(seed)
     return torch.randperm(dataset.images, generator=generator)[:limit].sort().values
 

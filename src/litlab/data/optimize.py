@@ -11,9 +11,11 @@ validation split, so the three splits hold the very images
 ``data=image_folder`` would use. Each image is stored as its file's bytes (JPEG, PNG, WebP as
 they are), or re-encoded as JPEG when ``--max-side`` shrinks it; files that do not decode are
 skipped with a warning and counted. LitData's ``optimize`` does the writing, on every core, with
-its progress bar, to a folder or an object store (credentials from the environment). Re-running
-is safe: a finished conversion of the same files and options is left alone, an unfinished one
-is written again from the start.
+its progress bar, to a folder or an object store (credentials from the environment), each
+worker a slice of the items in order (the same stream at every conversion); each split's labels
+are recorded in stream order in ``DST/meta`` (FID's class-stratified samples). Re-running is
+safe: a finished conversion of the same files and options is left alone, an unfinished one (or
+one made before the labels were recorded) is written again from the start.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from litlab.data.folder import (
     upright,
     validation_split,
 )
-from litlab.data.streaming import META_FORMAT, _litdata, join, read_meta
+from litlab.data.streaming import META_FORMAT, _litdata, encode_labels, join, read_meta
 from litlab.errors import DataError, LitlabError, fail
 from litlab.files import pid_namespace, writer_tag
 
@@ -143,7 +145,26 @@ def encode(item: Item, max_side: int | None, quality: int) -> Any:
     except Exception as e:  # every failure of a damaged file is a skip
         print(f"skipped unreadable image {name}: {type(e).__name__}: {e}", file=sys.stderr)
         return
+    record = os.environ.get(LABELS_VARIABLE)
+    if record:  # this worker's items in the order it writes them (LitData's writer rank)
+        rank = os.environ.get("DATA_OPTIMIZER_GLOBAL_RANK", "0")
+        with open(Path(record) / f"{int(rank)}.txt", "a") as f:
+            f.write(f"{label}\n")
     yield {"image": data, "label": label, "name": name}
+
+
+# Where encode() records the labels it writes, one file per LitData writer rank: LitData's index
+# lists the ranks' chunks in rank order, each rank's items in the order written, so the files
+# joined in rank order are the split's labels in stream order (skipped files leave no gap).
+LABELS_VARIABLE = "LITLAB_OPTIMIZE_LABELS"
+
+
+def recorded_labels(folder: Path, written: int) -> list[int] | None:
+    """The labels encode() recorded in ``folder``, in stream order; None unless they count
+    exactly the ``written`` items."""
+    files = sorted(folder.glob("*.txt"), key=lambda f: int(f.stem))
+    labels = [int(line) for f in files for line in f.read_text().split()]
+    return labels if len(labels) == written else None
 
 
 def _written(output_dir: str) -> int:
@@ -238,7 +259,11 @@ def convert(
     options = {"max_side": max_side, "quality": quality if max_side else None}
     try:
         meta = read_meta(dst)
-        if meta.get("source_key") == key and meta.get("options") == options:
+        if (
+            meta.get("source_key") == key
+            and meta.get("options") == options
+            and meta.get("label_items")  # written before the labels were recorded: again
+        ):
             print(f"{dst} already holds this conversion of {src}; nothing to do")
             return meta
     except DataError:
@@ -247,24 +272,40 @@ def convert(
         if not items:
             raise DataError(f"the {split} split of {src} would be empty; add images or fractions")
     check_destination(dst)
-    with private_staging():  # not LitData's folder shared by every conversion on the machine
+    with private_staging() as private:  # not LitData's folder, shared by every conversion
         # An earlier conversion's meta would mark this one finished while its splits are rewritten:
         # until the end, DST/meta says "unfinished" (a run refuses it; a new conversion redoes it).
         _write_meta(dst, {"format": META_FORMAT, "unfinished": True, "source": str(src)})
-        report = {}
+        report, labels = {}, {}
         for split, items in splits.items():
-            litdata.optimize(
-                fn=partial(encode, max_side=max_side, quality=quality),
-                inputs=items,
-                output_dir=join(dst, split),
-                chunk_bytes=chunk_bytes,
-                num_workers=max(1, min(workers or os.cpu_count() or 1, len(items))),
-                reorder_files=False,  # LitData would sort by file size, which follows the class
-                mode="overwrite",
-                start_method=START_METHOD,
-            )
+            record = private / "labels" / split
+            record.mkdir(parents=True)
+            os.environ[LABELS_VARIABLE] = str(record)  # the forked workers inherit it
+            try:
+                litdata.optimize(
+                    fn=partial(encode, max_side=max_side, quality=quality),
+                    inputs=items,
+                    output_dir=join(dst, split),
+                    chunk_bytes=chunk_bytes,
+                    num_workers=max(1, min(workers or os.cpu_count() or 1, len(items))),
+                    reorder_files=False,  # LitData would sort by file size, which follows the class
+                    # each worker a slice of the items, written in their order (LitData's default
+                    # hands them out as workers ask: another order at every conversion)
+                    keep_data_ordered=True,
+                    mode="overwrite",
+                    start_method=START_METHOD,
+                )
+            finally:
+                os.environ.pop(LABELS_VARIABLE, None)
             written = _written(join(dst, split))
             report[split] = {"images": written, "skipped": len(items) - written}
+            labels[split] = recorded_labels(record, written)
+            if labels[split] is None:
+                print(
+                    f"the {split} split's labels were not recorded in order (LitData wrote "
+                    f"{written} items): FID samples of it will not be class-stratified",
+                    file=sys.stderr,
+                )
         meta = {
             "format": META_FORMAT,
             "classes": classes,
@@ -274,8 +315,8 @@ def convert(
             "options": options,
             "fractions": {"test": test_fraction, "val": val_fraction},
         }
-        _write_meta(dst, meta)  # last: the conversion is finished
-        return meta
+        _write_meta(dst, meta, labels)  # last: the conversion is finished
+        return read_meta(dst)
 
 
 # What a conversion writes under DST: each split's and the meta's LitData index and chunks.
@@ -313,10 +354,18 @@ def check_destination(dst: str) -> None:
         )
 
 
-def _write_meta(dst: str, meta: dict[str, Any]) -> None:
+def _write_meta(
+    dst: str, meta: dict[str, Any], labels: dict[str, list[int] | None] | None = None
+) -> None:
+    """DST/meta: item 0 the meta, then one item for each split's labels in stream order
+    (``label_items`` names it; a run reads only the items it needs)."""
+    recorded = {split: v for split, v in (labels or {}).items() if v is not None}
+    items = [encode_labels(v) for v in recorded.values()]
+    if recorded:
+        meta = {**meta, "label_items": {split: i + 1 for i, split in enumerate(recorded)}}
     _litdata().optimize(
         fn=_meta_item,
-        inputs=[json.dumps(meta)],
+        inputs=[json.dumps(meta), *items],
         output_dir=join(dst, "meta"),
         chunk_size=1,
         num_workers=1,

@@ -2,8 +2,8 @@
 
 ``python -m litlab.data.optimize SRC DST`` writes, with LitData's ``optimize``, one LitData
 dataset per split (``DST/train``, ``DST/val``, ``DST/test``: chunks of encoded image bytes and
-labels, and their ``index.json``) and a one-item dataset ``DST/meta`` (classes, counts, how it
-was made). Keeping the metadata in LitData's own format means it is read wherever LitData reads
+labels, and their ``index.json``) and a small dataset ``DST/meta`` (item 0: classes, counts, how
+it was made; then each split's labels in stream order, for class-stratified FID samples). Keeping the metadata in LitData's own format means it is read wherever LitData reads
 (a folder, ``s3://``, ``gs://``, Azure) with LitData's credentials and nothing else.
 
 Training reads ``StreamingDataset``s through LitData's ``StreamingDataLoader``: each rank and
@@ -14,11 +14,14 @@ DataModule, like every other source.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import logging
 import warnings
+import zlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -98,6 +101,27 @@ def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
     return meta
 
 
+def encode_labels(labels: list[int]) -> str:
+    """A split's labels as a meta item's text: int32, zlib, base64 (ImageNet's 1.28M: ~2 MB)."""
+    packed = zlib.compress(torch.tensor(labels, dtype=torch.int32).numpy().tobytes())
+    return json.dumps({"labels": base64.b64encode(packed).decode(), "count": len(labels)})
+
+
+def read_labels(input_dir: str, cache_dir: str | None, split: str) -> torch.Tensor | None:
+    """A converted split's labels in stream order (index i: the split's item i), from DST/meta;
+    None for a conversion that did not record them (made before they were, or where LitData's
+    counts disagreed)."""
+    item = read_meta(input_dir, cache_dir).get("label_items", {}).get(split)
+    if item is None:
+        return None
+    where = join(input_dir, "meta")
+    text = _litdata().StreamingDataset(where, cache_dir=cache_dir and join(cache_dir, "meta"))[item]
+    record = json.loads(text["json"])
+    packed = zlib.decompress(base64.b64decode(record["labels"]))
+    labels = torch.frombuffer(bytearray(packed), dtype=torch.int32).long()
+    return labels if len(labels) == record["count"] else None
+
+
 class Streaming(Source):
     """A dataset converted by ``python -m litlab.data.optimize``, streamed from ``input_dir``
     (a local folder or an ``s3://``, ``gs://``, ``azure://`` URL) with LitData. Remote chunks are
@@ -162,6 +186,7 @@ class Streaming(Source):
             ) from e
         dataset.classes = self.meta["classes"]
         dataset.images = self.meta["splits"][split]["images"]  # all ranks' (len: this rank's)
+        dataset.read_labels = partial(read_labels, self.input_dir, self.cache_dir, split)
         dataset.sample_shape = (self.channels, self.size, self.size)
         return dataset
 

@@ -80,8 +80,9 @@ def _stream_index(dataset: Dataset, limit: int | None, seed: int) -> torch.Tenso
     if labels is not None and len(labels) == dataset.images:
         return stratified_indices(labels, limit, seed)
     log.warning(
-        "this streamed dataset's conversion did not record its labels (an older litlab): its "
-        "FID sample is uniform, not class-stratified; convert it again for a stratified one"
+        "this streamed dataset's conversion did not record its labels (made by an older "
+        "litlab, or LitData's counts disagreed: see the conversion's output): its FID sample is "
+        "uniform, not class-stratified; convert it again for a stratified one"
     )
     generator = torch.Generator().manual_seed(seed)
     return torch.randperm(dataset.images, generator=generator)[:limit].sort().values

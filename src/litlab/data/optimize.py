@@ -147,10 +147,15 @@ def encode(item: Item, max_side: int | None, quality: int) -> Any:
         return
     record = os.environ.get(LABELS_VARIABLE)
     if record:  # this worker's items in the order it writes them (LitData's writer rank)
-        rank = os.environ.get("DATA_OPTIMIZER_GLOBAL_RANK", "0")
-        with open(Path(record) / f"{int(rank)}.txt", "a") as f:
-            f.write(f"{label}\n")
+        rank = int(os.environ.get("DATA_OPTIMIZER_GLOBAL_RANK", "0"))
+        path = str(Path(record) / f"{rank}.txt")
+        if path not in _RECORDS:  # one handle per worker and split; each line written at once
+            _RECORDS[path] = open(path, "a", buffering=1)  # noqa: SIM115 - closed at exit
+        _RECORDS[path].write(f"{label}\n")
     yield {"image": data, "label": label, "name": name}
+
+
+_RECORDS: dict[str, Any] = {}
 
 
 # Where encode() records the labels it writes, one file per LitData writer rank: LitData's index
@@ -262,7 +267,7 @@ def convert(
         if (
             meta.get("source_key") == key
             and meta.get("options") == options
-            and meta.get("label_items")  # written before the labels were recorded: again
+            and "label_items" in meta  # written before the labels were recorded: again
         ):
             print(f"{dst} already holds this conversion of {src}; nothing to do")
             return meta
@@ -361,7 +366,7 @@ def _write_meta(
     (``label_items`` names it; a run reads only the items it needs)."""
     recorded = {split: v for split, v in (labels or {}).items() if v is not None}
     items = [encode_labels(v) for v in recorded.values()]
-    if recorded:
+    if labels is not None:  # a finished conversion: the splits whose labels were recorded
         meta = {**meta, "label_items": {split: i + 1 for i, split in enumerate(recorded)}}
     _litdata().optimize(
         fn=_meta_item,
@@ -369,6 +374,7 @@ def _write_meta(
         output_dir=join(dst, "meta"),
         chunk_size=1,
         num_workers=1,
+        keep_data_ordered=True,  # item i+1: label_items' index
         mode="overwrite",
         start_method=START_METHOD,
         verbose=False,

@@ -339,3 +339,42 @@ def fetch_fashion_mnist(data_dir: str, mirror: str, md5s: str, ready: str, go: s
         for tensor in source.load(split).tensors:
             digest.update(tensor.numpy().tobytes())
     print(digest.hexdigest())
+
+
+def resumed_adam(saved: bool | None, built: bool | None, device: str = "cpu") -> dict:
+    """Two Adams (fused=saved, fused=built; litlab.models.optim.make_optimizer) on copies of one
+    net: the first steps 5 times and its state is loaded, as from a file, into the second; then
+    both step 5 more times on the same gradients. Returns the loaded optimizer's first group and
+    step counts right after the load, and the nets' parameters at the end."""
+    import copy
+    import functools
+
+    from torch import nn
+
+    from litlab.models.optim import make_optimizer
+
+    torch.manual_seed(0)
+    nets = [nn.Linear(6, 3).to(device) for _ in "ab"]
+    nets[1].load_state_dict(nets[0].state_dict())
+    optimizers = [
+        make_optimizer(functools.partial(torch.optim.Adam, lr=0.01, fused=chosen), net.parameters())
+        for net, chosen in zip(nets, (saved, built), strict=True)
+    ]
+    grads = [[torch.randn_like(p) for p in nets[0].parameters()] for _ in range(10)]
+
+    def step(net: nn.Module, optimizer: torch.optim.Optimizer, g: list[torch.Tensor]) -> None:
+        for p, grad in zip(net.parameters(), g, strict=True):
+            p.grad = grad.clone()
+        optimizer.step()
+
+    for g in grads[:5]:
+        step(nets[0], optimizers[0], g)
+    nets[1].load_state_dict(nets[0].state_dict())
+    optimizers[1].load_state_dict(copy.deepcopy(optimizers[0].state_dict()))  # as from a file
+    group = dict(optimizers[1].param_groups[0])
+    counts = [optimizers[1].state[p]["step"].clone() for p in nets[1].parameters()]
+    for g in grads[5:]:
+        for net, optimizer in zip(nets, optimizers, strict=True):
+            step(net, optimizer, g)
+    params = [list(net.parameters()) for net in nets]
+    return {"group": group, "counts": counts, "saved": params[0], "loaded": params[1]}

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import QUIET_CSV, REPO, make_cfg, needs_cuda, summary_of
+from helpers import resumed_adam
 from litlab.evaluate import eval_task
 from litlab.train import train_task
 
@@ -212,34 +213,8 @@ def test_a_resumed_optimizers_step_counts_go_where_the_built_implementation_keep
     on the parameters' device. A state saved by one and loaded into the other (litlab steps
     as it built the optimizer, not as the checkpoint was saved) has its counts where the built
     one keeps them, and continues the saved optimizer's update."""
-    import copy
-    import functools
-
-    from litlab.models.optim import make_optimizer
-
-    torch.manual_seed(0)
-    nets = [torch.nn.Linear(6, 3).cuda() for _ in "ab"]
-    nets[1].load_state_dict(nets[0].state_dict())
-    optimizers = [
-        make_optimizer(functools.partial(torch.optim.Adam, lr=0.01, fused=chosen), net.parameters())
-        for net, chosen in zip(nets, (saved, built), strict=True)
-    ]
-    grads = [[torch.randn_like(p) for p in nets[0].parameters()] for _ in range(10)]
-
-    def step(net, optimizer, g) -> None:
-        for p, grad in zip(net.parameters(), g, strict=True):
-            p.grad = grad.clone()
-        optimizer.step()
-
-    for g in grads[:5]:
-        step(nets[0], optimizers[0], g)
-    nets[1].load_state_dict(nets[0].state_dict())
-    optimizers[1].load_state_dict(copy.deepcopy(optimizers[0].state_dict()))
-    counts = [optimizers[1].state[p]["step"] for p in nets[1].parameters()]
-    assert {c.device.type for c in counts} == {"cuda" if built else "cpu"}
-    assert all(c.dtype == torch.float32 and float(c) == 5 for c in counts)
-    for g in grads[5:]:
-        for net, optimizer in zip(nets, optimizers, strict=True):
-            step(net, optimizer, g)
-    for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
+    run = resumed_adam(saved, built, device="cuda")
+    assert {c.device.type for c in run["counts"]} == {"cuda" if built else "cpu"}
+    assert all(c.dtype == torch.float32 and float(c) == 5 for c in run["counts"])
+    for a, b in zip(run["saved"], run["loaded"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

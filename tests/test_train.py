@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import csv
 import functools
 import itertools
@@ -29,6 +28,7 @@ from conftest import (
     summary_of,
     write_idx_dataset,
 )
+from helpers import resumed_adam
 from litlab.data import FashionMNIST
 from litlab.data.folder import cached_folder, scan
 from litlab.evaluate import eval_task
@@ -439,34 +439,10 @@ def test_a_resumed_optimizer_steps_as_built_not_as_saved(saved, built):
     chose fused would never be). After loading, the optimizer steps as make_optimizer built it,
     its step counts where that implementation keeps them, and the update continues where the
     saved optimizer would have."""
-    from litlab.models.optim import make_optimizer
-
-    torch.manual_seed(0)
-    nets = [nn.Linear(6, 3) for _ in "ab"]
-    nets[1].load_state_dict(nets[0].state_dict())
-    optimizers = [
-        make_optimizer(functools.partial(torch.optim.Adam, lr=0.01, fused=chosen), net.parameters())
-        for net, chosen in zip(nets, (saved, built), strict=True)
-    ]
-    grads = [[torch.randn_like(p) for p in nets[0].parameters()] for _ in range(10)]
-
-    def step(net: nn.Module, optimizer: torch.optim.Optimizer, g: list[torch.Tensor]) -> None:
-        for p, grad in zip(net.parameters(), g, strict=True):
-            p.grad = grad.clone()
-        optimizer.step()
-
-    for g in grads[:5]:
-        step(nets[0], optimizers[0], g)
-    nets[1].load_state_dict(nets[0].state_dict())
-    optimizers[1].load_state_dict(copy.deepcopy(optimizers[0].state_dict()))  # as from a file
-    group = optimizers[1].param_groups[0]
-    assert group["fused"] is built and group["fused"] is not saved
-    counts = [optimizers[1].state[p]["step"] for p in nets[1].parameters()]
-    assert all(c.dtype == torch.float32 and float(c) == 5 for c in counts)
-    for g in grads[5:]:
-        for net, optimizer in zip(nets, optimizers, strict=True):
-            step(net, optimizer, g)
-    for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
+    run = resumed_adam(saved, built)
+    assert run["group"]["fused"] is built and run["group"]["fused"] is not saved
+    assert all(c.dtype == torch.float32 and float(c) == 5 for c in run["counts"])
+    for a, b in zip(run["saved"], run["loaded"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 

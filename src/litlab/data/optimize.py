@@ -155,13 +155,11 @@ def encode(item: Item, max_side: int | None, quality: int) -> Any:
     yield {"image": data, "label": label, "name": name}
 
 
-_RECORDS: dict[str, Any] = {}
-
-
 # Where encode() records the labels it writes, one file per LitData writer rank: LitData's index
 # lists the ranks' chunks in rank order, each rank's items in the order written, so the files
 # joined in rank order are the split's labels in stream order (skipped files leave no gap).
 LABELS_VARIABLE = "LITLAB_OPTIMIZE_LABELS"
+_RECORDS: dict[str, Any] = {}  # a worker's open record files, by path
 
 
 def recorded_labels(folder: Path, written: int) -> list[int] | None:

@@ -3,8 +3,8 @@
 ``python -m litlab.data.optimize SRC DST`` writes, with LitData's ``optimize``, one LitData
 dataset per split (``DST/train``, ``DST/val``, ``DST/test``: chunks of encoded image bytes and
 labels, and their ``index.json``) and a small dataset ``DST/meta`` (item 0: classes, counts, how
-it was made; then each split's labels in stream order, for class-stratified FID samples). Keeping the metadata in LitData's own format means it is read wherever LitData reads
-(a folder, ``s3://``, ``gs://``, Azure) with LitData's credentials and nothing else.
+it was made; then each split's labels in stream order, for class-stratified FID samples).
+Keeping the metadata in LitData's own format means it is read wherever LitData reads (a folder, ``s3://``, ``gs://``, Azure) with LitData's credentials and nothing else.
 
 Training reads ``StreamingDataset``s through LitData's ``StreamingDataLoader``: each rank and
 worker streams its own chunks; images are decoded in the workers at ``size`` (the centre square,
@@ -107,11 +107,14 @@ def encode_labels(labels: list[int]) -> str:
     return json.dumps({"labels": base64.b64encode(packed).decode(), "count": len(labels)})
 
 
-def read_labels(input_dir: str, cache_dir: str | None, split: str) -> torch.Tensor | None:
-    """A converted split's labels in stream order (index i: the split's item i), from DST/meta;
-    None for a conversion that did not record them (made before they were, or where LitData's
-    counts disagreed)."""
-    item = read_meta(input_dir, cache_dir).get("label_items", {}).get(split)
+def read_labels(
+    input_dir: str, cache_dir: str | None, split: str, meta: dict[str, Any] | None = None
+) -> torch.Tensor | None:
+    """A converted split's labels in stream order (index i: the split's item i), from DST/meta
+    (``meta``: its item 0, where already read); None for a conversion that did not record them
+    (made before they were, or where LitData's counts disagreed)."""
+    meta = read_meta(input_dir, cache_dir) if meta is None else meta
+    item = meta.get("label_items", {}).get(split)
     if item is None:
         return None
     where = join(input_dir, "meta")
@@ -186,7 +189,7 @@ class Streaming(Source):
             ) from e
         dataset.classes = self.meta["classes"]
         dataset.images = self.meta["splits"][split]["images"]  # all ranks' (len: this rank's)
-        dataset.read_labels = partial(read_labels, self.input_dir, self.cache_dir, split)
+        dataset.read_labels = partial(read_labels, self.input_dir, self.cache_dir, split, self.meta)
         dataset.sample_shape = (self.channels, self.size, self.size)
         return dataset
 

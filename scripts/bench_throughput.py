@@ -16,8 +16,8 @@ P5: DCGAN (width 64, batch 128) on synthetic 64 px images (--gan-size/--gan-chan
 the digits recipe's 1x28x28 at width 32), precision auto; litlab: `model=dcgan
 data=synthetic data.image_shape=[3,64,64] callbacks.fid=null callbacks.samples=null` (evaluation
 callbacks off), one epoch as long as the run (an epoch's end once, not every few steps); raw:
-the same G and D steps (litlab's loss functions), Adam, EMA (litlab's AveragedCopy, on the
-device) and requires_grad toggling by hand. P5 runs first.
+the same G and D steps (litlab's loss functions), Adam as litlab builds it (fused), EMA
+(litlab's AveragedCopy, on the device) and requires_grad toggling by hand. P5 runs first.
 Both: `logger=none extras.print_config=false +trainer.limit_val_batches=0 test=false
 callbacks.last_checkpoint=null` (ResNet-50's synthetic epoch is 8 batches long; no checkpoint
 each one), the synthetic set drawn once per process (`data.source._target_=benchlib.SyntheticOnce`).
@@ -49,6 +49,7 @@ from litlab.callbacks.monitor import peak_flops, training_flops_per_image
 from litlab.config import build
 from litlab.data import DeviceLoader
 from litlab.models.gan import AveragedCopy, d_loss_fn, ema_with_warmup, g_loss_fn
+from litlab.models.optim import make_optimizer
 from litlab.nets import TorchvisionNet
 
 
@@ -127,8 +128,9 @@ def raw_dcgan(cfg: DictConfig, device: torch.device, steps: int, skip: int) -> M
         multi_avg_fn=ema_with_warmup(cfg.model.ema_decay),
         use_buffers=True,
     ).requires_grad_(False)
-    g_opt = instantiate(cfg.model.g_optimizer)(params=generator.parameters())
-    d_opt = instantiate(cfg.model.d_optimizer)(params=discriminator.parameters())
+    # the implementation litlab's GAN builds (fused where torch has one): the same arithmetic
+    g_opt = make_optimizer(instantiate(cfg.model.g_optimizer), generator.parameters())
+    d_opt = make_optimizer(instantiate(cfg.model.d_optimizer), discriminator.parameters())
     transform = datamodule.transform
     scale, shift = 2 * transform.std.to(device), 2 * transform.mean.to(device) - 1
     latent = generator.latent_dim

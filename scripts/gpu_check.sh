@@ -4,6 +4,8 @@
 #   bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS] [PART]   (device tool: carry .whl, .data)
 #   DRY_RUN=1 bash scripts/gpu_check.sh OUT_DIR            (here, before a loan: every step on the
 #                                                           CPU at smoke size; GPU tests skip)
+#   STEPS="bench_p2_folder bench_p3_best" bash ...          (only the steps named, e.g. part 2's
+#                                                           most wanted in what a loan has left)
 # Everything does not fit one 9-minute run: PART 1 (default) is the GPU tests, P3' sprint, P5/P4
 # and P1 (caps add up to 525 s: with the set-up, the default deadline of 540 s; P1's optimizer
 # step, 30 s more, last, in what the others leave); PART 2 the
@@ -49,6 +51,8 @@ cat "$OUT/machine.txt"
 left() { echo $((DEADLINE - SECONDS)); }
 step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), keep the log, one row
   local name=$1 limit=$2; shift 2
+  # STEPS="a b": only the steps named (what a short loan's remaining minutes allow)
+  if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
   local budget; budget=$(( $(left) - 25 < limit ? $(left) - 25 : limit ))  # 20 s: the kill
   if [ "$budget" -lt 15 ]; then
     printf "%-22s skipped (deadline)\n" "$name" | tee -a "$OUT/summary.txt"; return

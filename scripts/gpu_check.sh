@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One bounded session on a GPU machine: the GPU test tier, then the GPU benchmarks, each under a
-# time limit and all of it under a deadline; logs and a compact table go to the folder $1.
+# time limit and all of it under a deadline; a compact table (summary.txt), the machine and the
+# code (machine.txt) and every step's log (logs.tar.gz; also in the folder $1.logs) go to $1.
 #   bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS] [PART]   (device tool: carry .whl, .data)
 #   DRY_RUN=1 bash scripts/gpu_check.sh OUT_DIR            (here, before a loan: every step on the
 #                                                           CPU at smoke size; GPU tests skip)
@@ -22,6 +23,8 @@ case $PART in 1|2|all) ;; *) echo "gpu_check: PART must be 1, 2 or all, got $PAR
 part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }  # part N: does this run do part N's steps?
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+LOGS=$OUT.logs  # each step's log (beside OUT: OUT holds only summary, machine and the archive)
+rm -rf "$LOGS" && mkdir -p "$LOGS"
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ "$DRY" = 1 ] && [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
@@ -58,10 +61,16 @@ step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), ke
     printf "%-22s skipped (deadline)\n" "$name" | tee -a "$OUT/summary.txt"; return
   fi
   local start=$SECONDS
-  timeout -k 20 "$budget" "$@" > "$OUT/$name.log" 2>&1
+  timeout -k 20 "$budget" "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
   printf "%-22s rc=%-3s %4ss  %s\n" "$name" "$rc" "$((SECONDS - start))" \
-    "$(grep -v '^\s*$' "$OUT/$name.log" | tail -n 1 | cut -c1-100)" | tee -a "$OUT/summary.txt"
+    "$(grep -v '^\s*$' "$LOGS/$name.log" | tail -n 1 | cut -c1-100)" | tee -a "$OUT/summary.txt"
+  # a test step's failures by name and message (pytest -rA), where the summary shows them
+  grep -E '^(FAILED|ERROR) ' "$LOGS/$name.log" | cut -c1-400 | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+  # the device tool brings back at most 8 files from OUT: every log in one archive, rewritten
+  # after each step, so that a run cut short still brings back what it did (steps run side by
+  # side: each writes its own and renames it into place)
+  tar czf "$LOGS.$name.tgz" -C "$LOGS" . && mv -f "$LOGS.$name.tgz" "$OUT/logs.tar.gz"
 }
 
 # GPU test tier (part 1): three pytest processes side by side (one GPU has room for all).

@@ -19,8 +19,7 @@ callbacks off), one epoch as long as the run (an epoch's end once, not every few
 the same G and D steps (litlab's loss functions), Adam as litlab builds it (fused), EMA
 (litlab's AveragedCopy, on the device) and requires_grad toggling by hand. P5 runs first.
 Both: `logger=none extras.print_config=false +trainer.limit_val_batches=0 test=false
-callbacks.last_checkpoint=null` (ResNet-50's synthetic epoch is 8 batches long; no checkpoint
-each one), the synthetic set drawn once per process (`data.source._target_=benchlib.SyntheticOnce`).
+callbacks.last_checkpoint=null`, each run one epoch (an epoch's end once), the synthetic set drawn once per process (`data.source._target_=benchlib.SyntheticOnce`).
 Images/s are steady state: the first W steps of every run (CUDA warm-up, compilation)
 are not timed. Every round runs each variant once, in alternating order, after a warm-up round
 (--no-warm-up-round: none); dynamo is reset before each compiled run, so each compiles as a fresh
@@ -89,8 +88,10 @@ def resnet_overrides(
         f"data.image_shape=[3,{args.image_size},{args.image_size}]",
         "data.num_classes=1000",
         "model.scheduler=null",  # a few steps are too short for OneCycleLR; throughput only
-        # 8 batches an epoch: 224 px images are 150 kB each (an epoch's end every 8 steps)
-        *common(device, args.batch, 8),
+        # One epoch as long as the run, as for DCGAN: an epoch's end (the Throughput callback's
+        # device sync, which drains the queue while the host does the epoch's end) once, not
+        # every 8 steps as until 2026-12-04 (2.5 GB of 224 px images at batch 256 and 65 steps)
+        *common(device, args.batch, args.warm_steps + args.steps),
         "callbacks.speed.channels_last=true",
         f"callbacks.speed.compile={str(compile_).lower()}",
         f"trainer.max_steps={steps}",

@@ -19,7 +19,8 @@ callbacks off), one epoch as long as the run (an epoch's end once, not every few
 the same G and D steps (litlab's loss functions), Adam as litlab builds it (fused), EMA
 (litlab's AveragedCopy, on the device) and requires_grad toggling by hand. P5 runs first.
 Both: `logger=none extras.print_config=false +trainer.limit_val_batches=0 test=false
-callbacks.last_checkpoint=null`, each run one epoch (an epoch's end once), the synthetic set drawn once per process (`data.source._target_=benchlib.SyntheticOnce`).
+callbacks.last_checkpoint=null`, each run one epoch (an epoch's end once), the synthetic set
+drawn once per process (`data.source._target_=benchlib.SyntheticOnce`).
 Images/s are steady state: the first W steps of every run (CUDA warm-up, compilation)
 are not timed. Every round runs each variant once, in alternating order, after a warm-up round
 (--no-warm-up-round: none); dynamo is reset before each compiled run, so each compiles as a fresh

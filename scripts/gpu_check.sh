@@ -72,9 +72,11 @@ step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), ke
   grep -E '^(FAILED|ERROR) ' "$LOGS/$name.log" | cut -c1-400 | sed 's/^/    /' | tee -a "$OUT/summary.txt"
   # the device tool brings back at most 8 files from OUT: every log in one archive, rewritten
   # after each step, so that a run cut short still brings back what it did (steps run side by
-  # side: each writes its own and renames it into place)
-  tar czf "$LOGS.$name.tgz" -C "$LOGS" . && mv -f "$LOGS.$name.tgz" "$OUT/logs.tar.gz"
+  # side: each writes its own and renames it into place; a log still being written by another
+  # goes in as far as it is, and whole at the next step's or the end's archive)
+  pack "$name"
 }
+pack() { tar czf "$LOGS.$1.tgz" -C "$LOGS" . 2>/dev/null; mv -f "$LOGS.$1.tgz" "$OUT/logs.tar.gz"; }
 
 # GPU test tier (part 1): three pytest processes side by side (one GPU has room for all).
 if part 1; then
@@ -152,4 +154,5 @@ if part 2; then
   step bench_p0_gpu_vs_cpu 90 $PY scripts/bench_gpu_vs_cpu.py --device $DEV --repeats 1 $DDIR \
     $SMALL_P0
 fi
+pack end
 echo "total ${SECONDS}s" | tee -a "$OUT/summary.txt"

@@ -45,6 +45,27 @@ class RecordEpochSums(Callback):
             self.path.write_text(json.dumps({f"rank{r}": s for r, s in enumerate(sums.tolist())}))
 
 
+class RecordAverageDevice(Callback):
+    """Writes where callbacks=ema keeps its average (parameters and count) and where the module
+    trains, at the first training batch's end, as JSON."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.path.exists():
+            return
+        from litlab.callbacks import EMA
+
+        average = next(c for c in trainer.callbacks if isinstance(c, EMA))._average_model
+        where = {
+            "average": sorted({p.device.type for p in average.parameters()}),
+            "count": average.n_averaged.device.type,
+            "module": pl_module.device.type,
+        }
+        self.path.write_text(json.dumps(where))
+
+
 class RecordBatchSaves(Callback):
     """Writes the global step of every checkpoint saved within a training epoch (not at its end:
     the periodic saves) to a JSON file, a list growing as they come."""

@@ -5,6 +5,7 @@ Run on a GPU machine with `pytest -m gpu tests/test_gpu.py` (scripts/gpu_check.s
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -163,13 +164,17 @@ def test_deterministic_on_gpu(tmp_path):
 
 def test_the_average_of_the_weights_updates_without_a_host_sync():
     """The GAN's EMA generator and callbacks=ema's average (AveragedCopy) queue their update
-    without waiting for the GPU (torch's AveragedModel reads its count on the host twice)."""
+    without waiting for the GPU (torch's AveragedModel reads its count on the host twice). Built
+    as the GAN builds it: on the CPU with the module, then moved to the GPU with it (built from
+    a net already on the GPU without device=, torch leaves the count on the CPU: a copy to the
+    GPU, and so a sync, at every update; the EMA callback passes the device)."""
     from torch import nn
 
     from litlab.models.gan import AveragedCopy, ema_with_warmup
 
-    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).cuda()
-    average = AveragedCopy(net, multi_avg_fn=ema_with_warmup(0.999), use_buffers=True)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+    average = AveragedCopy(net, multi_avg_fn=ema_with_warmup(0.999), use_buffers=True).cuda()
+    net.cuda()
     average.update_parameters(net)  # the first reads the count once
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -178,6 +183,27 @@ def test_the_average_of_the_weights_updates_without_a_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert int(average.n_averaged) == 4
+
+
+def test_the_ema_callbacks_average_lives_on_the_training_device(tmp_path):
+    """callbacks=ema on a GPU keeps its average, and its count, on the GPU with the module.
+    Lightning builds the average at setup on the module's device, which is still the CPU then
+    (the strategy moves the module later): each step would copy every weight to the host."""
+    where = tmp_path / "where.json"
+    cfg = make_cfg(
+        tmp_path / "ema",
+        [
+            *CLF,
+            *QUIET,
+            "callbacks=ema",
+            "trainer.max_epochs=1",
+            "+callbacks.where._target_=helpers.RecordAverageDevice",
+            f"+callbacks.where.path={where}",
+        ],
+    )
+    train_task(cfg)
+    completed(cfg)
+    assert json.loads(where.read_text()) == {"average": ["cuda"], "count": "cuda", "module": "cuda"}
 
 
 def test_ranks_agree_on_a_flag_without_a_host_sync_in_the_step(tmp_path):

@@ -21,6 +21,9 @@ class EMA(EMAWeightAveraging):
     them as ``state_dict`` (eval.py tests them) and the raw weights beside them, and a resumed
     fit continues both.
 
+    The average lives on the device the run trains on (``callbacks.ema.device``: another, such
+    as ``cpu`` to spare GPU memory at a copy of every weight to the host each step).
+
     Two traps fixed. Under 16-bit weights (``trainer.precision=bf16-true``) the average stays in
     float32 (it is copied before Lightning casts the module), but Lightning's swap around
     validation copies it into the module and back out of it, rounding the average to 16 bits at
@@ -66,7 +69,17 @@ class EMA(EMAWeightAveraging):
         self._raw_weights: list[Tensor] | None = None  # the module's, while validating the average
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
+        # Lightning keeps the average on callbacks.ema.device, else on the module's device as
+        # it is at setup, which is before the strategy moves the module: on a GPU run the
+        # average lived on the CPU, and every step copied all weights to the host (a sync) and
+        # averaged them there. The device the strategy trains on, unless the config names one.
+        chosen = self._device
+        if chosen is None:
+            self._device = trainer.strategy.root_device
+        try:
+            super().setup(trainer, pl_module, stage)
+        finally:
+            self._device = chosen
         if self._average_model is not None and type(self._average_model) is AveragedModel:
             # the same object and state, updated without torch's two host syncs a step
             self._average_model.__class__ = AveragedCopy

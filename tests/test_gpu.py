@@ -217,6 +217,9 @@ def test_ranks_agree_on_a_flag_without_a_host_sync_in_the_step(tmp_path):
     try:
         agreed = AnyRank(torch.device("cuda", 0))
         x = torch.randn(2048, 2048, device="cuda")
+        # NCCL makes its communicator at the first collective (a run's setup does that, not its
+        # steps), which may wait for the device: once before the steps are watched
+        assert agreed.now(False) is False
         torch.cuda.set_sync_debug_mode("error")
         try:
             told = []

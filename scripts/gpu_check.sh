@@ -10,10 +10,11 @@
 # Everything does not fit one 9-minute run: PART 1 (default) is the GPU tests, P3' sprint, P5/P4
 # and P1 (caps add up to 525 s: with the set-up, the default deadline of 540 s; the sprint at
 # batch 1024 and P1's optimizer step, 30 s each, and a profile of P5's steps, 45 s, in what the
-# others leave: part 1 took 367 s on 2026-12-04); PART 2 the JPEG folder (issue 14), P3' best and P0 (490 s), at once after part 1
-# while the machine is warm (2026-12-04: all but P0 fitted one 15-minute loan). PART all
-# (the dry run's default) runs both. A step past its cap gets SIGTERM, and SIGKILL 20 s later
-# (a fit that traps SIGTERM to checkpoint could overrun); the deadline allows for those 20 s.
+# others leave: part 1 took 367 s on 2026-12-04); PART 2 the JPEG folder (issue 14), P3' best
+# and P0 (490 s), at once after part 1 while the machine is warm (2026-12-04: all but P0 fitted
+# one 15-minute loan). PART all (the dry run's default) runs both. A step past its cap gets
+# SIGTERM, and SIGKILL 20 s later (a fit that traps SIGTERM to checkpoint could overrun); the
+# deadline allows for those 20 s.
 # Needs CUDA unless DRY_RUN=1: without it, it stops at once with a clear line and exit status 2.
 set -uo pipefail
 OUT=${1:?usage: bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS]}
@@ -69,7 +70,8 @@ step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), ke
   printf "%-22s rc=%-3s %4ss  %s\n" "$name" "$rc" "$((SECONDS - start))" \
     "$(grep -v '^\s*$' "$LOGS/$name.log" | tail -n 1 | cut -c1-100)" | tee -a "$OUT/summary.txt"
   # a test step's failures by name and message (pytest -rA), where the summary shows them
-  grep -E '^(FAILED|ERROR) ' "$LOGS/$name.log" | cut -c1-400 | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+  grep -E '^(FAILED|ERROR) ' "$LOGS/$name.log" | cut -c1-400 | sed 's/^/    /' \
+    | tee -a "$OUT/summary.txt"
   # the device tool brings back at most 8 files from OUT: every log in one archive, rewritten
   # after each step, so that a run cut short still brings back what it did (steps run side by
   # side: each writes its own and renames it into place; a log still being written by another

@@ -4,7 +4,8 @@
 dataset per split (``DST/train``, ``DST/val``, ``DST/test``: chunks of encoded image bytes and
 labels, and their ``index.json``) and a small dataset ``DST/meta`` (item 0: classes, counts, how
 it was made; then each split's labels in stream order, for class-stratified FID samples).
-Keeping the metadata in LitData's own format means it is read wherever LitData reads (a folder, ``s3://``, ``gs://``, Azure) with LitData's credentials and nothing else.
+Keeping the metadata in LitData's own format means it is read wherever LitData reads (a
+folder, ``s3://``, ``gs://``, Azure) with LitData's credentials and nothing else.
 
 Training reads ``StreamingDataset``s through LitData's ``StreamingDataLoader``: each rank and
 worker streams its own chunks; images are decoded in the workers at ``size`` (the centre square,

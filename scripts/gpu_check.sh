@@ -9,12 +9,12 @@
 #                                                           most wanted in what a loan has left)
 # Everything does not fit one 9-minute run: PART 1 (default) is the GPU tests, P3' sprint, P5/P4
 # and P1 (caps add up to 525 s: with the set-up, the default deadline of 540 s; the sprint at
-# batch 1024 and P1's optimizer step, 30 s each, and a profile of P5's steps, 45 s, in what the
-# others leave: part 1 took 367 s on 2026-12-04); PART 2 the JPEG folder (issue 14), P3' best
-# and P0 (490 s), at once after part 1 while the machine is warm (2026-12-04: all but P0 fitted
-# one 15-minute loan). PART all (the dry run's default) runs both. A step past its cap gets
-# SIGTERM, and SIGKILL 20 s later (a fit that traps SIGTERM to checkpoint could overrun); the
-# deadline allows for those 20 s.
+# batch 1024 and P1's optimizer step, 30 s each, and profiles of the sprint's and P5's steps, 40
+# and 45 s, in what the others leave: part 1 took 367 s on 2026-12-04); PART 2 the JPEG folder
+# (issue 14), P3' best and P0 (490 s), at once after part 1 while the machine is warm
+# (2026-12-04: all but P0 fitted one 15-minute loan). PART all (the dry run's default) runs
+# both. A step past its cap gets SIGTERM, and SIGKILL 20 s later (a fit that traps SIGTERM to
+# checkpoint could overrun); the deadline allows for those 20 s.
 # Needs CUDA unless DRY_RUN=1: without it, it stops at once with a clear line and exit status 2.
 set -uo pipefail
 OUT=${1:?usage: bash scripts/gpu_check.sh OUT_DIR [DEADLINE_SECONDS]}
@@ -79,6 +79,16 @@ step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), ke
   pack "$name"
 }
 pack() { tar czf "$LOGS.$1.tgz" -C "$LOGS" . 2>/dev/null; mv -f "$LOGS.$1.tgz" "$OUT/logs.tar.gz"; }
+# profile_run NAME OVERRIDES...: a debug=profile run of train.py (3 training steps recorded, no
+# checkpoints or logger), its operator table and Chrome trace copied into the logs as NAME/
+profile_run() {
+  local name=$1; shift
+  $PY train.py "$@" callbacks.model_checkpoint=null callbacks.last_checkpoint=null \
+    trainer=$([ $DEV = cuda ] && echo gpu || echo cpu) logger=none extras.print_config=false \
+    debug=profile hydra.run.dir="$LOGS.$name.run" && mkdir -p "$LOGS/$name" \
+    && cp "$LOGS.$name.run"/profiler/* "$LOGS/$name/" && head -n 40 "$LOGS/$name"/*.txt
+}
+export -f profile_run; export PY DEV LOGS  # step runs it under timeout, in a child bash
 
 # GPU test tier (part 1): three pytest processes side by side (one GPU has room for all).
 if part 1; then
@@ -103,12 +113,13 @@ if [ "$DRY" = 1 ]; then
   P1_CNN="--steps 5"; P1_MLP="trainer.max_steps=5"; SMALL_P0="--max-batches 5"; P3_REPEATS=1
   P5_LIMIT=120; P4_LIMIT=240; P1_LIMIT=150; P1_MLP_REPEATS=1
   P1_OPT="--repeats 1 --steps 3 --round-s 0.05"; P1_OPT_LIMIT=120; P3B_LIMIT=120
+  SMALL_W="model.net.width=8"
 else
   # P1: 400 steps a variant (under one epoch of 421) x 8 variants + a warm-up round: about a
   # minute at the last run's 4-8 ms/step; the MLP: one epoch, the default run against the raw loop
   SMALL_P45=""; SMALL_P3=""; P1_CNN="--steps 400"; P1_MLP="trainer.max_epochs=1"; SMALL_P0=""
   P3_REPEATS=3; P5_LIMIT=40; P4_LIMIT=120; P1_LIMIT=80; P1_MLP_REPEATS=3
-  P1_OPT="--repeats 5"; P1_OPT_LIMIT=30; P3B_LIMIT=30
+  P1_OPT="--repeats 5"; P1_OPT_LIMIT=30; P3B_LIMIT=30; SMALL_W=""
 fi
 if part 1; then
   # P3': the two Fashion-MNIST recipes, whole train + test in one process (start-up excluded);
@@ -120,6 +131,9 @@ if part 1; then
   # steps at batch 1024, the same epochs and learning rate, once (does it keep 94%?)
   step bench_p3_sprint_b1024 "$P3B_LIMIT" $PY scripts/bench_time_to_accuracy.py --device $DEV \
     --repeats 1 --experiment fashion_sprint --target 0.94 $DDIR $SMALL_P3 data.batch_size=1024
+  # the sprint's 6.9 ms a step: host-bound or GPU-bound? torch's profiler over 3 of its steps
+  step profile_p3_sprint 40 bash -c 'profile_run "$@"' _ profile_p3_sprint \
+    experiment=fashion_sprint $SMALL_W
   # P5 first (short, never measured on a GPU), then P4; each run's first steps are untimed, and
   # P4 skips the warm-up round (it would compile ResNet-50 twice more; compilation is untimed).
   step bench_p5_dcgan "$P5_LIMIT" $PY scripts/bench_throughput.py --device $DEV --bench dcgan \
@@ -139,12 +153,8 @@ if part 1; then
   # P5's 2.9 ms a step behind the raw loop (2026-12-04) has no cause yet: torch's profiler over 3
   # of litlab's DCGAN steps (debug=profile), its table and Chrome trace kept in the logs' archive
   # (idle gaps on the GPU's row: host-bound; cudaStreamSynchronize or Memcpy on the CPU's: a wait)
-  step profile_p5 45 bash -c "$PY train.py model=dcgan data=synthetic 'data.image_shape=[3,64,64]' \
-    callbacks.fid=null callbacks.samples=null callbacks.model_checkpoint=null \
-    callbacks.last_checkpoint=null trainer=$([ $DEV = cuda ] && echo gpu || echo cpu) \
-    trainer.precision=auto logger=none extras.print_config=false debug=profile \
-    hydra.run.dir=$LOGS.profile_run && mkdir -p $LOGS/profile_p5 \
-    && cp $LOGS.profile_run/profiler/* $LOGS/profile_p5/ && head -n 40 $LOGS/profile_p5/*.txt"
+  step profile_p5 45 bash -c 'profile_run "$@"' _ profile_p5 model=dcgan data=synthetic \
+    "data.image_shape=[3,64,64]" callbacks.fid=null callbacks.samples=null trainer.precision=auto
 fi
 if part 2; then
   # P2 folders (issue 14): ResNet-50 (bf16, channels_last) on a JPEG folder of ImageNet-like sizes

@@ -68,14 +68,18 @@ class RecordAverageDevice(Callback):
 
 class RecordBatchSaves(Callback):
     """Writes the global step of every checkpoint saved within a training epoch (not at its end:
-    the periodic saves) to a JSON file, a list growing as they come."""
+    the periodic saves) to a JSON file, a list growing as they come; with ``batches``, pairs of
+    it and the number of the epoch's batches trained when it was saved."""
 
-    def __init__(self, path: str) -> None:
-        self.path, self.steps = Path(path), []
+    def __init__(self, path: str, batches: bool = False) -> None:
+        self.path, self.steps, self.batches = Path(path), [], batches
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         if trainer.training and not trainer.is_last_batch:
-            self.steps.append(checkpoint["global_step"])
+            step = checkpoint["global_step"]
+            if self.batches:
+                step = [step, trainer.fit_loop.epoch_loop.batch_progress.current.ready]
+            self.steps.append(step)
             self.path.write_text(json.dumps(self.steps))
 
 

@@ -338,6 +338,36 @@ def test_no_periodic_checkpoint_on_an_epochs_last_batch(tmp_path):
     assert load_checkpoint(folder / "last.ckpt")["global_step"] == 8
 
 
+def test_a_resumed_run_saves_no_periodic_checkpoint_inside_an_accumulation(tmp_path):
+    """accumulate_grad_batches=2, step.ckpt every 2 steps, resumed from it at step 4: the first
+    resumed batch leaves global_step at 4, which Lightning's ModelCheckpoint (its last saved step
+    not restored) took for a step to save, overwriting step.ckpt with half an accumulation whose
+    gradient no checkpoint holds (a second resume from it trained a step on the other half).
+    Every periodic save comes after an accumulation's last batch."""
+    record = tmp_path / "saves.json"
+    args = [
+        "data.batch_size=32",  # about 45 batches an epoch: no epoch ends here
+        "model.net.width=4",
+        "model.scheduler=null",  # one schedule whatever max_steps
+        "trainer.accumulate_grad_batches=2",
+        "callbacks.step_checkpoint.every_n_train_steps=2",
+        "+callbacks.record._target_=helpers.RecordBatchSaves",
+        f"+callbacks.record.path={record}",
+        "+callbacks.record.batches=true",
+        "test=false",
+        *QUIET,
+    ]
+    first = make_cfg(tmp_path / "first", [*args, "trainer.max_steps=4"])
+    train_task(first)
+    step = Path(first.paths.output_dir) / "checkpoints" / "step.ckpt"
+    # [global step, batches trained]: step.ckpt twice, then last.ckpt as max_steps ends the fit
+    assert json.loads(record.read_text()) == [[2, 4], [4, 8], [4, 8]]
+    resumed = make_cfg(tmp_path / "resumed", [*args, "trainer.max_steps=8", f"ckpt_path={step}"])
+    train_task(resumed)
+    # (before: [4, 9] first, step.ckpt rewritten after the first resumed batch)
+    assert json.loads(record.read_text()) == [[6, 12], [8, 16], [8, 16]]
+
+
 @pytest.mark.parametrize(
     ("n_critic", "every", "saved"), [(1, 3, [4, 6, 10, 12]), (2, 2, [3, 4, 6, 9])]
 )

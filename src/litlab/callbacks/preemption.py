@@ -19,6 +19,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from litlab.callbacks.checkpoint import inside_an_accumulation
 from litlab.compat import count_steps_as_saved_in_validation, stop_at_batch_end, take_stop_mark
 from litlab.distributed.agree import AnyRank, rank_and_world
 from litlab.errors import Requeued
@@ -204,7 +205,7 @@ class Preemption(Callback):
         batch_idx: int,
         *_: Any,
     ) -> None:
-        if not trainer.is_last_batch and (batch_idx + 1) % trainer.accumulate_grad_batches:
+        if inside_an_accumulation(trainer, batch_idx):
             return  # a stop waits for the step of the gradients accumulated (not in checkpoints)
         last = fit_ends_after_this_batch(trainer)
         stop = self._received is not None

@@ -995,6 +995,47 @@ def test_netpbm_and_jfif_files_are_images_too(tmp_path):
     assert cached.images[0, :, 8, 8].tolist() == [200, 100, 50]
 
 
+def test_eval_on_the_training_folder_tests_the_runs_own_test_images_framed_as_the_run(
+    tmp_path, caplog
+):
+    """eval.py with data=image_folder on the training folder took the test share, stored size
+    and evaluation crop from image_folder's defaults, not the run's: trained with
+    test_fraction 0.1, eval's 0.2 took in images the model trained on, and framed them
+    otherwise. Now they come from the run: eval's test/acc is the run's own, on the same
+    images."""
+    from litlab.evaluate import eval_task
+
+    write_png_folder(tmp_path / "images", per_class=20)
+    summary = train_on_folder(
+        tmp_path,
+        "trainer.max_epochs=1",
+        "data.batch_size=4",
+        "data.source.test_fraction=0.1",
+        "data.eval_crop=1.0",
+    )
+    eval_cfg = make_cfg(
+        tmp_path / "eval",
+        [
+            f"ckpt_path={summary['best_checkpoint']}",
+            "data=image_folder",  # its defaults: test_fraction 0.2, size 36, eval_crop 0.875
+            f"data.source.root={tmp_path / 'images'}",
+            f"data.source.cache_dir={tmp_path / 'cache'}",
+            "data.image_shape=[3,16,16]",
+            "data.num_classes=3",
+            "data.num_workers=0",
+            "extras.print_config=false",
+        ],
+        config_name="eval",
+    )
+    with caplog.at_level("INFO", logger="litlab"):
+        eval_task(eval_cfg)
+    evaluated = summary_of(eval_cfg)
+    assert evaluated["data"]["splits"]["test"] == summary["data"]["splits"]["test"] > 0
+    assert evaluated["metrics"] == {k: summary["metrics"][k] for k in ("test/loss", "test/acc")}
+    assert "test_fraction 0.1 (not 0.2)" in caplog.text
+    assert "eval_crop 1.0 (not 0.875)" in caplog.text and "size 20 (not 36)" in caplog.text
+
+
 def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
     """eval.py on a folder of class folders other than the training one tested only the share
     its file names would hold out in a run that trained on it (about a fifth): now every image.

@@ -69,6 +69,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
         with run.phase("test"):
             trainer.test(model, datamodule=datamodule)
         run.record_metrics(trainer.callback_metrics)
+        run.summary["data"] = datamodule.report()  # the images tested, the files skipped
     finally:
         finish_loggers(trainer.loggers)
     if cfg.get("generate"):
@@ -92,8 +93,11 @@ def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
 
 
 def other_data(chosen: DictConfig, trained: DictConfig) -> DictConfig:
-    """The data chosen for testing, normalized as the model was trained (the network only
-    knows the inputs it was trained on), and refused when its images or classes differ."""
+    """The data chosen for testing, prepared as the model was trained (the network only knows
+    the inputs it was trained on): normalized, stored and framed as in training, and, where it
+    is the training data itself, split as in training (a larger test share of a folder or of
+    digits would take in images the model trained on); refused when its images or classes
+    differ."""
     data = OmegaConf.to_container(chosen, resolve=True)
     before = OmegaConf.to_container(trained, resolve=True)
     for key in ("image_shape", "num_classes"):
@@ -102,17 +106,39 @@ def other_data(chosen: DictConfig, trained: DictConfig) -> DictConfig:
                 f"the model was trained on data.{key}={before[key]} but this data has "
                 f"{data[key]}; test it on data of the same {key.replace('_', ' ')}"
             )
-    if (data["mean"], data["std"]) != (before["mean"], before["std"]):
-        log.info(
-            "normalizing this data as in training: mean %s, std %s (not %s, %s)",
-            before["mean"],
-            before["std"],
-            data["mean"],
-            data["std"],
-        )
-        data["mean"], data["std"] = before["mean"], before["std"]
-    other_folder(data["source"], before["source"])
+    as_trained(data, before, ("mean", "std"), "normalizing this data")
+    as_trained(data, before, ("eval_crop",), "framing the test images")
+    source, trained_source = data["source"], before["source"]
+    as_trained(source, trained_source, ("size",), "storing the images")
+    if same_source(source, trained_source):
+        as_trained(source, trained_source, ("test_fraction",), "holding out the run's test images")
+    other_folder(source, trained_source)
     return OmegaConf.create(data)
+
+
+def as_trained(
+    node: dict[str, Any], trained: dict[str, Any], keys: tuple[str, ...], why: str
+) -> None:
+    """Set ``keys`` of ``node`` to their values in training where both have them, saying so."""
+    changed = [k for k in keys if k in node and k in trained and node[k] != trained[k]]
+    if changed:
+        log.info(
+            "%s as in training: %s",
+            why,
+            ", ".join(f"{k} {trained[k]} (not {node[k]})" for k in changed),
+        )
+        node.update({k: trained[k] for k in changed})
+
+
+def folder_of(root: Any) -> Path | None:
+    return Path(root).expanduser().resolve() if root else None
+
+
+def same_source(source: dict[str, Any], trained: dict[str, Any]) -> bool:
+    """Whether a data source is the one the run trained on: the same class and folder."""
+    return source.get("_target_") == trained.get("_target_") and folder_of(
+        source.get("root")
+    ) == folder_of(trained.get("root"))
 
 
 def other_folder(source: dict[str, Any], trained: dict[str, Any]) -> None:
@@ -120,15 +146,14 @@ def other_folder(source: dict[str, Any], trained: dict[str, Any]) -> None:
     tested (``test_all``), not the share its file names would hold out for testing in a run
     that trained on it. The same folder keeps its held-out test split (the others were trained
     on); a folder with a test/ (or val/) folder is tested on that."""
-    root, trained_root = source.get("root"), trained.get("root")
+    root = source.get("root")
     if "test_fraction" not in source or not root or not Path(root).expanduser().is_dir():
         return
-    folder = Path(root).expanduser().resolve()
-    same = trained_root and Path(trained_root).expanduser().resolve() == folder
-    if same or split_folders(folder) is not None:
+    folder = folder_of(root)
+    if folder == folder_of(trained.get("root")) or split_folders(folder) is not None:
         return
     source["test_all"] = True
-    log.info("testing every image of %s (the model was trained on %s)", folder, trained_root)
+    log.info("testing every image of %s (the model was trained on %s)", folder, trained.get("root"))
 
 
 def eval_callbacks(callbacks: DictConfig | None) -> DictConfig:

@@ -208,6 +208,10 @@ def test_eval_of_a_foreign_checkpoint(tmp_path, capsys):
             ["model=dcgan", "trainer.accumulate_grad_batches=2"],
             "which Lightning does not accumulate for; use a larger data.batch_size",
         ),
+        (
+            ["model=dcgan", "+callbacks.ema._target_=litlab.callbacks.EMA"],
+            "keeps its own average of the generator where it has one (the GANs: model.ema_decay)",
+        ),
     ],
     ids=[
         "gan-image-size",
@@ -218,6 +222,7 @@ def test_eval_of_a_foreign_checkpoint(tmp_path, capsys):
         "fid-off",
         "gan-trainer-clipping",
         "gan-accumulation",
+        "gan-ema-callback",
     ],
 )
 def test_gan_mistakes_in_process(tmp_path, capsys, overrides, needle):

@@ -306,6 +306,15 @@ def check_manual_optimization(cfg: DictConfig, model: Any) -> None:
             "(manual optimization), which Lightning does not accumulate for; use a larger "
             "data.batch_size (or more devices) instead"
         )
+    if (cfg.get("callbacks") or {}).get("ema"):
+        # Lightning's weight averaging swaps every net for its average around validation and
+        # saves the averages as the weights: a GAN's FID would score an average of its
+        # generator's average, its best checkpoint hold averaged discriminators
+        raise ConfigError(
+            f"callbacks.ema: {type(model).__name__} steps its own optimizers (manual "
+            "optimization) and keeps its own average of the generator where it has one (the "
+            "GANs: model.ema_decay), which its samples, FID and tests use; set callbacks.ema=null"
+        )
 
 
 def check_objective(cfg: DictConfig) -> None:

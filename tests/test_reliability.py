@@ -397,6 +397,28 @@ def test_a_gans_periodic_checkpoints_come_every_n_steps(tmp_path, n_critic, ever
     assert step["global_step"] == saved[-1]
 
 
+def test_a_gan_resumed_between_generator_steps_logs_the_generators_last_loss(tmp_path):
+    """n_critic 3: g/loss is G's latest loss, logged with D's steps between G's. A run resumed
+    between two G steps lost it until the next one (summary.json had no g/loss when the run
+    ended first); the checkpoint now keeps it."""
+    args = [*GAN_MODEL, "model.n_critic=3", "test=false", *QUIET]
+    # epoch 1: 4 batches, D steps 1-4, G's step at D's third: g/loss from batch 3
+    first = make_cfg(
+        tmp_path / "first", [*args, "trainer.max_epochs=1", "+trainer.limit_train_batches=4"]
+    )
+    train_task(first)
+    stopped = summary_of(first)["metrics"]["g/loss"]
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    # epoch 2: one batch, D's fifth step, no G step: G's loss is still batch 3's
+    resumed = make_cfg(
+        tmp_path / "resumed",
+        [*args, "trainer.max_epochs=2", "+trainer.limit_train_batches=1", f"ckpt_path={last}"],
+    )
+    train_task(resumed)
+    metrics = summary_of(resumed)["metrics"]
+    assert metrics["g/step"] == 1 and metrics["g/loss"] == stopped
+
+
 def test_a_resumed_gan_makes_each_sample_grid_once(tmp_path):
     """Stopped on the batch whose G step made the grid of g/step 2 (n_critic 2), the resumed run
     starts with D's batch alone: it leaves that grid as it was and makes the next ones."""

@@ -370,7 +370,15 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
     # -- state that must survive a restart ---------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["gan"] = {"g_steps": self.g_steps, "d_steps": self.d_steps}
+        if self.last_g_loss is not None:  # logged until G's next step (n_critic > 1)
+            checkpoint["gan"]["g_loss"] = float(self.last_g_loss)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("gan", {})
         self.g_steps, self.d_steps = int(state.get("g_steps", 0)), int(state.get("d_steps", 0))
+        g_loss = state.get("g_loss")
+        self.last_g_loss = None if g_loss is None else torch.tensor(g_loss)
+
+    def on_train_start(self) -> None:
+        if self.last_g_loss is not None:  # restored before the module moved to its device
+            self.last_g_loss = self.last_g_loss.to(self.device)

@@ -995,6 +995,25 @@ def test_netpbm_and_jfif_files_are_images_too(tmp_path):
     assert cached.images[0, :, 8, 8].tolist() == [200, 100, 50]
 
 
+def eval_on_folder(tmp_path: Path, summary: dict, root: Path, *overrides: str):
+    """The eval config of train_on_folder's best checkpoint tested on the folder at root."""
+    return make_cfg(
+        tmp_path / "eval",
+        [
+            f"ckpt_path={summary['best_checkpoint']}",
+            "data=image_folder",
+            f"data.source.root={root}",
+            f"data.source.cache_dir={tmp_path / 'cache'}",
+            "data.image_shape=[3,16,16]",
+            "data.num_classes=3",
+            "data.num_workers=0",
+            "extras.print_config=false",
+            *overrides,
+        ],
+        config_name="eval",
+    )
+
+
 def test_eval_on_the_training_folder_tests_the_runs_own_test_images_framed_as_the_run(
     tmp_path, caplog
 ):
@@ -1013,20 +1032,8 @@ def test_eval_on_the_training_folder_tests_the_runs_own_test_images_framed_as_th
         "data.source.test_fraction=0.1",
         "data.eval_crop=1.0",
     )
-    eval_cfg = make_cfg(
-        tmp_path / "eval",
-        [
-            f"ckpt_path={summary['best_checkpoint']}",
-            "data=image_folder",  # its defaults: test_fraction 0.2, size 36, eval_crop 0.875
-            f"data.source.root={tmp_path / 'images'}",
-            f"data.source.cache_dir={tmp_path / 'cache'}",
-            "data.image_shape=[3,16,16]",
-            "data.num_classes=3",
-            "data.num_workers=0",
-            "extras.print_config=false",
-        ],
-        config_name="eval",
-    )
+    # image_folder's defaults: test_fraction 0.2, size 36, eval_crop 0.875
+    eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "images")
     with caplog.at_level("INFO", logger="litlab"):
         eval_task(eval_cfg)
     evaluated = summary_of(eval_cfg)
@@ -1062,21 +1069,7 @@ def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
     other_folder(source, trained)
     assert "test_all" not in source
 
-    eval_cfg = make_cfg(
-        tmp_path / "eval",
-        [
-            f"ckpt_path={summary['best_checkpoint']}",
-            "data=image_folder",
-            f"data.source.root={tmp_path / 'other'}",
-            f"data.source.cache_dir={tmp_path / 'cache'}",
-            "data.source.size=20",
-            "data.image_shape=[3,16,16]",
-            "data.num_classes=3",
-            "data.num_workers=0",
-            "extras.print_config=false",
-        ],
-        config_name="eval",
-    )
+    eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "other", "data.source.size=20")
     with caplog.at_level("INFO", logger="litlab"):
         assert eval_task(eval_cfg) is not None
     assert f"testing every image of {tmp_path / 'other'}" in caplog.text

@@ -13,6 +13,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from omegaconf import open_dict
 from torch import nn
@@ -523,6 +524,31 @@ def test_epoch_sums_are_the_batches_sums_and_survive_a_checkpoint():
     resumed = model()
     resumed.on_load_checkpoint({"classifier": {"train_sums": want.float()}})  # any float dtype
     assert torch.equal(resumed.epoch_sums(), want.float().double())
+
+
+@pytest.mark.parametrize("precision", ["16-true", "bf16-true"])
+def test_evaluation_means_add_in_float32_under_true_half_precisions(precision):
+    """Lightning's 16-true and bf16-true convert the module with Module.to(dtype), which
+    torchmetrics does not guard against: val/loss's MeanMetric summed in float16 (nan past
+    65,504 images: the count overflows) or bfloat16 (off in the third digit). Its sums now stay
+    float32 and each image's loss is computed in float32 from the run's logits; the accuracy's
+    counts stay integers, and its best is not rounded to the half dtype."""
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(70_000, 4), torch.randint(0, 10, (70_000,)))
+    optimizer = functools.partial(torch.optim.SGD, lr=0.0)
+    classifier = ImageClassifier(nn.Linear(4, 10), optimizer, num_classes=10)
+    (metrics,) = bare_trainer(precision=precision).validate(classifier, DataLoader(data, 1000))
+    half = torch.float16 if precision == "16-true" else torch.bfloat16
+    assert classifier.net.weight.dtype == half  # the module ran converted
+    with torch.no_grad():  # the same batches: a half matmul's rounding depends on its shape
+        losses = [
+            F.cross_entropy(classifier.net(x.to(half)).float(), y, reduction="none").double()
+            for x, y in DataLoader(data, 1000)
+        ]
+    assert metrics["val/loss"] == pytest.approx(torch.cat(losses).mean().item(), rel=1e-6)
+    assert classifier.val_loss.weight.dtype == torch.float32
+    assert classifier.val_metrics["acc"].tp.dtype == torch.long
+    assert metrics["val/acc_best"] == metrics["val/acc"]  # not rounded to the half dtype
 
 
 def test_step_curves_every_n_steps_and_the_epochs_means(tmp_path):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
-from torchmetrics import MaxMetric, MeanMetric, MetricCollection
+from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from litlab.compat import (
@@ -23,6 +23,7 @@ from litlab.compat import (
 from litlab.data.decode import all_unreadable
 from litlab.distributed import broadcast_buffers, log_job_value
 from litlab.errors import ConfigError
+from litlab.metrics.aggregation import Max, Mean
 from litlab.models.optim import (
     Interval,
     build_optimizer,
@@ -107,8 +108,9 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         # Evaluation losses: the mean cross-entropy over every image (torchmetrics sums values
         # and counts over ranks; Lightning's own mean of a logged value averages the ranks'
         # image counts as integers, off by one part in the count when the ranks' counts differ).
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
-        self.val_acc_best = MaxMetric()
+        # (float32 sums also under 16-true and bf16-true: litlab.metrics.aggregation)
+        self.val_loss, self.test_loss = Mean(), Mean()
+        self.val_acc_best = Max()
         self.val_acc_best.persistent(True)  # part of the checkpoint: a resumed run keeps its best
 
     def _sums_here(self) -> tuple[Tensor, Tensor]:
@@ -159,7 +161,7 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         logits = self.evaluate(images)
         if len(labels):  # else nothing to count (torchmetrics refuses no samples)
             metrics.update(logits, labels)
-            loss.update(F.cross_entropy(logits, labels, reduction="none"))
+            loss.update(F.cross_entropy(logits.float(), labels, reduction="none"))
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor | None:
         images, labels = batch

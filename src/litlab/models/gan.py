@@ -14,7 +14,6 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ConstantLR
 from torch.optim.swa_utils import AveragedModel
-from torchmetrics import MeanMetric
 
 from litlab import rng
 from litlab.compat import CheapHookName, ema_update, logs_this_step
@@ -22,6 +21,7 @@ from litlab.data.decode import all_unreadable
 from litlab.data.transforms import per_channel
 from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
+from litlab.metrics.aggregation import Mean
 from litlab.models.diffaugment import diff_augment, parse_policy
 from litlab.models.optim import make_optimizer
 from litlab.rng import RankSeeded
@@ -195,7 +195,7 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
             raise ConfigError(f"n_critic must be at least 1, got {n_critic}")
         # val/d_real, test/d_real: means over every held-out image (torchmetrics sums values and
         # weights over ranks; Lightning's mean averages the ranks' image counts as integers)
-        self.val_d_real, self.test_d_real = MeanMetric(), MeanMetric()
+        self.val_d_real, self.test_d_real = Mean(), Mean()
         if ema_decay is not None and not 0.0 < ema_decay < 1.0:
             raise ConfigError(f"ema_decay must lie in (0, 1) or be null, got {ema_decay}")
         if loss == "wgan_gp" and any(

@@ -1,0 +1,36 @@
+"""torchmetrics' MeanMetric and MaxMetric whose states stay float32 under half precisions.
+
+torchmetrics keeps a metric's dtype through ``.half()`` and ``.bfloat16()``, but takes a new one
+at every other ``Module._apply`` from a zeros tensor made in the default dtype (torchmetrics
+1.9), and every update casts its input to that dtype. Lightning's 16-true and bf16-true
+precisions convert the module with ``Module.to(dtype)`` and run each step with the default
+dtype set to the half one, where Lightning's logging moves a logged metric to the device: from
+the step after, a mean's sums added in an 11- or 8-bit mantissa (val/loss nan past 65,504
+images in float16, off in the third digit in bfloat16) and a maximum was stored rounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torchmetrics import MaxMetric, MeanMetric
+
+
+class _KeepFloat32:
+    """After any ``_apply`` (a move or a conversion), states and dtype back to float32."""
+
+    def _apply(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        out = super()._apply(fn, *args, **kwargs)  # type: ignore[misc]
+        if self.dtype != torch.float32:  # type: ignore[attr-defined]
+            self.set_dtype(torch.float32)  # type: ignore[attr-defined]  # runs _apply again
+        return out
+
+
+class Mean(_KeepFloat32, MeanMetric):
+    """``torchmetrics.MeanMetric``, its sums float32 whatever the module's precision."""
+
+
+class Max(_KeepFloat32, MaxMetric):
+    """``torchmetrics.MaxMetric``, its maximum float32 whatever the module's precision."""

@@ -882,6 +882,60 @@ def test_a_resume_continues_with_what_earlier_resumes_changed(tmp_path, monkeypa
 
 
 @pytest.mark.slow
+def test_a_run_folder_moved_elsewhere_resumes_with_its_best_checkpoint_and_score(tmp_path):
+    """Lightning keeps a ModelCheckpoint's best score and paths only where the checkpoint was
+    saved in the same folder: a run folder copied elsewhere and continued with resume= started
+    with no best, and its next, worse validation overwrote best.ckpt and became the run's
+    objective (reviewer: 0.840 for the run's 0.965)."""
+    args = ["trainer.max_epochs=2", "logger=csv", *QUIET]  # digits: val/acc about 0.76, 0.96
+    trained = run_cli(*args, f"paths.log_dir={tmp_path / 'a'}")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    moved = tmp_path / "b" / "run"
+    shutil.copytree(run_folder(tmp_path / "a"), moved)
+    best = (moved / "checkpoints" / "best.ckpt").read_bytes()
+    # a third epoch of one batch, its test-time flip a handicap on digits: a worse val/acc
+    resumed = run_cli(
+        f"resume={moved}",
+        "trainer.max_epochs=3",
+        "+trainer.limit_train_batches=1",
+        "+model.tta_flip=true",
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    scores = [float(value) for _, value in val_rows(moved)]
+    assert len(scores) == 3 and scores[2] < max(scores[:2])  # the case: the last one worse
+    summary = json.loads((moved / "summary.json").read_text())
+    assert summary["objective"]["value"] == pytest.approx(max(scores))
+    assert (moved / "checkpoints" / "best.ckpt").read_bytes() == best
+    assert Path(summary["best_checkpoint"]) == moved / "checkpoints" / "best.ckpt"
+
+
+def test_a_checkpoints_state_moves_with_its_folder_and_only_then(tmp_path):
+    """relocated: the paths move where the file named as best is in the new folder (a folder
+    moved or copied); a new run started from another run's checkpoint keeps Lightning's way (no
+    best carried into a folder that holds none of that run's files)."""
+    from litlab.callbacks.checkpoint import relocated
+
+    old, new = tmp_path / "old" / "checkpoints", tmp_path / "new" / "checkpoints"
+    score = torch.tensor(0.9)
+    state = {
+        "dirpath": str(old),
+        "best_model_path": str(old / "best.ckpt"),
+        "best_model_score": score,
+        "kth_best_model_path": str(old / "best.ckpt"),
+        "last_model_path": "",
+        "best_k_models": {str(old / "best.ckpt"): score},
+    }
+    assert relocated(state, old, new) == state  # nothing of the run's in the new folder
+    new.mkdir(parents=True)
+    (new / "best.ckpt").touch()
+    moved = relocated(state, old, new)
+    assert moved["dirpath"] == str(new) and moved["best_model_score"] is score
+    assert moved["best_model_path"] == moved["kth_best_model_path"] == str(new / "best.ckpt")
+    assert moved["best_k_models"] == {str(new / "best.ckpt"): score}
+    assert moved["last_model_path"] == ""
+
+
+@pytest.mark.slow
 def test_a_stop_waits_for_the_step_of_accumulated_gradients(tmp_path):
     """accumulate_grad_batches=2, SIGTERM in batch 2 (whose gradient waits for batch 3's step):
     the accumulated gradient is in no checkpoint, so a stop there lost it and the resumed run

@@ -1,8 +1,10 @@
 """Lightning's ModelCheckpoint with its state key kept, not rebuilt at each hook call, no
-periodic save on an epoch's last batch, and periodic saves at every N steps for GANs too."""
+periodic save on an epoch's last batch or inside a gradient accumulation, periodic saves at
+every N steps for GANs too, and its best kept when a run folder moved."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
@@ -15,6 +17,28 @@ def inside_an_accumulation(trainer: Any, batch_idx: int) -> bool:
     optimizer step (``trainer.accumulate_grad_batches`` > 1; an epoch's last batch always
     steps). Checkpoints hold no gradients: a save or a stop there loses that part of the step."""
     return not trainer.is_last_batch and (batch_idx + 1) % trainer.accumulate_grad_batches != 0
+
+
+def relocated(state: dict[str, Any], old: Path, new: Path) -> dict[str, Any]:
+    """A ModelCheckpoint's state with its paths under ``old`` moved under ``new``, where the
+    file it names as its best (or, without one, its last) is there: the folder was moved or
+    copied. Else (a new run started from another run's checkpoint) the state as it was."""
+
+    def moved(path: Any) -> Any:
+        if not path or not Path(path).is_relative_to(old):
+            return path
+        return str(new / Path(path).relative_to(old))
+
+    named = state.get("best_model_path") or state.get("last_model_path")
+    if not named or moved(named) == named or not Path(moved(named)).is_file():
+        return state
+    keys = ("best_model_path", "kth_best_model_path", "last_model_path")
+    return {
+        **state,
+        **{key: moved(state[key]) for key in keys if key in state},
+        "best_k_models": {moved(p): v for p, v in (state.get("best_k_models") or {}).items()},
+        "dirpath": str(new),
+    }
 
 
 class ModelCheckpoint(LightningModelCheckpoint):
@@ -63,6 +87,17 @@ class ModelCheckpoint(LightningModelCheckpoint):
         # a gap of 2N). Saved wherever a multiple was reached or passed during the batch.
         if previous is not None and trainer.global_step // every > previous // every:
             save_periodic_checkpoint(self, trainer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Lightning restores the best score and the paths only where the checkpoint was saved
+        in this same folder: a run folder moved or copied elsewhere and continued with resume=
+        started with no best, so the first validation after it overwrote best.ckpt and became
+        the run's objective. Where this callback's files are in the new folder, as they were
+        in the old one, the state is the run's, its paths moved along."""
+        stored = state_dict.get("dirpath")
+        if stored and self.dirpath and stored != self.dirpath:
+            state_dict = relocated(state_dict, Path(stored), Path(self.dirpath))
+        super().load_state_dict(state_dict)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._step_seen = trainer.global_step  # a resumed run's first batch starts from here

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from conftest import QUIET as FAST
-from conftest import TINY_GAN, make_cfg, summary_of
+from conftest import TINY_GAN, make_cfg, refused, summary_of
 from litlab.callbacks.monitor import mfu, peak_flops, training_flops_per_image
 from litlab.config import build
 from litlab.errors import ConfigError, OutOfMemory
@@ -188,6 +188,18 @@ def test_finders_write_their_values_into_the_saved_config(tmp_path):
     )
     train_task(again)
     assert summary_of(again)["metrics"]["test/loss"] == summary["metrics"]["test/loss"]
+
+
+@pytest.mark.parametrize(
+    ("switch", "given"),
+    [("tune.lr=true", "model.optimizer.lr=0.5"), ("tune.batch_size=true", "data.batch_size=32")],
+)
+def test_a_finder_refuses_a_value_also_given(tmp_path, capsys, switch, given):
+    """tune.lr=true model.optimizer.lr=0.5 trained with the lr found while the run's overrides
+    (and a sweep's sampler) said 0.5; now one clear line, before any search."""
+    cfg = make_cfg(tmp_path, [switch, given, "logger=csv", *FAST])
+    refused(capsys, train_task, cfg, f"which is also given ({given})")
+    assert summary_of(cfg)["status"] == "failed" and "tuned" not in summary_of(cfg)
 
 
 def test_gan_batch_size_scales_and_lr_finder_refuses(tmp_path, capsys):

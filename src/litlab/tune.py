@@ -94,6 +94,7 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         )
     if launched_processes() > 1:  # torchrun's or srun's processes would each tune on their own
         raise ConfigError(ONE_DEVICE)
+    check_not_also_given(switches)
     batch_options = finder_options(cfg, "batch_size_finder")
     lr_options = finder_options(cfg, "lr_finder")
     # A finite max_steps keeps step-based schedules (OneCycleLR) constructible; they are built
@@ -135,6 +136,24 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         OmegaConf.update(cfg, key, value, merge=False)
     save_tuned_config(updates)
     return found
+
+
+def check_not_also_given(switches: Any) -> None:
+    """A finder replaces its key's value: one also given on the command line (or by a sweep's
+    sampler) would be trained with the value found, while the run's overrides, the report and
+    the sweeper's record (Optuna learning from it) named the one given."""
+    if not HydraConfig.initialized():
+        return
+    given = {
+        o.split("=", 1)[0].lstrip("+~"): o for o in HydraConfig.get().overrides.task if "=" in o
+    }
+    for name, key in TUNED_KEYS.items():
+        if switches.get(name) and key in given:
+            raise ConfigError(
+                f"tune.{name}=true finds {key}, which is also given ({given[key]}) and would not "
+                f"be the value trained with: drop {key} from the command line or the sweep, or "
+                f"tune.{name}"
+            )
 
 
 def check_lr_tunable(cfg: DictConfig, model: L.LightningModule) -> None:

@@ -403,3 +403,13 @@ def resumed_adam(saved: bool | None, built: bool | None, device: str = "cpu") ->
             step(net, optimizer, g)
     params = [list(net.parameters()) for net in nets]
     return {"group": group, "counts": counts, "saved": params[0], "loaded": params[1]}
+
+
+class RecordMatmulPrecision(Callback):
+    """Writes torch's float32 matmul precision as the fit starts."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.path.write_text(torch.get_float32_matmul_precision())

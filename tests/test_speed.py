@@ -120,3 +120,24 @@ def test_the_default_profiler_records_nothing_at_no_per_call_cost_and_real_ones_
     with profiler.profile("a step"):
         pass
     assert "a step" in profiler.recorded_durations
+
+
+def test_a_runs_matmul_precision_is_its_own(tmp_path):
+    """callbacks.speed.matmul_precision is torch's process-wide setting: a sweep's jobs run in
+    one process, and a job that set "medium" left it to every later job (TF32/bf16 matmuls
+    where none was asked for); it is put back when the run ends."""
+    before = torch.get_float32_matmul_precision()
+    seen = tmp_path / "seen.txt"
+    cfg = make_cfg(
+        tmp_path,
+        [
+            *SMALL,
+            *QUIET,
+            "callbacks.speed.matmul_precision=medium",
+            "+callbacks.spy._target_=helpers.RecordMatmulPrecision",
+            f"+callbacks.spy.path={seen}",
+        ],
+    )
+    train_task(cfg)
+    assert seen.read_text() == "medium"  # in the run
+    assert torch.get_float32_matmul_precision() == before == "highest"  # after it

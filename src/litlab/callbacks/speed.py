@@ -36,9 +36,14 @@ class Speed(Callback):
         self.channels_last = channels_last
         self.compile = compile
         self.matmul_precision = matmul_precision
+        self._precision_before: str | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.matmul_precision:
+            # torch's setting is the process's: put back at teardown, or the next job of a sweep
+            # run in this process (Hydra's basic launcher, Optuna's sweeper) would compute its
+            # matmuls in this one's precision
+            self._precision_before = torch.get_float32_matmul_precision()
             torch.set_float32_matmul_precision(self.matmul_precision)
         if self.channels_last:
             pl_module.to(memory_format=torch.channels_last)
@@ -55,3 +60,8 @@ class Speed(Callback):
                 if not isinstance(child, Metric) and any(True for _ in child.parameters()):
                     child.compile()
                     log.info("compiled %s in place", name)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._precision_before is not None:
+            torch.set_float32_matmul_precision(self._precision_before)
+            self._precision_before = None

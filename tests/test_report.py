@@ -138,6 +138,22 @@ def test_failed_and_valueless_runs_sort_last(sweep, tmp_path, capsys):
     assert "4 (2 completed, 1 failed, 1 running)" in md
 
 
+def test_the_objective_ranked_by_is_the_one_most_runs_have_a_value_for(tmp_path, capsys):
+    """Two scored classifier runs beside three GAN runs that failed before any FID: ranked by
+    val/fid (the most common objective, counted over every run) the report had no best; the
+    objective is now counted over the runs that have a value."""
+    acc = {"metric": "val/acc", "mode": "max"}
+    for name, value in [("a", 0.8), ("b", 0.9)]:
+        summary = {"status": "completed", "metrics": {"val/acc": value}}
+        write_run(tmp_path / name, {**summary, "objective": {**acc, "value": value}})
+    fid = {"metric": "val/fid", "mode": "min", "value": None}
+    for name in ["c", "d", "e"]:
+        write_run(tmp_path / name, {"status": "failed", "error": "x", "objective": fid})
+    main([str(tmp_path)])
+    rows = table_rows((tmp_path / "report.html").read_text())
+    assert [name for _, name, _ in rows][:2] == ["b", "a"] and "best" in rows[0][0].split()
+
+
 def gan_summary(fid: float, **metrics: float) -> dict:
     """A GAN run's summary: FID (lower is better) is its objective."""
     objective = {"metric": "val/fid", "mode": "min", "value": fid}

@@ -109,11 +109,18 @@ class Comparison:
 
 
 def compare(runs: list[RunFolder]) -> Comparison:
-    """Rank runs: by the most common objective (each run's mode) on the same scale (an FID's
-    extractor and N); the others, valueless, then failed last."""
-    objectives = Counter(
-        (r.objective[0], r.objective[1], r.objective_scale) for r in runs if r.objective[0]
-    )
+    """Rank runs: by the objective most common among runs with a value for it (each run's
+    mode) on the same scale (an FID's extractor and N); the others, valueless, then failed
+    last."""
+
+    def counted(scored: bool) -> Counter:  # the runs that can be ranked say first
+        return Counter(
+            (r.objective[0], r.objective[1], r.objective_scale)
+            for r in runs
+            if r.objective[0] and (not scored or (not r.failed and r.objective[2] is not None))
+        )
+
+    objectives = counted(scored=True) or counted(scored=False)
     metric, mode, scale = objectives.most_common(1)[0][0] if objectives else (None, "max", "")
 
     def order(run: RunFolder) -> tuple[int, float]:

@@ -909,6 +909,23 @@ def test_a_run_folder_moved_elsewhere_resumes_with_its_best_checkpoint_and_score
     assert Path(summary["best_checkpoint"]) == moved / "checkpoints" / "best.ckpt"
 
 
+@pytest.mark.slow
+def test_a_resumed_offline_wandb_run_says_to_sync_all_its_parts_together(tmp_path):
+    """A resumed run logs to the same W&B run id, offline in a second folder; the line at its
+    end named that part alone, whose sync uploads its history only. It names every part, in
+    order: wandb syncs the parts of one run together, in order of start time."""
+    args = ["logger=wandb", "extras.print_config=false", "callbacks.progress_bar=null"]
+    first = run_cli(*args, "trainer.max_epochs=1", f"paths.log_dir={tmp_path}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    resumed = run_cli(f"resume={folder}", "trainer.max_epochs=2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    parts = sorted((folder / "wandb").glob("offline-run-*"))
+    assert len(parts) == 2 and len(wandb_run_ids(folder)) == 1
+    line = f"upload it later with: wandb sync {parts[0]} {parts[1]}"
+    assert line in (folder / "train.log").read_text()
+
+
 def test_a_checkpoints_state_moves_with_its_folder_and_only_then(tmp_path):
     """relocated: the paths move where the file named as best is in the new folder (a folder
     moved or copied); a new run started from another run's checkpoint keeps Lightning's way (no

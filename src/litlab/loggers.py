@@ -10,7 +10,9 @@ import contextlib
 import logging
 import netrc
 import os
+import shlex
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -193,7 +195,17 @@ def finish_loggers(loggers: list[Logger]) -> None:
                     wandb.teardown()
                 continue
             if offline and sync_dir:
-                log.info("W&B run saved offline; upload it later with: wandb sync %s", sync_dir)
+                log.info("W&B run saved offline; upload it later with: %s", sync_command(sync_dir))
+
+
+def sync_command(sync_dir: str) -> str:
+    """The `wandb sync` of an offline run: every part of it where it was resumed (one folder a
+    part, the same run id), together, which wandb syncs as one run in order of start time; one
+    part synced alone would upload that part's history only."""
+    folder = Path(sync_dir)
+    run_id = folder.name.rsplit("-", 1)[-1]
+    parts = sorted(folder.parent.glob(f"offline-run-*-{run_id}")) or [folder]
+    return "wandb sync " + " ".join(shlex.quote(str(part)) for part in parts)
 
 
 def end_wandb_service() -> None:

@@ -54,3 +54,23 @@ def test_torchvision_nets_with_auxiliary_heads_train_with_one_output(name, size)
 def test_bad_arguments_are_config_errors(build, message):
     with pytest.raises(ConfigError, match=message):
         build()
+
+
+def test_pretrained_weights_on_data_normalized_otherwise_get_one_warning(tmp_path, caplog):
+    """model.net.weights (ImageNet's, normalized with its mean and std) on data normalized
+    otherwise fine-tuned silently from inputs the net never saw: one warning naming the values
+    to set; none when the data's are the weights' (per channel, one channel too)."""
+    from conftest import make_cfg
+    from litlab.config import check_pretrained_normalization
+
+    net = ["model/net=torchvision", "model.net.weights=IMAGENET1K_V1"]
+    with caplog.at_level("WARNING", logger="litlab"):
+        check_pretrained_normalization(make_cfg(tmp_path, net))  # digits: mean 0.306, std 0.325
+    assert "set data.mean=[0.485] data.std=[0.229]" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="litlab"):
+        check_pretrained_normalization(
+            make_cfg(tmp_path, [*net, "data.mean=[0.485]", "data.std=[0.229]"])
+        )
+        check_pretrained_normalization(make_cfg(tmp_path, ["model/net=torchvision"]))  # no weights
+    assert not caplog.text

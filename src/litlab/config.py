@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import logging
 import types
 import typing
 from collections.abc import Sequence
@@ -277,6 +278,39 @@ def check_ema(cfg: DictConfig) -> None:
             "callbacks.ema averages whole parameters, which FSDP shards across the ranks; use "
             "trainer.strategy=ddp, or callbacks.ema=null"
         )
+
+
+def check_pretrained_normalization(cfg: DictConfig) -> None:
+    """Pretrained torchvision weights (``model.net.weights``) saw their own normalization in
+    training (ImageNet's mean and std): data normalized otherwise starts the net on inputs it
+    never saw, a slower fine-tune and a worse result, silently. One warning naming the values."""
+    net = OmegaConf.select(cfg, "model.net") or {}
+    weights = net.get("weights") if isinstance(net, DictConfig) else None
+    if not weights or str(net.get("_target_", "")).rsplit(".", 1)[-1] != "TorchvisionNet":
+        return
+    import torchvision
+
+    try:
+        known = torchvision.models.get_model_weights(str(net.name))[str(weights)].transforms()
+    except (KeyError, ValueError):
+        return  # an unknown name or weights: the net's constructor says so
+    channels = len(cfg.data.get("mean") or []) or 1
+    wanted = [[float(v) for v in known.mean][:channels], [float(v) for v in known.std][:channels]]
+    given = [[float(v) for v in cfg.data.get(key) or []] for key in ("mean", "std")]
+    if all(
+        len(a) == len(b) and all(abs(x - y) < 1e-3 for x, y in zip(a, b, strict=True))
+        for a, b in zip(given, wanted, strict=True)
+    ):
+        return
+    logging.getLogger("litlab").warning(
+        "model.net.weights=%s was trained on images normalized with mean %s, std %s, but this "
+        "data is normalized with mean %s, std %s; set data.mean=%s data.std=%s to fine-tune it "
+        "on the inputs it knows",
+        weights,
+        *wanted,
+        *given,
+        *wanted,
+    )
 
 
 def clipping_option(module: Any) -> str | None:

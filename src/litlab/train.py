@@ -28,6 +28,7 @@ from litlab.config import (
     check_objective,
     check_plateau_mode,
     check_precision,
+    check_pretrained_normalization,
     check_top_level,
     config_dir,
     in_sweep,
@@ -125,6 +126,7 @@ def check(cfg: DictConfig, run: Run) -> None:
     run.summary["precision"] = resolve_precision(cfg.trainer)
     check_all(cfg)
     check_ema(cfg)
+    check_pretrained_normalization(cfg)
     if check_hardware(cfg.trainer) and cfg.trainer.get("sync_batchnorm"):
         # trainer=ddp turns it on for GPUs; torch's SyncBatchNorm has no CPU implementation
         log.info(

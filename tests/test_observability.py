@@ -64,6 +64,24 @@ def test_every_run_logs_throughput_and_memory(tmp_path):
     assert 0.05 < memory["rss_gb"] < 64 and "peak_allocated_gb" not in memory
 
 
+def test_a_runs_peak_rss_is_its_own_not_an_earlier_jobs_in_the_process(tmp_path):
+    """A sweep's jobs run in one process, where getrusage's peak RSS is the process's: each
+    job reported the largest peak of the jobs before it. Since Linux lets it start again from
+    the current RSS, mem/rss_gb is the run's own there."""
+    import numpy as np
+
+    from litlab.callbacks.monitor import reset_rss_peak, rss_gb
+
+    if not reset_rss_peak():
+        pytest.skip("this OS keeps no resettable peak RSS (/proc/self/clear_refs)")
+    transient = np.ones(2**30 // 8)  # 1 GiB touched, then given back, as an earlier job's
+    del transient
+    before = rss_gb()
+    cfg = make_cfg(tmp_path, ["logger=csv", "trainer.max_epochs=1", *FAST])
+    train_task(cfg)
+    assert summary_of(cfg)["memory"]["rss_gb"] < before - 0.5
+
+
 def test_training_throughput_counts_training_only(tmp_path):
     """The training clock runs in training batches and stops for validation (a GAN's FID runs
     at its end) and checkpoint saves, whichever the order of the callbacks' hooks."""

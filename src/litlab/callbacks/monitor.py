@@ -304,26 +304,42 @@ class Throughput(Callback):
 
 
 def rss_gb() -> float:
-    """Peak resident memory of this process so far (getrusage: KiB on Linux, bytes on macOS)."""
+    """Peak resident memory of this process so far, or since reset_rss_peak (getrusage: KiB on
+    Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / GB if sys.platform == "darwin" else peak * 1024 / GB
+
+
+def reset_rss_peak() -> bool:
+    """Start the process's peak RSS again from its current RSS (Linux: "5" written to
+    /proc/self/clear_refs), so that each job of a sweep run in one process reports its own
+    peak, not the largest of the jobs before it; False where the OS does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
 
 
 class PeakMemory(Callback):
     """Peak CUDA memory per training epoch (its validation and checkpoint writes included: what
     must fit) and per test epoch, allocated by tensors and reserved by the caching allocator,
-    and the process's peak RSS since it started (the OS keeps no other), of the fullest rank; no
-    device sync (allocator counters)."""
+    and the process's peak RSS since the run began (where Linux allows resetting it; else since
+    the process started), of the fullest rank; no device sync (allocator counters)."""
 
     def __init__(self) -> None:
         self.peaks: dict[str, float] = {}
         self._device = torch.device("cpu")
+        self._rss_since_start = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._device = trainer.strategy.root_device
+        if not self._rss_since_start:  # once a run (its fit, or eval's test): this run's peak
+            self._rss_since_start = reset_rss_peak()
 
     def current(self) -> dict[str, float]:
-        """CUDA peaks since the last epoch start, the RSS peak since the process started; GB."""
+        """CUDA peaks since the last epoch start, the RSS peak since the run began; GB."""
         values = {"rss_gb": rss_gb()}
         if self._device.type == "cuda":
             values["peak_allocated_gb"] = torch.cuda.max_memory_allocated(self._device) / GB

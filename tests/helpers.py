@@ -413,3 +413,41 @@ class RecordMatmulPrecision(Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self.path.write_text(torch.get_float32_matmul_precision())
+
+
+def decay_groups_under_fsdp(rank: int, world: int, init_file: str, out: str) -> None:
+    """One process of a gloo job: a classifier's weight-decay groups (decay_norm_and_bias
+    false) before and after FSDP wraps it as Lightning's FSDPStrategy does (original
+    parameters, each residual block a unit), saved as the groups' sizes (test_distributed)."""
+    import functools
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from litlab.models import ImageClassifier
+    from litlab.models.optim import weight_decay_groups
+    from litlab.nets import ResNet
+    from litlab.nets.resnet import BasicBlock
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    optimizer = functools.partial(torch.optim.SGD, lr=0.1, weight_decay=5e-4)
+    model = ImageClassifier(
+        ResNet(1, 10, width=8, depth=[1, 1]), optimizer, num_classes=10, decay_norm_and_bias=False
+    )
+
+    def sizes() -> list[int]:
+        groups = weight_decay_groups(model.named_parameters(), model.no_decay_names)
+        return [len(group["params"]) for group in groups]
+
+    before = sizes()
+    FullyShardedDataParallel(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy({BasicBlock}),
+        use_orig_params=True,
+        device_id=torch.device("cpu"),
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+    )
+    flat = all(p.ndim == 1 for p in model.parameters())
+    torch.save({"before": before, "after": sizes(), "flat": flat}, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()

@@ -625,6 +625,23 @@ def test_torchrun_multirun_leaves_one_sweep_folder_with_every_job(tmp_path):
 
 
 @pytest.mark.dist
+def test_weight_decay_keeps_its_kernels_under_fsdp(tmp_path):
+    """decay_norm_and_bias=false: the kernels decay, the norms and biases do not, told apart by
+    shape. FSDP with its original parameters (Lightning's, before configure_optimizers) shows
+    every parameter as a flat 1-D view of its shard, so every one went to no_decay: ResNet-50 on
+    several GPUs trained with no weight decay at all. Told apart by name now, as before wrapping."""
+    import torch.multiprocessing as mp
+
+    from helpers import decay_groups_under_fsdp
+
+    mp.spawn(decay_groups_under_fsdp, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        groups = torch.load(tmp_path / f"rank{rank}.pt")
+        assert groups["flat"], rank  # the case: FSDP flattened every parameter
+        assert groups["after"] == groups["before"] and groups["before"][0] > 0, (rank, groups)
+
+
+@pytest.mark.dist
 def test_ranks_agree_on_a_flag_one_call_late_or_at_once(tmp_path):
     """Preemption's agreement (AnyRank): a flag raised on one rank reaches every rank at the
     same call, the next one (the all-reduce runs while the next step does), or at once where

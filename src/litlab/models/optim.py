@@ -48,17 +48,43 @@ def resumed_length(trainer: Any, interval: Interval) -> int:
     return min(length, trainer.max_steps) if trainer.max_steps >= 0 else length
 
 
+# What wrappers put into parameter names: FSDP, activation checkpointing, torch.compile
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def unwrapped_name(name: str) -> str:
+    """A parameter's name as in the module before FSDP, checkpointing or compile wrapped it."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def one_dimensional(named: Iterable[tuple[str, torch.nn.Parameter]]) -> frozenset[str]:
+    """The names of the parameters of one dimension or none (normalization scales and shifts,
+    biases), taken before any wrapping: FSDP with its original parameters (Lightning's) shows
+    every parameter as a flat one-dimensional view of its shard."""
+    return frozenset(unwrapped_name(name) for name, param in named if param.ndim <= 1)
+
+
 def weight_decay_groups(
-    named: Iterable[tuple[str, torch.nn.Parameter]],
+    named: Iterable[tuple[str, torch.nn.Parameter]], no_decay_names: frozenset[str] | None = None
 ) -> list[dict[str, Any]]:
     """Two parameter groups: "decay" (weight matrices and kernels: the optimizer's weight decay)
     and "no_decay" (parameters of one dimension or none: normalization scales and shifts,
     biases; weight decay 0). The rule of timm's ``param_groups_weight_decay`` and of FFCV's and
-    Goyal et al.'s ImageNet recipes; the group names label the LR monitor's curves."""
+    Goyal et al.'s ImageNet recipes; the group names label the LR monitor's curves.
+    ``no_decay_names`` (``one_dimensional`` of the module before it was wrapped) decides by name
+    where the shapes seen now are not the parameters' own (under FSDP: every one flat, 1-D, and
+    by shape none would decay)."""
     decay, no_decay = [], []
-    for _, param in named:
+    for name, param in named:
         if param.requires_grad:
-            (no_decay if param.ndim <= 1 else decay).append(param)
+            flat = (
+                param.ndim <= 1
+                if no_decay_names is None
+                else unwrapped_name(name) in no_decay_names
+            )
+            (no_decay if flat else decay).append(param)
     return [
         {"params": decay, "name": "decay"},
         {"params": no_decay, "name": "no_decay", "weight_decay": 0.0},

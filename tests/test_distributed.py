@@ -179,6 +179,11 @@ def test_run_folder_is_fixed_per_slurm_job_so_that_a_requeued_job_finds_it(monke
     scratch = run_dir(base, "d/t")  # look for the run's checkpoints where rank 0 has them
     assert not scratch.startswith(base) and scratch.endswith("t-rank2")
     assert checkpoint_folder(scratch, base) == Path(f"{base}/slurm/70_7.1")
+    # every rank in the run folder itself (submitit's job folder in a sweep, or hydra.run.dir
+    # given): that folder (rank 1 of a requeued submitit job looked in slurm/<job> and found
+    # no checkpoint, started afresh beside rank 0's resumed run, and the ranks hung)
+    shared = f"{base}/multirun/d/t/3"
+    assert checkpoint_folder(shared, base) == Path(shared)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     assert checkpoint_folder(scratch, base) == Path(scratch)  # a first attempt starts afresh
     monkeypatch.setenv("SLURM_PROCID", "0")

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.compat import epochs_trained
 from litlab.distributed import global_rank, rank0_dir
+from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import CheckpointError, ConfigError, fail
 from litlab.overrides import RESUME_OVERRIDES, merged_overrides
 from litlab.run import config_digest
@@ -307,10 +308,15 @@ def run_dir(base: str, stamp: str) -> str:
 def checkpoint_folder(output_dir: str, base: str) -> Path:
     """The run folder as global rank 0 has it (where the run's checkpoints are).
 
-    Ranks other than 0 of a requeued srun step have a scratch output folder; an srun step
-    runs one command, so rank 0's folder is the step's first: <base>/slurm/<job>.<step>.
+    Ranks other than 0 of a requeued srun step whose run folder litlab chose (run_dir) have a
+    scratch output folder; an srun step runs one command, so rank 0's folder is the step's
+    first: <base>/slurm/<job>.<step>. Where every rank has the run folder itself (submitit's
+    sweep job folder, a hydra.run.dir given), that is where the checkpoints are: redirected
+    there, rank 1 of a requeued submitit job found none, started afresh beside rank 0's
+    resumed run, and the two hung.
     """
     job = slurm_job()
-    if job is not None and global_rank() != 0 and slurm_attempt() > 0:
+    requeued_rank = job is not None and global_rank() != 0 and slurm_attempt() > 0
+    if requeued_rank and is_rank_scratch(output_dir):
         return Path(base, "slurm", job)
     return Path(output_dir)

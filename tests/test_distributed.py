@@ -191,6 +191,26 @@ def test_run_folder_is_fixed_per_slurm_job_so_that_a_requeued_job_finds_it(monke
     assert run_dir(base, "d/t") == f"{base}/d/t"
 
 
+def test_sharded_fsdp_checkpoints_are_refused_not_trained_over(tmp_path, capsys):
+    """trainer.strategy.state_dict_type=sharded leaves last.ckpt/ as a folder of shards, which
+    litlab took for no checkpoint: a requeued job started afresh in the run's folder (over its
+    checkpoints, metrics and W&B run). Now one line saying what to do, there and for resume=."""
+    from litlab.resume import newest_checkpoint, resume_argv
+
+    folder = tmp_path / "run"
+    (folder / "checkpoints" / "last.ckpt").mkdir(parents=True)  # as Lightning's FSDP writes it
+    (folder / "checkpoints" / "last.ckpt" / "meta.pt").touch()
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    with pytest.raises(ConfigError, match="sharded FSDP checkpoints") as error:
+        newest_checkpoint(folder)
+    assert "state_dict_type=full" in str(error.value)
+    with pytest.raises(SystemExit) as exit_info:
+        resume_argv(["train.py", f"resume={folder}"])
+    assert exit_info.value.code == 2
+    assert "sharded FSDP checkpoints" in capsys.readouterr().err
+
+
 def test_slurm_launcher_maps_devices_and_nodes(tmp_path):
     cfg = make_cfg(
         tmp_path,

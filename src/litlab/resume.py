@@ -46,7 +46,25 @@ def newest_checkpoint(folder: Path) -> Path | None:
         if (folder / "checkpoints" / name).is_file()
     ]
     found += folder.glob("hpc_ckpt_*.ckpt")
+    if not found:
+        refuse_sharded(folder)
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+def refuse_sharded(folder: Path) -> None:
+    """A run of trainer.strategy.state_dict_type=sharded (FSDP) leaves its checkpoints as
+    folders of shards, which litlab cannot continue from: one clear line, where a requeued job
+    would otherwise start afresh in the run's folder, over its checkpoints and metrics."""
+    sharded = [
+        folder / "checkpoints" / n for n in CHECKPOINTS if (folder / "checkpoints" / n).is_dir()
+    ]
+    if sharded:
+        raise ConfigError(
+            f"{folder} holds sharded FSDP checkpoints ({sharded[0].name}/), which litlab cannot "
+            "continue from; consolidate one (python -m lightning.pytorch.utilities."
+            f"consolidate_checkpoint {sharded[0]}) and start a new run from it with ckpt_path=, "
+            "and train runs that may be requeued with trainer.strategy.state_dict_type=full"
+        )
 
 
 def wandb_run_id(folder: Path) -> str | None:
@@ -90,7 +108,10 @@ def resume_argv(argv: list[str]) -> list[str]:
         fail(
             f"{folder} is not a litlab run folder (no .hydra/config.yaml); pass resume=<run folder>"
         )
-    checkpoint = newest_checkpoint(folder)
+    try:
+        checkpoint = newest_checkpoint(folder)
+    except ConfigError as e:
+        fail(str(e))
     if checkpoint is None:
         fail(
             f"{folder} has no checkpoint to resume from (checkpoints/last.ckpt); start a new run instead"

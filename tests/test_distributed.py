@@ -57,6 +57,18 @@ def test_gans_get_a_ddp_that_finds_unused_parameters():
         strategy_for(gan, OmegaConf.create({"_target_": "litlab.distributed.fsdp_strategy"}), 2, 1)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_devices_on_a_machine_without_a_gpu_say_they_are_cpu_processes(tmp_path, caplog):
+    """trainer.devices=4, written for a GPU machine, ran as 4 CPU processes without a word."""
+    with caplog.at_level("WARNING", logger="litlab"):
+        check_hardware(make_cfg(tmp_path, ["trainer.devices=4"]).trainer)
+    assert "trainer.devices=4 on a machine without a GPU: 4 CPU processes" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="litlab"):
+        check_hardware(make_cfg(tmp_path, ["trainer=ddp", "trainer.accelerator=cpu"]).trainer)
+    assert not caplog.text  # asked for by name: nothing to say
+
+
 @pytest.mark.parametrize(
     "overrides, message, engine",
     [

@@ -784,7 +784,7 @@ def test_a_tuned_run_continues_in_place_with_the_values_found(tmp_path, monkeypa
     found the first time (kept in the checkpoint) instead of refusing or searching again."""
     monkeypatch.syspath_prepend(str(REPO / "tests"))  # helpers.SignalAt
     args = [
-        *CLF,
+        *(a for a in CLF if not a.startswith("data.batch_size=")),  # the finder's to choose
         "trainer.max_epochs=3",
         "tune.batch_size=true",
         "tune.batch_size_finder.init_val=16",

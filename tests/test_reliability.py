@@ -926,6 +926,36 @@ def test_a_resumed_offline_wandb_run_says_to_sync_all_its_parts_together(tmp_pat
     assert line in (folder / "train.log").read_text()
 
 
+def test_a_finished_run_started_again_in_its_folder_trains_nothing(tmp_path, caplog):
+    """A requeued batch script runs its commands again, each in the folder it had: a run that
+    had completed, stopped early by early stopping, was continued (another epoch, its summary
+    and best checkpoint rewritten). It now trains nothing and exits 0; resume= with more epochs
+    still trains it further, and then it is finished again."""
+    args = [
+        "callbacks=early_stopping",
+        "callbacks.early_stopping.patience=0",
+        "callbacks.early_stopping.min_delta=1.0",  # no epoch improves val/acc by 1: stops at 2
+        "trainer.max_epochs=10",
+        "model.net.width=4",
+        "test=false",
+        *QUIET,
+    ]
+    first = make_cfg(tmp_path, args)
+    objective = train_task(first)
+    folder = Path(first.paths.output_dir)
+    last, summary = folder / "checkpoints" / "last.ckpt", folder / "summary.json"
+    assert load_checkpoint(last)["epoch"] == 1  # stopped early, before max_epochs
+    written, summarized = last.read_bytes(), summary.read_bytes()
+    with caplog.at_level("WARNING", logger="litlab"):
+        again = train_task(make_cfg(tmp_path, args))  # the same command, the same folder
+    assert again == objective and "holds a run that completed: nothing to train" in caplog.text
+    assert last.read_bytes() == written and summary.read_bytes() == summarized
+    further = [*args, f"ckpt_path={last}", "callbacks.early_stopping.patience=1"]
+    train_task(make_cfg(tmp_path, further))
+    assert json.loads(summary.read_text())["resumed_from"] == str(last)
+    assert load_checkpoint(last)["epoch"] > 1 and (folder / ".completed").is_file()
+
+
 def test_a_checkpoints_state_moves_with_its_folder_and_only_then(tmp_path):
     """relocated: the paths move where the file named as best is in the new folder (a folder
     moved or copied); a new run started from another run's checkpoint keeps Lightning's way (no

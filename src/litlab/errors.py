@@ -40,6 +40,11 @@ class OutOfMemory(LitlabError):
     """Training ran out of device memory; a smaller batch or a lower precision fits."""
 
 
+class AlreadyCompleted(LitlabError):
+    """A training run started again in a folder whose run completed (a requeued batch script
+    runs its commands again): it leaves that run as it is, trains nothing, exits 0."""
+
+
 class Requeued(SystemExit):
     """A cluster scheduler (SLURM, submitit) requeued the job after its preemption checkpoint.
 

@@ -27,9 +27,9 @@ from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.compat import epochs_trained
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
-from litlab.errors import CheckpointError, ConfigError, fail
+from litlab.errors import AlreadyCompleted, CheckpointError, ConfigError, fail
 from litlab.overrides import RESUME_OVERRIDES, merged_overrides
-from litlab.run import config_digest
+from litlab.run import COMPLETED, config_digest
 from litlab.tune import TUNED_KEYS
 
 log = logging.getLogger("litlab")
@@ -158,8 +158,10 @@ def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
     run_dir) or submitit (the sweep folder is fixed) starts the same
     command again after a preemption. The newest checkpoint and the folder's W&B run are
     picked up, as ``resume=<folder>`` would. Checkpoints of a run with another config are
-    never trained over: that is one clear error. Returns the checkpoint it continues from,
-    loaded (so that it is read once), or None.
+    never trained over: that is one clear error. A run that completed there (its ``.completed``
+    mark; a batch script's earlier command, requeued with the rest) is left as it is:
+    AlreadyCompleted, which the run ends with nothing trained. Returns the checkpoint it
+    continues from, loaded (so that it is read once), or None.
     """
     if cfg.get("ckpt_path") or not cfg.get("train"):
         return None
@@ -174,6 +176,11 @@ def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
         raise ConfigError(
             f"{folder} already holds checkpoints of a run with another config; continue that "
             f"run with: python train.py resume={folder}, or train in a new folder"
+        )
+    if (folder / COMPLETED).is_file():  # the same run, finished (a requeued batch script)
+        raise AlreadyCompleted(
+            f"{folder} holds a run that completed: nothing to train (train it further with: "
+            f"python train.py resume={folder} trainer.max_epochs=<more>)"
         )
     log.warning("continuing the interrupted run in %s from %s", folder, path.name)
     cfg.ckpt_path = str(path)

@@ -26,10 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 
 import litlab
 from litlab.config import build
-from litlab.errors import ConfigError, LitlabError, Requeued, fail
+from litlab.errors import AlreadyCompleted, ConfigError, LitlabError, Requeued, fail
 from litlab.files import atomic_file
 
 log = logging.getLogger("litlab")
+
+# In a run folder whose training run completed (written at its end, removed when a fit begins
+# there again): a requeued cluster job that starts the same command again trains nothing.
+COMPLETED = ".completed"
 
 
 class _NoAdverts(logging.Filter):
@@ -206,6 +210,8 @@ class Run:
 
     def phase(self, name: str) -> _Phase:
         self._began = True
+        if name == "fit" and rank_zero_only.rank == 0:  # trained further: not completed now
+            (self.dir / COMPLETED).unlink(missing_ok=True)
         return _Phase(self, name)
 
     def record_metrics(self, metrics: dict[str, Any]) -> None:
@@ -216,6 +222,13 @@ class Run:
         )
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
+        if isinstance(exc, AlreadyCompleted):  # every rank: nothing ran, the folder as it was
+            if self._previous is not None:
+                self.summary = self._previous  # the run as it completed (its objective)
+                if rank_zero_only.rank == 0:
+                    write_json(self.dir / "summary.json", self._previous)
+            log.warning("litlab: %s", exc)
+            return True
         if exc is None:
             self.summary["status"] = "completed"
         elif isinstance(exc, KeyboardInterrupt):
@@ -235,6 +248,8 @@ class Run:
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if rank_zero_only.rank == 0:
+            if exc is None and "fit" in self.summary["durations_s"]:
+                (self.dir / COMPLETED).touch()  # a requeued job leaves this run as it is
             if isinstance(exc, LitlabError) and not self._began and self._previous is not None:
                 # refused before it touched the run (a resume past the run's end, a config the
                 # checkpoints do not match): the folder's summary stays what it was

@@ -253,12 +253,15 @@ def test_slurm_launcher_asks_no_gpus_for_a_cpu_job(tmp_path):
         ["trainer.devices=1,4"],
         ["+trainer.num_nodes=range(1,3)"],
         ["trainer=ddp,fsdp", "trainer.devices=4"],  # fsdp's own devices and num_nodes differ
+        ["trainer.accelerator=cpu,gpu", "trainer.devices=2"],  # GPUs asked for, or none
+        ["trainer=cpu,gpu", "trainer.devices=2", "trainer.num_nodes=1"],
     ],
 )
 def test_slurm_sweeps_cannot_vary_the_resources_of_their_one_array_job(task):
     with pytest.raises(ConfigError, match="one set of resources"):
         check_slurm_sweep(OmegaConf.create({"hydra": {"overrides": {"task": task}}}))
     fixed = ["trainer=ddp,fsdp", "trainer.devices=4", "trainer.num_nodes=2", "seed=1,2"]
+    fixed.append("trainer.accelerator=gpu")
     check_slurm_sweep(OmegaConf.create({"hydra": {"overrides": {"task": fixed}}}))
 
 

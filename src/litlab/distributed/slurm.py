@@ -15,8 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from litlab.errors import ConfigError, fail
 
-# The keys that set a job's resources; a trainer group sweep can change them too.
-_RESOURCE_KEYS = ("trainer.devices", "trainer.num_nodes")
+# The keys that set a job's resources (tasks, nodes, GPUs or none); a trainer group sweep can
+# change them too.
+_RESOURCE_KEYS = ("trainer.devices", "trainer.num_nodes", "trainer.accelerator")
 
 
 def slurm_tasks(devices: Any) -> int:
@@ -59,7 +60,8 @@ def check_slurm_sweep(config: DictConfig) -> None:
         raise ConfigError(
             f"hydra/launcher=slurm submits a sweep as one array job with one set of resources, "
             f"but this sweep varies {', '.join(varied)}; start one sweep per device layout (with "
-            f"a trainer group sweep, also set trainer.devices and trainer.num_nodes)"
+            f"a trainer group sweep, also set trainer.devices, trainer.num_nodes and "
+            f"trainer.accelerator)"
         )
 
 

@@ -141,3 +141,18 @@ def test_a_runs_matmul_precision_is_its_own(tmp_path):
     train_task(cfg)
     assert seen.read_text() == "medium"  # in the run
     assert torch.get_float32_matmul_precision() == before == "highest"  # after it
+    # a job that fails (Lightning calls no teardown then) puts it back too
+    poisoned = make_cfg(
+        tmp_path / "failed",
+        [
+            *SMALL,
+            *QUIET,
+            "callbacks.speed.matmul_precision=medium",
+            "+callbacks.nan._target_=helpers.InjectNaN",
+            "+callbacks.nan.at_batch=1",
+            "+callbacks.nan.module=net",
+        ],
+    )
+    with pytest.raises(SystemExit):  # the divergence guard's one line
+        train_task(poisoned)
+    assert torch.get_float32_matmul_precision() == "highest"

@@ -549,6 +549,12 @@ def test_evaluation_means_add_in_float32_under_true_half_precisions(precision):
     assert classifier.val_loss.weight.dtype == torch.float32
     assert classifier.val_metrics["acc"].tp.dtype == torch.long
     assert metrics["val/acc_best"] == metrics["val/acc"]  # not rounded to the half dtype
+    # a resumed run's best, restored before the module is converted: kept, not rounded
+    from litlab.metrics.aggregation import Max
+
+    best = Max()
+    best.update(torch.tensor(0.9650))
+    assert best.to(half).max_value.item() == torch.tensor(0.9650).item()
 
 
 def test_step_curves_every_n_steps_and_the_epochs_means(tmp_path):

@@ -19,13 +19,23 @@ from torchmetrics import MaxMetric, MeanMetric
 
 
 class _KeepFloat32:
-    """After any ``_apply`` (a move or a conversion), states and dtype back to float32."""
+    """States that a move or conversion (``_apply``) takes to another device only, never to
+    another dtype (cast to half and back they would be rounded: a restored best accuracy
+    converted with the module), and inputs cast to float32 whatever dtype torchmetrics last
+    took from the default one."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
 
     def _apply(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        out = super()._apply(fn, *args, **kwargs)  # type: ignore[misc]
-        if self.dtype != torch.float32:  # type: ignore[attr-defined]
-            self.set_dtype(torch.float32)  # type: ignore[attr-defined]  # runs _apply again
-        return out
+        def device_only(tensor: torch.Tensor) -> torch.Tensor:
+            out = fn(tensor)
+            if tensor.is_floating_point() and out.dtype != tensor.dtype:
+                return tensor.to(out.device)
+            return out
+
+        return super()._apply(device_only, *args, **kwargs)  # type: ignore[misc]
 
 
 class Mean(_KeepFloat32, MeanMetric):

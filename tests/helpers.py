@@ -437,7 +437,7 @@ def decay_groups_under_fsdp(rank: int, world: int, init_file: str, out: str) -> 
     )
 
     def sizes() -> list[int]:
-        groups = weight_decay_groups(model.named_parameters(), model.no_decay_names)
+        groups = weight_decay_groups(model.named_parameters(), model.parameter_ndims)
         return [len(group["params"]) for group in groups]
 
     before = sizes()

@@ -28,7 +28,7 @@ from litlab.models.optim import (
     Interval,
     build_optimizer,
     fit_schedules_to_run,
-    one_dimensional,
+    parameter_ndims,
     weight_decay_groups,
 )
 from litlab.rng import RankSeeded
@@ -86,7 +86,7 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         # normalization layers' scales and shifts and the biases (optim.weight_decay_groups).
         self.decay_norm_and_bias = decay_norm_and_bias
         # which those are, by name, before a strategy wraps the net (FSDP flattens them all)
-        self.no_decay_names = one_dimensional(self.named_parameters())
+        self.parameter_ndims = parameter_ndims(self.named_parameters())
         # What ReduceLROnPlateau watches, and in which direction (the configs: the objective).
         self.scheduler_monitor, self.scheduler_mode = scheduler_monitor, scheduler_mode
         # Accepts class indices and, from mixing, class probabilities (smoothed alike).
@@ -282,7 +282,7 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
             self.optimizer_factory,
             self.parameters()
             if self.decay_norm_and_bias
-            else weight_decay_groups(self.named_parameters(), self.no_decay_names),
+            else weight_decay_groups(self.named_parameters(), self.parameter_ndims),
             self.scheduler_factory,
             self.scheduler_interval,
             self.trainer,

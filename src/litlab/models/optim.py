@@ -59,32 +59,27 @@ def unwrapped_name(name: str) -> str:
     return name
 
 
-def one_dimensional(named: Iterable[tuple[str, torch.nn.Parameter]]) -> frozenset[str]:
-    """The names of the parameters of one dimension or none (normalization scales and shifts,
-    biases), taken before any wrapping: FSDP with its original parameters (Lightning's) shows
-    every parameter as a flat one-dimensional view of its shard."""
-    return frozenset(unwrapped_name(name) for name, param in named if param.ndim <= 1)
+def parameter_ndims(named: Iterable[tuple[str, torch.nn.Parameter]]) -> dict[str, int]:
+    """Each parameter's number of dimensions by name, taken before any wrapping: FSDP with its
+    original parameters (Lightning's) shows every parameter as a flat 1-D view of its shard."""
+    return {unwrapped_name(name): param.ndim for name, param in named}
 
 
 def weight_decay_groups(
-    named: Iterable[tuple[str, torch.nn.Parameter]], no_decay_names: frozenset[str] | None = None
+    named: Iterable[tuple[str, torch.nn.Parameter]], ndims: dict[str, int] | None = None
 ) -> list[dict[str, Any]]:
     """Two parameter groups: "decay" (weight matrices and kernels: the optimizer's weight decay)
     and "no_decay" (parameters of one dimension or none: normalization scales and shifts,
     biases; weight decay 0). The rule of timm's ``param_groups_weight_decay`` and of FFCV's and
     Goyal et al.'s ImageNet recipes; the group names label the LR monitor's curves.
-    ``no_decay_names`` (``one_dimensional`` of the module before it was wrapped) decides by name
-    where the shapes seen now are not the parameters' own (under FSDP: every one flat, 1-D, and
-    by shape none would decay)."""
+    ``ndims`` (``parameter_ndims`` of the module before it was wrapped) gives the parameters'
+    own dimensions where the shapes seen now are not theirs (under FSDP: every one flat, 1-D,
+    and by shape none would decay); a parameter it does not name is taken as it is now."""
     decay, no_decay = [], []
     for name, param in named:
         if param.requires_grad:
-            flat = (
-                param.ndim <= 1
-                if no_decay_names is None
-                else unwrapped_name(name) in no_decay_names
-            )
-            (no_decay if flat else decay).append(param)
+            ndim = (ndims or {}).get(unwrapped_name(name), param.ndim)
+            (no_decay if ndim <= 1 else decay).append(param)
     return [
         {"params": decay, "name": "decay"},
         {"params": no_decay, "name": "no_decay", "weight_decay": 0.0},

@@ -956,6 +956,20 @@ def test_a_finished_run_started_again_in_its_folder_trains_nothing(tmp_path, cap
     assert load_checkpoint(last)["epoch"] > 1 and (folder / ".completed").is_file()
 
 
+def test_a_finished_run_without_a_resumable_checkpoint_is_not_trained_again(tmp_path):
+    """Finished with best.ckpt alone (no last or step checkpoint to continue from), the same
+    command again in its folder trained a new run from scratch over it: now nothing."""
+    args = ["trainer.max_epochs=1", "model.net.width=4", "test=false", *QUIET]
+    args += ["callbacks.last_checkpoint=null", "callbacks.step_checkpoint=null"]
+    first = make_cfg(tmp_path, args)
+    train_task(first)
+    folder = Path(first.paths.output_dir)
+    best, summary = folder / "checkpoints" / "best.ckpt", folder / "summary.json"
+    written, summarized = best.read_bytes(), summary.read_bytes()
+    train_task(make_cfg(tmp_path, args))
+    assert best.read_bytes() == written and summary.read_bytes() == summarized
+
+
 def test_a_checkpoints_state_moves_with_its_folder_and_only_then(tmp_path):
     """relocated: the paths move where the file named as best is in the new folder (a folder
     moved or copied); a new run started from another run's checkpoint keeps Lightning's way (no

@@ -166,8 +166,20 @@ def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
     if cfg.get("ckpt_path") or not cfg.get("train"):
         return None
     folder = checkpoint_folder(cfg.paths.output_dir, f"{cfg.paths.log_dir}/{cfg.task_name}")
-    path = newest_checkpoint(folder)
+    completed = (folder / COMPLETED).is_file()  # the same run, finished (a requeued script)
+    done = AlreadyCompleted(
+        f"{folder} holds a run that completed: nothing to train (train it further with: "
+        f"python train.py resume={folder} trainer.max_epochs=<more>)"
+    )
+    try:
+        path = newest_checkpoint(folder)
+    except ConfigError:  # sharded FSDP checkpoints: of a finished run, left as they are
+        if completed:
+            raise done from None
+        raise
     if path is None:
+        if completed:  # finished without a resumable checkpoint (last_checkpoint=null)
+            raise done
         return None
     checkpoint = load_checkpoint(path)
     stored = stored_config(checkpoint, path)
@@ -177,11 +189,8 @@ def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
             f"{folder} already holds checkpoints of a run with another config; continue that "
             f"run with: python train.py resume={folder}, or train in a new folder"
         )
-    if (folder / COMPLETED).is_file():  # the same run, finished (a requeued batch script)
-        raise AlreadyCompleted(
-            f"{folder} holds a run that completed: nothing to train (train it further with: "
-            f"python train.py resume={folder} trainer.max_epochs=<more>)"
-        )
+    if completed:
+        raise done
     log.warning("continuing the interrupted run in %s from %s", folder, path.name)
     cfg.ckpt_path = str(path)
     wandb = (cfg.get("logger") or {}).get("wandb")

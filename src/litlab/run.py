@@ -31,8 +31,8 @@ from litlab.files import atomic_file
 
 log = logging.getLogger("litlab")
 
-# In a run folder whose training run completed (written at its end, removed when a fit begins
-# there again): a requeued cluster job that starts the same command again trains nothing.
+# In a run folder whose fit trained to its end (written then, removed when a fit begins there
+# again): a requeued cluster job that starts the same command again trains nothing.
 COMPLETED = ".completed"
 
 
@@ -189,6 +189,9 @@ class Run:
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
+        from litlab.callbacks.monitor import reset_rss_peak
+
+        reset_rss_peak()  # mem/rss_gb: this run's peak (data, finders, fit, test)
         if rank_zero_only.rank == 0:  # a run killed hard still says it was started, where, by whom
             # A run that continues this folder (resume=, a requeued job) keeps what the folder's
             # summary said before, and puts it back if it stops before any phase began.
@@ -248,8 +251,6 @@ class Run:
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if rank_zero_only.rank == 0:
-            if exc is None and "fit" in self.summary["durations_s"]:
-                (self.dir / COMPLETED).touch()  # a requeued job leaves this run as it is
             if isinstance(exc, LitlabError) and not self._began and self._previous is not None:
                 # refused before it touched the run (a resume past the run's end, a config the
                 # checkpoints do not match): the folder's summary stays what it was
@@ -301,6 +302,8 @@ class _Phase:
 
     def __exit__(self, *exc: Any) -> None:
         self.run.summary["durations_s"][self.name] = round(time.perf_counter() - self.t0, 3)
+        if self.name == "fit" and exc[0] is None and rank_zero_only.rank == 0:
+            (self.run.dir / COMPLETED).touch()  # trained to its end: a requeue leaves it so
 
 
 def print_config_tree(cfg: DictConfig, keys: tuple[str, ...]) -> None:

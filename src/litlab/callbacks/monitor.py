@@ -325,18 +325,15 @@ def reset_rss_peak() -> bool:
 class PeakMemory(Callback):
     """Peak CUDA memory per training epoch (its validation and checkpoint writes included: what
     must fit) and per test epoch, allocated by tensors and reserved by the caching allocator,
-    and the process's peak RSS since the run began (where Linux allows resetting it; else since
-    the process started), of the fullest rank; no device sync (allocator counters)."""
+    and the process's peak RSS since the run began (litlab.run.Run resets it where Linux allows;
+    else since the process started), of the fullest rank; no device sync (allocator counters)."""
 
     def __init__(self) -> None:
         self.peaks: dict[str, float] = {}
         self._device = torch.device("cpu")
-        self._rss_since_start = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._device = trainer.strategy.root_device
-        if not self._rss_since_start:  # once a run (its fit, or eval's test): this run's peak
-            self._rss_since_start = reset_rss_peak()
 
     def current(self) -> dict[str, float]:
         """CUDA peaks since the last epoch start, the RSS peak since the run began; GB."""

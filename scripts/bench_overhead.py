@@ -100,7 +100,12 @@ def overrides(
 ) -> list[str]:
     """The command line of the train task's variants, `python train.py <these>`: the loggers
     of "+ loggers" (CSV, and W&B where it is installed)."""
-    gpu = ["trainer=gpu", "trainer.deterministic=warn"] if device.type == "cuda" else []
+    # on a CPU the CPU (the raw loop's device), even on a machine with a GPU
+    gpu = (
+        ["trainer=gpu", "trainer.deterministic=warn"]
+        if device.type == "cuda"
+        else ["trainer.accelerator=cpu"]
+    )
     if args.net == "mlp":
         length = ["trainer.max_steps=10"] if warm else ["trainer.max_epochs=3"]
     else:

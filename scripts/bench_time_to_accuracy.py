@@ -34,7 +34,8 @@ def overrides(args: argparse.Namespace, device: torch.device, warm: bool) -> lis
     """The command line of the litlab side, `python train.py <these>`."""
     return [
         f"experiment={args.experiment}",
-        *(["trainer=gpu"] if device.type == "cuda" else []),
+        # on a CPU the CPU (the raw loop's device), even on a machine with a GPU
+        *(["trainer=gpu"] if device.type == "cuda" else ["trainer.accelerator=cpu"]),
         "logger=none",
         "extras.print_config=false",
         *benchlib.data_dir_override(args.data_dir),

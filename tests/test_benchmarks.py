@@ -72,3 +72,5 @@ def test_overhead_task_sides_log_to_csv_where_wandb_is_missing():
     offline = bench_overhead.overrides(args, torch.device("cpu"), False, "offline")
     assert "logger=csv" in without and not any("wandb" in o for o in without)
     assert "logger.wandb.mode=offline" in offline
+    # --device cpu runs the train task on the CPU too (auto would take a GPU where there is one)
+    assert "trainer.accelerator=cpu" in without

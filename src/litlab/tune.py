@@ -26,6 +26,7 @@ from litlab.callbacks.monitor import GB, rss_gb
 from litlab.config import build
 from litlab.distributed import launched_processes
 from litlab.errors import ConfigError, OutOfMemory
+from litlab.overrides import override_key
 
 log = logging.getLogger("litlab")
 
@@ -144,9 +145,7 @@ def check_not_also_given(switches: Any) -> None:
     the sweeper's record (Optuna learning from it) named the one given."""
     if not HydraConfig.initialized():
         return
-    given = {
-        o.split("=", 1)[0].lstrip("+~"): o for o in HydraConfig.get().overrides.task if "=" in o
-    }
+    given = {override_key(o): o for o in HydraConfig.get().overrides.task if "=" in o}
     for name, key in TUNED_KEYS.items():
         if switches.get(name) and key in given:
             raise ConfigError(

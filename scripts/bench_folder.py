@@ -26,7 +26,7 @@ and flip per image at --size, normalized float batches on --device:
 Rows: (a) data path, seconds for --epochs epochs from the first batch (the loader and its
 dataset are built before; the cold cache's decode alone is counted, being its point); (b) end
 to end, --epochs epochs of Lightning training through each path, timed from the fit loop's start
-to its end, device synced (benchlib.LoopTimer; the model, Trainer and data are built before):
+to its last batch's end, device synced (benchlib.LoopTimer; the model, Trainer and data are built before):
 litlab's SmallCNN (width 16), or with --model resnet50 torchvision's ResNet-50 (channels_last;
 bf16-mixed on a GPU). Sides are compared in images/s, not seconds: torchvision trains on every
 file, litlab on the files less its 1% validation split (31 against 30 batches an epoch at 4,000
@@ -146,7 +146,7 @@ def train(
     else:
         module = SmallCNN(3, 10, width=16)
     model = ImageClassifier(module, partial(torch.optim.AdamW, lr=3e-3), num_classes=10)
-    trainer = benchlib.bare_trainer(device, max_epochs=epochs, callbacks=[LoopTimer()])
+    trainer = benchlib.bare_trainer(device, max_epochs=epochs, callbacks=[LoopTimer(skip=None)])
     if datamodule is not None:
         trainer.fit(model, datamodule=datamodule)
     else:

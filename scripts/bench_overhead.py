@@ -35,7 +35,9 @@ and, for reference, not a piece:
                       `foreach`), where every other variant has torch's fused implementation,
                       which litlab picks (litlab.models.optim.make_optimizer); the same update to
                       rounding, so its final loss may differ in the last digits
-"loop s": first batch to last step, device synced. Every round runs each variant once, in
+"loop s": the start of the first batch (its fetch done) to the end of the last step, device
+synced, on every side (benchlib.LoopTimer; since 2026-12-04 not the train task's start and end
+hooks: FLOP count, checkpoints at the end). Every round runs each variant once, in
 alternating order; a short first round warms up and is not counted; medians of --repeats
 rounds and "x raw paired", the median of the per-round ratios to the raw loop (robust to a
 machine whose speed drifts). The table is printed after every round (a time limit leaves the

@@ -237,28 +237,42 @@ def data_dir_override(data_dir: str | None) -> list[str]:
 
 
 class LoopTimer(Callback):
-    """Seconds and batches of the fit loop from its start (or from batch ``skip``) to its end,
-    device synced. The task builds this callback from the config, so the reading is kept on
-    the class."""
+    """Seconds and batches of the fit loop, device synced, over the window that the raw loops
+    (raw_classifier, bench_throughput.raw_dcgan) time: from the start of batch ``skip`` (its
+    fetch done) to the end of the last batch (before the epoch's and the fit's end hooks:
+    checkpoints, summaries). ``skip=None``: from the fit loop's start, first fetch included
+    (bench_folder, where starting the loader is part of what is compared). The task builds this
+    callback from the config, so the reading is kept on the class."""
 
     last: ClassVar[Measure] = {}
 
-    def __init__(self, skip: int = 0) -> None:
+    def __init__(self, skip: int | None = 0) -> None:
         self.skip = skip
+        self.t0: float | None = None
+        self.end: tuple[float, int] | None = None
 
     @staticmethod
     def _done(trainer: L.Trainer) -> int:
         return trainer.fit_loop.epoch_loop.batch_progress.total.completed
 
+    @staticmethod
+    def _last_batch(trainer: L.Trainer) -> bool:
+        """Whether the batch that just ended is the fit's last (Lightning's own tests)."""
+        loop = trainer.fit_loop
+        if 0 <= loop.max_steps <= trainer.global_step:
+            return True
+        last_epoch = loop.max_epochs is not None and trainer.current_epoch + 1 >= loop.max_epochs
+        return last_epoch and loop.epoch_loop._num_ready_batches_reached()
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        LoopTimer.last = {}
-        if self.skip == 0:
+        LoopTimer.last, self.t0, self.end = {}, None, None
+        if self.skip is None:
             self._start(trainer, pl_module)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.skip and self._done(trainer) == self.skip:
+        if self.t0 is None and self._done(trainer) == self.skip:
             self._start(trainer, pl_module)
 
     def _start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -268,14 +282,20 @@ class LoopTimer(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, *_: Any
     ) -> None:
-        # no sync here; a GAN's step returns {"d/loss": ..., "g/loss": ...}: the first
+        # a GAN's step returns {"d/loss": ..., "g/loss": ...}: the first. No sync but at the end.
         self.loss = next(iter(outputs.values())) if isinstance(outputs, dict) else outputs
+        if self._last_batch(trainer):
+            sync(pl_module.device)
+            self.end = time.perf_counter(), self._done(trainer) + 1  # completed counts it after
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        sync(pl_module.device)
+        if self.end is None:  # stopped early (a guard, a signal)
+            sync(pl_module.device)
+            self.end = time.perf_counter(), self._done(trainer)
+        seconds, done = self.end
         LoopTimer.last = {
-            "s": time.perf_counter() - self.t0,
-            "batches": self._done(trainer) - self.done0,
+            "s": seconds - self.t0,
+            "batches": done - self.done0,
             "loss": float(self.loss),
         }
 

@@ -74,3 +74,38 @@ def test_overhead_task_sides_log_to_csv_where_wandb_is_missing():
     assert "logger.wandb.mode=offline" in offline
     # --device cpu runs the train task on the CPU too (auto would take a GPU where there is one)
     assert "trainer.accelerator=cpu" in without
+
+
+class _Slow(__import__("lightning").pytorch.Callback):
+    """A second's work at the fit's start, at each epoch's end and at the fit's end: none of it
+    is per-step work, and the raw loops that P1/P4/P5 compare against do none of it."""
+
+    def _sleep(self, *_):
+        import time
+
+        time.sleep(0.5)
+
+    on_train_start = on_train_epoch_end = on_train_end = _sleep
+
+
+@pytest.mark.parametrize("max_steps", [6, -1])
+def test_the_loop_timer_times_the_raw_loops_window(max_steps):
+    """From batch `skip`'s start (its fetch done) to the last batch's end: a fit ending on
+    max_steps or on max_epochs, with slow start and end hooks around the loop, times the steps
+    alone and counts each of them once; skip=None starts at the fit loop's start."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    for skip in (0, 2, None):
+        timer = benchlib.LoopTimer(skip=skip)
+        trainer = benchlib.bare_trainer(
+            torch.device("cpu"),
+            max_epochs=2,
+            max_steps=max_steps,
+            limit_train_batches=4,
+            callbacks=[_Slow(), timer],
+        )
+        trainer.fit(BoringModel())
+        steps = 6 if max_steps == 6 else 8
+        assert benchlib.LoopTimer.last["batches"] == steps - (skip or 0)
+        # one slow epoch end (2 epochs) falls inside the loop; nothing else may
+        assert 0.5 <= benchlib.LoopTimer.last["s"] < 0.9

@@ -265,11 +265,17 @@ def main() -> None:
         results = rounds(variants)
         m = benchlib.medians(results)
         rows = [
-            [n, f"{v['img/s']:,.0f}", f"{v['img/s'] / m['raw']['img/s']:.3f}", f"{v['loss']:.6f}"]
+            [
+                n,
+                f"{v['img/s']:,.0f}",
+                f"{v['img/s'] / m['raw']['img/s']:.3f}",
+                f"{benchlib.paired_ratio(results, n, 'raw', 'img/s'):.3f}",
+                f"{v['loss']:.6f}",
+            ]
             for n, v in m.items()
         ]
         print(f"\nP5, {benchlib.rounds_caption(results)}:")
-        header = ["variant", "img/s", "x raw", "final D loss"]
+        header = ["variant", "img/s", "x raw", "x raw paired", "final D loss"]
         benchlib.print_table(header, rows, checks(results, [("litlab", "raw")]))
 
     if args.bench in ("resnet50", "all"):
@@ -294,13 +300,14 @@ def main() -> None:
                 f"{v['img/s']:,.0f}",
                 f"{flops * v['img/s'] / peak:.1%}" if peak else "n/a",
                 f"{v['img/s'] / m['raw, ' + name.split(', ')[1]]['img/s']:.3f}",
+                f"{benchlib.paired_ratio(results, name, 'raw, ' + name.split(', ')[1], 'img/s'):.3f}",
                 f"{v['img/s'] / m[name.split(', ')[0] + ', eager']['img/s']:.2f}",
                 f"{v['loss']:.6f}",
             ]
             for name, v in m.items()
         ]
         print(f"P4, {benchlib.rounds_caption(results)}:")
-        header = ["variant", "img/s", "MFU", "x raw", "x eager", "final loss"]
+        header = ["variant", "img/s", "MFU", "x raw", "x raw paired", "x eager", "final loss"]
         pairs = [("litlab, eager", "raw, eager"), ("litlab, compile", "raw, compile")]
         benchlib.print_table(header, rows, checks(results, pairs))
 

@@ -418,7 +418,7 @@ def raw_classifier(
 
     from litlab.config import build
     from litlab.data import DeviceLoader
-    from litlab.models.optim import build_optimizer
+    from litlab.models.optim import build_optimizer, weight_decay_groups
 
     start = time.perf_counter()
     trainer_flags(cfg)
@@ -437,14 +437,19 @@ def raw_classifier(
     total = steps or epochs * len(loader)
     schedule = instantiate(cfg.model.scheduler) if cfg.model.get("scheduler") else None
     factory = instantiate(cfg.model.optimizer)
+    clip = cfg.trainer.get("gradient_clip_val")
+    clip_by_value = cfg.trainer.get("gradient_clip_algorithm") == "value"
     if torch_default_optimizer:  # an implementation chosen (None: torch's default) is kept
         factory = functools.partial(factory, fused=None)
+    decay_all = cfg.model.get("decay_norm_and_bias", True)
     optimizer, scheduler = build_optimizer(
         factory,
-        net.parameters(),
+        net.parameters() if decay_all else weight_decay_groups(net.named_parameters()),
         schedule,
         cfg.model.scheduler_interval,
-        SimpleNamespace(estimated_stepping_batches=total, max_epochs=epochs),
+        SimpleNamespace(
+            estimated_stepping_batches=total, max_epochs=epochs, gradient_clip_val=clip
+        ),
     )
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.model.label_smoothing)
     step, loop_start = 0, time.perf_counter()
@@ -460,6 +465,10 @@ def raw_classifier(
                 loss = criterion(net(inputs), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if clip and clip_by_value:
+                nn.utils.clip_grad_value_(net.parameters(), clip)
+            elif clip:
+                nn.utils.clip_grad_norm_(net.parameters(), clip)
             optimizer.step()
             step += 1
             if scheduler and scheduler["interval"] == "step":

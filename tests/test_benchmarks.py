@@ -16,9 +16,24 @@ sys.path.insert(0, str(REPO / "scripts"))
 import benchlib  # scripts/ is not a package
 
 
-def test_the_raw_loop_and_the_train_task_end_on_the_same_loss(tmp_path):
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        [],
+        # folder_resnet50's weight-decay groups, and clipping that cuts every step's gradient
+        [
+            "model.decay_norm_and_bias=false",
+            "model.optimizer.weight_decay=0.5",
+            "trainer.gradient_clip_val=0.05",
+        ],
+        ["trainer.gradient_clip_val=0.001", "+trainer.gradient_clip_algorithm=value"],
+    ],
+    ids=["default", "decay-groups-clip-norm", "clip-value"],
+)
+def test_the_raw_loop_and_the_train_task_end_on_the_same_loss(tmp_path, recipe):
     """The default CNN with its step-counted one-cycle schedule, 12 steps, both ways."""
     overrides = [
+        *recipe,
         "trainer.max_steps=12",
         "+trainer.limit_val_batches=0",
         "test=false",
@@ -109,3 +124,17 @@ def test_the_loop_timer_times_the_raw_loops_window(max_steps):
         assert benchlib.LoopTimer.last["batches"] == steps - (skip or 0)
         # one slow epoch end (2 epochs) falls inside the loop; nothing else may
         assert 0.5 <= benchlib.LoopTimer.last["s"] < 0.9
+
+
+def test_time_to_accuracy_names_what_the_raw_loop_lacks():
+    import bench_time_to_accuracy as p3
+
+    def lacks(*overrides):
+        return p3.raw_loop_lacks(benchlib.compose(list(overrides), REPO / "outputs" / "unused"))
+
+    assert lacks("experiment=fashion_fast") == []
+    assert lacks("experiment=fashion_fast", "trainer.accumulate_grad_batches=2") == [
+        "trainer.accumulate_grad_batches"
+    ]
+    assert lacks("model/scheduler=plateau") == ["model/scheduler=plateau"]
+    assert "model.tta_flip" in lacks("experiment=fashion_sprint")

@@ -113,6 +113,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             ["callbacks.model_checkpoint.save_top_k=3"],  # best.ckpt: the newest of the top 3
             "would hold the newest of the top k, not the best",
         ),
+        (  # no length for it (torch's T_max=-1 would cycle the LR up and down)
+            ["model/scheduler=cosine", "model.scheduler_interval=epoch", "trainer.max_epochs=-1"],
+            "set trainer.max_epochs (or trainer.max_steps)",
+        ),
     ],
 )
 def test_train_mistakes_in_process(tmp_path, capsys, overrides, needle):

@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import (
+    QUIET_CSV,
     REPO,
     make_cfg,
     run_cli,
@@ -18,6 +19,7 @@ from conftest import (
     write_idx_dataset,
     write_png_folder,
 )
+from litlab.checkpoint import load_checkpoint
 from litlab.config import build, check_all
 from litlab.data import DataModule
 from litlab.errors import ConfigError
@@ -228,6 +230,40 @@ def test_every_lr_schedule_option_trains(option, tmp_path):
     )
     train_task(cfg)
     assert summary_of(cfg)["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("option", "limits"),
+    [
+        ("cosine", ["trainer.max_steps=60", "trainer.max_epochs=20"]),
+        ("cosine", ["trainer.max_steps=60", "trainer.max_epochs=-1"]),
+        ("cosine", ["trainer.max_steps=50"]),  # into a third epoch
+        ("one_cycle", ["trainer.max_steps=60", "trainer.max_epochs=20"]),
+    ],
+)
+def test_a_schedule_stepped_every_epoch_ends_where_max_steps_ends_the_run(
+    option, limits, tmp_path
+):
+    """model.scheduler_interval=epoch with trainer.max_steps: the schedule runs over the epochs
+    that the steps reach into (digits: 20 batches an epoch, 60 steps: 3 epochs), not over
+    max_epochs (before: T_max=20, the LR barely lowered at the run's end; -1: T_max=-1)."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            f"model/scheduler={option}",
+            "model.scheduler_interval=epoch",
+            *limits,
+            "model.net.width=8",
+            "test=false",
+            *QUIET_CSV,
+        ],
+    )
+    train_task(cfg)
+    saved = load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    schedule = saved["lr_schedulers"][0]
+    assert schedule.get("T_max", schedule.get("total_steps")) == 3
+    if option == "cosine" and saved["global_step"] == 60:  # three epoch ends: at eta_min
+        assert saved["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(0.0)
 
 
 def test_recipes_ask_for_the_fastest_precision_this_machine_runs_natively(tmp_path):

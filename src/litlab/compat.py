@@ -8,6 +8,7 @@ them, so that an upgrade that changes one breaks a test here rather than a user'
 from __future__ import annotations
 
 import csv
+import math
 import os
 import subprocess
 import threading
@@ -90,6 +91,20 @@ def stepping_batches(trainer: L.Trainer) -> int:
     if not built:
         loop._combined_loader = None
     return steps
+
+
+def training_batches(trainer: L.Trainer) -> float:
+    """``trainer.num_training_batches``, an epoch's batches, before the fit has built its loader
+    (as ``stepping_batches``: built, counted and dropped); inf for a loader without a length.
+    Lightning counts them for ``estimated_stepping_batches`` except when max_epochs is -1."""
+    from lightning.pytorch.utilities.seed import isolate_rng
+
+    loop = trainer.fit_loop
+    if math.isinf(trainer.num_training_batches) and loop._combined_loader is None:
+        with isolate_rng():
+            loop.setup_data()
+        loop._combined_loader = None
+    return trainer.num_training_batches
 
 
 def batches_done_this_epoch(trainer: L.Trainer) -> int:

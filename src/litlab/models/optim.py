@@ -13,7 +13,12 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR, ReduceLROnPlateau
 
-from litlab.compat import batches_done_this_epoch, one_cycle_phases, stepping_batches
+from litlab.compat import (
+    batches_done_this_epoch,
+    one_cycle_phases,
+    stepping_batches,
+    training_batches,
+)
 from litlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -25,10 +30,26 @@ Interval = Literal["step", "epoch"]
 
 
 def schedule_length(trainer: Any, interval: Interval) -> int:
-    """Training length in the scheduler's unit: optimizer steps or epochs."""
+    """Training length in the scheduler's unit: optimizer steps, or the epochs the run trains
+    (trainer.max_epochs, fewer where trainer.max_steps ends it sooner: the epochs those steps
+    reach into)."""
     if interval == "step":
         return stepping_batches(trainer)
-    return int(trainer.max_epochs)
+    epochs = trainer.max_epochs
+    max_steps = getattr(trainer, "max_steps", -1)  # (a benchmark's stand-in has none)
+    if max_steps is not None and max_steps >= 0:
+        steps = stepping_batches(trainer)  # min(max_steps, the epochs' steps)
+        batches = training_batches(trainer)
+        if not math.isinf(batches):
+            per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
+            reached = math.ceil(steps / per_epoch)
+            epochs = reached if epochs is None or epochs < 0 else min(epochs, reached)
+    if epochs is None or epochs < 0:
+        raise ConfigError(
+            "an LR schedule stepped every epoch (model.scheduler_interval=epoch) runs over the "
+            "run's epochs, which are not set: set trainer.max_epochs (or trainer.max_steps)"
+        )
+    return int(epochs)
 
 
 def resumed_length(trainer: Any, interval: Interval) -> int:

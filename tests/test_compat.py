@@ -385,3 +385,25 @@ def test_steps_counted_as_in_a_checkpoint_written_at_a_validation_inside_the_epo
     with pytest.raises(SIGTERMException):
         trainer.fit(Validated(), DataLoader(data, batch_size=4), DataLoader(data, batch_size=4))
     assert counts == {"validation": 3, "stop": 4, "given": 3}  # validation after batch 3 of 8
+
+
+def test_training_batches_counts_an_epoch_before_the_fit_built_its_loader():
+    """Asked in configure_optimizers with max_epochs=-1 (where Lightning's own estimate does
+    not build the loader): 6 batches an epoch; the fit then builds its loader and trains all
+    of its max_steps from the first batch."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    seen = []
+
+    class Counting(BoringModel):
+        def configure_optimizers(self):
+            seen.append(compat.training_batches(self.trainer))
+            return super().configure_optimizers()
+
+        def training_step(self, batch, batch_idx):
+            seen.append(batch_idx)
+            return super().training_step(batch[0], batch_idx)
+
+    data = DataLoader(TensorDataset(torch.randn(24, 32)), batch_size=4)
+    bare_trainer(max_epochs=-1, max_steps=8).fit(Counting(), data)
+    assert seen == [6, 0, 1, 2, 3, 4, 5, 0, 1]

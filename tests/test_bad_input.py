@@ -113,6 +113,14 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             ["callbacks.model_checkpoint.save_top_k=3"],  # best.ckpt: the newest of the top 3
             "would hold the newest of the top k, not the best",
         ),
+        (  # the objective (last validation, epoch 2) and the test (last.ckpt, epoch 3) apart
+            [
+                "callbacks.model_checkpoint=null",
+                "trainer.check_val_every_n_epoch=2",
+                "trainer.max_epochs=3",
+            ],
+            "set trainer.max_epochs to a multiple of 2, or keep callbacks.model_checkpoint",
+        ),
         (  # no length for it (torch's T_max=-1 would cycle the LR up and down)
             ["model/scheduler=cosine", "model.scheduler_interval=epoch", "trainer.max_epochs=-1"],
             "set trainer.max_epochs (or trainer.max_steps)",

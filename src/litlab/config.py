@@ -378,6 +378,19 @@ def check_objective(cfg: DictConfig) -> None:
         )
     validates = cfg.get("train") and cfg.trainer.get("limit_val_batches", 1.0) != 0
     monitored = chosen_by[0] == metric
+    every, epochs = cfg.trainer.get("check_val_every_n_epoch") or 1, cfg.trainer.get("max_epochs")
+    ends_unvalidated = (
+        isinstance(every, int) and isinstance(epochs, int) and epochs > 0 and epochs % every
+    )
+    by_epochs = (cfg.trainer.get("max_steps") or -1) < 0  # (max_steps may end it elsewhere)
+    if not monitored and validates and ends_unvalidated and by_epochs:
+        raise ConfigError(
+            f"no best checkpoint is kept, so the objective is the last validation's {metric}; "
+            f"with trainer.max_epochs={epochs} and trainer.check_val_every_n_epoch={every} the "
+            "last epoch is not validated, and the objective would not describe the weights the "
+            f"test measures (last.ckpt): set trainer.max_epochs to a multiple of {every}, or keep "
+            "callbacks.model_checkpoint"
+        )
     if metric.startswith("val/fid") and callbacks.get("fid") is None and validates and monitored:
         raise ConfigError(
             f"objective.metric={metric} comes from callbacks.fid, which is off; keep callbacks.fid "

@@ -98,7 +98,7 @@ def test_sweep_report_ranks_runs_and_embeds_plots(sweep):
     lines = md_rows(md)
     assert [line.split(" | ")[1] for line in lines] == [f"`{ranked[0]}` ★ best", f"`{ranked[1]}`"]
     assert "`model.optimizer.lr=0.001`" in "".join(lines) and "`model.optimizer.lr=0.01`" in md
-    assert "val/acc, max (higher is better)" in md and f"**Best run:** {ranked[0]}:" in md
+    assert "val/acc [digits, val=144], max (higher is better)" in md and f"**Best run:** {ranked[0]}:" in md
 
     images = {alt: base64.b64decode(data) for data, alt in PNG.findall(html)}
     assert {
@@ -293,6 +293,46 @@ def test_curves_are_drawn_against_the_epochs_trained(tmp_path):
     stopped = curves(10, 1.5)  # stopped half-way through its second epoch
     assert stopped["val/acc"][0] == [1.0]
     assert stopped["train/loss_step"][0][-1] == 1.5
+
+
+def test_accuracies_rank_only_against_accuracies_on_the_same_data(tmp_path, capsys):
+    """val/acc of a digits run (144 validation images) and of a Fashion-MNIST run, or on another
+    validation share, are other numbers: the report ranked them together and named the digits
+    run best (0.757 above 0.305); so did sweep_summary.json."""
+
+    def run(name: str, acc: float, source: str, val: int, overrides: list) -> Path:
+        summary = {
+            "status": "completed",
+            "metrics": {"val/acc": acc, "test/acc": acc},
+            "objective": {"metric": "val/acc", "mode": "max", "value": acc},
+            "data": {"source": source, "splits": {"train": 1, "val": val, "test": 1}},
+        }
+        return write_run(tmp_path / "runs" / name, summary, overrides)
+
+    run("0", 0.30, "fashion_mnist", 6000, ["data=fashion_mnist"])
+    run("1", 0.76, "digits", 144, ["data=digits"])
+    run("2", 0.35, "fashion_mnist", 6000, ["data=fashion_mnist", "model.optimizer.lr=0.01"])
+    run("3", 0.90, "fashion_mnist", 600, ["data=fashion_mnist", "data.val_fraction=0.01"])
+    main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    capsys.readouterr()
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert [row.split(" | ")[1].split("`")[1] for row in md_rows(md)][:2] == ["2", "0"]
+    assert "- **Best run:** 2: val/acc = 0.35" in md
+    assert "| objective (val/acc [fashion_mnist, val=6000], max) |" in md
+    assert "val/acc [digits, val=144]=0.76" in md
+    assert Path(best_job(read_jobs(tmp_path / "runs"))["job_dir"]).name == "2"
+
+
+def test_a_runs_summary_names_its_data(tmp_path):
+    """What the report's comparison rests on: summary.json's data.source."""
+    result = run_cli(
+        "trainer.max_epochs=1", "model.net.width=8", "logger=csv", "test=false",
+        "extras.print_config=false", "callbacks.progress_bar=null", f"paths.log_dir={tmp_path}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    (path,) = tmp_path.rglob("summary.json")
+    summary = json.loads(path.read_text())
+    assert summary["data"]["source"] == "digits" and summary["data"]["splits"]["val"] > 0
 
 
 def test_fids_rank_only_against_fids_of_the_same_extractor_and_n(tmp_path, capsys):

@@ -482,6 +482,10 @@ class ImageFolder(Source):
 
     name = "image_folder"
 
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.root}"
+
     def __init__(
         self,
         root: str,

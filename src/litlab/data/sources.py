@@ -75,6 +75,12 @@ class Source(ABC):
 
     name: str = "source"
 
+    @property
+    def label(self) -> str:
+        """Which data this is, for summary.json (runs' values compare on the same data only):
+        the source's name, and the folder read where the name does not say it."""
+        return self.name
+
     def prepare(self) -> None:  # noqa: B027 - optional hook
         """Fetch files if needed; called once per node before any process loads."""
 

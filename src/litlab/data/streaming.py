@@ -135,6 +135,11 @@ class Streaming(Source):
     (PIL in the loader's workers) or "device" (JPEGs a batch at a time on the run's device)."""
 
     name = "streaming"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.input_dir}"
+
     own_validation_split = True
 
     def __init__(

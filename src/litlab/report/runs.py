@@ -36,16 +36,27 @@ def number(value: object) -> float | None:
 
 
 def objective_scale(summary: dict) -> str:
-    """What a summary's objective value compares under besides its name: an FID's extractor,
-    its sample count N and the real statistics' count N_real (the same generator has another
-    FID through another extractor or at other counts); "" for other metrics."""
+    """What a summary's objective value compares under besides its name: the data it was
+    measured on (the source, and the images of the split: val=144; an accuracy on digits and
+    one on Fashion-MNIST, or on another validation share, are other numbers), and for an FID
+    its extractor, its sample count N and the real statistics' count N_real (the same
+    generator has another FID through another extractor or at other counts). "" where the
+    summary says none of it (summaries of runs before 2026-12-04 name no source)."""
     objective, metrics = summary.get("objective"), summary.get("metrics")
     metric = objective.get("metric") if isinstance(objective, dict) else None
     metrics = metrics if isinstance(metrics, dict) else {}
-    if not isinstance(metric, str) or metric.rsplit("/", 1)[-1] != "fid":
+    if not isinstance(metric, str):
         return ""
+    data = summary.get("data") if isinstance(summary.get("data"), dict) else {}
+    tags = []
+    if isinstance(data.get("source"), str):
+        split = metric.split("/", 1)[0]
+        images = (data.get("splits") or {}).get(split)
+        tags = [data["source"], *([f"{split}={images}"] if images is not None else [])]
+    if metric.rsplit("/", 1)[-1] != "fid":
+        return ", ".join(tags)
     kinds = [k[len(metric) + 1 :] for k in metrics if k.startswith(f"{metric}_")]
-    tags = sorted(k for k in kinds if k not in ("g", "floor", "samples", "real_samples"))
+    tags += sorted(k for k in kinds if k not in ("g", "floor", "samples", "real_samples"))
     counts = {"N": f"{metric}_samples", "N_real": f"{metric}_real_samples"}
     counts = {name: number(metrics.get(key)) for name, key in counts.items()}
     return ", ".join(tags + [f"{name}={n:g}" for name, n in counts.items() if n is not None])

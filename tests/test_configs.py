@@ -241,9 +241,7 @@ def test_every_lr_schedule_option_trains(option, tmp_path):
         ("one_cycle", ["trainer.max_steps=60", "trainer.max_epochs=20"]),
     ],
 )
-def test_a_schedule_stepped_every_epoch_ends_where_max_steps_ends_the_run(
-    option, limits, tmp_path
-):
+def test_a_schedule_stepped_every_epoch_ends_where_max_steps_ends_the_run(option, limits, tmp_path):
     """model.scheduler_interval=epoch with trainer.max_steps: the schedule runs over the epochs
     that the steps reach into (digits: 20 batches an epoch, 60 steps: 3 epochs), not over
     max_epochs (before: T_max=20, the LR barely lowered at the run's end; -1: T_max=-1)."""

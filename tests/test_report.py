@@ -98,7 +98,10 @@ def test_sweep_report_ranks_runs_and_embeds_plots(sweep):
     lines = md_rows(md)
     assert [line.split(" | ")[1] for line in lines] == [f"`{ranked[0]}` ★ best", f"`{ranked[1]}`"]
     assert "`model.optimizer.lr=0.001`" in "".join(lines) and "`model.optimizer.lr=0.01`" in md
-    assert "val/acc [digits, val=144], max (higher is better)" in md and f"**Best run:** {ranked[0]}:" in md
+    assert (
+        "val/acc [digits, val=144], max (higher is better)" in md
+        and f"**Best run:** {ranked[0]}:" in md
+    )
 
     images = {alt: base64.b64decode(data) for data, alt in PNG.findall(html)}
     assert {

@@ -407,3 +407,18 @@ def test_training_batches_counts_an_epoch_before_the_fit_built_its_loader():
     data = DataLoader(TensorDataset(torch.randn(24, 32)), batch_size=4)
     bare_trainer(max_epochs=-1, max_steps=8).fit(Counting(), data)
     assert seen == [6, 0, 1, 2, 3, 4, 5, 0, 1]
+
+
+def test_a_litdata_profile_on_a_parallel_filesystem_keeps_its_in_place_reads_not_its_shuffle():
+    pytest.importorskip("litdata")
+    from types import SimpleNamespace
+
+    from litdata.streaming.posix_fast import PosixFastProfile
+
+    dataset = SimpleNamespace(posix_fast=PosixFastProfile(kind="lustre"))
+    assert dataset.posix_fast.window_shuffle
+    compat.shuffle_as_on_a_local_disk(dataset)
+    assert not dataset.posix_fast.window_shuffle and dataset.posix_fast.in_place
+    local = SimpleNamespace(posix_fast=None)  # a local disk or an object store: as it was
+    compat.shuffle_as_on_a_local_disk(local)
+    assert local.posix_fast is None

@@ -748,3 +748,43 @@ def test_streamed_jpegs_decoded_on_the_device_train_to_the_end(converted, tmp_pa
     train_task(cfg)
     summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
+
+
+def test_a_dataset_on_a_parallel_filesystem_is_shuffled_as_on_a_local_disk(tmp_path, monkeypatch):
+    """On NFS, Lustre, GPFS, ... (forced here: LITDATA_POSIX_FAST=1) LitData shuffled whole
+    chunks in an order fixed across epochs: each of 2 ranks trained on the same images every
+    epoch and some images were never seen. Now, as on a local disk: over 3 epochs every image
+    is trained on, and each rank's share changes from one epoch to the next."""
+    from litlab.data.streaming import Streaming
+
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=24)
+    dst = tmp_path / "chunks"
+    convert(root, str(dst), test_fraction=0.1, val_fraction=0.1, workers=1, chunk_bytes="2KB")
+    monkeypatch.setenv("LITDATA_POSIX_FAST", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    seen = {}  # (rank, epoch) -> the images trained on
+    for rank, epoch in itertools.product(range(2), range(3)):
+        monkeypatch.setenv("GLOBAL_RANK", str(rank))
+        dataset = Streaming(str(dst), size=8).load("train")
+        assert len(list((dst / "train").glob("*.bin"))) >= 8  # several chunks per rank
+        dataset.seed = 42
+        loader = streaming_loader_class()(
+            dataset,
+            batch_size=4,
+            shuffle=True,
+            drop_last=True,
+            collate_fn=lambda items: [fingerprint(image) for image, _ in items],
+            epoch=lambda epoch=epoch: epoch,
+        )
+        seen[rank, epoch] = {name for batch in loader for name in batch}
+    monkeypatch.delenv("WORLD_SIZE")  # one process reads them all
+    monkeypatch.delenv("GLOBAL_RANK")
+    everything = {fingerprint(image) for image, _ in Streaming(str(dst), size=8).load("train")}
+    assert set().union(*seen.values()) == everything
+    for rank in range(2):
+        assert seen[rank, 0] != seen[rank, 1] != seen[rank, 2]
+
+
+def fingerprint(image: torch.Tensor) -> bytes:
+    return image.numpy().tobytes()

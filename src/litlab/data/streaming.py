@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from litlab import rng
+from litlab.compat import shuffle_as_on_a_local_disk
 from litlab.data.folder import check_decode, check_decoded_shape, worker_item
 from litlab.data.sources import Source
 from litlab.distributed.agree import rank_and_world
@@ -193,6 +194,7 @@ class Streaming(Source):
                 f"convert it again: python -m litlab.data.optimize {self.meta.get('source')} "
                 f"{self.input_dir}"
             ) from e
+        shuffle_as_on_a_local_disk(dataset)  # on NFS/Lustre too: every item, new rank shares
         dataset.classes = self.meta["classes"]
         dataset.images = self.meta["splits"][split]["images"]  # all ranks' (len: this rank's)
         dataset.read_labels = partial(read_labels, self.input_dir, self.cache_dir, split, self.meta)

@@ -137,6 +137,23 @@ class SignalAt(Callback):
             os.kill(os.getpid(), signum)
 
 
+class SignalInTest(Callback):
+    """Sends a real signal to this process at the start of the test's first batch: a job
+    preempted after its training ended, while it tested the best checkpoint. Once: not in the
+    requeued job (the same command), which finds ``mark`` written."""
+
+    def __init__(self, mark: str, signum: str = "SIGTERM") -> None:
+        self.mark, self.signum = Path(mark), signum
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        import os
+        import signal
+
+        if batch_idx == 0 and trainer.is_global_zero and not self.mark.exists():
+            self.mark.touch()
+            os.kill(os.getpid(), getattr(signal, self.signum))
+
+
 class CaptureNoise(Callback):
     """Each rank saves what its generators were fed (the first training batches' noise, and the
     noise of FID's samples at validation), the real images it fed FID's real statistics (as

@@ -627,6 +627,52 @@ def test_slurm_requeue_continues_in_the_job_folder(
 
 
 @pytest.mark.slow
+def test_a_job_killed_while_testing_tests_again_when_requeued(
+    tmp_path, monkeypatch, straight_classifier
+):
+    """Preempted after its training ended, while testing (SIGKILL: SLURM's end of a job whose
+    signal was not acted on in time), a requeued job trains nothing and tests the best
+    checkpoint as the uninterrupted run did: its summary completed, with the fit's metrics,
+    the test's and the objective (before: it exited 0 saying the run had completed, its
+    summary "running" with no metrics, no test, no objective). Requeued again: nothing."""
+    for key, value in SLURM_JOB.items():
+        monkeypatch.setenv(key, value)
+    args = [
+        *CLF,
+        "logger=wandb",
+        f"paths.log_dir={tmp_path / 'out'}",
+        "+callbacks.stop._target_=helpers.SignalInTest",
+        "+callbacks.stop.signum=SIGKILL",
+        f"+callbacks.stop.mark={tmp_path / 'killed'}",
+    ]
+    first = run_cli(*args)
+    assert first.returncode == -9, first.stderr[-3000:]
+    folder = tmp_path / "out" / "train" / "slurm" / "4242"
+    assert summary_status(folder) == "running"
+    trained = load_checkpoint(folder / "checkpoints" / "last.ckpt")
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    again = run_cli(*args)  # the same command
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "testing best.ckpt again, training nothing" in (folder / "train.log").read_text()
+    summary = json.loads((folder / "summary.json").read_text())
+    straight = json.loads((straight_classifier / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    for key in ("best_score", "objective"):
+        assert summary[key] == straight[key]
+    assert summary["metrics"] == pytest.approx(straight["metrics"])  # fit's and test's
+    assert summary["tested_checkpoint"] == str(folder / "checkpoints" / "best.ckpt")
+    assert len(wandb_run_ids(folder)) == 1  # the test logged to the same W&B run
+    now = load_checkpoint(folder / "checkpoints" / "last.ckpt")
+    assert now["global_step"] == trained["global_step"]  # nothing trained
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    third = run_cli(*args)
+    assert third.returncode == 0 and "holds a run that completed" in third.stdout + third.stderr
+    assert json.loads((folder / "summary.json").read_text())["metrics"] == summary["metrics"]
+
+
+@pytest.mark.slow
 def test_submitit_requeue_continues_in_the_same_folder(tmp_path, straight_classifier):
     """Hydra's submitit launcher (local executor): submitit's preemption signal (USR2) saves
     last.ckpt at the batch boundary, submitit requeues the job, and the job continues."""

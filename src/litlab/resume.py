@@ -29,7 +29,7 @@ from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, CheckpointError, ConfigError, fail
 from litlab.overrides import RESUME_OVERRIDES, merged_overrides
-from litlab.run import COMPLETED, config_digest
+from litlab.run import COMPLETED, TRAINED, Run, config_digest, read_summary
 from litlab.tune import TUNED_KEYS
 
 log = logging.getLogger("litlab")
@@ -151,7 +151,7 @@ def _computes(cfg: DictConfig, folder: Path) -> str:
     return config_digest(plain)
 
 
-def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
+def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any] | None:
     """A training run that starts in a folder holding its own checkpoints continues from them.
 
     That is a requeued cluster job: SLURM (the run folder is fixed per job, see
@@ -160,13 +160,17 @@ def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
     picked up, as ``resume=<folder>`` would. Checkpoints of a run with another config are
     never trained over: that is one clear error. A run that completed there (its ``.completed``
     mark; a batch script's earlier command, requeued with the rest) is left as it is:
-    AlreadyCompleted, which the run ends with nothing trained. Returns the checkpoint it
-    continues from, loaded (so that it is read once), or None.
+    AlreadyCompleted, which the run ends with nothing trained. One that trained to its end and
+    was stopped after (its ``.trained`` mark alone: preempted while testing) is tested again,
+    as the first part would have: ``train`` off, ``ckpt_path`` the checkpoint it chose, and the
+    fit's record (metrics, checkpoints, best score: the objective) into ``run``'s summary.
+    Returns the checkpoint it continues from, loaded (so that it is read once), or None.
     """
     if cfg.get("ckpt_path") or not cfg.get("train"):
         return None
     folder = checkpoint_folder(cfg.paths.output_dir, f"{cfg.paths.log_dir}/{cfg.task_name}")
     completed = (folder / COMPLETED).is_file()  # the same run, finished (a requeued script)
+    trained = read_summary(folder / TRAINED)  # ... trained to its end, the rest not done
     done = AlreadyCompleted(
         f"{folder} holds a run that completed: nothing to train (train it further with: "
         f"python train.py resume={folder} trainer.max_epochs=<more>)"
@@ -174,11 +178,11 @@ def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
     try:
         path = newest_checkpoint(folder)
     except ConfigError:  # sharded FSDP checkpoints: of a finished run, left as they are
-        if completed:
+        if completed or trained:
             raise done from None
         raise
     if path is None:
-        if completed:  # finished without a resumable checkpoint (last_checkpoint=null)
+        if completed or trained:  # finished without a resumable checkpoint (last_checkpoint=null)
             raise done
         return None
     checkpoint = load_checkpoint(path)
@@ -191,13 +195,25 @@ def continue_in_place(cfg: DictConfig) -> dict[str, Any] | None:
         )
     if completed:
         raise done
-    log.warning("continuing the interrupted run in %s from %s", folder, path.name)
-    cfg.ckpt_path = str(path)
     wandb = (cfg.get("logger") or {}).get("wandb")
     run_id = wandb_run_id(folder)
     if wandb and run_id and not wandb.get("id"):
         with open_dict(wandb):
             wandb.id = run_id
+    if trained is not None:
+        tested = trained.get("best_checkpoint") or trained.get("last_checkpoint") or str(path)
+        log.warning(
+            "the run in %s trained to its end and was stopped before it completed: "
+            "testing %s again, training nothing",
+            folder,
+            Path(tested).name,
+        )
+        cfg.train, cfg.ckpt_path = False, tested
+        if run is not None:
+            run.take_fit_record(trained)
+        return checkpoint if Path(tested) == path else None
+    log.warning("continuing the interrupted run in %s from %s", folder, path.name)
+    cfg.ckpt_path = str(path)
     return checkpoint
 
 

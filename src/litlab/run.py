@@ -32,8 +32,14 @@ from litlab.files import atomic_file
 log = logging.getLogger("litlab")
 
 # In a run folder whose fit trained to its end (written then, removed when a fit begins there
-# again): a requeued cluster job that starts the same command again trains nothing.
+# again): the fit's record, what the run's summary has from it (final metrics, checkpoints,
+# best score), JSON. A requeued cluster job that finds it and not COMPLETED (stopped while
+# testing) tests again from it, training nothing (litlab.resume.continue_in_place).
+TRAINED = ".trained"
+# ... and whose whole run then completed (its test too): a requeued job does nothing.
 COMPLETED = ".completed"
+# What a fit puts into the summary beside its metrics (litlab.train.record_checkpoints).
+FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score")
 
 
 class _NoAdverts(logging.Filter):
@@ -214,8 +220,20 @@ class Run:
     def phase(self, name: str) -> _Phase:
         self._began = True
         if name == "fit" and rank_zero_only.rank == 0:  # trained further: not completed now
-            (self.dir / COMPLETED).unlink(missing_ok=True)
+            for mark in (TRAINED, COMPLETED):
+                (self.dir / mark).unlink(missing_ok=True)
         return _Phase(self, name)
+
+    def mark_trained(self) -> None:
+        """The fit trained to its end: its record (TRAINED), for a job requeued while testing."""
+        if rank_zero_only.rank == 0:
+            record = {key: self.summary.get(key) for key in FIT_RECORD}
+            write_json(self.dir / TRAINED, {**record, "metrics": dict(self.summary["metrics"])})
+
+    def take_fit_record(self, record: dict[str, Any]) -> None:
+        """A fit's record (an earlier part of this run trained) into this part's summary."""
+        self.summary["metrics"].update(record.get("metrics") or {})
+        self.summary.update({key: record.get(key) for key in FIT_RECORD})
 
     def record_metrics(self, metrics: dict[str, Any]) -> None:
         """The run's final logged values; not the monitors' per-epoch perf/* and mem/* (the
@@ -257,6 +275,8 @@ class Run:
                 write_json(self.dir / "summary.json", self._previous)
             else:
                 self._write()
+            if exc is None and (self.dir / TRAINED).is_file():  # trained, then all the rest
+                (self.dir / COMPLETED).touch()
         if isinstance(exc, SIGTERMException):
             log.warning("litlab: %s", self.summary["error"])
             sys.exit(143)  # 128 + SIGTERM: the run did not finish
@@ -302,8 +322,6 @@ class _Phase:
 
     def __exit__(self, *exc: Any) -> None:
         self.run.summary["durations_s"][self.name] = round(time.perf_counter() - self.t0, 3)
-        if self.name == "fit" and exc[0] is None and rank_zero_only.rank == 0:
-            (self.run.dir / COMPLETED).touch()  # trained to its end: a requeue leaves it so
 
 
 def print_config_tree(cfg: DictConfig, keys: tuple[str, ...]) -> None:

@@ -70,7 +70,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     # config and checkpoints say how many trained it (and a requeued job's config matches).
     adopt_launcher_layout(cfg.trainer)
     check(cfg, run)
-    continued = continue_in_place(cfg)  # a requeued cluster job picks up its own checkpoints
+    continued = continue_in_place(cfg, run)  # a requeued cluster job picks up its checkpoints
     setup_extras(cfg)
     tuned = tune(cfg, run.dir)  # batch size and LR finders write what they find into cfg
     if tuned:
@@ -96,6 +96,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 run.record_metrics(trainer.callback_metrics)
                 record_checkpoints(trainer, run, cfg.objective.metric)
+                run.mark_trained()
             if cfg.get("test"):
                 # The best checkpoint of this fit (none kept: the last); without a fit, the
                 # checkpoint given (none: the untrained model, e.g. a GAN's untrained FID)

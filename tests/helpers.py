@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -467,4 +467,46 @@ def decay_groups_under_fsdp(rank: int, world: int, init_file: str, out: str) -> 
     )
     flat = all(p.ndim == 1 for p in model.parameters())
     torch.save({"before": before, "after": sizes(), "flat": flat}, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def streamed_evaluation_under_fsdp(rank: int, world: int, init_file: str, out: str, chunks: str):
+    """One process of a gloo job: a converted test split streamed as litlab evaluates it under
+    FSDP (batches padded to the largest count of any rank), each batch through an FSDP-wrapped
+    net; saved: every rank's number of batches, the real images' fingerprints, the empty
+    batches (test_streaming)."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from litlab.data.decode import skip_unreadable
+    from litlab.data.streaming import Streaming, streaming_loader_class
+    from litlab.distributed.agree import largest_on_any_rank
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dataset = Streaming(chunks, size=8).load("test")
+    loader = streaming_loader_class()(  # as litlab.data.DataModule's for an evaluation
+        dataset,
+        batch_size=4,
+        shuffle=False,
+        drop_last=False,
+        collate_fn=skip_unreadable,
+        pad_to=largest_on_any_rank,
+    )
+    counts: list[Any] = [None] * world
+    dist.all_gather_object(counts, len(loader))
+    net = FullyShardedDataParallel(
+        nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 3)), device_id=torch.device("cpu")
+    )
+    seen, empty, batches = [], 0, 0
+    if len(set(counts)) == 1:  # else a forward would wait for the other rank forever
+        for images, labels, _ in loader:
+            batches += 1
+            empty += not len(labels)
+            images = images.reshape(len(labels), 3, 8, 8)
+            net(images.float())  # a collective: every rank the same number of times
+            seen += [image.numpy().tobytes() for image in images]
+    torch.save(
+        {"counts": counts, "batches": batches, "seen": seen, "empty": empty}, f"{out}/rank{rank}.pt"
+    )
     dist.destroy_process_group()

@@ -788,3 +788,50 @@ def test_a_dataset_on_a_parallel_filesystem_is_shuffled_as_on_a_local_disk(tmp_p
 
 def fingerprint(image: torch.Tensor) -> bytes:
     return image.numpy().tobytes()
+
+
+@pytest.mark.dist
+def test_a_streamed_evaluation_under_fsdp_runs_as_many_batches_on_every_rank(tmp_path):
+    """LitData deals an evaluation's items so that ranks can run different numbers of batches
+    (every item once); under FSDP each forward is a collective, and a rank with a batch more
+    would wait for the others forever. Padded with empty batches: every rank runs the largest
+    count through an FSDP-wrapped net, and every test image is seen once over the ranks."""
+    import torch.multiprocessing as mp
+
+    from helpers import streamed_evaluation_under_fsdp
+
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=24)
+    dst = tmp_path / "chunks"
+    convert(root, str(dst), test_fraction=0.3, val_fraction=0.1, workers=1, chunk_bytes="2KB")
+    args = (2, str(tmp_path / "init"), str(tmp_path), str(dst))
+    mp.spawn(streamed_evaluation_under_fsdp, args=args, nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    counts = ranks[0]["counts"]
+    assert counts[0] == counts[1] == ranks[0]["batches"] == ranks[1]["batches"]
+    assert ranks[0]["empty"] + ranks[1]["empty"] > 0  # the case: one rank had fewer
+    tested = Counter(x for rank in ranks for x in rank["seen"])
+    everything = Counter(fingerprint(image) for image, _ in streamed_test_split(dst))
+    assert tested == everything
+
+
+def streamed_test_split(dst: Path) -> Any:
+    from litlab.data.streaming import Streaming
+
+    return Streaming(str(dst), size=8).load("test")
+
+
+def test_evaluation_batches_are_padded_where_each_forward_is_a_collective_only():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    from litlab.distributed.strategy import forward_is_collective
+
+    def trainer(strategy, world_size=2):
+        return SimpleNamespace(strategy=strategy, world_size=world_size)
+
+    assert forward_is_collective(trainer(FSDPStrategy()))
+    assert not forward_is_collective(trainer(FSDPStrategy(), world_size=1))
+    assert not forward_is_collective(trainer(DDPStrategy()))  # an evaluation forward syncs nothing
+    assert not forward_is_collective(None)  # a DataModule used without a trainer

@@ -17,6 +17,8 @@ from litlab.data.folder import FileImages
 from litlab.data.loader import DeviceLoader, ResumableDataLoader, ShardSampler, reader_context
 from litlab.data.sources import Source, labels_of, stratified_indices
 from litlab.data.transforms import BatchTransform
+from litlab.distributed.agree import largest_on_any_rank
+from litlab.distributed.strategy import forward_is_collective
 from litlab.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -346,7 +348,8 @@ class DataModule(L.LightningDataModule):
         """LitData's loader: each rank and worker streams its own chunks. Training drops the
         last items so that every rank runs the same number of batches; evaluation reads every
         item once (the last rank takes the items left over from whole batches, so ranks may run
-        a different number of batches: no step of evaluation syncs)."""
+        a different number of batches: no step of evaluation syncs, but under FSDP each forward
+        does, and every rank then runs the largest number, the rest empty batches)."""
         from litlab.data.streaming import streaming_loader_class
 
         dataset, trainer = self.datasets[split], self.trainer
@@ -365,6 +368,7 @@ class DataModule(L.LightningDataModule):
             multiprocessing_context=reader_context(self.num_workers, "litdata"),
             trained=self._trained_batches() if train else None,
             epoch=(lambda: epoch_to_train(trainer)) if train and trainer is not None else None,
+            pad_to=None if train or not forward_is_collective(trainer) else largest_on_any_rank,
         )
 
     def _trained_batches(self) -> Callable[[], int] | None:

@@ -214,7 +214,10 @@ def streaming_loader_class() -> type:
         checkpoint written inside a batch, as Lightning's SLURM handler writes, holds a
         position one batch ahead, and the trainer runs that batch again), and refuses to
         continue an epoch on another number of ranks, workers or batch size (the rest of that
-        epoch would be another set of images)."""
+        epoch would be another set of images). ``pad_to``: an evaluation's batches on this rank
+        to the number every rank runs (given this rank's own, it answers the largest), the
+        rest empty batches, as a batch of unreadable files is (under FSDP each evaluation
+        forward is a collective: a rank with a batch more would wait for the others forever)."""
 
         def __init__(
             self,
@@ -222,6 +225,7 @@ def streaming_loader_class() -> type:
             *args: Any,
             trained: Callable[[], int] | None = None,
             epoch: Callable[[], int] | None = None,
+            pad_to: Callable[[int], int] | None = None,
             **kwargs: Any,
         ):
             # The workers' seeds from the rank's own "loader" stream: torch's DataLoader draws
@@ -233,6 +237,11 @@ def streaming_loader_class() -> type:
             super().__init__(dataset, *args, **kwargs)
             self._trained, self._epoch = trained, epoch
             self._continued = False  # a pass from a loaded state (load_state_dict) has begun
+            # asked once, on every rank together (the answer is a collective)
+            self._padded = pad_to(super().__len__()) if pad_to is not None else None
+
+        def __len__(self) -> int:
+            return super().__len__() if self._padded is None else self._padded
 
         def __iter__(self) -> Any:
             # LitData continues from a loaded state (`restore`) until a pass runs out; Lightning
@@ -243,7 +252,18 @@ def streaming_loader_class() -> type:
             self._continued = self.restore
             if not self.restore and self._epoch is not None:
                 self.current_epoch = self._epoch()  # LitData counts from 1: it adds 1 here
-            return super().__iter__()
+            if self._padded is None:
+                return super().__iter__()
+            return self._padded_pass()
+
+        def _padded_pass(self) -> Any:
+            count = 0
+            for batch in super().__iter__():
+                count += 1
+                yield batch
+            empty = (torch.empty(0), torch.empty(0, dtype=torch.long), 0)  # skip_unreadable's
+            for _ in range(self._padded - count):
+                yield empty
 
         def load_state_dict(self, state: dict[str, Any]) -> None:
             saved = state["dataset"]

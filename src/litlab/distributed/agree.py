@@ -70,3 +70,15 @@ class AnyRank:
     def settle(self) -> None:
         """Wait for a flag still being handed over and forget it (the loop ended)."""
         self._pending()
+
+
+def largest_on_any_rank(value: int) -> int:
+    """The largest of every rank's ``value``: a collective, which every rank calls together."""
+    _, world = rank_and_world()
+    if world == 1:
+        return value
+    cuda = dist.get_backend() == "nccl"  # NCCL reduces device tensors only
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    largest = torch.tensor([value], device=device)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return int(largest.item())

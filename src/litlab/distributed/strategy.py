@@ -113,3 +113,14 @@ def fsdp_strategy(wrap: Sequence[str] = (), state_dict_type: str = "full", **kwa
 
     classes = {get_class(name, "trainer.strategy.wrap") for name in wrap}
     return FSDPStrategy(auto_wrap_policy=classes or None, state_dict_type=state_dict_type, **kwargs)
+
+
+def forward_is_collective(trainer: Any) -> bool:
+    """Whether each forward pass of the model is a collective of every rank (FSDP gathers each
+    wrapped block's parameters as it runs): every rank must then run as many evaluation
+    batches as the others. Under DDP an evaluation forward syncs nothing."""
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    strategy = getattr(trainer, "strategy", None)
+    many = trainer is not None and trainer.world_size > 1
+    return many and isinstance(strategy, FSDPStrategy | ModelParallelStrategy)

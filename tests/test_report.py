@@ -368,3 +368,18 @@ def test_fids_rank_only_against_fids_of_the_same_extractor_and_n(tmp_path, capsy
     # the sweep's own summary (litlab.sweep) picks the same best
     assert Path(best_job(read_jobs(tmp_path / "runs"))["job_dir"]).name == "1"
     assert "- **Varied:** model.optimizer_g.lr" in md
+
+
+def test_a_tuned_runs_parameters_are_the_values_it_trained_with(tmp_path):
+    """tune.batch_size=true trains at the batch size found, which no override gives: the sweep
+    plots and the varied keys take it from summary.json's "tuned"."""
+    from litlab.report.compare import numeric_params, varied_params
+
+    done = {"status": "completed", "metrics": {"val/acc": 0.5}}
+    write_run(tmp_path / "a", done, ["data.batch_size=64"])
+    write_run(tmp_path / "b", {**done, "tuned": {"batch_size": 256, "lr": 0.01}}, ["tune=default"])
+    runs = {run.name: run for run in find_runs([tmp_path])}
+    assert runs["b"].params["data.batch_size"] == "256"
+    assert runs["b"].params["model.optimizer.lr"] == "0.01"
+    varied = varied_params(list(runs.values()))
+    assert "data.batch_size" in numeric_params(list(runs.values()), varied)

@@ -6,6 +6,10 @@ from __future__ import annotations
 # .hydra/overrides.yaml: litlab.resume writes and applies it, litlab.report shows it.
 RESUME_OVERRIDES = "resume_overrides.yaml"
 
+# What the finders (tune.batch_size, tune.lr) set, by switch: litlab.tune writes the values found
+# into the config (and summary.json's "tuned"), never given on the command line too.
+TUNED_KEYS = {"batch_size": "data.batch_size", "lr": "model.optimizer.lr"}
+
 
 def override_key(override: str) -> str | None:
     """The key of a ``key=value``, ``+key=value`` or ``~key`` override; None for other forms."""

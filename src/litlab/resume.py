@@ -28,9 +28,8 @@ from litlab.compat import epochs_trained
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, CheckpointError, ConfigError, fail
-from litlab.overrides import RESUME_OVERRIDES, merged_overrides
+from litlab.overrides import RESUME_OVERRIDES, TUNED_KEYS, merged_overrides
 from litlab.run import COMPLETED, TRAINED, Run, config_digest, read_summary
-from litlab.tune import TUNED_KEYS
 
 log = logging.getLogger("litlab")
 

@@ -26,7 +26,7 @@ from litlab.callbacks.monitor import GB, rss_gb
 from litlab.config import build
 from litlab.distributed import launched_processes
 from litlab.errors import ConfigError, OutOfMemory
-from litlab.overrides import override_key
+from litlab.overrides import TUNED_KEYS, override_key
 
 log = logging.getLogger("litlab")
 
@@ -73,7 +73,6 @@ ONE_DEVICE = (
     "found"
 )
 # What each finder writes into the config.
-TUNED_KEYS = {"batch_size": "data.batch_size", "lr": "model.optimizer.lr"}
 
 
 def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from litlab.overrides import RESUME_OVERRIDES, merged_overrides, override_key
+from litlab.overrides import RESUME_OVERRIDES, TUNED_KEYS, merged_overrides, override_key
 
 SUMMARY = "summary.json"
 OVERRIDES = Path(".hydra") / "overrides.yaml"
@@ -144,8 +144,15 @@ class RunFolder:
 
     @property
     def params(self) -> dict[str, str]:
-        """Overrides as key -> value text (a leading + or ++ dropped)."""
-        return {override_key(o): o.split("=", 1)[1] for o in self.overrides if "=" in o}
+        """Overrides as key -> value text (a leading + or ++ dropped), and the values that the
+        finders chose (``tuned`` in summary.json: tune.batch_size=true trained at the batch
+        size found, which no override gives)."""
+        params = {override_key(o): o.split("=", 1)[1] for o in self.overrides if "=" in o}
+        tuned = self.summary.get("tuned")
+        for name, key in TUNED_KEYS.items():
+            if isinstance(tuned, dict) and tuned.get(name) is not None:
+                params[key] = str(tuned[name])
+        return params
 
     @cached_property
     def curves(self) -> dict[str, Curve]:

@@ -314,6 +314,8 @@ def test_streaming_config_mistakes_are_one_clear_line(converted, tmp_path):
         setup("data.num_classes=3", "data.train_fraction=0.5")
     with pytest.raises(ConfigError, match=re.escape("data.loader=auto")):
         setup("data.num_classes=3", "data.loader=device")
+    with pytest.raises(ConfigError, match="shuffle_window must be a number of items above 1"):
+        setup("data.num_classes=3", "data.source.shuffle_window=1")
     with pytest.raises(DataError, match=re.escape("python -m litlab.data.optimize")):
         build(
             make_cfg(
@@ -835,3 +837,86 @@ def test_evaluation_batches_are_padded_where_each_forward_is_a_collective_only()
     assert not forward_is_collective(trainer(FSDPStrategy(), world_size=1))
     assert not forward_is_collective(trainer(DDPStrategy()))  # an evaluation forward syncs nothing
     assert not forward_is_collective(None)  # a DataModule used without a trainer
+
+
+@pytest.fixture(scope="module")
+def one_chunk(tmp_path_factory) -> Path:
+    """600 small PNGs converted into one chunk per split (420 training images)."""
+    root = tmp_path_factory.mktemp("many")
+    write_png_folder(root, per_class=200)
+    dst = tmp_path_factory.mktemp("one_chunk")
+    convert(root, str(dst), test_fraction=0.2, val_fraction=0.1, workers=1)
+    return dst
+
+
+def stored_positions(dst: Path) -> dict[bytes, int]:
+    """Each training image's place in its chunk, by its pixels."""
+    from litlab.data.streaming import Streaming
+
+    dataset = Streaming(str(dst), size=8).load("train")
+    return {fingerprint(image): i for i, (image, _) in enumerate(dataset)}
+
+
+def training_batches(dst: Path, epoch: int) -> list:
+    from litlab.data.streaming import Streaming
+
+    dataset = Streaming(str(dst), size=8).load("train")
+    dataset.seed = 3
+    loader = streaming_loader_class()(
+        dataset,
+        batch_size=128,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=lambda items: [fingerprint(image) for image, _ in items],
+        epoch=lambda: epoch,
+    )
+    return list(loader)
+
+
+def test_a_streamed_batch_draws_from_the_whole_chunk_not_a_fixed_block(one_chunk):
+    """LitData's default in-chunk shuffle permutes aligned blocks of 256 items: every batch of
+    128 took its images from one block, the same groups of images every epoch. In blocks of 32
+    now, four random ones to a batch: most batches span two blocks of 256 (4 of 14 blocks of 32
+    lie in one of them 8% of the time)."""
+    assert len(list((one_chunk / "train").glob("*.bin"))) == 1
+    place = stored_positions(one_chunk)
+    batches = training_batches(one_chunk, 0) + training_batches(one_chunk, 1)
+    spanning = [len({place[image] // 256 for image in batch}) > 1 for batch in batches]
+    assert len(batches) == 6 and sum(spanning) >= 4, spanning
+
+
+def test_an_epoch_stopped_with_litdatas_default_window_continues_with_it(one_chunk):
+    """A mid-epoch checkpoint of a run from before (LitData's window of 256 items) continues
+    that epoch as it would have gone on (LitData refused the state: ValueError)."""
+    import litdata as ld
+
+    def old_loader():
+        dataset = ld.StreamingDataset(join(str(one_chunk), "train"), transform=DecodeImage(8, 3))
+        dataset.seed = 3
+        return streaming_loader_class()(
+            dataset,
+            batch_size=64,
+            shuffle=True,
+            drop_last=True,
+            collate_fn=lambda items: [fingerprint(image) for image, _ in items],
+        )
+
+    loader = old_loader()
+    batches = iter(loader)
+    next(batches)
+    state = loader.state_dict()
+    rest = list(batches)
+    assert state["dataset"]["item_shuffle_window"] == 256
+    from litlab.data.streaming import Streaming
+
+    dataset = Streaming(str(one_chunk), size=8).load("train")
+    dataset.seed = 3
+    resumed = streaming_loader_class()(
+        dataset,
+        batch_size=64,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=lambda items: [fingerprint(image) for image, _ in items],
+    )
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest

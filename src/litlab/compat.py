@@ -126,6 +126,18 @@ def shuffle_as_on_a_local_disk(dataset: Any) -> None:
         dataset.posix_fast = dataclasses.replace(profile, kind="posix")
 
 
+def continue_item_shuffle_window(dataset: Any, saved: dict[str, Any]) -> None:
+    """A LitData ``StreamingDataset`` continuing an epoch that a checkpoint stopped, with the
+    in-chunk shuffle window that epoch had (its state's ``item_shuffle_window``; litlab shuffles
+    whole chunks since 2026-12-04, LitData's default before). LitData refuses a state of another
+    window (``ValueError``), and forced, it would repeat or skip items of that epoch. Its window
+    is private (``_item_shuffle_window``); the run goes on with the checkpoint's window."""
+    from litdata.streaming.shuffle import resolve_item_shuffle_window
+
+    if "item_shuffle_window" in saved:
+        dataset._item_shuffle_window = resolve_item_shuffle_window(saved["item_shuffle_window"])
+
+
 def batches_done_this_epoch(trainer: L.Trainer) -> int:
     """How many of the current training epoch's batches a resumed run has already trained:
     0 at an epoch's start (a new run, or one resumed from an epoch's end). Lightning keeps it in

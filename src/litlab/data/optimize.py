@@ -112,8 +112,9 @@ def source_splits(
 
 def shuffled(items: list[Item]) -> list[Item]:
     """The items in a fixed random order. Folders list their images class by class, and LitData
-    shuffles the order of chunks and then items only within a window (256): written in folder
-    order, a chunk would hold one or two classes and so would every training batch."""
+    shuffles the order of chunks and then items only within blocks of a chunk (of 32 items:
+    streaming.ITEM_SHUFFLE_WINDOW): written in folder order, a chunk would hold one or two
+    classes and so would every training batch."""
     order = torch.randperm(len(items), generator=torch.Generator().manual_seed(0))
     return [items[i] for i in order.tolist()]
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from litlab import rng
-from litlab.compat import shuffle_as_on_a_local_disk
+from litlab.compat import continue_item_shuffle_window, shuffle_as_on_a_local_disk
 from litlab.data.folder import check_decode, check_decoded_shape, worker_item
 from litlab.data.sources import Source
 from litlab.distributed.agree import rank_and_world
@@ -127,13 +127,23 @@ def read_labels(
     return labels if len(labels) == record["count"] else None
 
 
+# LitData shuffles a chunk's items as aligned blocks of this many, in a new order each epoch,
+# and each block's items among themselves (data.source.shuffle_window). Its default, 256, made a
+# batch of 128 or 256 take its images from one block: the same groups of images every epoch.
+# Reading jumps between blocks cost time (LitData 0.2.76; docs/benchmarks.md, 2 CPU cores): a
+# whole-chunk permutation read 4.3-5.4x slower than blocks of 256, blocks of 32 1.11-1.15x. So 32:
+# a batch of 128 mixes four groups of 32 in another combination every epoch.
+ITEM_SHUFFLE_WINDOW = 32
+
+
 class Streaming(Source):
     """A dataset converted by ``python -m litlab.data.optimize``, streamed from ``input_dir``
     (a local folder or an ``s3://``, ``gs://``, ``azure://`` URL) with LitData. Remote chunks are
     cached under ``cache_dir`` (LitData's default when null), at most ``max_cache_size`` of them
     (e.g. "50GB"). Credentials come from the environment (``~/.aws``, AWS_* variables, ...) as
     LitData and boto3 read them; nothing here takes or logs a secret. ``decode``: "workers"
-    (PIL in the loader's workers) or "device" (JPEGs a batch at a time on the run's device)."""
+    (PIL in the loader's workers) or "device" (JPEGs a batch at a time on the run's device).
+    ``shuffle_window``: a chunk's items are shuffled as blocks of this many (ITEM_SHUFFLE_WINDOW)."""
 
     name = "streaming"
 
@@ -151,10 +161,18 @@ class Streaming(Source):
         cache_dir: str | None = None,
         max_cache_size: str | None = None,
         decode: str = "workers",
+        shuffle_window: int | str = ITEM_SHUFFLE_WINDOW,
     ) -> None:
         check_decoded_shape(size, channels)
         check_decode(decode)
-        self.decode = decode
+        if not (
+            shuffle_window == "full" or (isinstance(shuffle_window, int) and shuffle_window > 1)
+        ):
+            raise ConfigError(
+                f"data.source.shuffle_window must be a number of items above 1 or full, got "
+                f"{shuffle_window!r}"
+            )
+        self.decode, self.shuffle_window = decode, shuffle_window
         self.input_dir = str(input_dir)
         self.size, self.channels = size, channels
         self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
@@ -185,6 +203,7 @@ class Streaming(Source):
                 cache_dir=self.cache_dir and join(self.cache_dir, split),
                 max_cache_size=self.max_cache_size,
                 transform=DecodeImage(self.size, self.channels, self.decode == "device"),
+                item_shuffle_window=self.shuffle_window,
             )
         except (FileNotFoundError, ValueError) as e:  # a split folder or its index missing
             if isinstance(e, ValueError) and "index.json" not in str(e):
@@ -278,6 +297,7 @@ def streaming_loader_class() -> type:
                 )
             if self._trained is not None:
                 state = _rewound(state, self._trained(), world_size)
+            continue_item_shuffle_window(self.dataset, saved)  # a checkpoint's from before
             super().load_state_dict(state)
 
     return StreamingLoader

@@ -510,3 +510,15 @@ def streamed_evaluation_under_fsdp(rank: int, world: int, init_file: str, out: s
         {"counts": counts, "batches": batches, "seen": seen, "empty": empty}, f"{out}/rank{rank}.pt"
     )
     dist.destroy_process_group()
+
+
+def claim_run_folder(barrier: Any, queue: Any, base: str, attempt: int) -> None:
+    """A run of a SLURM job (job 77, ``attempt``) asking for its run folder when another does
+    (test_distributed: `python train.py ... &` twice in one batch script)."""
+    import os
+
+    os.environ.update(SLURM_JOB_ID="77", SLURM_JOB_NAME="train", SLURM_RESTART_COUNT=str(attempt))
+    from litlab.resume import run_dir
+
+    barrier.wait()
+    queue.put(run_dir(base, "d/t"))

@@ -168,6 +168,31 @@ SLURM_VARS = (
 )
 
 
+def test_runs_of_one_slurm_job_started_at_once_take_a_folder_each(tmp_path):
+    """Two runs of a batch script started together (`python train.py seed=1 & python train.py
+    seed=2 &`) each take their own folder, in the first attempt and when requeued (before: both
+    could see the folder free and share it, checkpoints and summary, in 4 pairs of 20)."""
+    import multiprocessing as mp
+
+    from helpers import claim_run_folder
+
+    context = mp.get_context("fork")  # (a run's imports done: the two ask at the same moment)
+    for trial in range(10):
+        base = str(tmp_path / str(trial))
+        for attempt in (0, 1):
+            barrier, queue = context.Barrier(2), context.Queue()
+            runs = [
+                context.Process(target=claim_run_folder, args=(barrier, queue, base, attempt))
+                for _ in range(2)
+            ]
+            for run in runs:
+                run.start()
+            folders = sorted(queue.get(timeout=120) for _ in runs)
+            for run in runs:
+                run.join()
+            assert folders == [f"{base}/slurm/77", f"{base}/slurm/77-1"], (trial, attempt)
+
+
 def test_run_folder_is_fixed_per_slurm_job_so_that_a_requeued_job_finds_it(monkeypatch, tmp_path):
     for var in SLURM_VARS:
         monkeypatch.delenv(var, raising=False)

@@ -336,9 +336,15 @@ def _claim_slurm_folder(base: str, job: str) -> str:
         if not folder.exists() or (taken is not None and taken < attempt):
             try:
                 folder.mkdir(parents=True, exist_ok=True)
-                claim.write_text(str(attempt))
+                # one run per folder and attempt, also for runs started at once (`python
+                # train.py ... &` twice in a script): creating this file is atomic
+                os.close(os.open(folder / f"{_CLAIM}-{attempt}", os.O_CREAT | os.O_EXCL))
+            except FileExistsError:  # another run of this attempt took it a moment ago
+                k += 1
+                continue
             except OSError:  # unwritable: the output-folder check says so in one line
-                pass
+                return str(folder)
+            claim.write_text(str(attempt))
             return str(folder)
         k += 1
 

@@ -13,9 +13,10 @@ from litlab.loggers import wandb_credentials, wandb_mode
 
 @pytest.fixture
 def no_wandb_env(monkeypatch, tmp_path):
-    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_IDENTITY_TOKEN_FILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     return tmp_path / "netrc"
 
 
@@ -36,6 +37,36 @@ def test_api_key_or_netrc_means_online(no_wandb_env, monkeypatch):
     assert wandb_credentials() and wandb_mode("auto") == "online"
     monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")
     assert not wandb_credentials()  # a key for another host does not count
+
+
+def netrc_entry(path, host: str) -> None:
+    path.write_text(f"machine {host}\n  login user\n  password " + "y" * 40 + "\n")
+    path.chmod(0o600)
+
+
+@pytest.mark.parametrize("host", ["api.wandb.ai", "api.forge.coreweave.com"])
+def test_a_key_saved_by_wandb_login_is_found_as_wandb_finds_it(no_wandb_env, tmp_path, host):
+    """`wandb login` of wandb 0.31 saves the key under api.forge.coreweave.com, its default
+    host; litlab looked for api.wandb.ai alone and logged such a user's runs offline, silently.
+    Whatever wandb itself finds counts, and nothing else: a key saved by `wandb login --host` for
+    a server of its own, the identity-token login."""
+    from wandb.sdk.lib.wbauth import wbnetrc
+    from wandb.sdk.lib.wbauth.host_url import HostUrl
+
+    netrc_entry(no_wandb_env, host)
+    assert wbnetrc.read_netrc_auth(host=HostUrl("https://api.forge.coreweave.com"))  # wandb's
+    assert wandb_credentials() and wandb_mode("auto") == "online"
+    settings = tmp_path / "wandb-config" / "settings"  # `wandb login --host <url>`
+    settings.parent.mkdir()
+    settings.write_text("[default]\nbase_url = https://wandb.example.org\n")
+    assert not wandb_credentials()  # the key is another server's
+    netrc_entry(no_wandb_env, "wandb.example.org")
+    assert wandb_credentials()
+
+
+def test_an_identity_token_file_means_online(no_wandb_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_IDENTITY_TOKEN_FILE", str(tmp_path / "token"))
+    assert wandb_mode("auto") == "online"
 
 
 def test_wandb_mode_env_wins(no_wandb_env, monkeypatch):

@@ -6,6 +6,7 @@ wandb itself is imported only when a W&B logger is actually built.
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import logging
 import netrc
@@ -36,16 +37,41 @@ Mode = Literal["auto", "online", "offline", "disabled"]
 CSVLogger = AppendingCSVLogger
 
 
+# The hosts of W&B's cloud: `wandb login` saves its key under the default one of the wandb
+# release that ran it (api.wandb.ai until 0.2x, the CoreWeave host since), and wandb finds a key
+# saved under either.
+WANDB_CLOUD_HOSTS = ("api.wandb.ai", "api.forge.coreweave.com")
+
+
+def wandb_settings_file() -> Path:
+    """W&B's own settings file (where `wandb login --host` saves its server's URL)."""
+    config_dir = os.environ.get("WANDB_CONFIG_DIR")
+    folder = Path(config_dir).expanduser() if config_dir else Path("~/.config/wandb").expanduser()
+    return folder / "settings"
+
+
 def wandb_credentials() -> bool:
-    """True when W&B has an API key: WANDB_API_KEY or a netrc entry for the W&B host."""
-    if os.environ.get("WANDB_API_KEY"):
+    """Whether W&B has credentials, found where wandb.init finds them, without importing wandb
+    (runs that log elsewhere must work where it is not installed): WANDB_API_KEY or
+    WANDB_IDENTITY_TOKEN_FILE; else the server's URL (WANDB_BASE_URL, or the one saved by
+    `wandb login --host`, or W&B's cloud) and a netrc entry for it, or an API key in W&B's
+    settings file. Without them W&B would ask for a key (online, in a terminal) or fail."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    saved = configparser.ConfigParser()
+    with contextlib.suppress(OSError, configparser.Error):
+        saved.read(wandb_settings_file())
+    section = saved["default"] if saved.has_section("default") else {}
+    if section.get("api_key"):
+        return True
+    base_url = os.environ.get("WANDB_BASE_URL") or section.get("base_url")
+    hosts = [urlparse(base_url).hostname] if base_url else WANDB_CLOUD_HOSTS
     path = os.environ.get("NETRC", os.path.expanduser("~/.netrc"))
     try:
-        return netrc.netrc(path).authenticators(host) is not None
+        entries = netrc.netrc(path)
     except (OSError, netrc.NetrcParseError):
         return False
+    return any(entries.authenticators(host) is not None for host in hosts if host)
 
 
 def wandb_mode(requested: Mode) -> str:

@@ -25,6 +25,7 @@ from conftest import (
     bare_trainer,
     make_cfg,
     needs_fashion,
+    refused,
     run_cli,
     summary_of,
     write_idx_dataset,
@@ -117,6 +118,27 @@ def test_wandb_offline_run_holds_the_config(tmp_path):
     assert {"train/loss_step", "val/acc", "test/acc", "trainer/global_step"} <= logged
     assert record["summary"]["test/acc"] > 0.5
     assert (Path(cfg.paths.output_dir) / "csv" / "metrics.csv").is_file()  # CSV always
+    assert record["exit_code"] == 0
+
+
+def test_a_failed_run_ends_its_wandb_run_as_failed(tmp_path, capsys):
+    """A run stopped by an error (here the divergence guard) ends its W&B run with exit code 1,
+    which the dashboard shows as failed (before: 0, "finished", beside summary.json's failed)."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "logger=wandb",
+            "trainer.max_epochs=1",
+            "callbacks.divergence_guard.check_every_n_steps=1",
+            "+callbacks.nan._target_=helpers.InjectNaN",
+            "+callbacks.nan.at_batch=3",
+            "+callbacks.nan.module=net",
+            *FAST,
+        ],
+    )
+    refused(capsys, train_task, cfg, "training diverged")
+    (run,) = (Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*")
+    assert offline_run(run)["exit_code"] == 1
 
 
 def test_tensorboard_and_no_logger(tmp_path):

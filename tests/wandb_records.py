@@ -68,4 +68,6 @@ def offline_run(run_dir: Path) -> dict[str, Any]:
             )
         elif kind == "history":
             info["history"].append({_key(i): json.loads(i.value_json) for i in record.history.item})
+        elif kind == "exit":  # how the run ended: W&B shows a non-zero code as failed
+            info["exit_code"] = record.exit.exit_code
     return info

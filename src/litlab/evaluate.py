@@ -65,13 +65,17 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     # way; the others are not built (their classes may not be importable here).
     callbacks = build_list(eval_callbacks(stored.get("callbacks")), "callbacks")
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
+    failed = False
     try:
         with run.phase("test"):
             trainer.test(model, datamodule=datamodule)
         run.record_metrics(trainer.callback_metrics)
         run.summary["data"] = datamodule.report()  # the images tested, the files skipped
+    except Exception:
+        failed = True
+        raise
     finally:
-        finish_loggers(trainer.loggers)
+        finish_loggers(trainer.loggers, failed)
     if cfg.get("generate"):
         folder = Path(cfg.paths.output_dir) / "generated"
         with run.phase("generate"):

@@ -197,8 +197,10 @@ def wandb_logger(
     return logger
 
 
-def finish_loggers(loggers: list[Logger]) -> None:
-    """Close W&B runs (so the next multirun job gets its own) and say how to sync offline ones.
+def finish_loggers(loggers: list[Logger], failed: bool = False) -> None:
+    """Close W&B runs (so the next multirun job gets its own) and say how to sync offline ones;
+    ``failed``: the run ended with an error (a divergence, out of memory, bad data), which W&B
+    then shows (exit code 1; wandb's own exit hook, which would say so, comes too late).
 
     A W&B run that cannot be closed (its service process was ended by the same signal that
     stopped the run, as SLURM and `kill` of a process group do) is reported in one line: it
@@ -210,7 +212,7 @@ def finish_loggers(loggers: list[Logger]) -> None:
             offline = getattr(run.settings, "mode", "") in ("offline", "dryrun")
             sync_dir = getattr(run.settings, "sync_dir", None)
             try:
-                run.finish()
+                run.finish(exit_code=1 if failed else 0)
             except Exception as e:  # wandb raises ConnectionResetError, CommError, ...
                 log.warning(
                     "W&B could not close its run (%s); what it logged is kept", first_line(e)

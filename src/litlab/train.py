@@ -87,7 +87,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     trainer = build_trainer(cfg, model, tuned)
     run.summary["world_size"] = trainer.world_size
 
-    preempted = False
+    preempted = failed = False
     try:
         with ranks_run_this_job(cfg, trainer):
             if cfg.get("train"):
@@ -112,9 +112,12 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     except SIGTERMException:
         preempted = True
         raise
+    except Exception:
+        failed = True
+        raise
     finally:
         record_performance(trainer, datamodule, run)
-        finish_loggers(trainer.loggers)
+        finish_loggers(trainer.loggers, failed)
         if preempted:  # checkpoint saved, loggers closed: a cluster scheduler may requeue now
             hand_over_preemption(trainer)
     return run.summary["metrics"]

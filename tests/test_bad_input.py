@@ -121,6 +121,14 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             ],
             "set trainer.max_epochs to a multiple of 2, or keep callbacks.model_checkpoint",
         ),
+        (  # never validated: no objective, early stopping never acts
+            [
+                "callbacks=early_stopping",
+                "trainer.max_epochs=2",
+                "trainer.check_val_every_n_epoch=3",
+            ],
+            "set trainer.check_val_every_n_epoch to at most 2",
+        ),
         (  # no length for it (torch's T_max=-1 would cycle the LR up and down)
             ["model/scheduler=cosine", "model.scheduler_interval=epoch", "trainer.max_epochs=-1"],
             "set trainer.max_epochs (or trainer.max_steps)",

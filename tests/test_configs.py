@@ -303,3 +303,20 @@ def test_your_own_net_must_be_named(tmp_path):
     cfg = make_cfg(tmp_path, ["model/net=custom"])
     with pytest.raises(ConfigError, match=r"model.net._target_ must be set"):
         check_all(cfg)
+
+
+def test_epochs_that_train_after_the_last_validation_are_named(tmp_path, caplog):
+    """best.ckpt (what the test measures) cannot come from epochs trained after the last
+    validation: the run says how many there are (check_val_every_n_epoch=2, max_epochs=3)."""
+    from litlab.config import check_objective
+
+    cfg = make_cfg(tmp_path, ["trainer.max_epochs=3", "trainer.check_val_every_n_epoch=2"])
+    with caplog.at_level("WARNING", logger="litlab"):
+        check_objective(cfg)
+    assert "the last 1 epoch(s) train without validation" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="litlab"):
+        check_objective(
+            make_cfg(tmp_path, ["trainer.max_epochs=4", "trainer.check_val_every_n_epoch=2"])
+        )
+    assert "without validation" not in caplog.text

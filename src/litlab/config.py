@@ -383,6 +383,32 @@ def check_objective(cfg: DictConfig) -> None:
         isinstance(every, int) and isinstance(epochs, int) and epochs > 0 and epochs % every
     )
     by_epochs = (cfg.trainer.get("max_steps") or -1) < 0  # (max_steps may end it elsewhere)
+    if validates and by_epochs and isinstance(every, int) and isinstance(epochs, int):
+        never = (
+            f"trainer.check_val_every_n_epoch={every} is above trainer.max_epochs={epochs}: "
+            "the run never validates (no objective, no best checkpoint"
+        )
+        if 0 < epochs < every and callbacks.get("early_stopping"):
+            raise ConfigError(
+                f"{never}, and callbacks.early_stopping never acts); set "
+                f"trainer.check_val_every_n_epoch to at most {epochs}"
+            )
+        if 0 < epochs < every:
+            logging.getLogger("litlab").warning(
+                "%s); +trainer.limit_val_batches=0 says so, or set "
+                "trainer.check_val_every_n_epoch to at most %d",
+                never,
+                epochs,
+            )
+        if monitored and ends_unvalidated:
+            logging.getLogger("litlab").warning(
+                "trainer.max_epochs=%d is not a multiple of trainer.check_val_every_n_epoch=%d: "
+                "the last %d epoch(s) train without validation, so best.ckpt (what the test "
+                "measures) cannot be one of them",
+                epochs,
+                every,
+                epochs % every,
+            )
     if not monitored and validates and ends_unvalidated and by_epochs:
         raise ConfigError(
             f"no best checkpoint is kept, so the objective is the last validation's {metric}; "

@@ -295,6 +295,19 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
         needle = f"has already trained 2 epochs and trainer.max_epochs={epochs}"
         refused(capsys, train_task, past_end, needle)
         assert last.read_bytes() == written and summary.read_bytes() == summarized
+    # resumed on other data (it continued digits' optimizer, schedule and epochs on them)
+    other_data = make_cfg(
+        tmp_path,
+        [
+            *tiny,
+            f"ckpt_path={last}",
+            "trainer.max_epochs=3",
+            "data=synthetic",
+            "data.image_shape=[1,8,8]",
+        ],
+    )
+    refused(capsys, train_task, other_data, "trained on other data (data.source._target_:")
+    assert last.read_bytes() == written and summary.read_bytes() == summarized
     # resumed with optimizer settings that the restored optimizer state would override
     new_lr = make_cfg(
         tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.optimizer.lr=0.03"]

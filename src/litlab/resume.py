@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.compat import epochs_trained
@@ -239,6 +239,13 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
         )
     if not cfg.get("train"):  # tested only: nothing is restored for training
         return
+    data = _changed_data(stored_config(checkpoint, path).get("data") or {}, cfg.data)
+    if data:
+        raise CheckpointError(
+            f"{path} trained on other data ({'; '.join(data)}): a resumed run continues the "
+            "same training (its optimizer state, LR schedule and epoch count); resume with the "
+            "run's data, or start a new run"
+        )
     changed = _changed_optimization(stored, cfg.model)
     if changed:
         raise CheckpointError(
@@ -252,6 +259,25 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             f"{path} has already trained {done} epochs and trainer.max_epochs={max_epochs}; "
             f"set trainer.max_epochs above {done} to train further"
         )
+
+
+# What says which data a run learns from (not how it is batched or loaded).
+_DATA_KEYS = ("source._target_", "image_shape", "num_classes", "mean", "std")
+
+
+def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:
+    """The data settings that differ between a checkpoint's run and this one, as
+    "data.<key>: <then> -> <now>" (data=fashion_mnist on a digits run's checkpoint)."""
+    changes = []
+    for key in _DATA_KEYS:
+        then, new = OmegaConf.select(stored, key), OmegaConf.select(now, key)
+        then, new = (
+            OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig | ListConfig) else v
+            for v in (then, new)
+        )
+        if then is not None and then != new:
+            changes.append(f"data.{key}: {then} -> {new}")
+    return changes
 
 
 # Model settings that shape the optimizer's parameter groups, restored from the checkpoint.

@@ -153,6 +153,13 @@ def test_grid_sweep_jobs_are_grouped_w_and_b_runs(tmp_path):
     # The config is flat: every key is a column in the dashboard's table and parallel coordinates.
     assert sorted(r["config"]["model.optimizer.lr"] for r in records) == [0.001, 0.003]
     assert "model" not in records[0]["config"]
+    # A job resumed (resume=<its folder>) stays in its sweep's group, under its id and name
+    # (before: its next part had no group).
+    job = sweep / "0"
+    resumed = run_cli(f"resume={job}", "trainer.max_epochs=2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    first, then = (offline_run(p) for p in sorted((job / "wandb").glob("offline-run-*")))
+    assert (then["id"], then["name"], then["group"]) == (first["id"], first["name"], first["group"])
 
 
 def test_run_folders_never_collide(tmp_path):

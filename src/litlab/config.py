@@ -42,8 +42,12 @@ def sweep_group() -> str | None:
 
     if not in_sweep():
         return None
-    sweep = Path(HydraConfig.get().sweep.dir)
-    return f"{HydraConfig.get().job.name}-{sweep.parent.name}_{sweep.name}"
+    return group_of_sweep(HydraConfig.get().job.name, Path(HydraConfig.get().sweep.dir))
+
+
+def group_of_sweep(job_name: str, sweep_dir: Path) -> str:
+    """The W&B group of the jobs of the sweep in ``sweep_dir`` (sweep_group)."""
+    return f"{job_name}-{sweep_dir.parent.name}_{sweep_dir.name}"
 
 
 def optuna_direction(mode: str) -> str:

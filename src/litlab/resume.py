@@ -25,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.compat import epochs_trained
+from litlab.config import group_of_sweep
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, CheckpointError, ConfigError, fail
@@ -129,10 +130,14 @@ def resume_argv(argv: list[str]) -> list[str]:
             args.append(f"+logger.wandb.id={run_id}")
         hydra_file = folder / ".hydra" / "hydra.yaml"
         if hydra_file.is_file():  # keep the run's name: what the original command changed
-            original = yaml.safe_load(hydra_file.read_text())["hydra"]["job"].get(
-                "override_dirname", ""
-            )
+            hydra = yaml.safe_load(hydra_file.read_text())["hydra"]
+            original = hydra["job"].get("override_dirname", "")
             args.append(f"logger.wandb.overrides='{original}'")
+            # and a sweep job's group (its sweep folder holds the job's: hydra.sweep.subdir)
+            grouped = config["logger"]["wandb"].get("group") == "${sweep_group:}"
+            if grouped and hydra.get("mode") == "MULTIRUN":
+                group = group_of_sweep(hydra["job"]["name"], folder.parent)
+                args.append(f"logger.wandb.group='{group}'")
     given = [arg for arg in argv[1:] if not arg.startswith("resume=")]
     overrides = [arg for arg in given if not arg.startswith("-")]  # not Hydra's own flags
     os.environ[_PENDING] = yaml.safe_dump({"folder": str(folder), "overrides": overrides})

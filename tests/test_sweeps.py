@@ -199,3 +199,23 @@ def test_a_multirun_of_jobs_without_an_objective_ends_without_an_error(tmp_path)
     SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
     summary = json.loads((tmp_path / "sweep_summary.json").read_text())
     assert summary["completed"] == 2 and summary["failed"] == [] and summary["best"] is None
+
+
+def test_a_sweep_inside_a_slurm_job_leaves_no_stray_run_folders(tmp_path, monkeypatch):
+    """Each job of a multirun in a SLURM allocation read hydra.run.dir, which claimed a run
+    folder (slurm/<job>, slurm/<job>-1, ...) that it never used: empty folders beside the sweep."""
+    for key, value in {"SLURM_JOB_ID": "999", "SLURM_JOB_NAME": "train"}.items():
+        monkeypatch.setenv(key, value)
+    result = run_cli(
+        "-m",
+        "seed=1,2",
+        "trainer.max_epochs=1",
+        "model.net.width=8",
+        "logger=csv",
+        *QUIET,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        f"paths.log_dir={tmp_path / 'logs'}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1"]
+    assert not (tmp_path / "logs").exists()

@@ -14,7 +14,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, read_write
 
-from litlab.compat import rank_watchers_with_grace
+from litlab.compat import config_node, rank_watchers_with_grace
 from litlab.distributed.launchers import launched_processes
 
 _LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -42,7 +42,9 @@ def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
     saved.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), saved)
     hydra_cfg = HydraConfig.get()
-    argv, run_dir = sys.argv[:], hydra_cfg.run.dir
+    # hydra.run.dir as written, not resolved: resolving it claims a run folder (run_dir, in a
+    # SLURM job: slurm/<job>[-k]), which this job does not use and would leave behind empty
+    argv, run_dir = sys.argv[:], config_node(hydra_cfg.run, "dir")._value()
     env = {k: os.environ.get(k) for k in _LAUNCH_ENV}
     sys.argv = [argv[0], f"--config-path={saved.parent}", "--config-name=ranks"]
     with read_write(hydra_cfg):

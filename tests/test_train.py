@@ -669,3 +669,29 @@ def test_a_folder_of_fashion_mnist_files_caches_the_very_pixels_and_labels_of_th
     assert torch.equal(cached.images, images[original])
     # the folders' sorted order is the source's label order: the same labels
     assert torch.equal(cached.labels, labels[original])
+
+
+@pytest.mark.parametrize(
+    ("limits", "recorded"),
+    [
+        (
+            [
+                "+trainer.limit_test_batches=0.5",
+                "+trainer.limit_val_batches=1",
+                "data.eval_batch_size=64",
+            ],
+            {"test": 0.5, "val": 1},
+        ),
+        (["+trainer.limit_val_batches=1.0", "+trainer.limit_test_batches=0"], None),
+    ],
+)
+def test_an_evaluation_of_part_of_a_split_says_so(tmp_path, caplog, limits, recorded):
+    """trainer.limit_test_batches=0.5: test/acc measured half of the test split while
+    summary.json counted all of it, and nothing said so. Now summary.json's evaluation_limits
+    and one warning; a whole split (1.0) or none (0) is not a part."""
+    cfg = make_cfg(tmp_path, ["logger=csv", "trainer.max_epochs=1", *limits, *FAST])
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary.get("evaluation_limits") == recorded
+    assert ("measure only these batches" in caplog.text) == (recorded is not None)

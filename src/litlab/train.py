@@ -142,6 +142,28 @@ def check(cfg: DictConfig, run: Run) -> None:
     check_plateau_mode(cfg)
     check_augmentation(cfg)
     check_precision(cfg)
+    limits = evaluation_limits(cfg)
+    if limits:
+        run.summary["evaluation_limits"] = limits
+
+
+def evaluation_limits(cfg: DictConfig) -> dict[str, Any]:
+    """trainer.limit_val_batches / limit_test_batches that evaluate part of a split (a fraction
+    or a number of batches; 0, off, is not part): what they are, for summary.json, and one
+    warning. val/* (the objective) and test/* then measure those batches only, while
+    summary.json's data.splits counts the whole splits."""
+    limits = {}
+    for split in ("val", "test"):
+        limit = cfg.trainer.get(f"limit_{split}_batches")
+        whole = isinstance(limit, float) and limit >= 1.0  # (an int counts batches: 1 is one)
+        if limit is not None and limit != 0 and not whole:
+            limits[split] = limit
+    if limits:
+        log.warning(
+            "%s: val/* and test/* measure only these batches of their splits (the objective too)",
+            ", ".join(f"trainer.limit_{split}_batches={limit}" for split, limit in limits.items()),
+        )
+    return limits
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:

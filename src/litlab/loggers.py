@@ -14,7 +14,7 @@ import os
 import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import Logger, WandbLogger
@@ -50,6 +50,14 @@ def wandb_settings_file() -> Path:
     return folder / "settings"
 
 
+def wandb_saved_settings() -> Any:
+    """The [default] section of W&B's settings file (empty where there is none)."""
+    saved = configparser.ConfigParser()
+    with contextlib.suppress(OSError, configparser.Error):
+        saved.read(wandb_settings_file())
+    return saved["default"] if saved.has_section("default") else {}
+
+
 def wandb_credentials() -> bool:
     """Whether W&B has credentials, found where wandb.init finds them, without importing wandb
     (runs that log elsewhere must work where it is not installed): WANDB_API_KEY or
@@ -58,10 +66,7 @@ def wandb_credentials() -> bool:
     settings file. Without them W&B would ask for a key (online, in a terminal) or fail."""
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
-    saved = configparser.ConfigParser()
-    with contextlib.suppress(OSError, configparser.Error):
-        saved.read(wandb_settings_file())
-    section = saved["default"] if saved.has_section("default") else {}
+    section = wandb_saved_settings()
     if section.get("api_key"):
         return True
     base_url = os.environ.get("WANDB_BASE_URL") or section.get("base_url")
@@ -98,6 +103,32 @@ def wandb_mode(requested: Mode) -> str:
     return mode
 
 
+def wandb_server() -> str:
+    """The URL of the W&B server that wandb.init would use (wandb imported: a run starts)."""
+    from wandb.sdk.lib.urls import DEFAULT_BASE_URL
+
+    base_url = os.environ.get("WANDB_BASE_URL") or wandb_saved_settings().get("base_url")
+    return base_url or DEFAULT_BASE_URL
+
+
+def unreachable(url: str, timeout: float = 5.0) -> str | None:
+    """Why the W&B server at ``url`` cannot be reached (no TCP connection within ``timeout``
+    seconds: a compute node without internet), or None. wandb would spend its init_timeout
+    (60 s) and about 10 s more before it gave up, at every run of a sweep. Behind a proxy
+    (HTTPS_PROXY, ...) the server is not dialed directly: None, and wandb's own timeout bounds."""
+    import socket
+
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
+        return None
+    parts = urlparse(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{parts.hostname}:{port} not reachable: {e.strerror or type(e).__name__}"
+    return None
+
+
 def split_overrides(text: str) -> list[str]:
     """Split Hydra's override_dirname ("a=1,b=[1,2]") at the commas outside brackets."""
     items, depth, current = [], 0, ""
@@ -120,18 +151,24 @@ class LitlabWandbLogger(WandbLogger):
     dashboard's table and parallel-coordinates views can use every key without editing.
     """
 
+    # W&B could not start online in this process: the next runs (a sweep's jobs, the parts
+    # of an eval) log offline at once instead of waiting for it again
+    _online_failed: ClassVar[str | None] = None
+
     @property
     @rank_zero_experiment
     def experiment(self) -> Any:
         init = wandb_init_arguments(self)
         if not wandb_started(self) and init.get("mode") == "online":
-            try:
-                return WandbLogger.experiment.fget(self)
-            except Exception as e:  # wandb raises CommError, UsageError, timeouts...
-                log.warning(
-                    "W&B could not start online (%s); logging offline instead", first_line(e)
-                )
-                init["mode"] = "offline"
+            why = LitlabWandbLogger._online_failed or unreachable(wandb_server())
+            if why is None:
+                try:
+                    return WandbLogger.experiment.fget(self)
+                except Exception as e:  # wandb raises CommError, UsageError, timeouts...
+                    why = first_line(e)
+            LitlabWandbLogger._online_failed = why
+            log.warning("W&B could not start online (%s); logging offline instead", why)
+            init["mode"] = "offline"
         return WandbLogger.experiment.fget(self)
 
     _lost = False  # W&B's service process has gone

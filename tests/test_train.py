@@ -695,3 +695,26 @@ def test_an_evaluation_of_part_of_a_split_says_so(tmp_path, caplog, limits, reco
     summary = summary_of(cfg)
     assert summary.get("evaluation_limits") == recorded
     assert ("measure only these batches" in caplog.text) == (recorded is not None)
+
+
+def test_a_nan_objective_without_a_best_checkpoint_is_a_divergence(tmp_path, capsys):
+    """callbacks.model_checkpoint=null: the objective is the final value; a NaN there was stored
+    as null and reported as "never logged; check objective.metric" (a config error in a sweep)."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "logger=csv",
+            "trainer.max_epochs=1",
+            "callbacks.model_checkpoint=null",
+            "objective=accuracy",
+            "objective.metric=val/loss",
+            "objective.mode=min",
+            "callbacks.divergence_guard=null",  # nothing watches the loss and weights
+            "+callbacks.nan._target_=helpers.InjectNaN",
+            "+callbacks.nan.at_batch=19",  # the epoch's last: the validation after it is NaN
+            "+callbacks.nan.module=net",
+            "+callbacks.nan.after_step=true",
+            *FAST,
+        ],
+    )
+    refused(capsys, train_task, cfg, "the objective val/loss is NaN: training diverged")

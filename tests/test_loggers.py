@@ -107,3 +107,26 @@ def test_wandb_mode_env_in_another_case_runs_and_a_wrong_one_is_one_line(
     monkeypatch.setenv("WANDB_MODE", "offlin")
     with pytest.raises(ConfigError, match="WANDB_MODE=offlin is not a W&B mode"):
         wandb_mode("auto")
+
+
+def test_only_an_unreachable_server_sends_the_later_runs_offline(
+    no_wandb_env, monkeypatch, tmp_path
+):
+    """A server that answers TCP but does not start the run (here: a socket that accepts and
+    says nothing, wandb's init_timeout 2 s) fails this run's online start only: the next run of
+    the process tries online again. An unreachable one is remembered (no probe, no wait)."""
+    import socket
+
+    from litlab.loggers import LitlabWandbLogger, wandb_logger
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    monkeypatch.setattr(LitlabWandbLogger, "_online_failed", None)
+    logger = wandb_logger(str(tmp_path / "a"), settings={"init_timeout": 2})
+    logger.experiment.finish()
+    assert LitlabWandbLogger._online_failed is None  # it may work next time
+    listener.close()  # now nothing listens there
+    logger = wandb_logger(str(tmp_path / "b"), settings={"init_timeout": 2})
+    logger.experiment.finish()
+    assert "not reachable" in LitlabWandbLogger._online_failed

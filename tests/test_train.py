@@ -703,13 +703,13 @@ def test_a_nan_objective_without_a_best_checkpoint_is_a_divergence(tmp_path, cap
     cfg = make_cfg(
         tmp_path,
         [
-            "logger=csv",
             "trainer.max_epochs=1",
             "callbacks.model_checkpoint=null",
             "objective=accuracy",
             "objective.metric=val/loss",
             "objective.mode=min",
             "callbacks.divergence_guard=null",  # nothing watches the loss and weights
+            "logger=wandb",
             "+callbacks.nan._target_=helpers.InjectNaN",
             "+callbacks.nan.at_batch=19",  # the epoch's last: the validation after it is NaN
             "+callbacks.nan.module=net",
@@ -718,3 +718,5 @@ def test_a_nan_objective_without_a_best_checkpoint_is_a_divergence(tmp_path, cap
         ],
     )
     refused(capsys, train_task, cfg, "the objective val/loss is NaN: training diverged")
+    (run,) = (Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*")
+    assert offline_run(run)["exit_code"] == 1  # W&B shows it failed too

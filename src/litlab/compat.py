@@ -128,10 +128,11 @@ def shuffle_as_on_a_local_disk(dataset: Any) -> None:
 
 def continue_item_shuffle_window(dataset: Any, saved: dict[str, Any]) -> None:
     """A LitData ``StreamingDataset`` continuing an epoch that a checkpoint stopped, with the
-    in-chunk shuffle window that epoch had (its state's ``item_shuffle_window``; litlab shuffles
-    whole chunks since 2026-12-04, LitData's default before). LitData refuses a state of another
-    window (``ValueError``), and forced, it would repeat or skip items of that epoch. Its window
-    is private (``_item_shuffle_window``); the run goes on with the checkpoint's window."""
+    in-chunk shuffle window that epoch had (its state's ``item_shuffle_window``: LitData's
+    default, 256, before 2026-12-04; litlab's data.source.shuffle_window since). LitData refuses
+    a state of another window (``ValueError``), and forced, it would repeat or skip items of that
+    epoch. Its window is private (``_item_shuffle_window``); the run goes on with the
+    checkpoint's window for its later epochs too."""
     from litdata.streaming.shuffle import resolve_item_shuffle_window
 
     if "item_shuffle_window" in saved:

@@ -399,7 +399,7 @@ def check_objective(cfg: DictConfig) -> None:
             )
         if 0 < epochs < every:
             logging.getLogger("litlab").warning(
-                "%s); +trainer.limit_val_batches=0 says so, or set "
+                "%s); ++trainer.limit_val_batches=0 says so, or set "
                 "trainer.check_val_every_n_epoch to at most %d",
                 never,
                 epochs,

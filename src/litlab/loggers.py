@@ -105,7 +105,10 @@ def wandb_mode(requested: Mode) -> str:
 
 def wandb_server() -> str:
     """The URL of the W&B server that wandb.init would use (wandb imported: a run starts)."""
-    from wandb.sdk.lib.urls import DEFAULT_BASE_URL
+    try:  # (private; wandb's default server moved from api.wandb.ai in 0.2x)
+        from wandb.sdk.lib.urls import DEFAULT_BASE_URL
+    except ImportError:
+        DEFAULT_BASE_URL = "https://api.wandb.ai"
 
     base_url = os.environ.get("WANDB_BASE_URL") or wandb_saved_settings().get("base_url")
     return base_url or DEFAULT_BASE_URL
@@ -151,8 +154,8 @@ class LitlabWandbLogger(WandbLogger):
     dashboard's table and parallel-coordinates views can use every key without editing.
     """
 
-    # W&B could not start online in this process: the next runs (a sweep's jobs, the parts
-    # of an eval) log offline at once instead of waiting for it again
+    # W&B's server could not be reached from this process: the next runs (a sweep's jobs)
+    # log offline at once instead of probing again
     _online_failed: ClassVar[str | None] = None
 
     @property
@@ -161,12 +164,14 @@ class LitlabWandbLogger(WandbLogger):
         init = wandb_init_arguments(self)
         if not wandb_started(self) and init.get("mode") == "online":
             why = LitlabWandbLogger._online_failed or unreachable(wandb_server())
+            # only an unreachable server is remembered: another failure (a timeout, a run id
+            # in use) may not repeat, and the next run tries online again
+            LitlabWandbLogger._online_failed = why
             if why is None:
                 try:
                     return WandbLogger.experiment.fget(self)
                 except Exception as e:  # wandb raises CommError, UsageError, timeouts...
                     why = first_line(e)
-            LitlabWandbLogger._online_failed = why
             log.warning("W&B could not start online (%s); logging offline instead", why)
             init["mode"] = "offline"
         return WandbLogger.experiment.fget(self)

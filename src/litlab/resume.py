@@ -244,7 +244,9 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
         )
     if not cfg.get("train"):  # tested only: nothing is restored for training
         return
-    data = _changed_data(stored_config(checkpoint, path).get("data") or {}, cfg.data)
+    data = _changed_data(
+        OmegaConf.create(stored_config(checkpoint, path).get("data") or {}), cfg.data
+    )
     if data:
         raise CheckpointError(
             f"{path} trained on other data ({'; '.join(data)}): a resumed run continues the "

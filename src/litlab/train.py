@@ -109,6 +109,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
                 run.record_metrics(trainer.callback_metrics)
+        # before the loggers close: a NaN or missing objective fails the W&B run too
+        objective_value(cfg, run, required=in_sweep())
     except SIGTERMException:
         preempted = True
         raise
@@ -241,7 +243,6 @@ def train_task(cfg: DictConfig) -> float | None:
     sweep = in_sweep()
     with Run(cfg, "train", keep_going=sweep) as run:
         train(cfg, run)
-        objective_value(cfg, run, required=sweep)
     return run.objective
 
 

@@ -40,7 +40,7 @@ def schedule_length(trainer: Any, interval: Interval) -> int:
     if max_steps is not None and max_steps >= 0:
         steps = stepping_batches(trainer)  # min(max_steps, the epochs' steps)
         batches = training_batches(trainer)
-        if not math.isinf(batches):
+        if batches and not math.isinf(batches):  # (limit_train_batches=0: none to count)
             per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
             reached = math.ceil(steps / per_epoch)
             epochs = reached if epochs is None or epochs < 0 else min(epochs, reached)

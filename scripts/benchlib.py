@@ -26,6 +26,7 @@ from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, TensorDataset
 
+from litlab.callbacks.preemption import fit_ends_after_this_batch
 from litlab.data import Synthetic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -255,15 +256,6 @@ class LoopTimer(Callback):
     def _done(trainer: L.Trainer) -> int:
         return trainer.fit_loop.epoch_loop.batch_progress.total.completed
 
-    @staticmethod
-    def _last_batch(trainer: L.Trainer) -> bool:
-        """Whether the batch that just ended is the fit's last (Lightning's own tests)."""
-        loop = trainer.fit_loop
-        if 0 <= loop.max_steps <= trainer.global_step:
-            return True
-        last_epoch = loop.max_epochs is not None and trainer.current_epoch + 1 >= loop.max_epochs
-        return last_epoch and loop.epoch_loop._num_ready_batches_reached()
-
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         LoopTimer.last, self.t0, self.end = {}, None, None
         if self.skip is None:
@@ -284,7 +276,7 @@ class LoopTimer(Callback):
     ) -> None:
         # a GAN's step returns {"d/loss": ..., "g/loss": ...}: the first. No sync but at the end.
         self.loss = next(iter(outputs.values())) if isinstance(outputs, dict) else outputs
-        if self._last_batch(trainer):
+        if fit_ends_after_this_batch(trainer):
             sync(pl_module.device)
             self.end = time.perf_counter(), self._done(trainer) + 1  # completed counts it after
 

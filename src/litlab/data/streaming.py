@@ -29,6 +29,7 @@ import torch
 
 from litlab import rng
 from litlab.compat import continue_item_shuffle_window, shuffle_as_on_a_local_disk
+from litlab.data.decode import skip_unreadable
 from litlab.data.folder import check_decode, check_decoded_shape, worker_item
 from litlab.data.sources import Source
 from litlab.distributed.agree import rank_and_world
@@ -280,9 +281,8 @@ def streaming_loader_class() -> type:
             for batch in super().__iter__():
                 count += 1
                 yield batch
-            empty = (torch.empty(0), torch.empty(0, dtype=torch.long), 0)  # skip_unreadable's
             for _ in range(self._padded - count):
-                yield empty
+                yield skip_unreadable([])  # an empty batch, as of files all unreadable
 
         def load_state_dict(self, state: dict[str, Any]) -> None:
             saved = state["dataset"]

@@ -82,29 +82,34 @@ def stepping_batches(trainer: L.Trainer) -> int:
     at each ``iter()``, which here would come after a resumed run restored them (RNGState) and
     shift every later draw (data order, augmentation, dropout).
     """
-    from lightning.pytorch.utilities.seed import isolate_rng
-
-    loop = getattr(trainer, "fit_loop", None)  # None: a stand-in with the count alone (benchmarks)
-    built = loop is None or loop._combined_loader is not None
-    with isolate_rng():
-        steps = int(trainer.estimated_stepping_batches)
-    if not built:
-        loop._combined_loader = None
-    return steps
+    with _train_loader_for_counting(trainer):
+        return int(trainer.estimated_stepping_batches)
 
 
 def training_batches(trainer: L.Trainer) -> float:
     """``trainer.num_training_batches``, an epoch's batches, before the fit has built its loader
     (as ``stepping_batches``: built, counted and dropped); inf for a loader without a length.
     Lightning counts them for ``estimated_stepping_batches`` except when max_epochs is -1."""
+    with _train_loader_for_counting(trainer) as loop:
+        if math.isinf(trainer.num_training_batches) and loop._combined_loader is None:
+            loop.setup_data()
+    return trainer.num_training_batches
+
+
+@contextmanager
+def _train_loader_for_counting(trainer: L.Trainer) -> Iterator[Any]:
+    """The fit loop (None: a benchmark's stand-in with the counts alone), for a block that may
+    build the train loader to count its batches: a loader built there is dropped after it
+    (private ``fit_loop._combined_loader``), and the global random generators are left as they
+    were (see ``stepping_batches``)."""
     from lightning.pytorch.utilities.seed import isolate_rng
 
-    loop = trainer.fit_loop
-    if math.isinf(trainer.num_training_batches) and loop._combined_loader is None:
-        with isolate_rng():
-            loop.setup_data()
+    loop = getattr(trainer, "fit_loop", None)
+    built = loop is None or loop._combined_loader is not None
+    with isolate_rng():
+        yield loop
+    if not built:
         loop._combined_loader = None
-    return trainer.num_training_batches
 
 
 def shuffle_as_on_a_local_disk(dataset: Any) -> None:

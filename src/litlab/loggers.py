@@ -58,6 +58,12 @@ def wandb_saved_settings() -> Any:
     return saved["default"] if saved.has_section("default") else {}
 
 
+def wandb_base_url() -> str | None:
+    """The W&B server's URL as configured: WANDB_BASE_URL, else the one `wandb login --host`
+    saved; None: W&B's cloud."""
+    return os.environ.get("WANDB_BASE_URL") or wandb_saved_settings().get("base_url")
+
+
 def wandb_credentials() -> bool:
     """Whether W&B has credentials, found where wandb.init finds them, without importing wandb
     (runs that log elsewhere must work where it is not installed): WANDB_API_KEY or
@@ -66,10 +72,9 @@ def wandb_credentials() -> bool:
     settings file. Without them W&B would ask for a key (online, in a terminal) or fail."""
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
-    section = wandb_saved_settings()
-    if section.get("api_key"):
+    if wandb_saved_settings().get("api_key"):
         return True
-    base_url = os.environ.get("WANDB_BASE_URL") or section.get("base_url")
+    base_url = wandb_base_url()
     hosts = [urlparse(base_url).hostname] if base_url else WANDB_CLOUD_HOSTS
     path = os.environ.get("NETRC", os.path.expanduser("~/.netrc"))
     try:
@@ -110,8 +115,7 @@ def wandb_server() -> str:
     except ImportError:
         DEFAULT_BASE_URL = "https://api.wandb.ai"
 
-    base_url = os.environ.get("WANDB_BASE_URL") or wandb_saved_settings().get("base_url")
-    return base_url or DEFAULT_BASE_URL
+    return wandb_base_url() or DEFAULT_BASE_URL
 
 
 def unreachable(url: str, timeout: float = 5.0) -> str | None:

@@ -222,9 +222,7 @@ def objective_value(cfg: DictConfig, run: Run, required: bool) -> None:
         value = run.summary["metrics"].get(metric)
     run.summary["objective"] = {"metric": metric, "mode": cfg.objective.mode, "value": value}
     # NaN: the best score, or a final value (summary.json holds a logged NaN as null)
-    nan = (
-        value is None and metric in run.summary["metrics"] and run.summary.get("best_score") is None
-    )
+    nan = value is None and metric in run.summary["metrics"]
     if nan or (value is not None and math.isnan(value)):
         raise TrainingDiverged(f"the objective {metric} is NaN: training diverged")
     if value is None:

@@ -27,6 +27,8 @@ from omegaconf.errors import OmegaConfBaseException
 from litlab.compat import config_node, is_none_node
 from litlab.errors import ConfigError, LitlabError, first_line
 
+log = logging.getLogger("litlab")
+
 
 def in_sweep() -> bool:
     """Whether this process runs a job of a Hydra multirun (-m)."""
@@ -306,7 +308,7 @@ def check_pretrained_normalization(cfg: DictConfig) -> None:
         for a, b in zip(given, wanted, strict=True)
     ):
         return
-    logging.getLogger("litlab").warning(
+    log.warning(
         "model.net.weights=%s was trained on images normalized with mean %s, std %s, but this "
         "data is normalized with mean %s, std %s; set data.mean=%s data.std=%s to fine-tune it "
         "on the inputs it knows",
@@ -383,37 +385,36 @@ def check_objective(cfg: DictConfig) -> None:
     validates = cfg.get("train") and cfg.trainer.get("limit_val_batches", 1.0) != 0
     monitored = chosen_by[0] == metric
     every, epochs = cfg.trainer.get("check_val_every_n_epoch") or 1, cfg.trainer.get("max_epochs")
-    ends_unvalidated = (
-        isinstance(every, int) and isinstance(epochs, int) and epochs > 0 and epochs % every
-    )
     by_epochs = (cfg.trainer.get("max_steps") or -1) < 0  # (max_steps may end it elsewhere)
-    if validates and by_epochs and isinstance(every, int) and isinstance(epochs, int):
+    counted = isinstance(every, int) and isinstance(epochs, int) and epochs > 0
+    # the epochs trained after the last validation
+    unvalidated = epochs % every if validates and by_epochs and counted else 0
+    if unvalidated and epochs < every:  # none validated at all
         never = (
             f"trainer.check_val_every_n_epoch={every} is above trainer.max_epochs={epochs}: "
             "the run never validates (no objective, no best checkpoint"
         )
-        if 0 < epochs < every and callbacks.get("early_stopping"):
+        if callbacks.get("early_stopping"):
             raise ConfigError(
                 f"{never}, and callbacks.early_stopping never acts); set "
                 f"trainer.check_val_every_n_epoch to at most {epochs}"
             )
-        if 0 < epochs < every:
-            logging.getLogger("litlab").warning(
-                "%s); ++trainer.limit_val_batches=0 says so, or set "
-                "trainer.check_val_every_n_epoch to at most %d",
-                never,
-                epochs,
-            )
-        if monitored and ends_unvalidated:
-            logging.getLogger("litlab").warning(
-                "trainer.max_epochs=%d is not a multiple of trainer.check_val_every_n_epoch=%d: "
-                "the last %d epoch(s) train without validation, so best.ckpt (what the test "
-                "measures) cannot be one of them",
-                epochs,
-                every,
-                epochs % every,
-            )
-    if not monitored and validates and ends_unvalidated and by_epochs:
+        log.warning(
+            "%s); ++trainer.limit_val_batches=0 says so, or set "
+            "trainer.check_val_every_n_epoch to at most %d",
+            never,
+            epochs,
+        )
+    if unvalidated and monitored:
+        log.warning(
+            "trainer.max_epochs=%d is not a multiple of trainer.check_val_every_n_epoch=%d: "
+            "the last %d epoch(s) train without validation, so best.ckpt (what the test "
+            "measures) cannot be one of them",
+            epochs,
+            every,
+            unvalidated,
+        )
+    if unvalidated and not monitored:
         raise ConfigError(
             f"no best checkpoint is kept, so the objective is the last validation's {metric}; "
             f"with trainer.max_epochs={epochs} and trainer.check_val_every_n_epoch={every} the "

@@ -410,7 +410,7 @@ def raw_classifier(
 
     from litlab.config import build
     from litlab.data import DeviceLoader
-    from litlab.models.optim import build_optimizer, weight_decay_groups
+    from litlab.models.optim import build_optimizer, optimized_parameters
 
     start = time.perf_counter()
     trainer_flags(cfg)
@@ -433,10 +433,9 @@ def raw_classifier(
     clip_by_value = cfg.trainer.get("gradient_clip_algorithm") == "value"
     if torch_default_optimizer:  # an implementation chosen (None: torch's default) is kept
         factory = functools.partial(factory, fused=None)
-    decay_all = cfg.model.get("decay_norm_and_bias", True)
     optimizer, scheduler = build_optimizer(
         factory,
-        net.parameters() if decay_all else weight_decay_groups(net.named_parameters()),
+        optimized_parameters(net.named_parameters(), cfg.model.get("decay_norm_and_bias", True)),
         schedule,
         cfg.model.scheduler_interval,
         SimpleNamespace(

@@ -28,8 +28,8 @@ from litlab.models.optim import (
     Interval,
     build_optimizer,
     fit_schedules_to_run,
+    optimized_parameters,
     parameter_ndims,
-    weight_decay_groups,
 )
 from litlab.rng import RankSeeded
 
@@ -280,9 +280,9 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
     def configure_optimizers(self) -> Any:
         optimizer, scheduler = build_optimizer(
             self.optimizer_factory,
-            self.parameters()
-            if self.decay_norm_and_bias
-            else weight_decay_groups(self.named_parameters(), self.parameter_ndims),
+            optimized_parameters(
+                self.named_parameters(), self.decay_norm_and_bias, self.parameter_ndims
+            ),
             self.scheduler_factory,
             self.scheduler_interval,
             self.trainer,

@@ -86,6 +86,17 @@ def parameter_ndims(named: Iterable[tuple[str, torch.nn.Parameter]]) -> dict[str
     return {unwrapped_name(name): param.ndim for name, param in named}
 
 
+def optimized_parameters(
+    named: Iterable[tuple[str, torch.nn.Parameter]],
+    decay_norm_and_bias: bool,
+    ndims: dict[str, int] | None = None,
+) -> list[Any]:
+    """What the optimizer is built on: every parameter (its weight decay on all of them), or
+    with ``decay_norm_and_bias`` false the two groups of :func:`weight_decay_groups`."""
+    named = list(named)
+    return [p for _, p in named] if decay_norm_and_bias else weight_decay_groups(named, ndims)
+
+
 def weight_decay_groups(
     named: Iterable[tuple[str, torch.nn.Parameter]], ndims: dict[str, int] | None = None
 ) -> list[dict[str, Any]]:

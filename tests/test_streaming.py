@@ -770,15 +770,7 @@ def test_a_dataset_on_a_parallel_filesystem_is_shuffled_as_on_a_local_disk(tmp_p
         monkeypatch.setenv("GLOBAL_RANK", str(rank))
         dataset = Streaming(str(dst), size=8).load("train")
         assert len(list((dst / "train").glob("*.bin"))) >= 8  # several chunks per rank
-        dataset.seed = 42
-        loader = streaming_loader_class()(
-            dataset,
-            batch_size=4,
-            shuffle=True,
-            drop_last=True,
-            collate_fn=lambda items: [fingerprint(image) for image, _ in items],
-            epoch=lambda epoch=epoch: epoch,
-        )
+        loader = fingerprint_loader(dataset, 42, 4, epoch=lambda epoch=epoch: epoch)
         seen[rank, epoch] = {name for batch in loader for name in batch}
     monkeypatch.delenv("WORLD_SIZE")  # one process reads them all
     monkeypatch.delenv("GLOBAL_RANK")
@@ -790,6 +782,20 @@ def test_a_dataset_on_a_parallel_filesystem_is_shuffled_as_on_a_local_disk(tmp_p
 
 def fingerprint(image: torch.Tensor) -> bytes:
     return image.numpy().tobytes()
+
+
+def fingerprint_loader(dataset: Any, seed: int, batch_size: int, **options: Any) -> Any:
+    """litlab's streaming loader over a streamed split, shuffled (``seed``), dropping the last
+    items as training does; its batches are lists of the images' fingerprints."""
+    dataset.seed = seed
+    return streaming_loader_class()(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=lambda items: [fingerprint(image) for image, _ in items],
+        **options,
+    )
 
 
 @pytest.mark.dist
@@ -861,16 +867,7 @@ def training_batches(dst: Path, epoch: int) -> list:
     from litlab.data.streaming import Streaming
 
     dataset = Streaming(str(dst), size=8).load("train")
-    dataset.seed = 3
-    loader = streaming_loader_class()(
-        dataset,
-        batch_size=128,
-        shuffle=True,
-        drop_last=True,
-        collate_fn=lambda items: [fingerprint(image) for image, _ in items],
-        epoch=lambda: epoch,
-    )
-    return list(loader)
+    return list(fingerprint_loader(dataset, 3, 128, epoch=lambda: epoch))
 
 
 def test_a_streamed_batch_draws_from_the_whole_chunk_not_a_fixed_block(one_chunk):
@@ -890,18 +887,8 @@ def test_an_epoch_stopped_with_litdatas_default_window_continues_with_it(one_chu
     that epoch as it would have gone on (LitData refused the state: ValueError)."""
     import litdata as ld
 
-    def old_loader():
-        dataset = ld.StreamingDataset(join(str(one_chunk), "train"), transform=DecodeImage(8, 3))
-        dataset.seed = 3
-        return streaming_loader_class()(
-            dataset,
-            batch_size=64,
-            shuffle=True,
-            drop_last=True,
-            collate_fn=lambda items: [fingerprint(image) for image, _ in items],
-        )
-
-    loader = old_loader()
+    old = ld.StreamingDataset(join(str(one_chunk), "train"), transform=DecodeImage(8, 3))
+    loader = fingerprint_loader(old, 3, 64)
     batches = iter(loader)
     next(batches)
     state = loader.state_dict()
@@ -909,14 +896,6 @@ def test_an_epoch_stopped_with_litdatas_default_window_continues_with_it(one_chu
     assert state["dataset"]["item_shuffle_window"] == 256
     from litlab.data.streaming import Streaming
 
-    dataset = Streaming(str(one_chunk), size=8).load("train")
-    dataset.seed = 3
-    resumed = streaming_loader_class()(
-        dataset,
-        batch_size=64,
-        shuffle=True,
-        drop_last=True,
-        collate_fn=lambda items: [fingerprint(image) for image, _ in items],
-    )
+    resumed = fingerprint_loader(Streaming(str(one_chunk), size=8).load("train"), 3, 64)
     resumed.load_state_dict(state)
     assert list(resumed) == rest

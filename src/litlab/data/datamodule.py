@@ -465,10 +465,10 @@ class DataModule(L.LightningDataModule):
 
     def report(self) -> dict[str, Any]:
         """What the data was, for summary.json: ``source`` (which data: Source.label), the
-        source's own account (an image folder's
-        images and files skipped per folder), ``splits`` (what was trained on, validated and
-        tested: images, or the files listed where they are read as they go, unreadable ones
-        included) and ``skipped_while_loading`` (files found unreadable as they were read)."""
+        source's own account (an image folder's images and files skipped per folder),
+        ``splits`` (what was trained on, validated and tested: images, or the files listed
+        where they are read as they go, unreadable ones included) and ``skipped_while_loading``
+        (files found unreadable as they were read)."""
         report = {"source": self.source.label, **(getattr(self.source, "report", {}) or {})}
         names = {"train": "fit", "val": "val", "test": "test"}
         splits = {name: self.split_size(key) for name, key in names.items() if key in self.datasets}

@@ -329,29 +329,45 @@ def test_periodic_saves_of_a_module_stepping_two_optimizers(tmp_path):
     ]  # each multiple of 3 reached or passed (not the last batch)
 
 
-def test_an_epoch_cut_short_by_max_steps_continues_when_max_steps_is_raised(tmp_path):
+@pytest.mark.parametrize("saved", ["epoch_end", "after_fit"])
+@pytest.mark.parametrize("max_steps", [-1, 100])
+def test_an_epoch_cut_short_by_max_steps_trains_its_other_batches_when_resumed(
+    tmp_path, saved, max_steps
+):
     """Stopped by max_steps in the middle of an epoch (Lightning closes that epoch's counters as
-    if it had ended), resumed with a larger max_steps: the rest of that epoch trains first."""
+    if it had ended), resumed without max_steps or with a larger one: the rest of that epoch
+    trains first, then every later epoch up to max_epochs. Before: without max_steps the rest
+    of the epoch was skipped; with a larger one it was trained as the next epoch, and the last
+    epoch never ran. The checkpoint is last.ckpt written at the cut epoch's end, or one saved
+    after the fit; it has trained one epoch to its end (resume.py refused max_epochs=2)."""
+    from litlab.callbacks import ModelCheckpoint
 
     class Batches(L.Callback):
         def __init__(self) -> None:
-            self.seen: list[tuple[int, int]] = []
+            self.seen: list[tuple[int, int, int]] = []
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            self.seen.append((batch_idx, trainer.global_step))
+            self.seen.append((trainer.current_epoch, batch_idx, trainer.global_step))
 
     data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
     model = Tiny()
-    first = bare_trainer(max_epochs=-1, max_steps=6)
-    first.fit(model, DataLoader(data, batch_size=8))  # 4 batches an epoch: stops in epoch 1
-    first.save_checkpoint(tmp_path / "cut.ckpt")
+    last = ModelCheckpoint(tmp_path, save_last=True, save_top_k=0, save_on_train_epoch_end=True)
+    first = bare_trainer(
+        max_epochs=3, max_steps=6, enable_checkpointing=True, callbacks=[last]
+    )  # 4 batches an epoch: stops after batch 1 of epoch 1
+    first.fit(model, DataLoader(data, batch_size=8))
+    if saved == "after_fit":
+        first.save_checkpoint(tmp_path / "last.ckpt")
+    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert compat.epochs_trained(checkpoint) == 1  # epoch 0 only: max_epochs=2 trains on
     batches = Batches()
     resumed = compat.restart_finished_epochs_as_epoch_based(
-        bare_trainer(max_epochs=-1, max_steps=12, callbacks=[batches])
+        bare_trainer(max_epochs=3, max_steps=max_steps, callbacks=[batches])
     )
-    resumed.fit(model, DataLoader(data, batch_size=8), ckpt_path=tmp_path / "cut.ckpt")
-    assert batches.seen[:3] == [(2, 6), (3, 7), (0, 8)]  # as Lightning alone does
-    assert resumed.global_step == 12
+    resumed.fit(model, DataLoader(data, batch_size=8), ckpt_path=tmp_path / "last.ckpt")
+    assert batches.seen[:3] == [(1, 2, 6), (1, 3, 7), (2, 0, 8)]
+    assert len(batches.seen) == 6 and resumed.global_step == 12
+    assert resumed.current_epoch == 3
 
 
 def test_steps_counted_as_in_a_checkpoint_written_at_a_validation_inside_the_epoch():

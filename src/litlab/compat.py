@@ -168,11 +168,18 @@ def epochs_trained(checkpoint: dict[str, Any]) -> int:
     """How many training epochs a checkpoint's run went through to their end: Lightning's fit
     loop progress (``loops.fit_loop.epoch_progress``, not a documented part of the file); its
     ``epoch`` field is the epoch under way, the same in last.ckpt at the end of epoch e and in
-    a checkpoint from the middle of it."""
+    a checkpoint from the middle of it. An epoch that ended before its last batch is not
+    counted (:func:`reopen_an_epoch_cut_short`)."""
+    from lightning.pytorch.loops.progress import _BatchProgress, _Progress
+
     try:
-        return int(checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"])
+        loops = checkpoint["loops"]["fit_loop"]
+        epoch, batches = _Progress(), _BatchProgress()
+        epoch.load_state_dict(loops["epoch_progress"])
+        batches.load_state_dict(loops["epoch_loop.batch_progress"])
     except (KeyError, TypeError):
         return int(checkpoint.get("epoch", 0))
+    return epoch.current.processed - _ended_before_its_last_batch(epoch, batches)
 
 
 def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
@@ -183,19 +190,47 @@ def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
 
 
 class _FitLoop(LightningFitLoop):
-    """Lightning's fit loop, restarting a finished epoch as without ``trainer.max_steps``: see
+    """Lightning's fit loop, restarting only an unfinished epoch: see
     :func:`restart_finished_epochs_as_epoch_based`."""
 
     @_Loop.restarting.setter  # type: ignore[attr-defined,untyped-decorator]
     def restarting(self, restarting: bool) -> None:
         progress = self.epoch_progress.current
         unfinished = progress.ready != progress.processed or progress.started != progress.processed
-        # An epoch cut short by max_steps is closed like a finished one but did not reach its
-        # last batch: Lightning's rule stands there (the rest of that epoch comes next).
-        cut_short = self._iteration_based_training() and not (
-            self.epoch_loop.batch_progress.is_last_batch
-        )
-        _Loop.restarting.fset(self, restarting and (unfinished or cut_short))
+        _Loop.restarting.fset(self, restarting and unfinished)
+
+    def load_state_dict(self, state_dict: dict, prefix: str = "") -> None:
+        super().load_state_dict(state_dict, prefix)
+        if reopen_an_epoch_cut_short(self):
+            self.restarting = True
+
+
+def reopen_an_epoch_cut_short(fit_loop: LightningFitLoop) -> bool:
+    """Give an epoch that ended before its last batch (``trainer.max_steps`` reached, or a stop
+    inside the epoch) the counters of a checkpoint written inside it: started, not processed.
+
+    Lightning closes such an epoch's counters as if it had ended, and a checkpoint written then
+    (last.ckpt at the epoch's end, or after the fit) resumed wrongly: without max_steps, or
+    with a larger one, the epoch's remaining batches were skipped (max_steps=-1), or trained as
+    the next epoch, which then never ran (a larger max_steps). Reopened, it resumes as any
+    checkpoint from inside an epoch does: its remaining batches, then the next epochs. Whether
+    the epoch reached its last batch is the loop's own ``is_last_batch`` (also true at a
+    ``limit_train_batches`` limit). Private: the loops' progress counters."""
+    epoch = fit_loop.epoch_progress
+    if not _ended_before_its_last_batch(epoch, fit_loop.epoch_loop.batch_progress):
+        return False
+    for counts in (epoch.current, epoch.total):
+        counts.processed = counts.started - 1
+        counts.completed = counts.processed
+    return True
+
+
+def _ended_before_its_last_batch(epoch: Any, batches: Any) -> bool:
+    """Whether the fit loop's last epoch (its ``_Progress``) closed before its last batch (the
+    epoch loop's ``_BatchProgress``)."""
+    ended = epoch.current.ready == epoch.current.started == epoch.current.processed
+    trained = epoch.current.processed > 0 and batches.current.ready > 0
+    return ended and trained and not batches.is_last_batch
 
 
 def restart_finished_epochs_as_epoch_based(trainer: L.Trainer) -> L.Trainer:
@@ -204,9 +239,9 @@ def restart_finished_epochs_as_epoch_based(trainer: L.Trainer) -> L.Trainer:
     "... or self._iteration_based_training()"), also when the checkpoint's epoch had finished:
     the next epoch then starts with the finished one's batch counters and trains none of its
     batches (one, without validation), so a resumed run silently loses an epoch. A checkpoint
-    from within an epoch (started, not processed), or from an epoch that max_steps cut short,
-    restarts as before. The loop's class is swapped in place, so that everything the Trainer
-    set on it stays."""
+    from within an epoch (started, not processed) restarts as before, and so does one from an
+    epoch that ended before its last batch (:func:`reopen_an_epoch_cut_short`). The loop's class
+    is swapped in place, so that everything the Trainer set on it stays."""
     if type(trainer.fit_loop) is LightningFitLoop:
         trainer.fit_loop.__class__ = _FitLoop
     return trainer

@@ -7,6 +7,7 @@ file, named after what litlab needs, instead of a user's run.
 from __future__ import annotations
 
 import csv
+import os
 import pickle
 import subprocess
 import sys
@@ -438,3 +439,17 @@ def test_a_litdata_profile_on_a_parallel_filesystem_keeps_its_in_place_reads_not
     local = SimpleNamespace(posix_fast=None)  # a local disk or an object store: as it was
     compat.shuffle_as_on_a_local_disk(local)
     assert local.posix_fast is None
+
+
+def test_cuda_is_checked_without_nvml_only_where_nvml_finds_no_gpu(monkeypatch):
+    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 when imported; where NVML finds no GPU
+    (or is not there) every optimizer step paid a failed NVML load for it. There it is undone,
+    and torch.cuda.is_available() gives the same answer; where NVML counts GPUs it stays."""
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    available = torch.cuda.is_available()
+    gpus = torch.cuda._device_count_nvml()
+    undone = compat.cuda_checks_without_nvml_where_it_finds_no_gpu()
+    assert undone == (gpus <= 0)
+    assert ("PYTORCH_NVML_BASED_CUDA_CHECK" in os.environ) == (gpus > 0)
+    assert torch.cuda.is_available() == available
+    assert not compat.cuda_checks_without_nvml_where_it_finds_no_gpu()  # once is enough

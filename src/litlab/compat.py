@@ -28,6 +28,26 @@ from omegaconf import DictConfig
 # -- Lightning ---------------------------------------------------------------------------------
 
 
+def cuda_checks_without_nvml_where_it_finds_no_gpu() -> bool:
+    """Undo Lightning's ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (set when lightning is imported, so
+    that ``torch.cuda.is_available()`` asks NVML instead of initializing CUDA in a process that
+    may fork) where NVML finds no GPU, or cannot be loaded: there torch falls back to the plain
+    CUDA check anyway, after a failed ``dlopen`` of NVML on every call. torch's optimizers make
+    that call in every ``step()`` (``_accelerator_graph_capture_health_check``): 61 us a step on
+    this 2-core CPU, as much again with a GAN's two optimizers, and nothing to gain where no GPU
+    can be poisoned. Where NVML counts GPUs, Lightning's setting stays. Private: torch's
+    ``torch.cuda._device_count_nvml`` (-1: NVML unavailable). Returns whether it was undone."""
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1":
+        return False
+    if torch.cuda._device_count_nvml() > 0:
+        return False
+    del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+    return True
+
+
+cuda_checks_without_nvml_where_it_finds_no_gpu()  # once lightning is imported, as above
+
+
 def stop_at_batch_end(trainer: L.Trainer) -> None:
     """Make Lightning stop training after the current batch as it does for SIGTERM: it raises
     SIGTERMException once the batch's bookkeeping is done, and callbacks see it in on_exception.

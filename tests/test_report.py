@@ -383,3 +383,28 @@ def test_a_tuned_runs_parameters_are_the_values_it_trained_with(tmp_path):
     assert runs["b"].params["model.optimizer.lr"] == "0.01"
     varied = varied_params(list(runs.values()))
     assert "data.batch_size" in numeric_params(list(runs.values()), varied)
+
+
+def test_a_resumed_tuned_run_keeps_the_values_it_trained_with(tmp_path):
+    """A later part of a tuned run (resume=, a requeued job) tunes nothing: its summary.json
+    keeps the first part's "tuned", so the report still plots the run at the batch size found
+    (before: only previous_summary had it, and the run fell back to its overrides)."""
+    from omegaconf import OmegaConf
+
+    from litlab.run import Run
+
+    first = {"status": "interrupted", "tuned": {"batch_size": 256, "lr": 0.01}}
+    folder = write_run(tmp_path / "b", first, ["tune=default"])
+    with Run(OmegaConf.create({"paths": {"output_dir": str(folder)}}), "train"):
+        pass
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["tuned"] == first["tuned"]
+    (run,) = find_runs([tmp_path])
+    assert run.params["data.batch_size"] == "256"
+    # another task's summary in the folder (eval.py) does not pass its values on
+    eval_folder = tmp_path / "e"
+    eval_folder.mkdir()
+    (eval_folder / "summary.json").write_text(json.dumps({"task": "eval", **first}))
+    with Run(OmegaConf.create({"paths": {"output_dir": str(eval_folder)}}), "train"):
+        pass
+    assert "tuned" not in json.loads((eval_folder / "summary.json").read_text())

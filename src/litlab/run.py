@@ -40,6 +40,9 @@ TRAINED = ".trained"
 COMPLETED = ".completed"
 # What a fit puts into the summary beside its metrics (litlab.train.record_checkpoints).
 FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score")
+# What the first part of a run decided for all of it, kept in the summary of every later part
+# (resume=, a requeued job): the values the finders chose (train.py; a resume never tunes).
+WHOLE_RUN = ("tuned",)
 
 
 class _NoAdverts(logging.Filter):
@@ -205,6 +208,8 @@ class Run:
             if self._previous is not None:
                 earlier = {k: v for k, v in self._previous.items() if k != "previous_summary"}
                 self.summary["previous_summary"] = earlier
+                if earlier.get("task") == self.summary["task"]:
+                    self.summary.update({k: earlier[k] for k in WHOLE_RUN if k in earlier})
                 # the wall time of every earlier part of the run (each summary keeps one back)
                 before = earlier.get("durations_s") or {}
                 total = before.get("total")

@@ -322,6 +322,9 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
         no_schedule,
         "model.scheduler: torch.optim.lr_scheduler.OneCycleLR -> None",
     )
+    # another seed: the rest of a resumed epoch in another order (and a GAN's other noise)
+    other_seed = make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "seed=7"])
+    refused(capsys, train_task, other_seed, "seed: 42 -> 7 would change part way")
     other_groups = make_cfg(
         tmp_path,
         [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.decay_norm_and_bias=false"],

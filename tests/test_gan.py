@@ -243,20 +243,23 @@ def test_debug_fast_steps_the_generator_of_a_wgan_gp_too(tmp_path):
     assert summary["metrics"]["g/step"] == 1 and "g/loss" in summary["metrics"]
 
 
-def test_max_g_steps_budgets_generator_iterations(tmp_path):
-    cfg = make_cfg(
-        tmp_path,
-        [
-            "model=dcgan",
-            *SMALL,
-            "model.max_g_steps=3",
-            "trainer.max_epochs=5",
-            "test=false",
-            *QUIET,
-        ],
-    )
+def test_max_g_steps_budgets_generator_iterations(tmp_path, capsys):
+    """The budget ends the run; resumed as it was, it is refused and its folder left as it was
+    (before: one more D and G step, and best.ckpt, the objective and summary.json overwritten);
+    with a larger budget it trains on to that one."""
+    run = ["model=dcgan", *SMALL, "trainer.max_epochs=5", "test=false", *QUIET]
+    cfg = make_cfg(tmp_path, [*run, "model.max_g_steps=3"])
     train_task(cfg)
     assert summary_of(cfg)["metrics"]["g/step"] == 3
+    folder = Path(cfg.paths.output_dir)
+    last = folder / "checkpoints" / "last.ckpt"
+    written = {p.name: p.read_bytes() for p in (last, folder / "summary.json")}
+    again = make_cfg(tmp_path, [*run, "model.max_g_steps=3", f"ckpt_path={last}"])
+    refused(capsys, train_task, again, "already taken 3 generator steps and model.max_g_steps=3")
+    assert {p.name: p.read_bytes() for p in (last, folder / "summary.json")} == written
+    further = make_cfg(tmp_path, [*run, "model.max_g_steps=5", f"ckpt_path={last}"])
+    train_task(further)
+    assert summary_of(further)["metrics"]["g/step"] == 5
 
 
 def test_resume_continues_fixed_noise_and_counters(tmp_path):

@@ -253,12 +253,25 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             "same training (its optimizer state, LR schedule and epoch count); resume with the "
             "run's data, or start a new run"
         )
+    seeds = _changed_seeds(stored_config(checkpoint, path), cfg)
+    if seeds:
+        raise CheckpointError(
+            f"a resumed run continues the random streams of {path} (its data order, its noise), "
+            f"which {', '.join(seeds)} would change part way; resume with the run's seed, or "
+            "start a new run"
+        )
     changed = _changed_optimization(stored, cfg.model)
     if changed:
         raise CheckpointError(
             f"a resumed run restores its optimizer and LR schedule from {path}, so "
             f"{', '.join(changed)} would not apply; resume with the run's values, or start a "
             "new run to train with these"
+        )
+    budget, g_steps = cfg.model.get("max_g_steps"), (checkpoint.get("gan") or {}).get("g_steps")
+    if budget is not None and g_steps is not None and g_steps >= budget:  # a GAN's own end
+        raise CheckpointError(
+            f"{path} has already taken {g_steps} generator steps and model.max_g_steps={budget}; "
+            f"set model.max_g_steps above {g_steps} to train further"
         )
     done = epochs_trained(checkpoint)  # a finished run's last.ckpt: all max_epochs of them
     if max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
@@ -284,6 +297,24 @@ def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:
         )
         if then is not None and then != new:
             changes.append(f"data.{key}: {then} -> {new}")
+    return changes
+
+
+# What seeds a run's random streams: the data order of every epoch (torch's and litlab's
+# loaders draw it from (seed, epoch)) and a GAN's noise generators (model.noise_seed). The
+# global generators' state is restored from a checkpoint, these are not.
+_SEEDS = ("seed", "model.noise_seed")
+
+
+def _changed_seeds(stored: DictConfig, now: DictConfig) -> list[str]:
+    """The seeds that differ between a checkpoint's run and this one, as "<key>: <then> ->
+    <now>" (resume=<run> seed=7: the rest of a resumed epoch in another order, some images
+    twice and others not at all, and a GAN's later noise and FID latents from other streams)."""
+    changes = []
+    for key in _SEEDS:
+        then, new = OmegaConf.select(stored, key), OmegaConf.select(now, key)
+        if then is not None and new is not None and then != new:
+            changes.append(f"{key}: {then} -> {new}")
     return changes
 
 

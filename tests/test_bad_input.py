@@ -308,6 +308,15 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
     )
     refused(capsys, train_task, other_data, "trained on other data (data.source._target_:")
     assert last.read_bytes() == written and summary.read_bytes() == summarized
+    # other splits of the same data: images that trained would validate or test
+    for change, needle in [
+        ("data.split_seed=1", "data.split_seed: 0 -> 1"),
+        ("data.source.test_fraction=0.4", "data.source.test_fraction: 0.2 -> 0.4"),
+        ("data.val_fraction=0.3", "data.val_fraction: 0.1 -> 0.3"),
+    ]:
+        resplit = make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", change])
+        refused(capsys, train_task, resplit, needle)
+    assert last.read_bytes() == written and summary.read_bytes() == summarized
     # resumed with optimizer settings that the restored optimizer state would override
     new_lr = make_cfg(
         tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.optimizer.lr=0.03"]

@@ -281,15 +281,28 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
         )
 
 
-# What says which data a run learns from (not how it is batched or loaded).
-_DATA_KEYS = ("source._target_", "image_shape", "num_classes", "mean", "std")
+# What says which data a run learns from (not how it is batched or loaded): the source's own
+# settings (its class, test split, stored size...) but those below, and how its training split
+# is divided into what trains and what validates.
+_DATA_KEYS = ("image_shape", "num_classes", "mean", "std", "val_fraction", "split_seed")
+_DATA_KEYS += ("train_fraction",)
+# A source's settings that say where its files are and how they are read, not which images:
+# a run folder moved to another machine resumes with its data at another path.
+_LOADING_ONLY = {"data_dir", "download", "system_dir", "root", "input_dir", "cache", "cache_dir"}
+_LOADING_ONLY |= {"workers", "decode", "max_cache_size", "shuffle_window"}
 
 
 def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:
     """The data settings that differ between a checkpoint's run and this one, as
-    "data.<key>: <then> -> <now>" (data=fashion_mnist on a digits run's checkpoint)."""
+    "data.<key>: <then> -> <now>" (data=fashion_mnist on a digits run's checkpoint; another
+    data.split_seed or data.source.test_fraction: images that trained now validated or tested)."""
+    keys = ["source._target_"]
+    if OmegaConf.select(stored, "source._target_") == OmegaConf.select(now, "source._target_"):
+        sources = [node.get("source") or {} for node in (stored, now)]
+        named = sorted({str(k) for node in sources for k in node} - _LOADING_ONLY - {"_target_"})
+        keys += [f"source.{key}" for key in named]
     changes = []
-    for key in _DATA_KEYS:
+    for key in [*keys, *_DATA_KEYS]:
         then, new = OmegaConf.select(stored, key), OmegaConf.select(now, key)
         then, new = (
             OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig | ListConfig) else v

@@ -695,6 +695,21 @@ def test_an_evaluation_of_part_of_a_split_says_so(tmp_path, caplog, limits, reco
     summary = summary_of(cfg)
     assert summary.get("evaluation_limits") == recorded
     assert ("measure only these batches" in caplog.text) == (recorded is not None)
+    # eval.py: its test split alone (before: neither recorded nor said)
+    from litlab.evaluate import eval_task
+
+    best = Path(cfg.paths.output_dir) / "checkpoints" / "best.ckpt"
+    tested = make_cfg(
+        tmp_path / "eval",
+        [f"ckpt_path={best}", "extras.print_config=false", *limits[:1]],
+        config_name="eval",
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="litlab"):
+        eval_task(tested)
+    test_limit = None if recorded is None else {"test": recorded["test"]}
+    assert summary_of(tested).get("evaluation_limits") == test_limit
+    assert ("test/* measure only these batches" in caplog.text) == (test_limit is not None)
 
 
 def test_a_nan_objective_without_a_best_checkpoint_is_a_divergence(tmp_path, capsys):

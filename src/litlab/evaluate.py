@@ -25,7 +25,7 @@ from litlab.errors import ConfigError
 from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list, config_digest, freeze_the_imports
-from litlab.train import setup_extras
+from litlab.train import evaluation_limits, setup_extras
 
 log = logging.getLogger("litlab")
 
@@ -48,6 +48,9 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     run.summary["precision"] = resolve_precision(cfg.trainer)
     check_all(cfg)
     check_hardware(cfg.trainer)
+    limits = evaluation_limits(cfg, ("test",))
+    if limits:
+        run.summary["evaluation_limits"] = limits
     setup_extras(cfg)
     L.seed_everything(cfg.seed, workers=True)
     run.summary["checkpoint"] = str(path)

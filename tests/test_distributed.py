@@ -440,6 +440,10 @@ def test_multirun_of_ddp_jobs(tmp_path, strategy):
     for job in jobs:
         summary = json.loads((job / "summary.json").read_text())
         assert summary["status"] == "completed"
+        # the best file's score (ddp_spawn brings back its path alone: was null, the
+        # objective then the last validation's value)
+        assert summary["best_score"] is not None
+        assert summary["objective"]["value"] == summary["best_score"]
         (wandb_dir,) = wandb_runs(job)
         record = offline_run(wandb_dir)
         lrs.append(record["config"]["model.optimizer.lr"])

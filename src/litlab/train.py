@@ -6,6 +6,7 @@ import logging
 import math
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,21 +150,25 @@ def check(cfg: DictConfig, run: Run) -> None:
         run.summary["evaluation_limits"] = limits
 
 
-def evaluation_limits(cfg: DictConfig) -> dict[str, Any]:
+def evaluation_limits(cfg: DictConfig, splits: Sequence[str] = ("val", "test")) -> dict[str, Any]:
     """trainer.limit_val_batches / limit_test_batches that evaluate part of a split (a fraction
     or a number of batches; 0, off, is not part): what they are, for summary.json, and one
     warning. val/* (the objective) and test/* then measure those batches only, while
-    summary.json's data.splits counts the whole splits."""
+    summary.json's data.splits counts the whole splits. eval.py: the test split only."""
     limits = {}
-    for split in ("val", "test"):
+    for split in splits:
         limit = cfg.trainer.get(f"limit_{split}_batches")
         whole = isinstance(limit, float) and limit >= 1.0  # (an int counts batches: 1 is one)
         if limit is not None and limit != 0 and not whole:
             limits[split] = limit
     if limits:
         log.warning(
-            "%s: val/* and test/* measure only these batches of their splits (the objective too)",
+            "%s: %s measure only these batches of their splits",
             ", ".join(f"trainer.limit_{split}_batches={limit}" for split, limit in limits.items()),
+            " and ".join(
+                f"{split}/*" + (" (the objective too)" if split == "val" else "")
+                for split in limits
+            ),
         )
     return limits
 
@@ -201,6 +206,18 @@ def record_checkpoints(trainer: L.Trainer, run: Run, metric: str) -> None:
     run.summary["last_checkpoint"] = str(last) if last.is_file() else None
     if best is not None and best.best_model_score is not None:
         run.summary["best_score"] = float(best.best_model_score)
+    elif best is not None and best.best_model_path:  # fit in spawned processes (ddp_spawn)
+        run.summary["best_score"] = saved_best_score(best)
+
+
+def saved_best_score(callback: Any) -> float | None:
+    """The best score that a ModelCheckpoint's best file holds in its own state. Lightning's
+    spawn launcher (trainer.strategy=ddp_spawn) brings the best file's path back to the main
+    process but not its score: the objective then fell back to the last validation's value
+    (epochs 0.29 then 0.08: the objective 0.08, best.ckpt the 0.29 epoch's)."""
+    state = load_checkpoint(callback.best_model_path).get("callbacks", {}).get(callback.state_key)
+    score = (state or {}).get("best_model_score")
+    return None if score is None else float(score)
 
 
 def record_performance(trainer: L.Trainer, datamodule: L.LightningDataModule, run: Run) -> None:

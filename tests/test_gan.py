@@ -532,6 +532,26 @@ def test_generated_images_reach_inception_rounded_and_real_ones_exactly(inceptio
     assert torch.equal(features[0], features[1])
 
 
+def test_generated_images_reach_the_domain_classifier_rounded_and_real_ones_exactly():
+    """The default FID extractor (a classifier of the data's own domain) sees a generated pixel
+    0.4 grey levels off an integer as that integer, as a real image's uint8 pixels are: the same
+    features (before: reals on the 256 levels, fakes between them). Real images pass unchanged:
+    the features of pixels/255 normalized as the classifier was trained."""
+    from litlab.metrics.fid import ClassifierFeatures
+    from litlab.nets import SmallCNN
+
+    torch.manual_seed(0)
+    net = SmallCNN(1, 10, width=8).eval()
+    extractor = ClassifierFeatures(net, [0.3], [0.3], [1, 16, 16])
+    pixels = torch.randint(1, 255, (1, 1, 16, 16), generator=torch.Generator().manual_seed(0))
+    offsets = torch.full(pixels.shape, 0.4) * (torch.arange(16) % 2 * 2 - 1)  # -0.4, +0.4, ...
+    real, generated = pixels / 255, (pixels + offsets) / 255
+    features, logits = extractor.features_and_logits(torch.cat([real, generated]))
+    assert torch.equal(features[0], features[1]) and torch.equal(logits[0], logits[1])
+    with torch.no_grad():
+        torch.testing.assert_close(logits[0], net((real - 0.3) / 0.3)[0])
+
+
 def test_divergence_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     cfg = make_cfg(
         tmp_path,

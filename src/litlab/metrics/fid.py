@@ -65,7 +65,11 @@ class ClassifierFeatures(nn.Module):
 
     @torch.no_grad()
     def features_and_logits(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        logits = self.net((images.float() - self.mean) / self.std)
+        # On the grey levels of real images' uint8 pixels (which round-trip exactly), as for
+        # InceptionV3: a generator's continuous outputs are measured as the images it would
+        # save, not as values between two levels that no real image has.
+        images = (images.float() * 255).round().clamp(0, 255) / 255
+        logits = self.net((images - self.mean) / self.std)
         return self._captured.flatten(1).float(), logits.float()
 
     def forward(self, images: Tensor) -> Tensor:

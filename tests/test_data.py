@@ -1073,3 +1073,44 @@ def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
     with caplog.at_level("INFO", logger="litlab"):
         assert eval_task(eval_cfg) is not None
     assert f"testing every image of {tmp_path / 'other'}" in caplog.text
+
+
+@pytest.mark.parametrize("loader", ["device", "dataloader"])
+def test_part_of_an_evaluation_split_is_a_random_sample_of_it(tmp_path, loader):
+    """trainer.limit_test_batches=0.5 on an image folder (stored class by class): the batches
+    measured are a seeded random sample of the split, the same every time and every image of
+    the split once over the whole order (before: the first classes only, here 2 of 4). The
+    whole split is read in its stored order."""
+    import lightning as L
+
+    root = tmp_path / "images"
+    write_png_folder(root, classes=("a", "b", "c", "d"), per_class=10)
+    source = ImageFolder(
+        str(root), size=16, test_fraction=0.5, cache_dir=str(tmp_path / "cache"), workers=1
+    )
+
+    def labels_read(limit: float | int) -> list[list[int]]:
+        dm = DataModule(
+            source, [3, 16, 16], 4, [0.5], [0.25], batch_size=4, loader=loader, num_workers=0
+        )
+        dm.eval_batch_size = 4
+        dm.trainer = L.Trainer(
+            limit_test_batches=limit,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        dm.setup()
+        return [batch[1].tolist() for batch in dm.test_dataloader()]
+
+    def flat(batches: list[list[int]]) -> list[int]:
+        return [label for batch in batches for label in batch]
+
+    whole = labels_read(1.0)
+    assert flat(whole) == sorted(flat(whole))  # as stored: class by class
+    part = labels_read(0.5)
+    assert part == labels_read(0.5)  # the same sample at every evaluation
+    assert Counter(flat(part)) == Counter(flat(whole))  # each image once in the order
+    assert len(set(flat(part[: len(part) // 2]))) == 4  # every class among the batches measured

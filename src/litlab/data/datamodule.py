@@ -319,9 +319,12 @@ class DataModule(L.LightningDataModule):
             world_size=trainer.world_size if trainer else 1,
         )
         trained = self._trained_batches() if train else None
+        evaluated = None if train else self._evaluated_in_part(split)
         if self.loader == "dataloader":
             dataset = self.datasets[split]
             reads_files = _reads_files(dataset)
+            if evaluated is not None:
+                dataset = Subset(dataset, evaluated.tolist())
             return ResumableDataLoader(
                 dataset,
                 ShardSampler(len(dataset), batch_size=batch_size, **order),  # type: ignore[arg-type]
@@ -334,6 +337,8 @@ class DataModule(L.LightningDataModule):
                 multiprocessing_context=reader_context(self.num_workers) if reads_files else None,
             )
         images, labels, rows = self._tensors(split)
+        if evaluated is not None:
+            rows = rows[evaluated]
         return DeviceLoader(
             images,
             labels,
@@ -343,6 +348,23 @@ class DataModule(L.LightningDataModule):
             trained=trained,
             **order,  # type: ignore[arg-type]
         )
+
+    def _evaluated_in_part(self, split: str) -> torch.Tensor | None:
+        """The order an evaluation split is read in where the trainer evaluates only part of it
+        (``trainer.limit_val_batches`` / ``limit_test_batches``): a seeded permutation
+        (``data.split_seed``), the same at every validation and on every rank, so that the
+        batches measured are a random sample of the split. Splits are stored class by class
+        (an image folder's files): read in order, ``limit_val_batches=0.25`` measured the first
+        3 of 10 classes. None where the whole split is read (its order then changes nothing)."""
+        if not self._evaluates_in_part(split):
+            return None
+        generator = torch.Generator().manual_seed(self.split_seed)
+        return torch.randperm(len(self.datasets[split]), generator=generator)
+
+    def _evaluates_in_part(self, split: str) -> bool:
+        trainer = self.trainer
+        limit = getattr(trainer, f"limit_{split}_batches", None) if trainer else None
+        return not (limit is None or limit == 0 or (isinstance(limit, float) and limit >= 1.0))
 
     def _streaming_loader(self, split: str, train: bool, batch_size: int) -> DataLoader:
         """LitData's loader: each rank and worker streams its own chunks. Training drops the
@@ -354,6 +376,12 @@ class DataModule(L.LightningDataModule):
 
         dataset, trainer = self.datasets[split], self.trainer
         dataset.seed = _run_seed()  # the same on every rank
+        if not train and self._evaluates_in_part(split):
+            log.warning(
+                "trainer.limit_%s_batches on streamed data measures the first items of each "
+                "rank's chunks, in the order the conversion stored them (not a random sample)",
+                split,
+            )
         if not train:  # LitData deals whole batches to ranks: a batch per rank at least
             world_size = trainer.world_size if trainer else 1
             batch_size = min(batch_size, max(1, dataset.images // world_size))

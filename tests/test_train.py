@@ -6,6 +6,7 @@ import csv
 import functools
 import itertools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -577,6 +578,17 @@ def test_evaluation_means_add_in_float32_under_true_half_precisions(precision):
     best = Max()
     best.update(torch.tensor(0.9650))
     assert best.to(half).max_value.item() == torch.tensor(0.9650).item()
+
+
+def test_a_nan_loss_on_one_validation_image_makes_val_loss_nan():
+    """torchmetrics' mean drops NaN values by default: one image whose logits are NaN left
+    val/loss the mean of the others, finite, with a warning. Now it is NaN, as an average is."""
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 10, (64,)))
+    data.tensors[0][5] = float("nan")
+    optimizer = functools.partial(torch.optim.SGD, lr=0.0)
+    classifier = ImageClassifier(nn.Linear(4, 10), optimizer, num_classes=10)
+    (metrics,) = bare_trainer().validate(classifier, DataLoader(data, 16))
+    assert math.isnan(metrics["val/loss"])
 
 
 def test_step_curves_every_n_steps_and_the_epochs_means(tmp_path):

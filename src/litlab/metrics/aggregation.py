@@ -39,7 +39,14 @@ class _KeepFloat32:
 
 
 class Mean(_KeepFloat32, MeanMetric):
-    """``torchmetrics.MeanMetric``, its sums float32 whatever the module's precision."""
+    """``torchmetrics.MeanMetric``, its sums float32 whatever the module's precision, and NaN
+    kept: a NaN loss on any image makes the mean NaN, as an average is. torchmetrics' default
+    (``nan_strategy="warn"``) drops NaN values with a warning, a validation loss that looked
+    finite while the model gave NaN on some images, and tests ``isnan(x).any()`` in every update:
+    a host sync in each evaluation step."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{"nan_strategy": "disable", **kwargs})
 
 
 class Max(_KeepFloat32, MaxMetric):

@@ -334,6 +334,10 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
     # another seed: the rest of a resumed epoch in another order (and a GAN's other noise)
     other_seed = make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "seed=7"])
     refused(capsys, train_task, other_seed, "seed: 42 -> 7 would change part way")
+    flips = make_cfg(
+        tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "+model.tta_flip=true"]
+    )
+    refused(capsys, train_task, flips, "model.tta_flip: False -> True would change what val/*")
     other_groups = make_cfg(
         tmp_path,
         [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.decay_norm_and_bias=false"],

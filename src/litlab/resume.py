@@ -260,6 +260,18 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             f"which {', '.join(seeds)} would change part way; resume with the run's seed, or "
             "start a new run"
         )
+    measured = [
+        f"model.{key}: {stored.get(key, default)} -> {cfg.model.get(key, default)}"
+        for key, default in _MEASURES.items()
+        if key in stored or key in cfg.model
+        if stored.get(key, default) != cfg.model.get(key, default)
+    ]
+    if measured:
+        raise CheckpointError(
+            f"{', '.join(measured)} would change what val/* measures part way (the best "
+            "checkpoint then chosen across two measures); resume with the run's value, or "
+            "start a new run"
+        )
     changed = _changed_optimization(stored, cfg.model)
     if changed:
         raise CheckpointError(
@@ -329,6 +341,11 @@ def _changed_seeds(stored: DictConfig, now: DictConfig) -> list[str]:
         if then is not None and new is not None and then != new:
             changes.append(f"{key}: {then} -> {new}")
     return changes
+
+
+# Model settings that say what validation measures (with the model's default where unset):
+# test-time flips average each image's logits with its mirror's.
+_MEASURES = {"tta_flip": False}
 
 
 # Model settings that shape the optimizer's parameter groups, restored from the checkpoint.

@@ -848,7 +848,10 @@ def test_a_tuned_run_continues_in_place_with_the_values_found(tmp_path, monkeypa
     again = make_cfg(tmp_path, args)  # the same command in the same folder
     train_task(again)
     summary = summary_of(again)
-    assert summary["status"] == "completed" and "tuned" not in summary  # no second search
+    assert summary["status"] == "completed"
+    # the first part's values, carried (run.WHOLE_RUN) for the report: no second search
+    assert summary["tuned"] == summary["previous_summary"]["tuned"]
+    assert summary["tuned"]["batch_size"] == 32
     assert summary["resumed_from"].endswith("last.ckpt")
     assert again.data.batch_size == 32
 

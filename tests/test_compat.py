@@ -330,17 +330,20 @@ def test_periodic_saves_of_a_module_stepping_two_optimizers(tmp_path):
     ]  # each multiple of 3 reached or passed (not the last batch)
 
 
+@pytest.mark.parametrize("validated", [False, True])
 @pytest.mark.parametrize("saved", ["epoch_end", "after_fit"])
 @pytest.mark.parametrize("max_steps", [-1, 100])
 def test_an_epoch_cut_short_by_max_steps_trains_its_other_batches_when_resumed(
-    tmp_path, saved, max_steps
+    tmp_path, saved, max_steps, validated
 ):
     """Stopped by max_steps in the middle of an epoch (Lightning closes that epoch's counters as
     if it had ended), resumed without max_steps or with a larger one: the rest of that epoch
     trains first, then every later epoch up to max_epochs. Before: without max_steps the rest
     of the epoch was skipped; with a larger one it was trained as the next epoch, and the last
     epoch never ran. The checkpoint is last.ckpt written at the cut epoch's end, or one saved
-    after the fit; it has trained one epoch to its end (resume.py refused max_epochs=2)."""
+    after the fit; it has trained one epoch to its end (resume.py refused max_epochs=2). With a
+    validation after the cut batch (val_check_interval), the loggers' step count ends where an
+    uninterrupted run's does (before: one ahead, every later row one step late)."""
     from litlab.callbacks import ModelCheckpoint
 
     class Batches(L.Callback):
@@ -350,25 +353,35 @@ def test_an_epoch_cut_short_by_max_steps_trains_its_other_batches_when_resumed(
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             self.seen.append((trainer.current_epoch, batch_idx, trainer.global_step))
 
+    class Validated(Tiny):
+        def validation_step(self, batch, batch_idx):
+            return None
+
     data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
-    model = Tiny()
+    loaders = [DataLoader(data, batch_size=8)] * (2 if validated else 1)
+    checks = dict(val_check_interval=0.5, num_sanity_val_steps=0) if validated else {}
+    model = Validated() if validated else Tiny()
     last = ModelCheckpoint(tmp_path, save_last=True, save_top_k=0, save_on_train_epoch_end=True)
     first = bare_trainer(
-        max_epochs=3, max_steps=6, enable_checkpointing=True, callbacks=[last]
-    )  # 4 batches an epoch: stops after batch 1 of epoch 1
-    first.fit(model, DataLoader(data, batch_size=8))
+        max_epochs=3, max_steps=6, enable_checkpointing=True, callbacks=[last], **checks
+    )  # 4 batches an epoch: stops after batch 1 of epoch 1 (validated after it)
+    first.fit(model, *loaders)
     if saved == "after_fit":
         first.save_checkpoint(tmp_path / "last.ckpt")
     checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=False)
     assert compat.epochs_trained(checkpoint) == 1  # epoch 0 only: max_epochs=2 trains on
     batches = Batches()
     resumed = compat.restart_finished_epochs_as_epoch_based(
-        bare_trainer(max_epochs=3, max_steps=max_steps, callbacks=[batches])
+        bare_trainer(max_epochs=3, max_steps=max_steps, callbacks=[batches], **checks)
     )
-    resumed.fit(model, DataLoader(data, batch_size=8), ckpt_path=tmp_path / "last.ckpt")
+    resumed.fit(model, *loaders, ckpt_path=tmp_path / "last.ckpt")
     assert batches.seen[:3] == [(1, 2, 6), (1, 3, 7), (2, 0, 8)]
     assert len(batches.seen) == 6 and resumed.global_step == 12
     assert resumed.current_epoch == 3
+    uninterrupted = bare_trainer(max_epochs=3, **checks)
+    uninterrupted.fit(Validated() if validated else Tiny(), *loaders)
+    steps = resumed.fit_loop.epoch_loop._batches_that_stepped
+    assert steps == uninterrupted.fit_loop.epoch_loop._batches_that_stepped == 12
 
 
 def test_steps_counted_as_in_a_checkpoint_written_at_a_validation_inside_the_epoch():

@@ -23,6 +23,9 @@ from lightning.pytorch.loggers import csv_logs
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loops.fit_loop import _FitLoop as LightningFitLoop
 from lightning.pytorch.loops.loop import _Loop
+from lightning.pytorch.loops.training_epoch_loop import (
+    _TrainingEpochLoop as LightningTrainingEpochLoop,
+)
 from omegaconf import DictConfig
 
 # -- Lightning ---------------------------------------------------------------------------------
@@ -36,8 +39,10 @@ def cuda_checks_without_nvml_where_it_finds_no_gpu() -> bool:
     that call in every ``step()`` (``_accelerator_graph_capture_health_check``): 61 us a step on
     this 2-core CPU, as much again with a GAN's two optimizers, and nothing to gain where no GPU
     can be poisoned. Where NVML counts GPUs, Lightning's setting stays. Private: torch's
-    ``torch.cuda._device_count_nvml`` (-1: NVML unavailable). Returns whether it was undone."""
-    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1":
+    ``torch.cuda._device_count_nvml`` (-1: NVML unavailable). ROCm builds never count through
+    NVML (always -1), and their plain check initializes HIP: left as Lightning set it there.
+    Returns whether it was undone."""
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1" or torch.version.hip:
         return False
     if torch.cuda._device_count_nvml() > 0:
         return False
@@ -79,6 +84,12 @@ def count_steps_as_saved_in_validation(checkpoint: dict[str, Any]) -> None:
     the CSV and W&B curves one step late. Private: the loop's ``_batches_that_stepped`` and the
     checkpoint's ``loops`` layout."""
     checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+
+
+def stops_when_asked(trainer: L.Trainer) -> bool:
+    """Whether ``trainer.should_stop`` ends the fit now: min_epochs and min_steps are met
+    (Lightning's private ``fit_loop._can_stop_early``; no public one)."""
+    return bool(trainer.fit_loop._can_stop_early)
 
 
 def logs_this_step(trainer: L.Trainer) -> bool:
@@ -223,6 +234,24 @@ class _FitLoop(LightningFitLoop):
         super().load_state_dict(state_dict, prefix)
         if reopen_an_epoch_cut_short(self):
             self.restarting = True
+            self.epoch_loop.reopened = True
+
+
+class _TrainingEpochLoop(LightningTrainingEpochLoop):
+    """Lightning's epoch loop, counting the loggers' steps right in a reopened epoch (see
+    :func:`reopen_an_epoch_cut_short`). Resumed on a batch after which validation ran inside
+    the epoch, Lightning skips that validation and counts the batch in
+    ``_batches_that_stepped``, as for a checkpoint written during that validation; a reopened
+    epoch's checkpoint was written after the batch was counted (at the epoch's end, or after
+    the fit), so every later CSV/W&B row was one step late (steps 0-9, then 11-40)."""
+
+    reopened = False  # the fit loop reopened this epoch from a checkpoint
+
+    def on_advance_end(self, data_fetcher: Any) -> None:
+        if self.reopened and self._skip_next_val:  # the resumed batch: counted already
+            self._batches_that_stepped -= 1
+        self.reopened = False
+        super().on_advance_end(data_fetcher)
 
 
 def reopen_an_epoch_cut_short(fit_loop: LightningFitLoop) -> bool:
@@ -264,6 +293,8 @@ def restart_finished_epochs_as_epoch_based(trainer: L.Trainer) -> L.Trainer:
     is swapped in place, so that everything the Trainer set on it stays."""
     if type(trainer.fit_loop) is LightningFitLoop:
         trainer.fit_loop.__class__ = _FitLoop
+    if type(trainer.fit_loop.epoch_loop) is LightningTrainingEpochLoop:
+        trainer.fit_loop.epoch_loop.__class__ = _TrainingEpochLoop
     return trainer
 
 

@@ -260,6 +260,20 @@ def test_max_g_steps_budgets_generator_iterations(tmp_path, capsys):
     further = make_cfg(tmp_path, [*run, "model.max_g_steps=5", f"ckpt_path={last}"])
     train_task(further)
     assert summary_of(further)["metrics"]["g/step"] == 5
+    # A preemption signal in the batch that spends the budget: the run ends as planned (before:
+    # stopped as preempted with the budget spent, and its requeue was then refused).
+    signalled = make_cfg(
+        tmp_path / "signalled",
+        [
+            *run,
+            "model.max_g_steps=3",
+            "+callbacks.stop._target_=helpers.SignalAt",
+            "+callbacks.stop.batch=2",  # the batch of G's third step
+        ],
+    )
+    train_task(signalled)
+    summary = summary_of(signalled)
+    assert summary["status"] == "completed" and summary["metrics"]["g/step"] == 3
 
 
 def test_resume_continues_fixed_noise_and_counters(tmp_path):

@@ -401,6 +401,13 @@ def test_a_resumed_tuned_run_keeps_the_values_it_trained_with(tmp_path):
     assert summary["status"] == "completed" and summary["tuned"] == first["tuned"]
     (run,) = find_runs([tmp_path])
     assert run.params["data.batch_size"] == "256"
+    # a resume that set its own batch size trained the later parts with it
+    from litlab.overrides import RESUME_OVERRIDES
+
+    (folder / ".hydra" / RESUME_OVERRIDES).write_text("- data.batch_size=64\n")
+    (run,) = find_runs([tmp_path])
+    assert run.params["data.batch_size"] == "64"
+    (folder / ".hydra" / RESUME_OVERRIDES).unlink()
     # another task's summary in the folder (eval.py) does not pass its values on
     eval_folder = tmp_path / "e"
     eval_folder.mkdir()

@@ -20,7 +20,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab.callbacks.checkpoint import inside_an_accumulation
-from litlab.compat import count_steps_as_saved_in_validation, stop_at_batch_end, take_stop_mark
+from litlab.compat import (
+    count_steps_as_saved_in_validation,
+    stop_at_batch_end,
+    stops_when_asked,
+    take_stop_mark,
+)
 from litlab.distributed.agree import AnyRank, rank_and_world
 from litlab.errors import Requeued
 from litlab.loggers import end_wandb_service
@@ -96,9 +101,13 @@ class RNGState(Callback):
 
 
 def fit_ends_after_this_batch(trainer: L.Trainer) -> bool:
-    """Whether the fit ends after the current training batch: its last epoch's last batch, or
-    trainer.max_steps reached (the same answer on every rank)."""
+    """Whether the fit ends after the current training batch: its last epoch's last batch,
+    trainer.max_steps reached, or a stop asked for in the step (a GAN's model.max_g_steps sets
+    ``trainer.should_stop``; Lightning honours it once min_epochs/min_steps are met). The same
+    answer on every rank."""
     if trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
+        return True
+    if trainer.should_stop and stops_when_asked(trainer):
         return True
     epochs = trainer.max_epochs
     return (

@@ -151,7 +151,8 @@ class RunFolder:
         tuned = self.summary.get("tuned")
         for name, key in TUNED_KEYS.items():
             if isinstance(tuned, dict) and tuned.get(name) is not None:
-                params[key] = str(tuned[name])
+                # a resume's own value (resume=<run> data.batch_size=64) trained later parts
+                params.setdefault(key, str(tuned[name]))
         return params
 
     @cached_property

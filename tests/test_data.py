@@ -1114,3 +1114,12 @@ def test_part_of_an_evaluation_split_is_a_random_sample_of_it(tmp_path, loader):
     assert part == labels_read(0.5)  # the same sample at every evaluation
     assert Counter(flat(part)) == Counter(flat(whole))  # each image once in the order
     assert len(set(flat(part[: len(part) // 2]))) == 4  # every class among the batches measured
+
+
+def test_which_evaluation_limits_measure_part_of_a_split():
+    """1.0 is all of a split and 0 none; a fraction below 1 and a number of batches (an int, or a
+    whole float above 1, which Lightning reads as batches) are parts (2.0 was taken as all)."""
+    from litlab.data.datamodule import part_of_a_split
+
+    limits = [None, 0, 0.0, 1.0, 0.5, 1, 2, 2.0]
+    assert [part_of_a_split(limit) for limit in limits] == [False] * 4 + [True] * 4

@@ -34,6 +34,7 @@ from litlab.config import (
     config_dir,
     in_sweep,
 )
+from litlab.data.datamodule import part_of_a_split
 from litlab.distributed import (
     adopt_launcher_layout,
     ranks_run_this_job,
@@ -158,8 +159,7 @@ def evaluation_limits(cfg: DictConfig, splits: Sequence[str] = ("val", "test")) 
     limits = {}
     for split in splits:
         limit = cfg.trainer.get(f"limit_{split}_batches")
-        whole = isinstance(limit, float) and limit >= 1.0  # (an int counts batches: 1 is one)
-        if limit is not None and limit != 0 and not whole:
+        if part_of_a_split(limit):
             limits[split] = limit
     if limits:
         log.warning(

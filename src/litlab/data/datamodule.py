@@ -37,6 +37,13 @@ def _reads_files(dataset: Dataset) -> bool:
     return isinstance(dataset, FileImages)
 
 
+def part_of_a_split(limit: float | int | None) -> bool:
+    """Whether a trainer.limit_*_batches evaluates part of its split: a fraction below 1, or a
+    number of batches (an int, or a whole float above 1, as Lightning reads it); 1.0 is all of
+    it and 0 none."""
+    return limit is not None and limit != 0 and not (isinstance(limit, float) and limit == 1.0)
+
+
 def _run_seed() -> int:
     """The run's seed (Lightning's seed_everything sets it for every rank), 0 outside a run."""
     return int(os.environ.get("PL_GLOBAL_SEED", 0))
@@ -363,8 +370,9 @@ class DataModule(L.LightningDataModule):
 
     def _evaluates_in_part(self, split: str) -> bool:
         trainer = self.trainer
-        limit = getattr(trainer, f"limit_{split}_batches", None) if trainer else None
-        return not (limit is None or limit == 0 or (isinstance(limit, float) and limit >= 1.0))
+        return part_of_a_split(
+            getattr(trainer, f"limit_{split}_batches", None) if trainer else None
+        )
 
     def _streaming_loader(self, split: str, train: bool, batch_size: int) -> DataLoader:
         """LitData's loader: each rank and worker streams its own chunks. Training drops the

@@ -320,3 +320,25 @@ def test_epochs_that_train_after_the_last_validation_are_named(tmp_path, caplog)
             make_cfg(tmp_path, ["trainer.max_epochs=4", "trainer.check_val_every_n_epoch=2"])
         )
     assert "without validation" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("trained", "on_cpu"),
+    [
+        ("16-true", "16-true"),
+        ("16-mixed", "32-true"),
+        ("16", "32-true"),
+        ("bf16-true", "bf16-true"),
+    ],
+)
+def test_eval_tests_in_the_trained_precision_where_this_machine_runs_it(tmp_path, trained, on_cpu):
+    """eval.py on a CPU: float16 autocast (16-mixed) runs on GPUs only and becomes 32-true;
+    16-true runs on a CPU (emulated), as the run did, and stays (it became 32-true: other
+    figures than the run's)."""
+    from omegaconf import OmegaConf
+
+    from litlab.evaluate import trained_precision
+
+    cfg = make_cfg(tmp_path, ["ckpt_path=x.ckpt", "trainer.accelerator=cpu"], config_name="eval")
+    trained_precision(cfg.trainer, OmegaConf.create({"trainer": {"precision": trained}}))
+    assert cfg.trainer.precision == on_cpu

@@ -22,7 +22,7 @@ from litlab.config import (
 )
 from litlab.data.folder import split_folders
 from litlab.errors import ConfigError
-from litlab.hardware import check_hardware, on_gpu, resolve_precision
+from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list, config_digest, freeze_the_imports
 from litlab.train import evaluation_limits, setup_extras
@@ -89,11 +89,13 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
 
 def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
     """trainer.precision=trained (eval's default): the precision the run trained and tested
-    with, so that eval's test/* are the run's; 16-bit on a CPU, which no CPU runs: 32-true."""
+    with, so that eval's test/* are the run's; float16 autocast on a CPU, which no CPU runs:
+    32-true (16-true runs there, emulated, and stays: it was 32-true too, other figures)."""
     if str(trainer.get("precision")) != "trained":
         return
     precision = str((stored.get("trainer") or {}).get("precision", "32-true"))
-    if precision.startswith("16") and not on_gpu(str(trainer.get("accelerator", "auto"))):
+    on_cpu = not on_gpu(str(trainer.get("accelerator", "auto")))
+    if precision in GPU_ONLY_PRECISIONS and on_cpu:
         log.info("trainer.precision=32-true: the run trained in %s, which needs a GPU", precision)
         precision = "32-true"
     trainer.precision = precision

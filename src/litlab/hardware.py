@@ -111,6 +111,10 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
     return {"requested": requested, "chosen": requested, "why": "as configured"}
 
 
+# float16 autocast: a GPU's only (16-true, float16 weights, runs emulated on a CPU).
+GPU_ONLY_PRECISIONS = ("16-mixed", "16")
+
+
 def check_hardware(trainer: DictConfig) -> bool:
     """Refuse accelerator/precision/device choices this machine cannot run, saying what to use;
     return whether the run is on the CPU."""
@@ -129,7 +133,7 @@ def check_hardware(trainer: DictConfig) -> bool:
             "trainer.accelerator=mps but Apple's MPS is not available; use trainer.accelerator=auto"
         )
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not cuda and not mps)
-    if on_cpu and precision in ("16-mixed", "16"):  # Lightning would run bf16-mixed instead
+    if on_cpu and precision in GPU_ONLY_PRECISIONS:  # Lightning would run bf16-mixed instead
         raise ConfigError(
             f"trainer.precision={precision} (float16 autocast) needs a GPU; on CPU use "
             "trainer.precision=auto (the fastest this CPU runs natively), 32-true or bf16-mixed"

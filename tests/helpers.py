@@ -104,6 +104,18 @@ class InjectNaN(Callback):
             self._poison(trainer, pl_module)
 
 
+class ZeroAtStart(Callback):
+    """Zeroes the first parameter of a submodule when the fit starts: a handicap that makes a
+    resumed run's next validation worse than the run's best."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        with torch.no_grad():
+            next(getattr(pl_module, self.module).parameters()).zero_()
+
+
 class PoisonBatch(Callback):
     """Fills one rank's training images with NaN at a given training batch (a bad input that
     only that rank sees)."""

@@ -141,6 +141,24 @@ def test_a_runs_matmul_precision_is_its_own(tmp_path):
     train_task(cfg)
     assert seen.read_text() == "medium"  # in the run
     assert torch.get_float32_matmul_precision() == before == "highest"  # after it
+    # eval.py tests in the run's matmul precision, so that its figures are the run's (before:
+    # "highest", other figures where "medium" computes otherwise, as on CPUs with bfloat16)
+    from litlab.evaluate import eval_task, trained_numerics
+
+    (speed,) = trained_numerics(cfg)  # what eval.py builds from the stored config
+    assert speed.matmul_precision == "medium" and not speed.compile
+    wide = make_cfg(
+        tmp_path / "wide",
+        [*SMALL, *QUIET, "model.net.width=64", "callbacks.speed.matmul_precision=medium"],
+    )
+    train_task(wide)
+    best = Path(wide.paths.output_dir) / "checkpoints" / "best.ckpt"
+    tested = make_cfg(
+        tmp_path / "eval", [f"ckpt_path={best}", "extras.print_config=false"], config_name="eval"
+    )
+    eval_task(tested)
+    assert summary_of(tested)["metrics"]["test/loss"] == summary_of(wide)["metrics"]["test/loss"]
+    assert torch.get_float32_matmul_precision() == "highest"
     # a job that fails (Lightning calls no teardown then) puts it back too
     poisoned = make_cfg(
         tmp_path / "failed",

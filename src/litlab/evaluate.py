@@ -12,6 +12,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.gan import save_generated_images
+from litlab.callbacks.speed import Speed
 from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.config import (
     build,
@@ -67,6 +68,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     # Evaluation callbacks of the trained run (a GAN's FID and sample grids) test it the same
     # way; the others are not built (their classes may not be importable here).
     callbacks = build_list(eval_callbacks(stored.get("callbacks")), "callbacks")
+    callbacks += trained_numerics(stored)
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
     failed = False
     try:
@@ -163,6 +165,15 @@ def other_folder(source: dict[str, Any], trained: dict[str, Any]) -> None:
         return
     source["test_all"] = True
     log.info("testing every image of %s (the model was trained on %s)", folder, trained.get("root"))
+
+
+def trained_numerics(stored: DictConfig) -> list[Speed]:
+    """The float32 matmul precision the run trained and tested with
+    (``callbacks.speed.matmul_precision``: TF32 on GPUs with "high", bfloat16 passes on some
+    CPUs with "medium"), for eval.py's test to compute as the run's own did; its other speed
+    settings (compile, channels_last) change no figure and are left out."""
+    precision = OmegaConf.select(stored, "callbacks.speed.matmul_precision")
+    return [Speed(matmul_precision=precision)] if precision else []
 
 
 def eval_callbacks(callbacks: DictConfig | None) -> DictConfig:

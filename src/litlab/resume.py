@@ -235,7 +235,8 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
     """Refuse to resume from a checkpoint of another model family; to train on from one past
     the run's end, or with optimizer settings that its restored state would override."""
     path, max_epochs = cfg.ckpt_path, cfg.trainer.get("max_epochs")
-    stored = stored_config(checkpoint, path).model
+    config = stored_config(checkpoint, path)
+    stored = config.model
     trained = stored.get("_target_")
     if trained != cfg.model._target_:
         raise CheckpointError(
@@ -244,16 +245,14 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
         )
     if not cfg.get("train"):  # tested only: nothing is restored for training
         return
-    data = _changed_data(
-        OmegaConf.create(stored_config(checkpoint, path).get("data") or {}), cfg.data
-    )
+    data = _changed_data(OmegaConf.create(config.get("data") or {}), cfg.data)
     if data:
         raise CheckpointError(
             f"{path} trained on other data ({'; '.join(data)}): a resumed run continues the "
             "same training (its optimizer state, LR schedule and epoch count); resume with the "
             "run's data, or start a new run"
         )
-    seeds = _changed_seeds(stored_config(checkpoint, path), cfg)
+    seeds = _changed_seeds(config, cfg)
     if seeds:
         raise CheckpointError(
             f"a resumed run continues the random streams of {path} (its data order, its noise), "
@@ -313,15 +312,20 @@ def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:
         sources = [node.get("source") or {} for node in (stored, now)]
         named = sorted({str(k) for node in sources for k in node} - _LOADING_ONLY - {"_target_"})
         keys += [f"source.{key}" for key in named]
+    return _changes(stored, now, [*keys, *_DATA_KEYS], "data.")
+
+
+def _changes(stored: DictConfig, now: DictConfig, keys: list[str], prefix: str = "") -> list[str]:
+    """ "<prefix><key>: <then> -> <now>" for each key that the checkpoint's run set (``stored``)
+    and this run's config (``now``) gives another value."""
     changes = []
-    for key in [*keys, *_DATA_KEYS]:
-        then, new = OmegaConf.select(stored, key), OmegaConf.select(now, key)
+    for key in keys:
         then, new = (
             OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig | ListConfig) else v
-            for v in (then, new)
+            for v in (OmegaConf.select(stored, key), OmegaConf.select(now, key))
         )
         if then is not None and then != new:
-            changes.append(f"data.{key}: {then} -> {new}")
+            changes.append(f"{prefix}{key}: {then} -> {new}")
     return changes
 
 
@@ -335,12 +339,7 @@ def _changed_seeds(stored: DictConfig, now: DictConfig) -> list[str]:
     """The seeds that differ between a checkpoint's run and this one, as "<key>: <then> ->
     <now>" (resume=<run> seed=7: the rest of a resumed epoch in another order, some images
     twice and others not at all, and a GAN's later noise and FID latents from other streams)."""
-    changes = []
-    for key in _SEEDS:
-        then, new = OmegaConf.select(stored, key), OmegaConf.select(now, key)
-        if then is not None and new is not None and then != new:
-            changes.append(f"{key}: {then} -> {new}")
-    return changes
+    return _changes(stored, now, [key for key in _SEEDS if OmegaConf.select(now, key) is not None])
 
 
 # Model settings that say what validation measures (with the model's default where unset):

@@ -72,7 +72,6 @@ ONE_DEVICE = (
     "in one process (without torchrun or srun), then start the multi-device run with the values "
     "found"
 )
-# What each finder writes into the config.
 
 
 def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

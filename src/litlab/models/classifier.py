@@ -200,7 +200,11 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         # The epoch's means over every rank's images: one collective; the values are then the
         # same on every rank.
         sums = self.trainer.strategy.reduce(self.epoch_sums(), reduce_op="sum")
-        self._reset_sums()
+        if epoch_ran_to_its_end(self.trainer):
+            self._reset_sums()
+        # else (trainer.max_steps, or a stop, inside the epoch) the sums stay for the run's
+        # checkpoint: resumed, the epoch is reopened (compat.reopen_an_epoch_cut_short) and its
+        # end then logs the whole epoch's means, not those of the batches after the cut
         means = {}
         if sums[3] > 0:  # else no batch this epoch (a resumed run that stopped at its end)
             totals = {"train/loss": sums[0], "train/acc": sums[1]}

@@ -805,6 +805,29 @@ def test_a_run_with_max_steps_resumed_mid_epoch_continues_that_epoch(tmp_path, s
     assert val_rows(folder) == val_rows(straight_classifier)
 
 
+def test_an_epoch_cut_short_by_max_steps_logs_its_whole_means_when_resumed(tmp_path):
+    """A run that trainer.max_steps ended inside epoch 1, resumed without it: the rest of that
+    epoch trains (compat.reopen_an_epoch_cut_short) and its end logs train/loss and train/acc
+    over the whole epoch, as an uninterrupted run does. Before: the sums were zeroed at the cut,
+    so the resumed epoch's row was the mean of the batches after the cut only."""
+    args = ["data.batch_size=128", "model.net.width=4", "model.scheduler=null", "logger=csv"]
+    args += ["trainer.max_epochs=2", "+trainer.limit_val_batches=0", "test=false", *QUIET]
+
+    def epoch_means(*overrides: str) -> tuple[dict[str, tuple[float, float]], Path]:
+        cfg = make_cfg(tmp_path / str(len(list(tmp_path.iterdir()))), [*args, *overrides])
+        train_task(cfg)
+        folder = Path(cfg.paths.output_dir)
+        with open(folder / "csv" / "metrics.csv") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
+        return {r["epoch"]: (float(r["train/loss"]), float(r["train/acc"])) for r in rows}, folder
+
+    cut, first = epoch_means("trainer.max_steps=14")  # 10 batches an epoch
+    resumed, _ = epoch_means(f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}")
+    whole, _ = epoch_means()
+    assert resumed["1"] == pytest.approx(whole["1"], rel=1e-6)
+    assert cut["1"] != pytest.approx(whole["1"], rel=1e-3)  # the mean of the cut's 4 batches
+
+
 @pytest.mark.slow
 def test_a_finished_cosine_run_trained_further_follows_the_longer_cosine(tmp_path):
     """`resume=<folder> trainer.max_epochs=4` after a 2-epoch cosine run: the LR is the 4-epoch
@@ -902,6 +925,27 @@ def test_divergence_guard_reads_its_sums_every_n_steps_and_forgets_nothing_betwe
     step(loss=torch.tensor(float("nan")))  # not checked yet: step 8 of a window of 3
     with pytest.raises(TrainingDiverged, match="loss, d became NaN or infinite"):
         step(loss=torch.tensor(2.0))
+
+
+def test_a_resume_repeating_the_runs_command_takes_its_config_group_choices_as_made(tmp_path):
+    """The run's own command repeated with resume= (`python train.py model=cnn logger=csv ...
+    resume=<folder>`): its config group choices are the run's already and are left out (Hydra
+    read `logger=csv` as the value of the key logger in the saved config: a traceback); another
+    choice of a group is refused in one line (the saved config cannot be composed anew)."""
+    args = ["model=cnn", "logger=csv", "model/net=small_cnn", "model.scheduler=null", *QUIET]
+    args += ["trainer.max_epochs=1"]
+    first = run_cli(*args, "trainer.max_steps=2", f"paths.log_dir={tmp_path}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    again = run_cli(*args, "trainer.max_steps=4", f"resume={folder}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == 4
+    other = run_cli(*args, "trainer=ddp", "trainer.max_steps=6", f"resume={folder}")
+    assert other.returncode == 2 and other.stderr.strip().splitlines()[-1] == (
+        "litlab: error: resume= continues the run's saved config, whose config groups are "
+        "chosen: trainer=ddp (the run has trainer=default); set the keys to change instead "
+        "(e.g. trainer.devices=2), or start a new run with that choice"
+    )
 
 
 def test_a_resume_continues_with_what_earlier_resumes_changed(tmp_path, monkeypatch):

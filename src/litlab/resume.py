@@ -25,11 +25,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.compat import epochs_trained
-from litlab.config import group_of_sweep
+from litlab.config import config_dir, group_of_sweep
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, CheckpointError, ConfigError, fail
-from litlab.overrides import RESUME_OVERRIDES, TUNED_KEYS, merged_overrides
+from litlab.overrides import RESUME_OVERRIDES, TUNED_KEYS, merged_overrides, override_key
 from litlab.run import COMPLETED, TRAINED, Run, config_digest, read_summary
 
 log = logging.getLogger("litlab")
@@ -139,10 +139,46 @@ def resume_argv(argv: list[str]) -> list[str]:
                 group = group_of_sweep(hydra["job"]["name"], folder.parent)
                 args.append(f"logger.wandb.group='{group}'")
     given = [arg for arg in argv[1:] if not arg.startswith("resume=")]
-    overrides = [arg for arg in given if not arg.startswith("-")]  # not Hydra's own flags
+    # not Hydra's own flags, nor the run's own config group choices restated
+    overrides = _unchosen(folder, [arg for arg in given if not arg.startswith("-")])
     os.environ[_PENDING] = yaml.safe_dump({"folder": str(folder), "overrides": overrides})
     flags = [arg for arg in given if arg.startswith("-")]
     return [argv[0], *args, *flags, *merged_overrides(_recorded_overrides(folder), overrides)]
+
+
+def _config_groups() -> set[str]:
+    """The config groups of litlab's conf/ tree (``logger``, ``model/net``, ...)."""
+    root = Path(config_dir())
+    return {str(d.relative_to(root)) for d in root.rglob("*") if d.is_dir()}
+
+
+def _unchosen(folder: Path, overrides: list[str]) -> list[str]:
+    """``overrides`` without config group choices (``trainer=ddp``, ``model/net=custom``): a
+    resumed run's primary config is its saved, composed config, in which the groups are chosen
+    already; Hydra would read ``logger=csv`` as the value of the key ``logger`` (a traceback
+    later). The run's own choice restated (its command repeated with ``resume=``) is left out;
+    another one is refused in one line."""
+    groups = _config_groups()
+    hydra_file = folder / ".hydra" / "hydra.yaml"
+    hydra = yaml.safe_load(hydra_file.read_text())["hydra"] if hydra_file.is_file() else {}
+    chosen = hydra.get("runtime", {}).get("choices", {})
+    kept, changed = [], []
+    for arg in overrides:
+        key = override_key(arg)
+        if "=" not in arg or key not in groups or arg.startswith("~"):
+            kept.append(arg)
+            continue
+        choice = arg.split("=", 1)[1]
+        had = chosen.get(key)
+        if str(had) != choice:
+            changed.append(f"{key}={choice} (the run has {f'{key}={had}' if had else 'none'})")
+    if changed:
+        fail(
+            f"resume= continues the run's saved config, whose config groups are chosen: "
+            f"{', '.join(changed)}; set the keys to change instead (e.g. trainer.devices=2), "
+            f"or start a new run with that choice"
+        )
+    return kept
 
 
 def _computes(cfg: DictConfig, folder: Path) -> str:

@@ -534,3 +534,37 @@ def claim_run_folder(barrier: Any, queue: Any, base: str, attempt: int) -> None:
 
     barrier.wait()
     queue.put(run_dir(base, "d/t"))
+
+
+class RecordHostCopies(Callback):
+    """Counts the copies of a tensor's value to the host (``aten::_local_scalar_dense``: what
+    ``.item()``, ``float(t)``, ``bool(t)`` run; on a GPU each waits for the device) from each
+    training batch's start to the next one's, and writes [[batch_idx, copies], ...] as JSON at
+    the fit's end. A TorchDispatchMode of the main thread sees the ops on any device."""
+
+    def __init__(self, path: str) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.path, self.copies, self.windows = Path(path), 0, []
+        owner = self
+
+        class Count(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    owner.copies += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Count()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.mode.__enter__()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.windows:
+            self.windows[-1][1] = self.copies
+        self.windows.append([batch_idx, 0])
+        self.copies = 0
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.mode.__exit__(None, None, None)
+        self.path.write_text(json.dumps(self.windows[:-1]))  # the last window runs to the end

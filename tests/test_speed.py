@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,36 @@ def test_a_runs_matmul_precision_is_its_own(tmp_path):
     with pytest.raises(SystemExit):  # the divergence guard's one line
         train_task(poisoned)
     assert torch.get_float32_matmul_precision() == "highest"
+
+
+@pytest.mark.parametrize("model", ["cnn", "dcgan"])
+def test_a_training_step_copies_nothing_to_the_host_between_its_logging_steps(tmp_path, model):
+    """No value goes from the device to the host in a training batch (step, callbacks and
+    Lightning's per-batch logging) except in those that log (every trainer.log_every_n_steps)
+    and an epoch's last (validation): on a GPU each such copy waits for the device, and the
+    host can no longer queue the next step while this one runs. Before: train/loss_step, logged
+    with prog_bar=True, was copied by Lightning's logger connector after every batch that
+    followed its first logging step."""
+    record = tmp_path / "copies.json"
+    if model == "cnn":
+        overrides = [*SMALL, "data.source.train_size=512"]
+    else:
+        overrides = ["model=dcgan", *TINY_GAN_DATA, "data.source.train_size=512"]
+        overrides += ["callbacks.fid.num_samples=64"]
+    overrides += ["trainer.max_epochs=2", "test=false"]
+    overrides += [
+        "trainer.log_every_n_steps=5",
+        "+callbacks.copies._target_=helpers.RecordHostCopies",
+    ]
+    cfg = make_cfg(tmp_path, [*overrides, f"+callbacks.copies.path={record}", *QUIET])
+    train_task(cfg)
+    windows = json.loads(record.read_text())  # [batch_idx, copies], batch by batch
+    last = max(batch for batch, _ in windows)
+    logging = [copies for n, (_, copies) in enumerate(windows) if (n + 1) % 5 == 0]
+    quiet = [
+        copies
+        for n, (batch, copies) in enumerate(windows)
+        if n and (n + 1) % 5 and batch != last  # not the run's first batch (setup), nor these
+    ]
+    assert len(quiet) >= 16 and not any(quiet), windows
+    assert all(logging), windows  # the logging steps' own copies: the test can see them

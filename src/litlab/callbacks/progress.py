@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
+from torch import Tensor
 
 
 class ProgressBar(RichProgressBar):
@@ -20,6 +21,12 @@ class ProgressBar(RichProgressBar):
     does that work when 1/refresh_rate seconds have passed since it last did, and at the
     epoch's last batch: the display looks the same, and its cost no longer grows with the steps.
     """
+
+    # The latest values of the step curves, shown beside the bar's own metrics. Logged with
+    # prog_bar=True, Lightning's logger connector would copy each to the host after every
+    # training batch, long after it was logged (a device sync per step on a GPU); read here,
+    # they are copied when the bar redraws.
+    STEP_CURVES = ("train/loss_step", "d/loss", "g/loss")
 
     def __init__(self, refresh_rate: int = 4, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
@@ -37,3 +44,11 @@ class ProgressBar(RichProgressBar):
         if now >= self._due or batch_idx + 1 == self.total_train_batches:
             self._due = now + 1.0 / max(self.refresh_rate, 1)
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        for name in self.STEP_CURVES:
+            value = trainer.callback_metrics.get(name)
+            if isinstance(value, Tensor) and name not in items:
+                items[name] = value.item()
+        return items

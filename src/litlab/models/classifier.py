@@ -191,9 +191,11 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
             loss_sum.add_(loss.detach(), alpha=len(labels))  # in float64
             self._images += len(labels)
         # The step curve: every trainer.log_every_n_steps (when Lightning writes it), and at an
-        # epoch's last batch, so that the run ends with its last value.
+        # epoch's last batch, so that the run ends with its last value. Not prog_bar=True:
+        # Lightning copies a progress-bar value to the host after every later batch too (a
+        # device sync per step); litlab's ProgressBar shows it when it redraws.
         if logs_this_step(self.trainer) or self.trainer.is_last_batch:
-            self.log("train/loss_step", loss.detach(), prog_bar=True)
+            self.log("train/loss_step", loss.detach())
         return loss
 
     def on_train_epoch_end(self) -> None:

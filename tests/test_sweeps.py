@@ -219,3 +219,21 @@ def test_a_sweep_inside_a_slurm_job_leaves_no_stray_run_folders(tmp_path, monkey
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1"]
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_any_job(tmp_path):
+    """The same hydra.sweep.dir given twice: the second sweep is refused in one line before it
+    writes anything. Before (found by review): Hydra replaced job 0's .hydra files with the new
+    overrides, the job refused the checkpoints (another config's) and kept the old summary, and
+    the sweep named the earlier score best "with model.net.width=32" for a net of width 16."""
+    folder = tmp_path / "sweep"
+    args = ["-m", f"hydra.sweep.dir={folder}", "trainer.max_epochs=1", "logger=csv", *QUIET]
+    first = run_cli(*args, "model.net.width=4")
+    assert first.returncode == 0, first.stderr[-3000:]
+    written = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    second = run_cli(*args, "model.net.width=8")
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines()[-1].startswith(
+        f"litlab: error: hydra.sweep.dir={folder} holds the jobs of an earlier sweep (1, e.g. "
+    )
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == written

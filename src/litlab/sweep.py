@@ -13,6 +13,7 @@ from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from litlab.distributed import global_rank
 from litlab.errors import fail
 from litlab.report.runs import objective_scale
 from litlab.run import write_json
@@ -88,11 +89,31 @@ def continued_sampler(
     return instantiate(config, seed=seed + trials)
 
 
+def refuse_a_used_sweep_folder(sweep_dir: Path) -> None:
+    """One line where hydra.sweep.dir holds an earlier sweep's jobs (hydra.sweep.dir given
+    again): Hydra numbers a sweep's jobs from 0 and writes each job's .hydra files into its
+    folder before the job starts, so an earlier job's config and overrides were replaced, and
+    the job then refused its checkpoints (another config's) while its summary.json stayed:
+    the sweep named the earlier score best with the new overrides. Global rank 0 checks (under
+    torchrun the other ranks run the sweep in step, in the folder rank 0 made)."""
+    if global_rank() != 0 or not sweep_dir.is_dir():
+        return
+    jobs = sorted({p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")})
+    if jobs:
+        fail(
+            f"hydra.sweep.dir={sweep_dir} holds the jobs of an earlier sweep ({len(jobs)}, "
+            f"e.g. {jobs[0]}), which this one's would write over; choose a new folder (to "
+            f"continue an Optuna study: hydra.sweeper.storage=sqlite:///<its folder>/optuna.db "
+            f"and a new hydra.sweep.dir)"
+        )
+
+
 class SweepSummary(Callback):
     """Around a multirun: make room for an SQLite study, then log the best job and write
     <sweep dir>/sweep_summary.json."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_a_used_sweep_folder(Path(config.hydra.sweep.dir))
         # Optuna's SQLite storage (sqlite:///<sweep dir>/optuna.db) needs its folder to exist.
         Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         storage = str(config.hydra.sweeper.get("storage") or "")

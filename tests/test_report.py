@@ -301,14 +301,16 @@ def test_curves_are_drawn_against_the_epochs_trained(tmp_path):
 def test_accuracies_rank_only_against_accuracies_on_the_same_data(tmp_path, capsys):
     """val/acc of a digits run (144 validation images) and of a Fashion-MNIST run, or on another
     validation share, are other numbers: the report ranked them together and named the digits
-    run best (0.757 above 0.305); so did sweep_summary.json."""
+    run best (0.757 above 0.305); so did sweep_summary.json. So is one measured on part of the
+    validation split (trainer.limit_val_batches: found by review, ranked with the others)."""
 
-    def run(name: str, acc: float, source: str, val: int, overrides: list) -> Path:
+    def run(name: str, acc: float, source: str, val: int, overrides: list, **more) -> Path:
         summary = {
             "status": "completed",
             "metrics": {"val/acc": acc, "test/acc": acc},
             "objective": {"metric": "val/acc", "mode": "max", "value": acc},
             "data": {"source": source, "splits": {"train": 1, "val": val, "test": 1}},
+            **more,
         }
         return write_run(tmp_path / "runs" / name, summary, overrides)
 
@@ -316,6 +318,8 @@ def test_accuracies_rank_only_against_accuracies_on_the_same_data(tmp_path, caps
     run("1", 0.76, "digits", 144, ["data=digits"])
     run("2", 0.35, "fashion_mnist", 6000, ["data=fashion_mnist", "model.optimizer.lr=0.01"])
     run("3", 0.90, "fashion_mnist", 600, ["data=fashion_mnist", "data.val_fraction=0.01"])
+    limited = ["data=fashion_mnist", "+trainer.limit_val_batches=1"]
+    run("4", 0.95, "fashion_mnist", 6000, limited, evaluation_limits={"val": 1})
     main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     capsys.readouterr()
     md = (tmp_path / "out" / "report.md").read_text()
@@ -323,6 +327,7 @@ def test_accuracies_rank_only_against_accuracies_on_the_same_data(tmp_path, caps
     assert "- **Best run:** 2: val/acc = 0.35" in md
     assert "| objective (val/acc [fashion_mnist, val=6000], max) |" in md
     assert "val/acc [digits, val=144]=0.76" in md
+    assert "val/acc [fashion_mnist, val=6000, limit_val_batches=1]=0.95" in md
     assert Path(best_job(read_jobs(tmp_path / "runs"))["job_dir"]).name == "2"
 
 

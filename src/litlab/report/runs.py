@@ -37,8 +37,9 @@ def number(value: object) -> float | None:
 
 def objective_scale(summary: dict) -> str:
     """What a summary's objective value compares under besides its name: the data it was
-    measured on (the source, and the images of the split: val=144; an accuracy on digits and
-    one on Fashion-MNIST, or on another validation share, are other numbers), and for an FID
+    measured on (the source, and the images of the split: val=144, and the part of it measured
+    where trainer.limit_val_batches limited it; an accuracy on digits and one on Fashion-MNIST,
+    or on another validation share, are other numbers), and for an FID
     its extractor, its sample count N and the real statistics' count N_real (the same
     generator has another FID through another extractor or at other counts). "" where the
     summary says none of it (summaries of runs before 2026-12-04 name no source)."""
@@ -48,12 +49,16 @@ def objective_scale(summary: dict) -> str:
     if not isinstance(metric, str):
         return ""
     data = summary.get("data") if isinstance(summary.get("data"), dict) else {}
-    tags = []
-    if isinstance(data.get("source"), str):
-        split = metric.split("/", 1)[0]
+    fid = metric.rsplit("/", 1)[-1] == "fid"
+    tags = [data["source"]] if isinstance(data.get("source"), str) else []
+    split = metric.split("/", 1)[0]
+    if tags and not fid:  # an FID measures no split's images: its N and N_real below
         images = (data.get("splits") or {}).get(split)
-        tags = [data["source"], *([f"{split}={images}"] if images is not None else [])]
-    if metric.rsplit("/", 1)[-1] != "fid":
+        tags += [f"{split}={images}"] if images is not None else []
+        # measured on part of the split (trainer.limit_val_batches): another sample of it
+        limit = (summary.get("evaluation_limits") or {}).get(split)
+        tags += [f"limit_{split}_batches={limit}"] if limit is not None else []
+    if not fid:
         return ", ".join(tags)
     kinds = [k[len(metric) + 1 :] for k in metrics if k.startswith(f"{metric}_")]
     tags += sorted(k for k in kinds if k not in ("g", "floor", "samples", "real_samples"))

@@ -724,14 +724,17 @@ def test_an_evaluation_of_part_of_a_split_says_so(tmp_path, caplog, limits, reco
     assert ("test/* measure only these batches" in caplog.text) == (test_limit is not None)
 
 
-def test_a_nan_objective_without_a_best_checkpoint_is_a_divergence(tmp_path, capsys):
+@pytest.mark.parametrize("best", [False, True])
+def test_a_nan_objective_is_a_divergence(tmp_path, capsys, best):
     """callbacks.model_checkpoint=null: the objective is the final value; a NaN there was stored
-    as null and reported as "never logged; check objective.metric" (a config error in a sweep)."""
+    as null and reported as "never logged; check objective.metric" (a config error in a sweep).
+    With a best checkpoint, a NaN at every validation is ranked by Lightning as the worst value,
+    inf, which became the objective (Optuna was told inf; found by review)."""
     cfg = make_cfg(
         tmp_path,
         [
             "trainer.max_epochs=1",
-            "callbacks.model_checkpoint=null",
+            *([] if best else ["callbacks.model_checkpoint=null"]),
             "objective=accuracy",
             "objective.metric=val/loss",
             "objective.mode=min",
@@ -744,6 +747,7 @@ def test_a_nan_objective_without_a_best_checkpoint_is_a_divergence(tmp_path, cap
             *FAST,
         ],
     )
-    refused(capsys, train_task, cfg, "the objective val/loss is NaN: training diverged")
+    told = "is infinite (NaN at every validation)" if best else "is NaN"
+    refused(capsys, train_task, cfg, f"the objective val/loss {told}: training diverged")
     (run,) = (Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*")
     assert offline_run(run)["exit_code"] == 1  # W&B shows it failed too

@@ -899,3 +899,26 @@ def test_an_epoch_stopped_with_litdatas_default_window_continues_with_it(one_chu
     resumed = fingerprint_loader(Streaming(str(one_chunk), size=8).load("train"), 3, 64)
     resumed.load_state_dict(state)
     assert list(resumed) == rest
+
+
+def test_a_streamed_split_of_fewer_images_than_ranks_is_one_clear_line(tmp_path):
+    """A test split of 1 image on 2 ranks: LitData deals whole batches to ranks, so one rank
+    has none (Lightning refuses a loader of zero length on a rank). Before (found by review):
+    "the streaming test split is empty", read from this rank's share of a split that 1 process
+    trains and tests on."""
+    root = tmp_path / "images"
+    write_png_folder(root / "train", per_class=20)
+    write_png_folder(root / "test", classes=("cat",), per_class=1)
+    for other in ("dog", "fox"):
+        (root / "test" / other).mkdir()  # the same classes, without test images
+    chunks = tmp_path / "chunks"
+    convert(root, str(chunks), workers=1)
+    args = ["data=streaming", f"data.source.input_dir={chunks}", "data.num_classes=3"]
+    args += ["data.num_workers=0", "trainer.max_epochs=1", "logger=csv", *QUIET, *CPU_DDP]
+    run = run_cli(*args, f"paths.log_dir={tmp_path / 'runs'}", timeout=300)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        "litlab: error: the streaming test split holds 1 image(s), fewer than the run's 2 "
+        "processes, and LitData gives each process whole batches of its own; add images to "
+        "the split, or run on fewer processes"
+    )

@@ -260,8 +260,16 @@ class DataModule(L.LightningDataModule):
         self.datasets["fit"] = self.datasets["train"]
 
     def _check(self, dataset: Dataset, split: str) -> None:
-        if len(dataset) == 0:
+        # a stream's len is this rank's share; its images are every rank's
+        if (dataset.images if _streams(dataset) else len(dataset)) == 0:
             raise DataError(f"the {self.source.name} {split} split is empty")
+        world = self.trainer.world_size if self.trainer else 1
+        if _streams(dataset) and dataset.images < world:  # (an image folder pads: loader.py)
+            raise DataError(
+                f"the {self.source.name} {split} split holds {dataset.images} image(s), fewer "
+                f"than the run's {world} processes, and LitData gives each process whole "
+                "batches of its own; add images to the split, or run on fewer processes"
+            )
         shape = _sample_shape(dataset)
         self.stored_shape = shape  # what a batch decoded on the device is made into
         want = self.image_shape

@@ -236,3 +236,17 @@ def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_any_job(tmp_pat
     told = f"litlab: error: hydra.sweep.dir={folder} holds the jobs of an earlier sweep (1, "
     assert second.stderr.strip().splitlines()[-1].startswith(told)
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == written
+
+
+@pytest.mark.parametrize("seed", ["seed=1,2,3", "seed=choice(1,2)"])
+def test_an_optuna_study_over_seeds_is_refused(tmp_path, seed):
+    """The Optuna sweeper makes a swept seed a parameter of the search, whose best trial is a
+    lucky seed (found by review: "Best parameters: {..., 'seed': 2}"): one line, no job."""
+    args = ["-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=2", seed, *QUIET]
+    args += ["trainer.max_epochs=1", "logger=csv"]
+    run = run_cli(*args, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].startswith(
+        "litlab: error: the Optuna study would tune the seed ("
+    )
+    assert not list((tmp_path / "sweep").rglob("summary.json"))

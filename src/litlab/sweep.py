@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from litlab.distributed import global_rank
 from litlab.errors import fail
+from litlab.overrides import override_key
 from litlab.report.runs import objective_scale
 from litlab.run import write_json
 
@@ -105,6 +106,30 @@ def refuse_a_used_sweep_folder(sweep_dir: Path) -> None:
             f"e.g. {jobs[0]}), which this one's would write over; choose a new folder (to "
             f"continue an Optuna study: hydra.sweeper.storage=sqlite:///<its folder>/optuna.db "
             f"and a new hydra.sweep.dir)"
+        )
+
+
+def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
+    """One line where an Optuna study would search over ``seed`` (``-m hparams_search=...
+    seed=1,2,3``: the Optuna sweeper turns a swept value into a parameter of the search, whose
+    best trial is then a lucky seed, not a mean over seeds)."""
+    markers = ("choice(", "range(", "interval(", "tag(", "glob(")
+
+    def sweeps(value: str) -> bool:  # a, b, c or a sweep function; not a list [a, b]
+        return value.startswith(markers) or ("," in value and not value.startswith("["))
+
+    swept = [
+        arg
+        for arg in arguments
+        if "=" in arg and override_key(arg) == "seed" and sweeps(arg.split("=", 1)[1])
+    ]
+    if params and "seed" in params:
+        swept.append(f"hydra.sweeper.params.seed={params['seed']}")
+    if swept:
+        fail(
+            f"the Optuna study would tune the seed ({', '.join(swept)}) and name a lucky one "
+            f"best; give the study one seed, then repeat its best trial over seeds: "
+            f"python train.py -m <its overrides> seed=1,2,3"
         )
 
 

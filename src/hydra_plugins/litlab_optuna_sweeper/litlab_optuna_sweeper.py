@@ -17,9 +17,10 @@ if optuna_sweeper is not None:
 
     class LitlabOptunaSweeper(optuna_sweeper.OptunaSweeper):
         def sweep(self, arguments: list[str]) -> Any:
-            from litlab.sweep import best_job, continued_sampler, read_jobs
+            from litlab.sweep import best_job, continued_sampler, read_jobs, refuse_a_tuned_seed
 
             impl = self.sweeper
+            refuse_a_tuned_seed(arguments, impl.config.hydra.sweeper.get("params"))
             impl.sampler = continued_sampler(
                 impl.sampler, impl.config.hydra.sweeper.sampler, impl.storage, impl.study_name
             )

@@ -246,7 +246,9 @@ def test_an_optuna_study_over_seeds_is_refused(tmp_path, seed):
     args += ["trainer.max_epochs=1", "logger=csv"]
     run = run_cli(*args, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines()[-1].startswith(
-        "litlab: error: the Optuna study would tune the seed ("
+    assert (
+        run.stderr.strip()
+        .splitlines()[-1]
+        .startswith("litlab: error: the Optuna study would tune the seed (")
     )
     assert not list((tmp_path / "sweep").rglob("summary.json"))

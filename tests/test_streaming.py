@@ -34,7 +34,7 @@ from conftest import (
 from helpers import fingerprints
 from litlab.config import build
 from litlab.data.folder import load_image
-from litlab.data.optimize import _write_meta, convert
+from litlab.data.optimize import _write_meta, convert, main
 from litlab.data.streaming import DecodeImage, join, read_labels, streaming_loader_class
 from litlab.errors import ConfigError, DataError
 from litlab.evaluate import eval_task
@@ -921,4 +921,20 @@ def test_a_streamed_split_of_fewer_images_than_ranks_is_one_clear_line(tmp_path)
         "litlab: error: the streaming test split holds 1 image(s), fewer than the run's 2 "
         "processes, and LitData gives each process whole batches of its own; add images to "
         "the split, or run on fewer processes"
+    )
+
+
+def test_chunk_sizes_in_bytes_or_with_a_unit_and_a_wrong_one_in_one_line(tmp_path, capsys):
+    """`--chunk-bytes 2000` (a number of bytes) converts; LitData takes only a size with a unit
+    as text and ended a bare number with its traceback (found by review). A size it cannot read
+    is one line."""
+    write_png_folder(tmp_path / "images", per_class=4)
+    assert main([str(tmp_path / "images"), str(tmp_path / "a"), "--chunk-bytes", "2000"]) == 0
+    assert len(list((tmp_path / "a" / "train").glob("chunk-*.bin"))) > 1  # 2 kB chunks
+    with pytest.raises(SystemExit) as refused:
+        main([str(tmp_path / "images"), str(tmp_path / "b"), "--chunk-bytes", "2 bananas"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "litlab: error: --chunk-bytes 2 bananas: give a size such as 64MB or 512kb, or a "
+        "number of bytes"
     )

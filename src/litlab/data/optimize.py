@@ -255,7 +255,7 @@ def convert(
     test_fraction: float = 0.2,
     val_fraction: float = 0.1,
     workers: int | None = None,
-    chunk_bytes: str = "64MB",
+    chunk_bytes: str | int = "64MB",
 ) -> dict[str, Any]:
     """Write SRC's splits to DST as LitData datasets, then DST/meta; return the meta."""
     litdata = _litdata()
@@ -384,6 +384,18 @@ def _meta_item(text: str) -> dict[str, str]:
     return {"json": text}
 
 
+def chunk_size(text: str) -> str | int:
+    """--chunk-bytes as LitData takes it: a size with its unit (64MB), or a number of bytes
+    (LitData refuses a bare number given as text, with a traceback)."""
+    if text.strip().isdigit():
+        return int(text)
+    if not re.fullmatch(
+        r"\s*\d+(\.\d+)?\s*([tgmk]b?|b)\s*", text, re.IGNORECASE
+    ):  # LitData's units
+        fail(f"--chunk-bytes {text}: give a size such as 64MB or 512kb, or a number of bytes")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m litlab.data.optimize",
@@ -403,10 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-fraction", type=float, default=0.2, help="without SRC/test/")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="as data.val_fraction")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
-    parser.add_argument("--chunk-bytes", default="64MB", help="LitData chunk size")
+    parser.add_argument(
+        "--chunk-bytes", default="64MB", help="LitData chunk size: 64MB, 512kb, or bytes"
+    )
     args = parser.parse_args(argv)
     if args.max_side is not None and args.max_side < 1:
         fail(f"--max-side must be a positive number of pixels, got {args.max_side}")
+    args.chunk_bytes = chunk_size(args.chunk_bytes)
     try:
         meta = convert(
             args.src,

@@ -222,20 +222,41 @@ def test_a_sweep_inside_a_slurm_job_leaves_no_stray_run_folders(tmp_path, monkey
 
 
 def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_any_job(tmp_path):
-    """The same hydra.sweep.dir given twice: the second sweep is refused in one line before it
-    writes anything. Before (found by review): Hydra replaced job 0's .hydra files with the new
+    """The same hydra.sweep.dir given to another sweep: refused in one line before it writes
+    anything. Before (found by review): Hydra replaced job 0's .hydra files with the new
     overrides, the job refused the checkpoints (another config's) and kept the old summary, and
-    the sweep named the earlier score best "with model.net.width=32" for a net of width 16."""
+    the sweep named the earlier score best "with model.net.width=32" for a net of width 16.
+    The same grid sweep again (a requeued SLURM job's command) goes on: its jobs are done."""
     folder = tmp_path / "sweep"
     args = ["-m", f"hydra.sweep.dir={folder}", "trainer.max_epochs=1", "logger=csv", *QUIET]
     first = run_cli(*args, "model.net.width=4")
     assert first.returncode == 0, first.stderr[-3000:]
+    summary = (folder / "0" / "summary.json").read_bytes()
+    again = run_cli(*args, "model.net.width=4")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (folder / "0" / "summary.json").read_bytes() == summary  # completed: not trained
     written = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-    second = run_cli(*args, "model.net.width=8")
-    assert second.returncode == 2
-    told = f"litlab: error: hydra.sweep.dir={folder} holds the jobs of an earlier sweep (1, "
-    assert second.stderr.strip().splitlines()[-1].startswith(told)
+    other = run_cli(*args, "model.net.width=8")
+    assert other.returncode == 2
+    told = f"litlab: error: hydra.sweep.dir={folder} holds the jobs of another sweep (1, "
+    assert other.stderr.strip().splitlines()[-1].startswith(told)
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == written
+
+
+def test_an_optuna_study_run_again_in_its_folder_is_refused(tmp_path):
+    """The same Optuna command twice into one hydra.sweep.dir: the study (in that folder) draws
+    new trials, numbered from 0 again, whose folders would be written over (found by review:
+    both trials FAIL, "completed: 2", the old best credited to new overrides). Refused; a
+    study continues in a new folder (README)."""
+    folder = tmp_path / "sweep"
+    args = ["-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=1", *QUIET]
+    args += [f"hydra.sweep.dir={folder}", "trainer.max_epochs=1", "logger=csv"]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli(*args)
+    assert again.returncode == 2, again.stderr[-3000:]
+    told = f"litlab: error: hydra.sweep.dir={folder} holds the jobs of another sweep (1, "
+    assert again.stderr.strip().splitlines()[-1].startswith(told)
 
 
 @pytest.mark.parametrize("seed", ["seed=1,2,3", "seed=choice(1,2)"])

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from litlab.distributed import global_rank
 from litlab.errors import fail
 from litlab.overrides import override_key
 from litlab.report.runs import objective_scale
@@ -90,23 +91,59 @@ def continued_sampler(
     return instantiate(config, seed=seed + trials)
 
 
-def refuse_a_used_sweep_folder(sweep_dir: Path) -> None:
-    """One line where hydra.sweep.dir holds an earlier sweep's jobs (hydra.sweep.dir given
+def _process_started() -> float:
+    """When this process started (epoch seconds): Linux's /proc, else when this module loaded."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _LOADED
+
+
+_LOADED = time.time()
+
+
+def refuse_a_used_sweep_folder(config: DictConfig) -> None:
+    """One line where hydra.sweep.dir holds the jobs of another sweep (hydra.sweep.dir given
     again): Hydra numbers a sweep's jobs from 0 and writes each job's .hydra files into its
     folder before the job starts, so an earlier job's config and overrides were replaced, and
     the job then refused its checkpoints (another config's) while its summary.json stayed:
-    the sweep named the earlier score best with the new overrides. Global rank 0 checks (under
-    torchrun the other ranks run the sweep in step, in the folder rank 0 made)."""
-    if global_rank() != 0 or not sweep_dir.is_dir():
+    the sweep named the earlier score best with the new overrides. The same grid sweep run
+    again (a requeued SLURM job's command: the same overrides, jobs numbered as before) goes
+    on, its jobs continuing in place; an Optuna study draws other trials, so it goes to a new
+    folder (README: continue a study). Jobs are the earlier sweep's when written before this
+    process started: every rank decides alike, also where ranks share the folder (torchrun or
+    srun with hydra.sweep.dir given), whatever rank 0 has written since. A subdir other than
+    the job number (override_dirname, a time) is the user's own scheme: left alone."""
+    sweep = config.hydra.sweep
+    subdir = OmegaConf.to_container(sweep, resolve=False).get("subdir")
+    sweep_dir = Path(sweep.dir)
+    if subdir != "${hydra.job.num}" or not sweep_dir.is_dir():
         return
-    jobs = sorted({p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")})
-    if jobs:
-        fail(
-            f"hydra.sweep.dir={sweep_dir} holds the jobs of an earlier sweep ({len(jobs)}, "
-            f"e.g. {jobs[0]}), which this one's would write over; choose a new folder (to "
-            f"continue an Optuna study: hydra.sweeper.storage=sqlite:///<its folder>/optuna.db "
-            f"and a new hydra.sweep.dir)"
-        )
+    started = _process_started()
+    earlier = sorted(
+        p.parent.parent
+        for p in sweep_dir.rglob(".hydra/overrides.yaml")
+        if p.stat().st_mtime < started
+    )
+    if not earlier:
+        return
+    previous = sweep_dir / "multirun.yaml"
+    if "BasicSweeper" in str(config.hydra.sweeper.get("_target_")) and previous.is_file():
+        before = OmegaConf.load(previous).hydra.overrides.task
+        if list(before) == list(config.hydra.overrides.task):
+            return
+    fail(
+        f"hydra.sweep.dir={sweep_dir} holds the jobs of another sweep ({len(earlier)}, e.g. "
+        f"{earlier[0]}), which this one's would write over; choose a new folder (to continue "
+        f"an Optuna study: hydra.sweeper.storage=sqlite:///<its folder>/optuna.db and a new "
+        f"hydra.sweep.dir)"
+    )
 
 
 def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
@@ -138,7 +175,7 @@ class SweepSummary(Callback):
     <sweep dir>/sweep_summary.json."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        refuse_a_used_sweep_folder(Path(config.hydra.sweep.dir))
+        refuse_a_used_sweep_folder(config)
         # Optuna's SQLite storage (sqlite:///<sweep dir>/optuna.db) needs its folder to exist.
         Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         storage = str(config.hydra.sweeper.get("storage") or "")

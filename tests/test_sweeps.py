@@ -259,7 +259,7 @@ def test_an_optuna_study_run_again_in_its_folder_is_refused(tmp_path):
     assert again.stderr.strip().splitlines()[-1].startswith(told)
 
 
-@pytest.mark.parametrize("seed", ["seed=1,2,3", "seed=choice(1,2)"])
+@pytest.mark.parametrize("seed", ["seed=1,2,3", "seed=choice(1,2)", "data.split_seed=0,1"])
 def test_an_optuna_study_over_seeds_is_refused(tmp_path, seed):
     """The Optuna sweeper makes a swept seed a parameter of the search, whose best trial is a
     lucky seed (found by review: "Best parameters: {..., 'seed': 2}"): one line, no job."""
@@ -270,6 +270,6 @@ def test_an_optuna_study_over_seeds_is_refused(tmp_path, seed):
     assert (
         run.stderr.strip()
         .splitlines()[-1]
-        .startswith("litlab: error: the Optuna study would tune the seed (")
+        .startswith("litlab: error: the Optuna study would tune a seed (")
     )
     assert not list((tmp_path / "sweep").rglob("summary.json"))

@@ -16,7 +16,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.errors import fail
-from litlab.overrides import override_key
 from litlab.report.runs import objective_scale
 from litlab.run import write_json
 
@@ -146,25 +145,27 @@ def refuse_a_used_sweep_folder(config: DictConfig) -> None:
     )
 
 
-def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
-    """One line where an Optuna study would search over ``seed`` (``-m hparams_search=...
-    seed=1,2,3``: the Optuna sweeper turns a swept value into a parameter of the search, whose
-    best trial is then a lucky seed, not a mean over seeds)."""
-    markers = ("choice(", "range(", "interval(", "tag(", "glob(")
+# Seeds of what a run draws (data order and init, its splits, a GAN's noise): a study searching
+# one of them names a lucky draw best.
+SEEDS = ("seed", "data.split_seed", "model.noise_seed")
 
-    def sweeps(value: str) -> bool:  # a, b, c or a sweep function; not a list [a, b]
-        return value.startswith(markers) or ("," in value and not value.startswith("["))
+
+def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
+    """One line where an Optuna study would search over a seed (``-m hparams_search=...
+    seed=1,2,3``: the Optuna sweeper turns a swept value into a parameter of the search, whose
+    best trial is then a lucky seed, not a mean over seeds). Sweeps as Hydra's parser reads
+    them (``seed=${oc.env:SEED,1}`` or ``seed=[1,2]`` are single values)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     swept = [
-        arg
-        for arg in arguments
-        if "=" in arg and override_key(arg) == "seed" and sweeps(arg.split("=", 1)[1])
+        o.input_line
+        for o in OverridesParser.create().parse_overrides(arguments)
+        if o.is_sweep_override() and o.get_key_element().lstrip("+~") in SEEDS
     ]
-    if params and "seed" in params:
-        swept.append(f"hydra.sweeper.params.seed={params['seed']}")
+    swept += [f"hydra.sweeper.params.{k}={params[k]}" for k in SEEDS if params and k in params]
     if swept:
         fail(
-            f"the Optuna study would tune the seed ({', '.join(swept)}) and name a lucky one "
+            f"the Optuna study would tune a seed ({', '.join(swept)}) and name a lucky one "
             f"best; give the study one seed, then repeat its best trial over seeds: "
             f"python train.py -m <its overrides> seed=1,2,3"
         )

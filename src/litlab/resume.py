@@ -168,9 +168,12 @@ def _unchosen(folder: Path, overrides: list[str]) -> list[str]:
         if "=" not in arg or key not in groups or arg.startswith("~"):
             kept.append(arg)
             continue
-        choice = arg.split("=", 1)[1]
+        choice = arg.split("=", 1)[1].strip("'\"")
         had = chosen.get(key)
-        if str(had) != choice:
+        if choice == "null":  # none chosen: the same, or as a value of the saved config
+            if had is not None:  # (logger=null: no loggers, as before)
+                kept.append(arg)
+        elif str(had) != choice:
             changed.append(f"{key}={choice} (the run has {f'{key}={had}' if had else 'none'})")
     if changed:
         fail(

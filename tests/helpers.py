@@ -568,3 +568,14 @@ class RecordHostCopies(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self.mode.__exit__(None, None, None)
         self.path.write_text(json.dumps(self.windows[:-1]))  # the last window runs to the end
+
+
+class RecordBarMetrics(Callback):
+    """Writes the values the progress bar shows (its get_metrics) at the fit's end, as JSON."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        shown = trainer.progress_bar_callback.get_metrics(trainer, pl_module)
+        self.path.write_text(json.dumps({k: v for k, v in shown.items() if k != "v_num"}))

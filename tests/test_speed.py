@@ -208,3 +208,24 @@ def test_a_training_step_copies_nothing_to_the_host_between_its_logging_steps(tm
     ]
     assert len(quiet) >= 16 and not any(quiet), windows
     assert all(logging), windows  # the logging steps' own copies: the test can see them
+
+
+@pytest.mark.parametrize("model", ["cnn", "dcgan"])
+def test_the_progress_bar_shows_the_latest_step_losses(tmp_path, model):
+    """litlab's bar (the default) reads the step curves when it redraws, now that they are not
+    logged with prog_bar=True (test above): the classifier's train/loss_step, a GAN's d/loss
+    and g/loss."""
+    record = tmp_path / "bar.json"
+    if model == "cnn":
+        overrides = [*SMALL]
+    else:
+        overrides = ["model=dcgan", *TINY_GAN_DATA, "callbacks.fid.num_samples=64"]
+    overrides += ["test=false", "extras.print_config=false", "logger=csv"]
+    overrides += [
+        "+callbacks.bar._target_=helpers.RecordBarMetrics",
+        f"+callbacks.bar.path={record}",
+    ]
+    train_task(make_cfg(tmp_path, overrides))
+    shown = json.loads(record.read_text())
+    losses = ["train/loss_step"] if model == "cnn" else ["d/loss", "g/loss"]
+    assert all(isinstance(shown.get(name), float) for name in losses), shown

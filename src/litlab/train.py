@@ -244,7 +244,8 @@ def objective_value(cfg: DictConfig, run: Run, required: bool) -> None:
         raise TrainingDiverged(f"the objective {metric} is NaN: training diverged")
     if value is not None and math.isinf(value):  # Lightning ranks a NaN score as the worst, ±inf
         raise TrainingDiverged(
-            f"the objective {metric} is infinite (NaN at every validation): training diverged"
+            f"the objective {metric} is infinite (NaN or infinite at every validation): "
+            "training diverged"
         )
     if value is None:
         message = f"the objective {metric} was never logged; check objective.metric"

@@ -91,16 +91,14 @@ def continued_sampler(
 
 
 def _process_started() -> float:
-    """When this process started (epoch seconds): Linux's /proc, else when this module loaded."""
+    """When this process started (epoch seconds, to 10 ms): Linux's /proc (its age: the
+    system's uptime less the uptime at which it started; /proc/stat's boot time is whole
+    seconds), else when this module loaded."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return _LOADED
 
 

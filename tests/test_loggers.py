@@ -91,15 +91,17 @@ def test_wandb_is_imported_only_when_a_run_starts(no_wandb_env, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.parametrize("env", ["Offline", ""])
 def test_wandb_mode_env_in_another_case_runs_and_a_wrong_one_is_one_line(
-    no_wandb_env, monkeypatch, tmp_path
+    no_wandb_env, monkeypatch, tmp_path, env
 ):
-    """W&B reads WANDB_MODE itself and refuses "Offline"; litlab reads it in any case."""
+    """W&B reads WANDB_MODE itself and refuses "Offline", and an empty one (`export
+    WANDB_MODE=`) with a pydantic traceback; litlab reads both (empty: unset)."""
     from conftest import QUIET, make_cfg, summary_of
     from litlab.errors import ConfigError
     from litlab.train import train_task
 
-    monkeypatch.setenv("WANDB_MODE", "Offline")
+    monkeypatch.setenv("WANDB_MODE", env)
     cfg = make_cfg(tmp_path, ["logger=wandb", "trainer.max_epochs=1", "test=false", *QUIET])
     train_task(cfg)
     assert summary_of(cfg)["status"] == "completed"

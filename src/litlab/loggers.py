@@ -88,7 +88,8 @@ def wandb_mode(requested: Mode) -> str:
     """The mode W&B will run in; WANDB_MODE wins, and online without credentials means offline.
 
     A WANDB_MODE that is set is written back as this mode: W&B reads it too, and refuses
-    "Offline" or "auto".
+    "Offline" or "auto", and an empty one (``export WANDB_MODE=``: unset, as litlab reads it)
+    with a traceback.
     """
     env = os.environ.get("WANDB_MODE")
     mode = (env or requested).strip().lower()
@@ -103,7 +104,7 @@ def wandb_mode(requested: Mode) -> str:
             )
         mode = "offline"
     mode = "online" if mode == "auto" else mode
-    if env:
+    if env is not None:
         os.environ["WANDB_MODE"] = mode
     return mode
 

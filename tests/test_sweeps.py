@@ -102,6 +102,13 @@ def test_a_failing_job_is_recorded_and_the_study_goes_on_and_resumes(tmp_path):
     # The continued study draws new trials, not the first launch's again (same sampler seed).
     lrs = [t.params["model.optimizer.lr"] for t in study_trials(sweep)]
     assert len(set(lrs)) == 6, lrs
+    # The continued launch's summary names the study's best, over the first launch's trials too
+    # ("best of 2 jobs" is this launch's own; found by review).
+    done = [t for t in study_trials(sweep) if t.value is not None]
+    best = max(done, key=lambda t: t.value)
+    (later,) = sweep_dirs(tmp_path / "b")
+    study = json.loads((later / "sweep_summary.json").read_text())["study_best"]
+    assert study == {"value": pytest.approx(best.value), "params": best.params}
 
 
 def study_trials(sweep: Path) -> list[optuna.trial.FrozenTrial]:

@@ -169,6 +169,19 @@ def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
         )
 
 
+def study_best(sweep_dir: Path) -> dict[str, Any] | None:
+    """The Optuna study's best trial over all its launches (the sweeper's
+    optimization_results.yaml): a study continued from its storage in a new folder holds trials
+    that this launch's jobs are not (the "best of N jobs" is this launch's)."""
+    path = sweep_dir / "optimization_results.yaml"
+    if not path.is_file():
+        return None
+    results = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(results, dict) or "best_value" not in results:
+        return None
+    return {"value": results["best_value"], "params": results.get("best_params") or {}}
+
+
 class SweepSummary(Callback):
     """Around a multirun: make room for an SQLite study, then log the best job and write
     <sweep dir>/sweep_summary.json."""
@@ -199,9 +212,19 @@ class SweepSummary(Callback):
                 "best_checkpoint": best.get("best_checkpoint"),
             },
         }
+        study = study_best(sweep_dir)
+        if study is not None:
+            summary["study_best"] = study
         write_json(sweep_dir / "sweep_summary.json", summary)
         for job in failed:
             log.warning("failed job %s: %s", job["job_dir"], job.get("error"))
+        this_launch = None if best is None else best["objective"]["value"]
+        if study is not None and study["value"] != this_launch:
+            log.info(
+                "the Optuna study's best, its earlier launches included: %s with %s",
+                study["value"],
+                " ".join(f"{k}={v}" for k, v in study["params"].items()),
+            )
         if best is None and failed:
             fail(
                 f"no job of the sweep in {sweep_dir} completed with an objective value "

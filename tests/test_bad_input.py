@@ -88,6 +88,9 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "trainer: You have passed invalid value -1 for val_check",
         ),
         (["+seeed=3"], "seeed is not a setting of the train task; did you mean seed?"),
+        # Lightning's seed_everything refused them with numpy's traceback (found by a walkthrough)
+        (["seed=-1"], "seed=-1: give a whole number from 0 to 4294967295"),
+        (["seed=abc"], "seed=abc: give a whole number"),
         (["ckpt_path=last"], "resume=<run folder>"),
         (["model=dcgan", "data.translate=2"], "augments the real images only"),
         (["model=dcgan", "trainer.precision=bf16-true"], "use trainer.precision=bf16-mixed"),
@@ -185,14 +188,23 @@ def test_truncated_data_file_names_the_file(tmp_path, capsys):
     assert path.is_file()  # nothing already written is removed
 
 
-@pytest.mark.parametrize("content", [None, b"not a checkpoint", b"PK\x03\x04truncated zip"])
+@pytest.mark.parametrize(
+    "content", [None, b"not a checkpoint", b"PK\x03\x04truncated zip", "a run folder"]
+)
 def test_eval_with_a_missing_or_corrupt_checkpoint(tmp_path, capsys, content):
     path = tmp_path / "model.ckpt"
-    if content is not None:
+    if isinstance(content, bytes):
         path.write_bytes(content)
+    if content == "a run folder":  # resume= takes one; "does not exist" was untrue for it
+        path = tmp_path / "run"
+        (path / "checkpoints").mkdir(parents=True)
+        (path / "checkpoints" / "best.ckpt").write_bytes(b"")
     cfg = make_cfg(tmp_path, [f"ckpt_path={path}", "extras.print_config=false"], config_name="eval")
-    needle = "does not exist" if content is None else "is not a readable checkpoint"
-    fails_with(capsys, eval_task, cfg, needle)
+    needle = {
+        None: "does not exist",
+        "a run folder": f"is a folder; pass a .ckpt file, e.g. {path}",
+    }
+    fails_with(capsys, eval_task, cfg, needle.get(content, "is not a readable checkpoint"))
 
 
 def test_eval_of_a_foreign_checkpoint(tmp_path, capsys):
@@ -457,7 +469,11 @@ def test_eval_on_data_of_another_image_size_is_refused(tmp_path, capsys):
         ],
         config_name="eval",
     )
-    fails_with(capsys, eval_task, cfg, "trained on data.image_shape=[1, 28, 28]")
+    summary = fails_with(capsys, eval_task, cfg, "trained on data.image_shape=[1, 28, 28]")
+    assert (
+        "(set data.image_shape=[1, 28, 28], and data.source.channels to match)"
+        in (summary["error"])
+    )
 
 
 def test_a_logger_whose_package_is_missing_is_one_line(tmp_path, capsys, monkeypatch):

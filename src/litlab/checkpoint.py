@@ -26,6 +26,16 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"outputs/train/<date>/<time>/checkpoints/{'best' if str(path) == 'best' else 'last'}.ckpt"
         )
     path = Path(path)
+    if path.is_dir():  # a run folder: resume= takes one, ckpt_path a file in it
+        found = sorted(str(p) for p in path.glob("checkpoints/*.ckpt"))
+        raise CheckpointError(
+            f"ckpt_path={path} is a folder; pass a .ckpt file"
+            + (
+                f", e.g. {found[0]} (of {len(found)} there)"
+                if found
+                else " (none in its checkpoints/)"
+            )
+        )
     if not path.is_file():
         raise CheckpointError(
             f"checkpoint {path} does not exist; pass the path of a .ckpt file, "

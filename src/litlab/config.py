@@ -473,6 +473,9 @@ def check_top_level(cfg: DictConfig, config_name: str) -> None:
                 f"{key} is not a setting of the {config_name} task; {hint}its top-level settings "
                 f"are {', '.join(sorted(known - {'hydra'}))}"
             )
+    seed = cfg.get("seed")  # what Lightning's seed_everything (numpy) takes (null: Lightning's 0)
+    if seed is not None and not (type(seed) is int and 0 <= seed < 2**32):
+        raise ConfigError(f"seed={seed}: give a whole number from 0 to {2**32 - 1}, e.g. seed=42")
 
 
 def check_augmentation(cfg: DictConfig) -> None:

@@ -113,9 +113,13 @@ def other_data(chosen: DictConfig, trained: DictConfig) -> DictConfig:
     before = OmegaConf.to_container(trained, resolve=True)
     for key in ("image_shape", "num_classes"):
         if data[key] != before[key]:
+            has = "no value (???)" if data[key] == "???" else data[key]
             raise ConfigError(
                 f"the model was trained on data.{key}={before[key]} but this data has "
-                f"{data[key]}; test it on data of the same {key.replace('_', ' ')}"
+                f"{has}; test it on data of the same {key.replace('_', ' ')} (set "
+                f"data.{key}={before[key]}"
+                + (", and data.source.channels to match" if key == "image_shape" else "")
+                + ")"
             )
     as_trained(data, before, ("mean", "std"), "normalizing this data")
     as_trained(data, before, ("eval_crop",), "framing the test images")

@@ -91,6 +91,8 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         # Lightning's seed_everything refused them with numpy's traceback (found by a walkthrough)
         (["seed=-1"], "seed=-1: give a whole number from 0 to 4294967295"),
         (["seed=abc"], "seed=abc: give a whole number"),
+        # max_lr follows the optimizer's lr: the message named only max_lr (walkthrough)
+        (["model.optimizer.lr=abc"], "model.scheduler.max_lr (from model.optimizer.lr) must be"),
         (["ckpt_path=last"], "resume=<run folder>"),
         (["model=dcgan", "data.translate=2"], "augments the real images only"),
         (["model=dcgan", "trainer.precision=bf16-true"], "use trainer.precision=bf16-mixed"),

@@ -173,8 +173,12 @@ def check_node(node: DictConfig, path: str) -> None:
                 else node[key]
             )
             if _matches(plain, hints[key]) is False:
+                # a value interpolated from another key (max_lr: ${model.optimizer.lr}) names it
+                interpolated = OmegaConf.is_interpolation(node, key)
+                raw = OmegaConf.to_container(node, resolve=False)[key] if interpolated else None
+                source = f" (from {str(raw)[2:-1]})" if raw else ""
                 raise ConfigError(
-                    f"{path}.{key} must be {_hint_name(hints[key])}, got {_describe(plain)}"
+                    f"{path}.{key}{source} must be {_hint_name(hints[key])}, got {_describe(plain)}"
                 )
     for name, p in params.items():
         if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):

@@ -751,3 +751,15 @@ def test_a_nan_objective_is_a_divergence(tmp_path, capsys, best):
     refused(capsys, train_task, cfg, f"the objective val/loss {told}: training diverged")
     (run,) = (Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*")
     assert offline_run(run)["exit_code"] == 1  # W&B shows it failed too
+
+
+def test_an_objective_never_logged_because_nothing_validated_says_so(tmp_path, caplog):
+    """A recipe's check_val_every_n_epoch above a shortened max_epochs: the objective is never
+    logged, and the line says why instead of "check objective.metric" (a new-user walkthrough:
+    experiment=digits_dcgan trainer.max_epochs=1)."""
+    cfg = make_cfg(
+        tmp_path, ["trainer.max_epochs=1", "trainer.check_val_every_n_epoch=2", "test=false", *FAST]
+    )
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(cfg)
+    assert "the objective val/acc was never logged: no val step ran" in caplog.text

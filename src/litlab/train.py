@@ -249,6 +249,12 @@ def objective_value(cfg: DictConfig, run: Run, required: bool) -> None:
         )
     if value is None:
         message = f"the objective {metric} was never logged; check objective.metric"
+        split = metric.split("/", 1)[0]
+        if not any(name.startswith(f"{split}/") for name in run.summary["metrics"]):
+            message = (  # (a recipe's check_val_every_n_epoch above a shortened max_epochs)
+                f"the objective {metric} was never logged: no {split} step ran (see "
+                "trainer.check_val_every_n_epoch, trainer.max_epochs and limit_val_batches)"
+            )
         if required:
             raise ConfigError(message)
         if cfg.get("train"):  # with train=false nothing validates: no objective is expected

@@ -91,6 +91,11 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         # Lightning's seed_everything refused them with numpy's traceback (found by a walkthrough)
         (["seed=-1"], "seed=-1: give a whole number from 0 to 4294967295"),
         (["seed=abc"], "seed=abc: give a whole number"),
+        # a net of the user's own module, not on PYTHONPATH: Hydra's 3-line error, logged too
+        (
+            ["model/net=custom", "model.net._target_=mypackage.MyNet"],
+            "(No module named 'mypackage'): mypackage is not importable, put its folder on PYTHONPATH",
+        ),
         # max_lr follows the optimizer's lr: the message named only max_lr (walkthrough)
         (["model.optimizer.lr=abc"], "model.scheduler.max_lr (from model.optimizer.lr) must be"),
         (["ckpt_path=last"], "resume=<run folder>"),

@@ -141,10 +141,21 @@ def check_node(node: DictConfig, path: str) -> None:
             f"{path}._target_ must be set (it is ??? in the config): add {path}._target_=..."
         )
     target = node.get("_target_")
+    hydra_log = logging.getLogger("hydra.utils")  # it logs the error before raising it
+    level = hydra_log.level
+    hydra_log.setLevel(logging.CRITICAL)
     try:
         built = hydra.utils.get_object(target)
     except Exception as e:
-        raise ConfigError(f"{path}._target_: cannot import {target!r} ({e})") from e
+        cause = e.__cause__ or e  # Hydra's ImportError wraps the import's own, over 3 lines
+        top = str(target).split(".", 1)[0]
+        missing = bool(top) and importlib.util.find_spec(top) is None
+        hint = f": {top} is not importable, put its folder on PYTHONPATH" if missing else ""
+        raise ConfigError(
+            f"{path}._target_: cannot import {target!r} ({first_line(cause)}){hint}"
+        ) from e
+    finally:
+        hydra_log.setLevel(level)
     check_packages(target, path)
     func = built.__init__ if inspect.isclass(built) else built
     try:

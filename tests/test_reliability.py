@@ -948,21 +948,18 @@ def test_a_resume_repeating_the_runs_command_takes_its_config_group_choices_as_m
     )
 
 
-def test_a_resumes_group_choices_are_compared_with_the_runs_own(tmp_path, capsys):
+def test_a_resumes_group_choices_are_compared_with_the_runs_own(capsys):
     """What _unchosen makes of each form (review): the run's own choice, also quoted or a
     null it had, is left out; a null where the run chose (logger=null: no loggers) stays a
     value of the saved config; `~group` and keys pass; another choice is refused."""
     from litlab.resume import _unchosen
 
-    (tmp_path / ".hydra").mkdir()
     choices = {"logger": "csv", "model/scheduler": None, "experiment": None, "trainer": "default"}
-    hydra = {"hydra": {"runtime": {"choices": choices}}}
-    (tmp_path / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
     given = ["logger='csv'", "model/scheduler=null", "experiment=null", "logger=null"]
     given += ["~callbacks", "trainer.devices=2", "+trainer=default"]
-    assert _unchosen(tmp_path, given) == ["logger=null", "~callbacks", "trainer.devices=2"]
+    assert _unchosen(choices, given) == ["logger=null", "~callbacks", "trainer.devices=2"]
     with pytest.raises(SystemExit):
-        _unchosen(tmp_path, ["trainer=ddp", "experiment=fashion_cnn"])
+        _unchosen(choices, ["trainer=ddp", "experiment=fashion_cnn"])
     told = "trainer=ddp (the run has trainer=default), experiment=fashion_cnn (the run has none);"
     assert told in capsys.readouterr().err
 

@@ -124,13 +124,13 @@ def resume_argv(argv: list[str]) -> list[str]:
         f"ckpt_path={checkpoint}",
     ]
     config = yaml.safe_load(saved.read_text())
+    hydra_file = folder / ".hydra" / "hydra.yaml"
+    hydra = yaml.safe_load(hydra_file.read_text())["hydra"] if hydra_file.is_file() else {}
     if (config.get("logger") or {}).get("wandb"):
         run_id = wandb_run_id(folder)
         if run_id:
             args.append(f"+logger.wandb.id={run_id}")
-        hydra_file = folder / ".hydra" / "hydra.yaml"
-        if hydra_file.is_file():  # keep the run's name: what the original command changed
-            hydra = yaml.safe_load(hydra_file.read_text())["hydra"]
+        if hydra:  # keep the run's name: what the original command changed
             original = hydra["job"].get("override_dirname", "")
             args.append(f"logger.wandb.overrides='{original}'")
             # and a sweep job's group (its sweep folder holds the job's: hydra.sweep.subdir)
@@ -140,7 +140,8 @@ def resume_argv(argv: list[str]) -> list[str]:
                 args.append(f"logger.wandb.group='{group}'")
     given = [arg for arg in argv[1:] if not arg.startswith("resume=")]
     # not Hydra's own flags, nor the run's own config group choices restated
-    overrides = _unchosen(folder, [arg for arg in given if not arg.startswith("-")])
+    chosen = hydra.get("runtime", {}).get("choices", {})
+    overrides = _unchosen(chosen, [arg for arg in given if not arg.startswith("-")])
     os.environ[_PENDING] = yaml.safe_dump({"folder": str(folder), "overrides": overrides})
     flags = [arg for arg in given if arg.startswith("-")]
     return [argv[0], *args, *flags, *merged_overrides(_recorded_overrides(folder), overrides)]
@@ -152,16 +153,14 @@ def _config_groups() -> set[str]:
     return {str(d.relative_to(root)) for d in root.rglob("*") if d.is_dir()}
 
 
-def _unchosen(folder: Path, overrides: list[str]) -> list[str]:
+def _unchosen(chosen: dict[str, Any], overrides: list[str]) -> list[str]:
     """``overrides`` without config group choices (``trainer=ddp``, ``model/net=custom``): a
     resumed run's primary config is its saved, composed config, in which the groups are chosen
     already; Hydra would read ``logger=csv`` as the value of the key ``logger`` (a traceback
     later). The run's own choice restated (its command repeated with ``resume=``) is left out;
-    another one is refused in one line."""
+    another one is refused in one line. ``chosen``: the run's choices (.hydra/hydra.yaml's
+    hydra.runtime.choices)."""
     groups = _config_groups()
-    hydra_file = folder / ".hydra" / "hydra.yaml"
-    hydra = yaml.safe_load(hydra_file.read_text())["hydra"] if hydra_file.is_file() else {}
-    chosen = hydra.get("runtime", {}).get("choices", {})
     kept, changed = [], []
     for arg in overrides:
         key = override_key(arg)

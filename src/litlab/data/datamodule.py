@@ -54,6 +54,11 @@ def _streams(dataset: Dataset) -> bool:
     return isinstance(dataset, IterableDataset)
 
 
+def _images(dataset: Dataset) -> int:
+    """Images in a split, all ranks' (a stream's len() is this rank's share)."""
+    return dataset.images if _streams(dataset) else len(dataset)
+
+
 def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
@@ -260,8 +265,7 @@ class DataModule(L.LightningDataModule):
         self.datasets["fit"] = self.datasets["train"]
 
     def _check(self, dataset: Dataset, split: str) -> None:
-        # a stream's len is this rank's share; its images are every rank's
-        if (dataset.images if _streams(dataset) else len(dataset)) == 0:
+        if _images(dataset) == 0:
             raise DataError(f"the {self.source.name} {split} split is empty")
         world = self.trainer.world_size if self.trainer else 1
         if _streams(dataset) and dataset.images < world:  # (an image folder pads: loader.py)
@@ -504,8 +508,7 @@ class DataModule(L.LightningDataModule):
     def split_size(self, split: str) -> int:
         """Images in a split (all ranks': a stream's len() is this rank's share)."""
         self.setup()
-        dataset = self.datasets[split]
-        return dataset.images if _streams(dataset) else len(dataset)
+        return _images(self.datasets[split])
 
     def report(self) -> dict[str, Any]:
         """What the data was, for summary.json: ``source`` (which data: Source.label), the

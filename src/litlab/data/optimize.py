@@ -384,14 +384,16 @@ def _meta_item(text: str) -> dict[str, str]:
     return {"json": text}
 
 
+# A size as LitData reads one: a number and its unit (tb, gb, mb, kb, t, g, m, k, b).
+_SIZE = re.compile(r"\s*\d+(\.\d+)?\s*([tgmk]b?|b)\s*", re.IGNORECASE)
+
+
 def chunk_size(text: str) -> str | int:
     """--chunk-bytes as LitData takes it: a size with its unit (64MB), or a number of bytes
     (LitData refuses a bare number given as text, with a traceback)."""
     if text.strip().isdigit():
         return int(text)
-    if not re.fullmatch(
-        r"\s*\d+(\.\d+)?\s*([tgmk]b?|b)\s*", text, re.IGNORECASE
-    ):  # LitData's units
+    if not _SIZE.fullmatch(text):
         fail(f"--chunk-bytes {text}: give a size such as 64MB or 512kb, or a number of bytes")
     return text
 

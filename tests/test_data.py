@@ -654,6 +654,39 @@ def test_the_cache_is_built_once_and_again_when_a_file_changes(tmp_path):
     assert len(list((tmp_path / "cache").iterdir())) == 2  # no half-built folder left
 
 
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_run_scans_each_split_folder_once(tmp_path, monkeypatch, cache):
+    """Lightning calls prepare_data and setup for fit and again for test; scanning a folder
+    stats every file (a million files: tens of seconds), so a run scans each of its folders
+    once. A copy sent to other processes (ddp_spawn) opens them afresh."""
+    import pickle
+
+    import litlab.data.folder as folder
+
+    write_png_folder(tmp_path / "images" / "train", per_class=12)
+    write_png_folder(tmp_path / "images" / "test", per_class=3)
+    scanned: Counter[str] = Counter()
+    real_scan = folder.scan
+
+    def counting_scan(root: Path) -> folder.FolderIndex:
+        scanned[Path(root).name] += 1
+        return real_scan(root)
+
+    monkeypatch.setattr(folder, "scan", counting_scan)
+    summary = train_on_folder(
+        tmp_path, f"data.source.cache={cache}", "data.batch_size=8", "trainer.max_epochs=1"
+    )
+    assert "test/acc" in summary["metrics"]
+    assert scanned == {"train": 1, "test": 1}
+
+    source = ImageFolder(
+        str(tmp_path / "images"), size=20, cache=cache, cache_dir=str(tmp_path / "cache")
+    )
+    assert len(source.load("train")) == 36
+    copy = pickle.loads(pickle.dumps(source))
+    assert not copy._opened and len(copy.load("test")) == 9
+
+
 def test_random_resized_crops_are_drawn_per_image_and_evaluation_is_the_centre():
     boxes = crop_boxes(64, 40, 40, (0.35, 1.0))
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) / 1600

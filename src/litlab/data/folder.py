@@ -148,11 +148,13 @@ def scan(root: Path) -> FolderIndex:
             # sorted: of two links to one folder, the first name reads it on every machine
             # (a file's name decides its split)
             folders[:] = sorted(f for f in folders if not f.startswith("."))
+            where = os.path.relpath(folder, root)  # once a folder: a million files are common
             for n in names:
                 if n.startswith("."):
                     continue
-                path = os.path.relpath(os.path.join(folder, n), root)
-                (found if Path(n).suffix.lower() in IMAGE_SUFFIXES else index.ignored).append(path)
+                path = os.path.join(where, n)
+                is_image = os.path.splitext(n)[1].lower() in IMAGE_SUFFIXES
+                (found if is_image else index.ignored).append(path)
         index.files += sorted(found)
         index.labels += [label] * len(found)
     if not index.files:
@@ -276,9 +278,10 @@ def cache_key(index: FolderIndex, size: int, channels: int) -> str:
     cp -p to a node's local disk for each job) keeps its cache. A file replaced by one of the
     same byte size with its modification time set back is not seen (delete the cache folder)."""
     digest = hashlib.sha256(repr((CACHE_FORMAT, size, channels, index.classes)).encode())
+    root = str(index.root)
     for name, label in zip(index.files, index.labels, strict=True):
         try:
-            stat = os.stat(index.root / name)
+            stat = os.stat(os.path.join(root, name))
             size, mtime = stat.st_size, stat.st_mtime_ns
         except OSError:  # a broken link: its decode fails and it is skipped and counted
             size = mtime = -1
@@ -391,7 +394,7 @@ def _build(
     shape = (len(index.files), channels, size, size)
     target = building / "images.u8"
     np.memmap(target, dtype=np.uint8, mode="w+", shape=shape).flush()
-    paths = [str(index.root / f) for f in index.files]
+    paths = [os.path.join(root, f) for f in index.files]
     workers = max(1, workers or os.cpu_count() or 1)
     chunk = max(64, min(4096, len(paths) // (workers * 8) or 1))
     failed: list[tuple[int, str]] = []
@@ -505,8 +508,26 @@ class ImageFolder(Source):
         self.test_fraction = test_fraction
         self.cache, self.cache_dir, self.workers = cache, Path(cache_dir), workers
         self.decode, self.test_all = decode, test_all
-        self._loaded: dict[str, Dataset] = {}
+        self._opened: dict[Path, CachedFolder | FolderIndex] = {}
         self.report: dict[str, object] = {}
+
+    def __getstate__(self) -> dict:
+        """A copy sent to other processes (ddp_spawn) opens its folders afresh: the memory-mapped
+        caches are not pickled."""
+        return {**self.__dict__, "_opened": {}}
+
+    def _opened_folder(self, folder: Path) -> CachedFolder | FolderIndex:
+        """``folder``'s cache (decoded at the first call where missing; cache=true) or the index
+        of its files (cache=false), once a process: Lightning calls ``prepare`` and ``load``
+        several times a run, and scanning a folder stats every file (a million files: tens of
+        seconds)."""
+        if folder not in self._opened:
+            self._opened[folder] = (
+                cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers)
+                if self.cache
+                else scan(folder)
+            )
+        return self._opened[folder]
 
     def _split_folders(self) -> dict[str, Path] | None:
         return split_folders(self.root)
@@ -520,17 +541,17 @@ class ImageFolder(Source):
             )
         if self.cache:
             for folder in (self._split_folders() or {"all": self.root}).values():
-                cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers)
+                self._opened_folder(folder)
 
     def _whole(self, folder: Path, split: str) -> Dataset:
         """Every image of one folder of class folders: cached (a TensorDataset over the
         memory-mapped array) or as files."""
-        if not self.cache:
-            index = scan(folder)
+        opened = self._opened_folder(folder)
+        if isinstance(opened, FolderIndex):
             return FileImages(
-                index, range(len(index.files)), self.size, self.channels, self.decode == "device"
+                opened, range(len(opened.files)), self.size, self.channels, self.decode == "device"
             )
-        cached = cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers)
+        cached = opened
         dataset = TensorDataset(cached.images, cached.labels)
         dataset.classes = cached.classes  # type: ignore[attr-defined]
         dataset.files = cached.files  # type: ignore[attr-defined]

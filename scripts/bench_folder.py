@@ -27,8 +27,9 @@ Rows: (a) data path, seconds for --epochs epochs from the first batch (the loade
 dataset are built before; the cold cache's decode alone is counted, being its point); (b) end
 to end, --epochs epochs of Lightning training through each path, timed from the fit loop's start
 to its last batch's end, device synced (benchlib.LoopTimer; the model, Trainer and data are built before):
-litlab's SmallCNN (width 16), or with --model resnet50 torchvision's ResNet-50 (channels_last;
-bf16-mixed on a GPU). Sides are compared in images/s, not seconds: torchvision trains on every
+litlab's SmallCNN (width 16), with --model mlp P1's tiny MLP (scripts/tiny_mlp.py, as wide as the
+crop: its compute costs little, so the data path shows), or with --model resnet50 torchvision's
+ResNet-50 (channels_last; bf16-mixed on a GPU). Sides are compared in images/s, not seconds: torchvision trains on every
 file, litlab on the files less its 1% validation split (31 against 30 batches an epoch at 4,000
 files). Medians of --repeats rounds, the sides of a round back to back in alternating order.
 Results: docs/benchmarks.md, "P2 folders".
@@ -50,6 +51,7 @@ import torch
 import torchvision
 from benchlib import LoopTimer, Measure, SyntheticOnce, sync
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from tiny_mlp import TinyMLP  # scripts/, beside this one
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
@@ -134,15 +136,22 @@ def batches(loader: Iterable, datamodule: DataModule | None, device: torch.devic
 
 
 def train(
-    loader: Iterable, datamodule: DataModule | None, device: torch.device, epochs: int, net: str
+    loader: Iterable,
+    datamodule: DataModule | None,
+    device: torch.device,
+    epochs: int,
+    net: str,
+    size: int,
 ) -> Measure:
-    """Lightning trains SmallCNN(width=16) or ResNet-50 for the epochs on the loader or
-    DataModule; seconds and images of the fit loop alone."""
+    """Lightning trains SmallCNN(width=16), P1's tiny MLP or ResNet-50 for the epochs on the
+    loader or DataModule; seconds and images of the fit loop alone."""
     torch.manual_seed(0)
     if net == "resnet50":
         module = torchvision.models.resnet50(num_classes=10).to(memory_format=torch.channels_last)
         if datamodule is not None:
             datamodule.memory_format = torch.channels_last
+    elif net == "mlp":  # P1's tiny MLP, as wide as the crop: a model whose compute costs little
+        module = TinyMLP(in_features=3 * size * size)
     else:
         module = SmallCNN(3, 10, width=16)
     model = ImageClassifier(module, partial(torch.optim.AdamW, lr=3e-3), num_classes=10)
@@ -168,7 +177,12 @@ def main() -> None:
         "--sides", nargs="+", choices=SIDES, help="default: all (on a CPU, not the device decode)"
     )
     parser.add_argument("--data-only", action="store_true", help="the data path rows alone")
-    parser.add_argument("--model", choices=("small_cnn", "resnet50"), default="small_cnn")
+    parser.add_argument(
+        "--model",
+        choices=("small_cnn", "mlp", "resnet50"),
+        default="small_cnn",
+        help="mlp: P1's tiny MLP (scripts/tiny_mlp.py), whose compute costs little on a CPU",
+    )
     args = parser.parse_args()
     device = benchlib.start(args)
     if args.sides is None:
@@ -230,7 +244,7 @@ def main() -> None:
             if args.data_only:
                 return {"data s": data_s, "images": images, "e2e s": nan, "e2e images": nan}
             loader, datamodule, build_s = built(name)
-            fit = train(loader, datamodule, device, epochs, args.model)
+            fit = train(loader, datamodule, device, epochs, args.model, args.size)
             return {
                 "data s": data_s,
                 "images": images,

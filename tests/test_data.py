@@ -800,8 +800,8 @@ def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache, decode):
     assert summary["data"]["splits"].keys() == {"train", "val", "test"}
     if cache:
         assert summary["data"]["all"]["skipped"] == 3
-    else:  # seen as they are read: every epoch's training batches, and evaluation
-        assert summary["data"]["skipped_while_loading"] >= 3
+    else:  # seen as they are read (every epoch, and evaluation): each file counted once
+        assert summary["data"]["skipped_while_loading"] == 3
 
 
 def test_batches_whose_every_file_is_unreadable_are_skipped(tmp_path):
@@ -818,7 +818,9 @@ def test_batches_whose_every_file_is_unreadable_are_skipped(tmp_path):
         "trainer.max_epochs=1",
     )
     assert all(math.isfinite(summary["metrics"][k]) for k in ("val/loss", "test/loss"))
-    assert summary["data"]["skipped_while_loading"] >= 30  # each broken file, as it was read
+    # each broken file once, as it was read (drop_last leaves one training file of the epoch
+    # unread; counted per read, 31 and more before)
+    assert summary["data"]["skipped_while_loading"] in (29, 30)
 
 
 def test_two_builders_with_the_same_pid_never_share_a_build_folder(tmp_path, monkeypatch):

@@ -13,7 +13,17 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import CPU_DDP, QUIET, REPO, make_cfg, run_cli, summary_of, write_digits_folder
+from conftest import (
+    CPU_DDP,
+    QUIET,
+    QUIET_CSV,
+    REPO,
+    make_cfg,
+    run_cli,
+    summary_of,
+    write_digits_folder,
+    write_png_folder,
+)
 from helpers import fake_scontrol
 from litlab.config import build
 from litlab.distributed import launcher_layout, rank0_dir, strategy_for
@@ -409,6 +419,40 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
     # and the loss: each rank's images weigh what they are (127 and 128 here)
     single = summary_of(cfg)["metrics"]["test/loss"]
     assert summary["metrics"]["test/loss"] == pytest.approx(single, rel=1e-6)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_unreadable_files_are_counted_once_over_every_rank_and_pass(tmp_path):
+    """Files read as they go (cache=false): each rank reads its own share of every split, and
+    the training files again every epoch. summary.json counts each unreadable file once,
+    whichever rank read it (rank 0's reads, summed over passes, before)."""
+    root = tmp_path / "images"
+    for split, per_class, broken in (("train", 6, 2), ("val", 2, 1), ("test", 3, 4)):
+        write_png_folder(root / split, per_class=per_class)
+        for i in range(broken):
+            (root / split / "fox" / f"broken{i}.png").write_bytes(b"not an image")
+    # train/: 20 files, 10 a rank, 2 batches of 5: every file read in each of the 3 epochs
+    result = run_cli(
+        *CPU_DDP,
+        *QUIET_CSV,
+        "data=image_folder",
+        f"data.source.root={root}",
+        "data.source.cache=false",
+        "data.source.size=20",
+        "data.image_shape=[3,16,16]",
+        "data.num_classes=3",
+        "data.num_workers=0",
+        "data.batch_size=5",
+        "model.net.width=8",
+        "model.scheduler=null",  # 6 steps: too few for the one-cycle warm-up
+        "trainer.max_epochs=3",
+        f"paths.log_dir={tmp_path / 'out'}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (summary,) = summaries(tmp_path / "out")
+    assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
+    assert summary["data"]["skipped_while_loading"] == 7
 
 
 @pytest.mark.dist

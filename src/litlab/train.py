@@ -96,6 +96,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 record_resume_overrides(run.dir)  # what this resume= changed, for the next
                 with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+                gather_unreadable(datamodule)
                 run.record_metrics(trainer.callback_metrics)
                 record_checkpoints(trainer, run, cfg.objective.metric)
                 run.mark_trained()
@@ -110,6 +111,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 run.summary["tested_checkpoint"] = tested
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
+                gather_unreadable(datamodule)
                 run.record_metrics(trainer.callback_metrics)
         # before the loggers close: a NaN or missing objective fails the W&B run too
         objective_value(cfg, run, required=in_sweep())
@@ -218,6 +220,13 @@ def saved_best_score(callback: Any) -> float | None:
     state = load_checkpoint(callback.best_model_path).get("callbacks", {}).get(callback.state_key)
     score = (state or {}).get("best_model_score")
     return None if score is None else float(score)
+
+
+def gather_unreadable(datamodule: L.LightningDataModule) -> None:
+    """Every rank's unreadable files (read as they go) into each rank's count, for summary.json:
+    called by every rank after a fit or test that ended (a collective)."""
+    if hasattr(datamodule, "gather_unreadable"):
+        datamodule.gather_unreadable()
 
 
 def record_performance(trainer: L.Trainer, datamodule: L.LightningDataModule, run: Run) -> None:

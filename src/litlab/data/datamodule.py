@@ -195,7 +195,9 @@ class DataModule(L.LightningDataModule):
             eval_crop=eval_crop,
             augment=augment,
         )
-        self.skipped_in_loading = 0  # unreadable files dropped by the file-reading loader
+        # unreadable files dropped by the file-reading loader: each once, whatever reads it
+        # again (every epoch, evaluation); every rank's after a fit or test (gather_unreadable)
+        self.unreadable: set[str] = set()
         # An image folder's class names, in label order (None: a source without names), and
         # those of the checkpoint a run continues or tests (checked at setup or when restored).
         self.class_names: list[str] | None = None
@@ -515,30 +517,57 @@ class DataModule(L.LightningDataModule):
         source's own account (an image folder's images and files skipped per folder),
         ``splits`` (what was trained on, validated and tested: images, or the files listed
         where they are read as they go, unreadable ones included) and ``skipped_while_loading``
-        (files found unreadable as they were read)."""
+        (the files found unreadable as they were read, each once; by every rank where the fit
+        or test ended, this rank's where it failed)."""
         report = {"source": self.source.label, **(getattr(self.source, "report", {}) or {})}
         names = {"train": "fit", "val": "val", "test": "test"}
         splits = {name: self.split_size(key) for name, key in names.items() if key in self.datasets}
         if splits:
             report["splits"] = splits
-        if self.skipped_in_loading:
-            report["skipped_while_loading"] = self.skipped_in_loading
+        if self.unreadable:
+            report["skipped_while_loading"] = len(self.unreadable)
         return report
+
+    def gather_unreadable(self) -> None:
+        """Every rank's unreadable files into this rank's (each rank reads its own share of
+        every split): one collective where files are read as they go, so every rank calls it at
+        the same point (after a fit or a test that ended). Not in ddp_spawn's main process (its
+        ranks ran in processes of their own, gone)."""
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1 or not self._reads_as_it_goes():
+            return
+        if not torch.distributed.is_initialized():
+            return
+        everyone: list[list[str] | None] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(everyone, sorted(self.unreadable))
+        for files in everyone:
+            self.unreadable.update(files or [])
+
+    def _reads_as_it_goes(self) -> bool:
+        """Whether batches come from files or a stream read as they go (unreadable ones
+        possible), the same on every rank."""
+        return self.loader == "dataloader" and any(
+            _reads_files(d) or _streams(d) for d in self.datasets.values()
+        )
 
     def ready(self, batch: Any, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A loader's batch, already on its device, as models see it: decoded where it came
         encoded, cropped (and augmented when ``train``) and normalized; skipped files counted."""
         if len(batch) == 3:  # from the file-reading loader: (images, labels, files skipped)
             images, labels, skipped = batch
+            self.unreadable.update(skipped)
             if not len(labels):  # every file unreadable: an empty batch of the stored shape
                 images = torch.empty(
                     (0, *self.stored_shape), dtype=torch.uint8, device=labels.device
                 )
             elif isinstance(images, Encoded):  # JPEGs left to this device (data.source.decode)
                 c, size = self.stored_shape[:2]
-                images, keep = decode(images, size, c, labels.device)
-                labels, skipped = kept(labels, keep), skipped + int((~keep).sum())
-            self.skipped_in_loading += skipped
+                encoded = images
+                images, keep = decode(encoded, size, c, labels.device)
+                labels = kept(labels, keep)
+                if not keep.all():
+                    failed = zip(encoded.files, keep.tolist(), strict=True)
+                    self.unreadable.update(f for f, k in failed if not k)
         else:
             images, labels = batch
         images = self.transform(images, train=train)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from litlab.data.folder import load_image
+from litlab.data.folder import Unreadable, load_image
 from litlab.errors import DataError
 
 RESIZE_BYTES = 1 << 30  # float pixels resized in one call at most (huge images: fewer a call)
@@ -40,8 +40,8 @@ class Encoded:
     collection: Lightning's transfer to the device and the loader's pinning (torch pins only
     what has a ``pin_memory`` method) leave it on the host, where ``decode_jpeg`` wants it."""
 
-    def __init__(self, items: Sequence[Tensor]) -> None:
-        self.items = list(items)
+    def __init__(self, items: Sequence[Tensor], files: Sequence[str] = ()) -> None:
+        self.items, self.files = list(items), list(files)  # files: what an unreadable is counted as
 
     def __repr__(self) -> str:
         return f"Encoded({len(self.items)} images)"
@@ -148,17 +148,19 @@ def kept(labels: Tensor, keep: Tensor) -> Tensor:
     return labels.index_select(0, _to(keep.nonzero().squeeze(1), labels.device))
 
 
-def skip_unreadable(batch: list) -> tuple[Tensor | Encoded, Tensor, int]:
-    """Collate a file-reading loader's batch: the readable samples, and how many were skipped
-    (third). Pixels become one uint8 tensor; a batch with encoded JPEGs stays ``Encoded``."""
-    good = [b for b in batch if b is not None]
+def skip_unreadable(batch: list) -> tuple[Tensor | Encoded, Tensor, list[str]]:
+    """Collate a file-reading loader's batch: the readable samples, and the files skipped
+    (third; ``Unreadable`` items). Pixels become one uint8 tensor; a batch with encoded JPEGs
+    (samples of (image, label, file)) stays ``Encoded``, naming its files."""
+    good = [b for b in batch if not isinstance(b, Unreadable)]
+    skipped = [b.file for b in batch if isinstance(b, Unreadable)]
     if not good:
-        return torch.empty(0), torch.empty(0, dtype=torch.long), len(batch)
-    if any(image.dim() == 1 for image, _ in good):
-        labels = torch.tensor([int(label) for _, label in good])
-        return Encoded([image for image, _ in good]), labels, len(batch) - len(good)
-    images, labels = torch.utils.data.default_collate(good)
-    return images, labels, len(batch) - len(good)
+        return torch.empty(0), torch.empty(0, dtype=torch.long), skipped
+    if any(b[0].dim() == 1 for b in good):
+        labels = torch.tensor([int(b[1]) for b in good])
+        return Encoded([b[0] for b in good], [b[2] for b in good]), labels, skipped
+    images, labels = torch.utils.data.default_collate([b[:2] for b in good])
+    return images, labels, skipped
 
 
 def all_unreadable(labels: Tensor, trainer: Any) -> bool:

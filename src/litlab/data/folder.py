@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 import torch
@@ -426,11 +426,20 @@ def _build(
     (building / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
+class Unreadable(NamedTuple):
+    """What a dataset read as it goes yields for a file that does not decode (``skip_unreadable``
+    drops it): the file, so that a run counts each unreadable file once, however many passes
+    and ranks read it."""
+
+    file: str
+
+
 class FileImages(Dataset):
     """Images decoded from their files as they are read (DataLoader workers): for folders too
     large to cache. ``encoded``: JPEGs are handed on as their bytes, for the run's device to
-    decode (litlab.data.decode). An unreadable file yields None, which ``skip_unreadable`` drops.
-    """
+    decode (litlab.data.decode), with the file's path (a JPEG the device cannot decode is
+    counted by its file too). An unreadable file yields ``Unreadable``, which
+    ``skip_unreadable`` drops."""
 
     def __init__(
         self,
@@ -453,14 +462,14 @@ class FileImages(Dataset):
     def sample_shape(self) -> tuple[int, int, int]:
         return (self.channels, self.size, self.size)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
+    def __getitem__(self, i: int) -> tuple | Unreadable:
         path = self.index.root / self.index.files[self.positions[i]]
         try:
             image = worker_item(path.read_bytes(), self.size, self.channels, self.encoded)
         except Exception as e:
             warnings.warn(f"skipped unreadable image {path}: {e}", stacklevel=1)
-            return None
-        return image, self.targets[i]
+            return Unreadable(str(path))
+        return (image, self.targets[i], str(path)) if self.encoded else (image, self.targets[i])
 
 
 class ImageFolder(Source):

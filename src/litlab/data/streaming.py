@@ -30,7 +30,7 @@ import torch
 from litlab import rng
 from litlab.compat import continue_item_shuffle_window, shuffle_as_on_a_local_disk
 from litlab.data.decode import skip_unreadable
-from litlab.data.folder import check_decode, check_decoded_shape, worker_item
+from litlab.data.folder import Unreadable, check_decode, check_decoded_shape, worker_item
 from litlab.data.sources import Source
 from litlab.distributed.agree import rank_and_world
 from litlab.errors import ConfigError, DataError
@@ -64,19 +64,21 @@ def _litdata() -> Any:
 class DecodeImage:
     """LitData transform, run in the loader's workers: an item's encoded bytes become uint8
     [channels, size, size] (the centre square, as ``load_image`` makes for image folders), or
-    None when they do not decode (``skip_unreadable`` drops it and the run counts it).
-    ``encoded``: JPEGs stay bytes, for the run's device to decode (litlab.data.decode)."""
+    ``Unreadable`` (its name in ``split``) when they do not decode (``skip_unreadable`` drops it
+    and the run counts it). ``encoded``: JPEGs stay bytes, for the run's device to decode
+    (litlab.data.decode), the item's name with them."""
 
-    def __init__(self, size: int, channels: int, encoded: bool = False) -> None:
-        self.size, self.channels, self.encoded = size, channels, encoded
+    def __init__(self, size: int, channels: int, encoded: bool = False, split: str = "") -> None:
+        self.size, self.channels, self.encoded, self.split = size, channels, encoded, split
 
-    def __call__(self, item: dict[str, Any]) -> tuple[torch.Tensor, int] | None:
+    def __call__(self, item: dict[str, Any]) -> tuple | Unreadable:
+        name = f"{self.split}/{item.get('name')}"
         try:
             image = worker_item(item["image"], self.size, self.channels, self.encoded)
         except Exception as e:  # a damaged item is a skip, whatever PIL raises
-            warnings.warn(f"skipped unreadable image {item.get('name')}: {e}", stacklevel=1)
-            return None
-        return image, int(item["label"])
+            warnings.warn(f"skipped unreadable image {name}: {e}", stacklevel=1)
+            return Unreadable(name)
+        return (image, int(item["label"]), name) if self.encoded else (image, int(item["label"]))
 
 
 def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
@@ -203,7 +205,9 @@ class Streaming(Source):
                 join(self.input_dir, split),
                 cache_dir=self.cache_dir and join(self.cache_dir, split),
                 max_cache_size=self.max_cache_size,
-                transform=DecodeImage(self.size, self.channels, self.decode == "device"),
+                transform=DecodeImage(
+                    self.size, self.channels, self.decode == "device", join(self.input_dir, split)
+                ),
                 item_shuffle_window=self.shuffle_window,
             )
         except (FileNotFoundError, ValueError) as e:  # a split folder or its index missing

@@ -695,18 +695,23 @@ def test_a_folder_of_fashion_mnist_files_caches_the_very_pixels_and_labels_of_th
             {"test": 0.5, "val": 1},
         ),
         (["+trainer.limit_val_batches=1.0", "+trainer.limit_test_batches=0"], None),
+        # more batches than the splits have: all of each measured (warned before it is known)
+        (["+trainer.limit_test_batches=1000", "+trainer.limit_val_batches=1000"], None),
     ],
 )
 def test_an_evaluation_of_part_of_a_split_says_so(tmp_path, caplog, limits, recorded):
     """trainer.limit_test_batches=0.5: test/acc measured half of the test split while
     summary.json counted all of it, and nothing said so. Now summary.json's evaluation_limits
-    and one warning; a whole split (1.0) or none (0) is not a part."""
+    and one warning; a whole split (1.0), none (0) or a number of batches that covered the
+    split is not a part."""
     cfg = make_cfg(tmp_path, ["logger=csv", "trainer.max_epochs=1", *limits, *FAST])
-    with caplog.at_level("WARNING", logger="litlab"):
+    with caplog.at_level("INFO", logger="litlab"):
         train_task(cfg)
     summary = summary_of(cfg)
     assert summary.get("evaluation_limits") == recorded
-    assert ("measure only these batches" in caplog.text) == (recorded is not None)
+    numbers = "1000" in limits[0]
+    assert ("measure only these batches" in caplog.text) == (recorded is not None or numbers)
+    assert ("covered all" in caplog.text) == numbers
     # eval.py: its test split alone (before: neither recorded nor said)
     from litlab.evaluate import eval_task
 
@@ -721,7 +726,8 @@ def test_an_evaluation_of_part_of_a_split_says_so(tmp_path, caplog, limits, reco
         eval_task(tested)
     test_limit = None if recorded is None else {"test": recorded["test"]}
     assert summary_of(tested).get("evaluation_limits") == test_limit
-    assert ("test/* measure only these batches" in caplog.text) == (test_limit is not None)
+    warned = test_limit is not None or numbers
+    assert ("test/* measure only these batches" in caplog.text) == warned
 
 
 @pytest.mark.parametrize("best", [False, True])

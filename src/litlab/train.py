@@ -97,6 +97,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 gather_unreadable(datamodule)
+                settle_evaluation_limit(trainer, run, "val")
                 run.record_metrics(trainer.callback_metrics)
                 record_checkpoints(trainer, run, cfg.objective.metric)
                 run.mark_trained()
@@ -112,6 +113,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
                 gather_unreadable(datamodule)
+                settle_evaluation_limit(trainer, run, "test")
                 run.record_metrics(trainer.callback_metrics)
         # before the loggers close: a NaN or missing objective fails the W&B run too
         objective_value(cfg, run, required=in_sweep())
@@ -173,6 +175,35 @@ def evaluation_limits(cfg: DictConfig, splits: Sequence[str] = ("val", "test")) 
             ),
         )
     return limits
+
+
+def settle_evaluation_limit(trainer: L.Trainer, run: Run, split: str) -> None:
+    """Once the split was evaluated: a limit_{split}_batches that covered all of its batches
+    (a number at or above them; this process's share under DDP) measured the whole split, and
+    is no longer recorded as a part (the report would tag its values as measured on a sample
+    and rank them apart from the same run without the limit)."""
+    limits = run.summary.get("evaluation_limits") or {}
+    loaders = trainer.val_dataloaders if split == "val" else trainer.test_dataloaders
+    measured = trainer.num_val_batches if split == "val" else trainer.num_test_batches
+    if split not in limits or loaders is None or not measured:
+        return
+    try:
+        whole = len(loaders)
+    except TypeError:  # a stream without a length: its part stays recorded
+        return
+    if measured[0] >= whole:
+        log.info(
+            "trainer.limit_%s_batches=%s covered all %d batches of the %s split: %s/* measured "
+            "all of it",
+            split,
+            limits[split],
+            whole,
+            split,
+            split,
+        )
+        del limits[split]
+        if not limits:
+            del run.summary["evaluation_limits"]
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:

@@ -19,7 +19,17 @@ import pytest
 import torch
 import yaml
 
-from conftest import CPU_DDP, QUIET, REPO, bare_trainer, make_cfg, refused, run_cli, summary_of
+from conftest import (
+    CPU_DDP,
+    QUIET,
+    REPO,
+    bare_trainer,
+    make_cfg,
+    refused,
+    run_cli,
+    summary_of,
+    write_png_folder,
+)
 from helpers import fake_scontrol
 from litlab import rng
 from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
@@ -101,6 +111,43 @@ def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
     for name in a:
         assert torch.equal(a[name], b[name]), name
     assert val_rows(folder) == val_rows(straight)  # metrics of every epoch
+
+
+@pytest.mark.slow
+def test_a_resumed_run_counts_the_unreadable_files_read_before_it_stopped(tmp_path):
+    """Files read as they go (cache=false): a resumed epoch skips its trained batches without
+    reading their files, so the unreadable ones found before the stop travel in the checkpoint;
+    stopped and resumed, the run counts what the same run counts uninterrupted."""
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=12)
+    for i in range(8):
+        (root / "fox" / f"broken{i}.png").write_bytes(b"not an image")
+    args = [
+        *QUIET,
+        "logger=csv",
+        "data=image_folder",
+        f"data.source.root={root}",
+        f"data.source.cache_dir={tmp_path / 'cache'}",
+        "data.source.cache=false",
+        "data.source.size=20",
+        "data.image_shape=[3,16,16]",
+        "data.num_classes=3",
+        "data.num_workers=0",
+        "data.batch_size=4",
+        "model.net.width=8",
+        "model.scheduler=null",
+        "trainer.max_epochs=1",
+    ]
+    straight, folder = straight_and_stopped_at(tmp_path, 5, *args)
+    resumed = run_cli(f"resume={folder}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    def skipped(run: Path) -> int:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        return summary["data"]["skipped_while_loading"]
+
+    assert skipped(folder) == skipped(straight) > 0
 
 
 @pytest.mark.slow

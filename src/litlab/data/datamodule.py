@@ -313,13 +313,25 @@ class DataModule(L.LightningDataModule):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Kept in checkpoints by Lightning: the class names the labels stand for."""
-        return {"classes": self.class_names} if self.class_names is not None else {}
+        """Kept in checkpoints by Lightning: the class names the labels stand for, and the
+        unreadable files found so far (this rank's: rank 0's in the file), which a resumed
+        epoch does not read again."""
+        state: dict[str, Any] = {}
+        if self.class_names is not None:
+            state["classes"] = self.class_names
+        if self.unreadable:
+            state["unreadable"] = sorted(self.unreadable)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A resumed run's (after setup) or a tested checkpoint's class names: checked."""
+        """A resumed run's (after setup) or a tested checkpoint's class names: checked. A
+        resumed fit's unreadable files count on (not a test's or eval.py's: they count what
+        they read)."""
         self.trained_classes = state.get("classes")
         self._check_classes()
+        trainer = self.trainer
+        if trainer is not None and trainer.state.fn == "fit":
+            self.unreadable.update(state.get("unreadable", []))
 
     def _loader(
         self, split: str, train: bool, batch_size: int | None = None

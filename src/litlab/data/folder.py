@@ -529,7 +529,8 @@ class ImageFolder(Source):
         """``folder``'s cache (decoded at the first call where missing; cache=true) or the index
         of its files (cache=false), once a process: Lightning calls ``prepare`` and ``load``
         several times a run, and scanning a folder stats every file (a million files: tens of
-        seconds)."""
+        seconds). Files added or changed later are seen by a new ImageFolder (every run, test
+        and eval.py builds its own), not by this one."""
         if folder not in self._opened:
             self._opened[folder] = (
                 cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers)

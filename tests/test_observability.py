@@ -248,7 +248,6 @@ def test_gan_batch_size_scales_and_lr_finder_refuses(tmp_path, capsys):
         (["tune.lr_finder.mode=cosine"], "tune.lr_finder.mode must be exponential or linear"),
         (["+tune.lr_finder.nope=1"], "tune.lr_finder.nope is not an option of Tuner.lr_find"),
         (["tune.batch_size_finder.steps_per_trial=0"], "must be at least 1"),
-        (["ckpt_path=x.ckpt"], "a resumed run keeps its values"),
         (["trainer.devices=2", "trainer.strategy=ddp"], "run on one device"),
     ],
 )

@@ -926,6 +926,39 @@ def test_a_tuned_run_continues_in_place_with_the_values_found(tmp_path, monkeypa
     assert again.data.batch_size == 32
 
 
+@pytest.mark.slow
+def test_a_requeued_tuned_run_leaves_the_values_found_for_a_later_resume(tmp_path):
+    """Hydra writes the command's config again when a requeued job starts: the saved config
+    went back to tune.batch_size=true and the batch size before the search, and a later
+    resume= refused the switch; dropping it trained on at the old batch size (review). Now the
+    requeued job writes the values found again, switches off; and a resume whose saved config
+    still has a switch on (folders requeued before) takes the checkpoint's values."""
+    folder = tmp_path / "run"
+    args = [
+        *(a for a in CLF if not a.startswith("data.batch_size=")),  # the finder's to choose
+        "trainer.max_epochs=2",
+        "tune.batch_size=true",
+        "tune.batch_size_finder.init_val=16",
+        "tune.batch_size_finder.max_trials=2",  # 16, 32
+        "+callbacks.stop._target_=helpers.SignalAt",
+        "+callbacks.stop.batch=20",
+        f"hydra.run.dir={folder}",
+    ]
+    assert run_cli(*args).returncode == 143
+    requeued = run_cli(*args)  # the same command in the same folder
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    saved_path = folder / ".hydra" / "config.yaml"
+    saved = yaml.safe_load(saved_path.read_text())
+    assert saved["data"]["batch_size"] == 32 and saved["tune"]["batch_size"] is False
+    saved["tune"]["batch_size"] = True  # as a folder requeued before this fix left it
+    saved["data"]["batch_size"] = 128
+    saved_path.write_text(yaml.safe_dump(saved))
+    resumed = run_cli(f"resume={folder}", "trainer.max_epochs=3")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    last = load_checkpoint(folder / "checkpoints" / "last.ckpt")
+    assert last["epoch"] == 2 and last["hyper_parameters"]["data"]["batch_size"] == 32  # 3rd
+
+
 def test_a_save_after_a_step_that_broke_the_weights_is_refused(tmp_path, capsys):
     """The batch's loss was finite (computed before the step), the weights the step left are
     not: the periodic save at that batch is refused, the earlier step.ckpt stays."""

@@ -29,8 +29,9 @@ from litlab.config import config_dir, group_of_sweep
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, CheckpointError, ConfigError, fail
-from litlab.overrides import RESUME_OVERRIDES, TUNED_KEYS, merged_overrides, override_key
+from litlab.overrides import RESUME_OVERRIDES, merged_overrides, override_key
 from litlab.run import COMPLETED, TRAINED, Run, config_digest, read_summary
+from litlab.tune import take_tuned_values
 
 log = logging.getLogger("litlab")
 
@@ -257,16 +258,6 @@ def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any]
     log.warning("continuing the interrupted run in %s from %s", folder, path.name)
     cfg.ckpt_path = str(path)
     return checkpoint
-
-
-def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> None:
-    """A run continued from a checkpoint uses the values its finders found, without searching
-    again: the switches that are on take their values from the checkpoint's config."""
-    switches = cfg.get("tune") or {}
-    for switch, key in TUNED_KEYS.items():
-        if switches.get(switch):
-            OmegaConf.update(cfg, key, OmegaConf.select(stored, key), merge=False)
-            OmegaConf.update(cfg, f"tune.{switch}", False, merge=False)
 
 
 def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:

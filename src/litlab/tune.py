@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_e
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.monitor import GB, rss_gb
+from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.config import build
 from litlab.distributed import launched_processes
 from litlab.errors import ConfigError, OutOfMemory
@@ -76,7 +77,8 @@ ONE_DEVICE = (
 
 def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Run the finders that ``tune.batch_size`` / ``tune.lr`` switch on, on throwaway copies of
-    the data, model and trainer; write the found values into ``cfg`` and the saved config.
+    the data, model and trainer; write the found values into ``cfg`` and the saved config. A
+    resumed run (``ckpt_path``) takes its checkpoint's values instead.
 
     The finders run eagerly, with no callbacks or loggers (Speed's compile would compile each
     trial's batch size anew). The written config has the finders off, so that a rerun or a
@@ -86,11 +88,10 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     switches = cfg.get("tune") or {}
     if not cfg.get("train") or not (switches.get("batch_size") or switches.get("lr")):
         return {}
-    if cfg.get("ckpt_path"):
-        raise ConfigError(
-            "tune.batch_size/tune.lr search before a new run; a resumed run keeps its values: "
-            "drop the tune switches (or ckpt_path)"
-        )
+    if cfg.get("ckpt_path"):  # a resumed run keeps the values it trained with: no search
+        path = str(cfg.ckpt_path)
+        take_tuned_values(cfg, stored_config(load_checkpoint(path), path))
+        return {}
     if launched_processes() > 1:  # torchrun's or srun's processes would each tune on their own
         raise ConfigError(ONE_DEVICE)
     check_not_also_given(switches)
@@ -249,6 +250,23 @@ def valley(losses: list[float]) -> int | None:
             end = i
     start = end - run[end] + 1
     return points[start + (end - start) // 2]
+
+
+def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> None:
+    """A run continued from a checkpoint uses the values its finders found, without searching
+    again: the switches that are on take their values from the checkpoint's config, in ``cfg``
+    and in the run's saved config (Hydra wrote the command's there again when a requeued job
+    started: a later ``resume=`` would have trained on with the values before the search)."""
+    switches = cfg.get("tune") or {}
+    updates: dict[str, Any] = {}
+    for switch, key in TUNED_KEYS.items():
+        if switches.get(switch):
+            updates[key] = OmegaConf.select(stored, key)
+            updates[f"tune.{switch}"] = False
+    for key, value in updates.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    if updates:
+        save_tuned_config(updates)
 
 
 def save_tuned_config(updates: dict[str, Any]) -> None:

@@ -654,6 +654,32 @@ def test_the_cache_is_built_once_and_again_when_a_file_changes(tmp_path):
     assert len(list((tmp_path / "cache").iterdir())) == 2  # no half-built folder left
 
 
+@pytest.mark.parametrize("loader", ["device", "dataloader"])
+def test_overfit_batches_are_a_sample_of_the_classes_the_same_every_epoch(
+    tmp_path, monkeypatch, loader
+):
+    """trainer.overfit_batches reads its batches unshuffled: an image folder's first stored
+    images, all of its first class, so that a constant label "overfit" them (debug=overfit
+    passed for a model that learns nothing; a review). Now a seeded sample of the split, the
+    same batches every epoch."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # helpers.RecordImages
+    write_png_folder(tmp_path / "images", per_class=16)
+    train_on_folder(
+        tmp_path,
+        "data.batch_size=8",
+        "trainer.max_epochs=2",
+        "+trainer.overfit_batches=2",
+        "model.scheduler=null",  # 4 steps: too few for the one-cycle warm-up
+        f"data.loader={loader}",
+        "+callbacks.seen._target_=helpers.RecordImages",
+        f"+callbacks.seen.folder={tmp_path / 'seen'}",
+    )
+    seen = json.loads((tmp_path / "seen" / "rank0.json").read_text())
+    first = [label for batch in seen["labels0"] for label in batch]
+    assert len(first) == 16 and seen["labels1"] == seen["labels0"]
+    assert len(set(first)) == 3, first
+
+
 @pytest.mark.parametrize("cache", [True, False])
 def test_a_run_scans_each_split_folder_once(tmp_path, monkeypatch, cache):
     """Lightning calls prepare_data and setup for fit and again for test; scanning a folder

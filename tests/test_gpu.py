@@ -247,3 +247,24 @@ def test_a_resumed_optimizers_step_counts_go_where_the_built_implementation_keep
     assert all(c.dtype == torch.float32 and float(c) == 5 for c in run["counts"])
     for a, b in zip(run["saved"], run["loaded"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_training_and_validation_share_one_copy_of_the_data_on_the_gpu():
+    """The device loader moves an in-memory array to the GPU once: training and validation
+    are rows of one array, and each loader's own copy took twice its memory (a review; a
+    100,000-image cache at 176 px is 9.3 GB)."""
+    import lightning as L
+
+    from litlab.data import DataModule
+    from litlab.data.sources import Synthetic
+
+    datamodule = DataModule(
+        Synthetic((3, 32, 32), train_size=4096, test_size=256), [3, 32, 32], 10, [0.5], [0.25],
+        batch_size=64, loader="device",
+    )  # fmt: skip
+    datamodule.trainer = L.Trainer(accelerator="gpu", devices=1, logger=False)
+    datamodule.setup()
+    train, val = datamodule.train_dataloader(), datamodule.val_dataloader()
+    next(iter(train)), next(iter(val))
+    assert train.images.is_cuda and train.images is val.images
+    assert train.labels is val.labels

@@ -206,6 +206,7 @@ class DataModule(L.LightningDataModule):
         # Set by litlab.callbacks.Speed(channels_last=True) to match the model's weights.
         self.memory_format = torch.contiguous_format
         self.datasets: dict[str, Dataset] = {}
+        self._device_copies: dict[tuple, torch.Tensor] = {}  # _on_device's
 
     def prepare_data(self) -> None:
         self.source.prepare()
@@ -352,12 +353,12 @@ class DataModule(L.LightningDataModule):
             world_size=trainer.world_size if trainer else 1,
         )
         trained = self._trained_batches() if train else None
-        evaluated = None if train else self._evaluated_in_part(split)
+        sampled = self._read_in_part(split, train)
         if self.loader == "dataloader":
             dataset = self.datasets[split]
             reads_files = _reads_files(dataset)
-            if evaluated is not None:
-                dataset = Subset(dataset, evaluated.tolist())
+            if sampled is not None:
+                dataset = Subset(dataset, sampled.tolist())
             return ResumableDataLoader(
                 dataset,
                 ShardSampler(len(dataset), batch_size=batch_size, **order),  # type: ignore[arg-type]
@@ -370,26 +371,43 @@ class DataModule(L.LightningDataModule):
                 multiprocessing_context=reader_context(self.num_workers) if reads_files else None,
             )
         images, labels, rows = self._tensors(split)
-        if evaluated is not None:
-            rows = rows[evaluated]
+        if sampled is not None:
+            rows = rows[sampled]
+        device = trainer.strategy.root_device if trainer else torch.device("cpu")
+        images, labels = self._on_device(images, device), self._on_device(labels, device)
         return DeviceLoader(
             images,
             labels,
             batch_size,
             rows=rows,
-            device=trainer.strategy.root_device if trainer else "cpu",
+            device=device,
             trained=trained,
             **order,  # type: ignore[arg-type]
         )
 
-    def _evaluated_in_part(self, split: str) -> torch.Tensor | None:
-        """The order an evaluation split is read in where the trainer evaluates only part of it
-        (``trainer.limit_val_batches`` / ``limit_test_batches``): a seeded permutation
-        (``data.split_seed``), the same at every validation and on every rank, so that the
-        batches measured are a random sample of the split. Splits are stored class by class
-        (an image folder's files): read in order, ``limit_val_batches=0.25`` measured the first
-        3 of 10 classes. None where the whole split is read (its order then changes nothing)."""
-        if not self._evaluates_in_part(split):
+    def _on_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """One copy of an in-memory array on the run's device, shared by the loaders that read
+        rows of it (training and validation are rows of one array: each loader's own copy took
+        twice its memory on a GPU)."""
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype, str(device))
+        if key not in self._device_copies:
+            self._device_copies[key] = tensor.to(device)
+        return self._device_copies[key]
+
+    def _read_in_part(self, split: str, train: bool) -> torch.Tensor | None:
+        """The order a split is read in where only part of it is: a seeded permutation
+        (``data.split_seed``), the same every epoch and on every rank, so that the batches read
+        are a random sample of the split. Evaluation where the trainer evaluates part of a
+        split (``trainer.limit_val_batches`` / ``limit_test_batches``); training under
+        ``trainer.overfit_batches`` (its batches unshuffled, the same every epoch). Splits are
+        stored class by class (an image folder's files): read in order,
+        ``limit_val_batches=0.25`` measured the first 3 of 10 classes, and ``overfit_batches``
+        trained on one class (a constant label "overfits"). None where the whole split is read
+        in the loader's own order."""
+        trainer = self.trainer
+        if train and not (trainer and trainer.overfit_batches):
+            return None
+        if not train and not self._evaluates_in_part(split):
             return None
         generator = torch.Generator().manual_seed(self.split_seed)
         return torch.randperm(len(self.datasets[split]), generator=generator)

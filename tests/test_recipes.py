@@ -9,7 +9,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from conftest import QUIET_CSV, make_cfg, needs_fashion, summary_of
+from conftest import QUIET_CSV, make_cfg, needs_fashion, refused, summary_of
 from litlab.checkpoint import load_checkpoint
 from litlab.config import build
 from litlab.models import ImageClassifier
@@ -137,6 +137,12 @@ def test_ema_weights_are_the_ones_validated_checkpointed_and_tested(tmp_path):
     for name, value in seen["test"].items():  # the test, on the best checkpoint's average
         assert torch.equal(value, best["state_dict"][name]), name
     assert int(last["averaging_state"]["n_averaged"]) == last["global_step"]
+    # the run's other state is the module's as it is, not the copy the average made at setup
+    # (the best validation accuracy so far was -inf there: a resume would forget the best)
+    for ckpt in (last, best):
+        best_acc = ckpt["state_dict"]["val_acc_best.max_value"]
+        assert torch.equal(best_acc, ckpt["current_model_state"]["val_acc_best.max_value"])
+        assert 0 < float(best_acc) <= 1
 
 
 def test_the_default_ema_decay_ramps_up_so_a_short_run_is_not_its_initial_weights(tmp_path):
@@ -167,7 +173,7 @@ def test_before_its_first_update_the_average_is_the_weights_as_they_are(tmp_path
     assert weights and all(torch.equal(plain_best[name], late_best[name]) for name in weights)
 
 
-def test_a_resumed_fit_continues_the_ema_bit_identically(tmp_path):
+def test_a_resumed_fit_continues_the_ema_bit_identically(tmp_path, capsys):
     """Two epochs straight, or one and then resumed from its last checkpoint: the same averaged
     and raw weights (constant LR: a one-epoch run's schedule would end after one epoch)."""
     common = [*TINY, "callbacks=ema", "callbacks.ema.decay=0.9", "model.scheduler=null"]
@@ -187,6 +193,11 @@ def test_a_resumed_fit_continues_the_ema_bit_identically(tmp_path):
         assert a[key].keys() == b[key].keys()
         for name in a[key]:
             assert torch.equal(a[key][name], b[key][name]), (key, name)
+    # without the callback, Lightning would train on from the averaged weights (with the raw
+    # ones' optimizer state) after a warning: refused in one line
+    plain = [*(o for o in common if o != "callbacks=ema" and "callbacks.ema" not in o)]
+    cfg = make_cfg(tmp_path / "without", [*plain, "trainer.max_epochs=2", f"ckpt_path={first}"])
+    refused(capsys, train_task, cfg, "was written with callbacks.ema")
 
 
 def test_validating_does_not_round_the_float32_average_of_16_bit_weights(tmp_path):

@@ -125,6 +125,17 @@ class EMA(EMAWeightAveraging):
     ) -> None:
         self._follow_until_averaged(pl_module)
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        # The average's state_dict also holds the module's other state as it was copied at the
+        # start (torchmetrics' persistent states: the classifier's val/acc_best at -inf); those
+        # are the run's, not averaged: taken from the module as it is now.
+        raw = checkpoint.get("current_model_state")
+        if raw is not None:
+            averaged = {n for n, _ in pl_module.named_parameters()}
+            if self._average_model is not None and self._average_model.use_buffers:
+                averaged |= {n for n, _ in pl_module.named_buffers()}
+            for name in checkpoint["state_dict"]:
+                if name not in averaged and name in raw:
+                    checkpoint["state_dict"][name] = raw[name]
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._follow_until_averaged(pl_module)

@@ -19,17 +19,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import (
-    CPU_DDP,
-    QUIET,
-    REPO,
-    bare_trainer,
-    make_cfg,
-    refused,
-    run_cli,
-    summary_of,
-    write_png_folder,
-)
+from conftest import CPU_DDP, QUIET, REPO, bare_trainer, make_cfg, refused, run_cli, summary_of
 from helpers import fake_scontrol
 from litlab import rng
 from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
@@ -118,6 +108,8 @@ def test_a_resumed_run_counts_the_unreadable_files_read_before_it_stopped(tmp_pa
     """Files read as they go (cache=false): a resumed epoch skips its trained batches without
     reading their files, so the unreadable ones found before the stop travel in the checkpoint;
     stopped and resumed, the run counts what the same run counts uninterrupted."""
+    from conftest import write_png_folder
+
     root = tmp_path / "images"
     write_png_folder(root, per_class=12)
     for i in range(8):

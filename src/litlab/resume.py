@@ -302,19 +302,20 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
         )
     averaged = "current_model_state" in checkpoint  # written with callbacks.ema
     if averaged != bool((cfg.get("callbacks") or {}).get("ema")):
-        raise CheckpointError(
-            f"{path} was written "
-            + ("with" if averaged else "without")
-            + " callbacks.ema (its state_dict holds "
-            + ("the averaged weights, the raw ones beside them" if averaged else "no average")
-            + "), and this run "
-            + (
-                "has none: it would train on from the averaged weights with the raw ones' "
-                "optimizer state"
-                if averaged
-                else "averages: its average would start over"
+        if averaged:
+            what = (
+                "with callbacks.ema (its state_dict holds the averaged weights, the raw ones "
+                "beside them), and this run has none: it would train on from the averaged "
+                "weights with the raw ones' optimizer state"
             )
-            + "; resume with callbacks.ema as the run had it, or start a new run"
+        else:
+            what = (
+                "without callbacks.ema (its state_dict holds no average), and this run "
+                "averages: its average would start over"
+            )
+        raise CheckpointError(
+            f"{path} was written {what}; resume with callbacks.ema as the run had it, or start "
+            "a new run"
         )
     changed = _changed_optimization(stored, cfg.model)
     if changed:

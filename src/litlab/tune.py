@@ -132,9 +132,7 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     garbage_collection_cuda()  # the throwaway model's memory goes back before the real one
     updates = {"tune.batch_size": False, "tune.lr": False}
     updates.update({TUNED_KEYS[name]: found[name] for name in TUNED_KEYS if name in found})
-    for key, value in updates.items():
-        OmegaConf.update(cfg, key, value, merge=False)
-    save_tuned_config(updates)
+    write_tuned(cfg, updates)
     return found
 
 
@@ -263,10 +261,15 @@ def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> None:
         if switches.get(switch):
             updates[key] = OmegaConf.select(stored, key)
             updates[f"tune.{switch}"] = False
+    if updates:
+        write_tuned(cfg, updates)
+
+
+def write_tuned(cfg: DictConfig, updates: dict[str, Any]) -> None:
+    """Tuned values (and the finders' switches off) into ``cfg`` and the run's saved config."""
     for key, value in updates.items():
         OmegaConf.update(cfg, key, value, merge=False)
-    if updates:
-        save_tuned_config(updates)
+    save_tuned_config(updates)
 
 
 def save_tuned_config(updates: dict[str, Any]) -> None:

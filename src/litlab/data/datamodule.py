@@ -566,7 +566,7 @@ class DataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None or trainer.world_size == 1 or not self._reads_as_it_goes():
             return
-        if not torch.distributed.is_initialized():
+        if not torch.distributed.is_initialized():  # ddp_spawn's main process
             return
         everyone: list[list[str] | None] = [None] * trainer.world_size
         torch.distributed.all_gather_object(everyone, sorted(self.unreadable))

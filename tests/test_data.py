@@ -43,7 +43,12 @@ from litlab.data import (
     Synthetic,
 )
 from litlab.data.folder import cached_folder, load_image
-from litlab.data.sources import read_idx, stratified_indices
+from litlab.data.sources import (
+    FASHION_MNIST_COUNTS,
+    MNIST_COUNTS,
+    read_idx,
+    stratified_indices,
+)
 from litlab.data.transforms import (
     BatchTransform,
     centre_boxes,
@@ -106,6 +111,35 @@ def test_fashion_prefers_data_dir_over_the_system_copy(tmp_path):
     assert len(source.load("train")) == 12
     only_system = FashionMNIST(str(tmp_path / "empty"), download=False, system_dir=str(system))
     assert len(only_system.load("train")) == 20
+
+
+def write_counted_idx(folder: Path, counts: dict[str, tuple[int, ...]]) -> None:
+    """Four IDX files whose labels count per class as ``counts`` says (blank images)."""
+    for prefix, split in (("train", "train"), ("t10k", "test")):
+        labels = np.repeat(np.arange(10), counts[split])
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte", labels)
+        write_idx(folder / f"{prefix}-images-idx3-ubyte", np.zeros((len(labels), 28, 28)))
+
+
+def test_mnist_and_fashion_mnist_pass_over_each_others_files(tmp_path, caplog):
+    """Their files have the same names, and both read data_dir first: data=mnist with a
+    data_dir holding Fashion-MNIST trained on Fashion-MNIST unawares (and the reverse)."""
+    write_counted_idx(tmp_path, FASHION_MNIST_COUNTS)
+    with pytest.raises(DataError) as err:
+        MNIST(str(tmp_path), download=False).prepare()
+    message = str(err.value)
+    assert f"{tmp_path} holds Fashion-MNIST's files" in message
+    assert f"put the four IDX files (.gz or plain) in {tmp_path / 'MNIST' / 'raw'}" in message
+    write_counted_idx(tmp_path / "MNIST" / "raw", MNIST_COUNTS)
+    mnist = MNIST(str(tmp_path), download=False)
+    mnist.prepare()
+    for split in ("train", "test"):
+        assert tuple(mnist.load(split).tensors[1].bincount().tolist()) == MNIST_COUNTS[split]
+    assert f"{tmp_path} holds Fashion-MNIST's files (the same names), not mnist's" in caplog.text
+    fashion = FashionMNIST(
+        str(tmp_path / "MNIST" / "raw"), download=False, system_dir=str(tmp_path)
+    )
+    assert fashion.load("train").tensors[1].bincount().tolist() == [6000] * 10
 
 
 def test_missing_idx_files_name_all_three_ways(tmp_path):

@@ -205,10 +205,21 @@ def one_download_at_a_time(folder: Path, name: str) -> Iterator[Callable[[], Non
             lock.release()
 
 
+# Each class's number of images in the published files. MNIST's and Fashion-MNIST's files have
+# the same four names, so one data_dir may hold either: the labels tell them apart.
+MNIST_COUNTS = {
+    "train": (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949),
+    "test": (980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009),
+}
+FASHION_MNIST_COUNTS = {"train": (6000,) * 10, "test": (1000,) * 10}
+
+
 class _IDXSource(Source):
     """A dataset published as four IDX files (MNIST and Fashion-MNIST)."""
 
     torchvision_name: str
+    # The other dataset with the same file names: its name, and its labels' class counts
+    lookalike: ClassVar[tuple[str, dict[str, tuple[int, ...]]]]
     files: ClassVar[dict[str, tuple[str, str]]] = {
         "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
         "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -218,24 +229,53 @@ class _IDXSource(Source):
         self.data_dir = Path(data_dir)
         self.download = download
         self.system_dir = system_dir
+        self._files: dict[str, Path] | None = None  # once found
+        self._passed_over: set[Path] = set()  # folders holding the look-alike's files
 
     def _candidates(self) -> list[Path]:
         own = [self.data_dir, self.data_dir / self.torchvision_name / "raw"]
         return own + ([Path(self.system_dir)] if self.system_dir else [])
 
-    def _find(self, stem: str) -> Path | None:
-        for folder in self._candidates():
-            for name in (stem, stem + ".gz"):
-                if (folder / name).is_file():
-                    return folder / name
-        return None
+    def _in(self, folder: Path) -> dict[str, Path] | None:
+        """The four files in ``folder`` (each .gz or plain), or None if one is missing."""
+        found = {}
+        for stem in (stem for pair in self.files.values() for stem in pair):
+            names = (folder / stem, folder / f"{stem}.gz")
+            found[stem] = next((path for path in names if path.is_file()), None)
+        return None if None in found.values() else found
 
-    def _all_found(self) -> bool:
-        return all(self._find(stem) for pair in self.files.values() for stem in pair)
+    def _is_lookalike(self, files: dict[str, Path]) -> bool:
+        """Whether the files' labels count as the other dataset's (its published files)."""
+        counts = self.lookalike[1]
+        return all(
+            tuple(torch.bincount(read_idx(files[labels]).long()).tolist()) == counts[split]
+            for split, (_, labels) in self.files.items()
+        )
+
+    def _found(self) -> dict[str, Path] | None:
+        """The files of the first candidate folder holding all four, passing over a folder that
+        holds the look-alike's (data=mnist read Fashion-MNIST from a shared data_dir unawares)."""
+        if self._files is None:
+            for folder in self._candidates():
+                files = self._in(folder)
+                if files is None or folder in self._passed_over:
+                    continue
+                if self._is_lookalike(files):
+                    self._passed_over.add(folder)
+                    log.warning(
+                        "%s holds %s files (the same names), not %s's: passed over",
+                        folder,
+                        self.lookalike[0],
+                        self.name,
+                    )
+                    continue
+                self._files = files
+                break
+        return self._files
 
     def prepare(self) -> None:
         with one_download_at_a_time(self.data_dir, self.name) as before_download:
-            if self._all_found():
+            if self._found():
                 return
             if not self.download:
                 raise DataError(self._not_found("download is off (data.source.download=false)"))
@@ -251,7 +291,8 @@ class _IDXSource(Source):
 
     def _not_found(self, why: str) -> str:
         places = ", ".join(str(p) for p in self._candidates())
-        ways = ["put the four IDX files (.gz or plain) in data.source.data_dir"]
+        own = self.data_dir / self.torchvision_name / "raw"
+        ways = [f"put the four IDX files (.gz or plain) in {own}"]
         if self.system_dir:
             ways.append(f"install the system copy ({self.system_dir})")
         ways.append(
@@ -259,13 +300,16 @@ class _IDXSource(Source):
             if self.download
             else "allow the torchvision download (data.source.download=true, needs internet)"
         )
-        return f"{self.name} files not found in {places} and {why}; {', or '.join(ways)}"
+        others = "".join(
+            f" ({folder} holds {self.lookalike[0]} files)" for folder in sorted(self._passed_over)
+        )
+        return f"{self.name} files not found in {places}{others} and {why}; {', or '.join(ways)}"
 
     def load(self, split: Split) -> TensorDataset:
-        image_stem, label_stem = self.files[split]
-        image_path, label_path = self._find(image_stem), self._find(label_stem)
-        if image_path is None or label_path is None:
+        files = self._found()
+        if files is None:
             raise DataError(self._not_found("they were not fetched (prepare_data did not run)"))
+        image_path, label_path = (files[stem] for stem in self.files[split])
         images, labels = read_idx(image_path), read_idx(label_path)
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise DataError(
@@ -280,6 +324,7 @@ class FashionMNIST(_IDXSource):
 
     name = "fashion_mnist"
     torchvision_name = "FashionMNIST"
+    lookalike = ("MNIST's", MNIST_COUNTS)
 
     def __init__(
         self,
@@ -295,6 +340,7 @@ class MNIST(_IDXSource):
 
     name = "mnist"
     torchvision_name = "MNIST"
+    lookalike = ("Fashion-MNIST's", FASHION_MNIST_COUNTS)
 
 
 class CIFAR10(Source):

@@ -111,6 +111,11 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "set objective.metric=val/loss objective.mode=min",
         ),
         (["data.train_fraction=0"], "train_fraction must lie in (0, 1]"),
+        (  # accuracy's max kept: the worst checkpoint was tested and scored
+            ["objective.metric=val/loss"],
+            "objective.metric=val/loss is better when lower, but objective.mode=max",
+        ),
+        (["model=dcgan", "objective.mode=max"], "set objective.mode=min"),
         (  # digits at batch 256: 5 steps, x pct_start 0.2 = a warm-up of one step
             ["data.batch_size=256", "trainer.max_epochs=1", "model.scheduler.pct_start=0.2"],
             "a one-cycle warm-up of exactly one step",
@@ -357,6 +362,10 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
         tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "+model.tta_flip=true"]
     )
     refused(capsys, train_task, flips, "model.tta_flip: False -> True would change what val/*")
+    # another objective: Lightning's best (kept per metric and direction) would start over
+    objective = ["objective.metric=val/loss", "objective.mode=min"]
+    rejudged = make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", *objective])
+    refused(capsys, train_task, rejudged, "objective.metric: val/acc -> val/loss, objective.mode:")
     other_groups = make_cfg(
         tmp_path,
         [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.decay_norm_and_bias=false"],

@@ -372,13 +372,26 @@ def check_manual_optimization(cfg: DictConfig, model: Any) -> None:
         )
 
 
+# The direction of litlab's own metrics, by the last part of their names (val/loss, test/acc_top5)
+BETTER_WHEN = {"loss": "min", "fid": "min", "acc": "max", "acc_top5": "max", "acc_best": "max"}
+
+
 def check_objective(cfg: DictConfig) -> None:
-    """Refuse an objective that no part of the run logs (FID with the FID callback off), and a
-    best checkpoint chosen by another metric or direction than the objective: its score is the
-    run's objective value (what a sweep optimizes and the report ranks by) and the checkpoint
-    the test measures."""
+    """Refuse an objective in the wrong direction for its metric (objective.metric=val/loss alone
+    kept accuracy's max: the worst checkpoint, tested and scored), one that no part of the run
+    logs (FID with the FID callback off), and a best checkpoint chosen by another metric or
+    direction than the objective: its score is the run's objective value (what a sweep
+    optimizes and the report ranks by) and the checkpoint the test measures."""
     callbacks = cfg.get("callbacks") or {}
     metric = str(cfg.objective.metric)
+    better = BETTER_WHEN.get(metric.rsplit("/", 1)[-1])
+    if better is not None and str(cfg.objective.mode) != better:
+        raise ConfigError(
+            f"objective.metric={metric} is better when {'lower' if better == 'min' else 'higher'}"
+            f", but objective.mode={cfg.objective.mode}: the best checkpoint (what the test "
+            "measures), early stopping, a plateau schedule and a sweep would all take the worst "
+            f"as the best; set objective.mode={better}"
+        )
     best = callbacks.get("model_checkpoint") or {}
     chosen_by = (best.get("monitor"), best.get("mode", "min"))
     if best and chosen_by[0] is not None and chosen_by != (metric, str(cfg.objective.mode)):

@@ -288,6 +288,14 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             f"which {', '.join(seeds)} would change part way; resume with the run's seed, or "
             "start a new run"
         )
+    objective = _changes(config, cfg, ["objective.metric", "objective.mode"])
+    if objective:
+        raise CheckpointError(
+            f"{', '.join(objective)}: {path}'s best checkpoint so far was chosen by the run's "
+            "objective, and another would choose anew from the resumed epochs only (Lightning "
+            "keeps the best per metric and direction); resume with the run's objective, or "
+            "start a new run"
+        )
     measured = [
         f"model.{key}: {stored.get(key, default)} -> {cfg.model.get(key, default)}"
         for key, default in _MEASURES.items()

@@ -272,9 +272,23 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             f"{path} holds a {trained} but this run builds a {cfg.model._target_}; pick the "
             "matching model (e.g. model=dcgan for a GAN checkpoint) or another checkpoint"
         )
-    if not cfg.get("train"):  # tested only: nothing is restored for training
-        return
     data = _changed_data(OmegaConf.create(config.get("data") or {}), cfg.data)
+    measured = [
+        f"model.{key}: {stored.get(key, default)} -> {cfg.model.get(key, default)}"
+        for key, default in _MEASURES.items()
+        if key in stored or key in cfg.model
+        if stored.get(key, default) != cfg.model.get(key, default)
+    ]
+    measured += _changes(config, cfg, ["data.eval_crop"])  # the centre share evaluated
+    if not cfg.get("train"):  # tested only: nothing is restored for training
+        if data or measured:  # the same checkpoint, another figure (found by review: 12 points)
+            raise CheckpointError(
+                f"train=false tests {path} as this command sets it up, not as its run did "
+                f"({'; '.join(data + measured)}): test/* would measure it otherwise (images "
+                f"that trained, if the split moved); test it with python eval.py ckpt_path={path} "
+                "(its run's settings; data=... there tests other data, prepared as it trained)"
+            )
+        return
     if data:
         raise CheckpointError(
             f"{path} trained on other data ({'; '.join(data)}): a resumed run continues the "
@@ -296,12 +310,6 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             "keeps the best per metric and direction); resume with the run's objective, or "
             "start a new run"
         )
-    measured = [
-        f"model.{key}: {stored.get(key, default)} -> {cfg.model.get(key, default)}"
-        for key, default in _MEASURES.items()
-        if key in stored or key in cfg.model
-        if stored.get(key, default) != cfg.model.get(key, default)
-    ]
     if measured:
         raise CheckpointError(
             f"{', '.join(measured)} would change what val/* measures part way (the best "

@@ -116,6 +116,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "objective.metric=val/loss is better when lower, but objective.mode=max",
         ),
         (["model=dcgan", "objective.mode=max"], "set objective.mode=min"),
+        (  # a traceback from the top-5 metric (with 5 classes or fewer: trained on silently)
+            ["model.net.num_classes=12"],
+            "SmallCNN gives outputs shaped (12,) per image, but data.num_classes=10: give the net",
+        ),
         (  # digits at batch 256: 5 steps, x pct_start 0.2 = a warm-up of one step
             ["data.batch_size=256", "trainer.max_epochs=1", "model.scheduler.pct_start=0.2"],
             "a one-cycle warm-up of exactly one step",

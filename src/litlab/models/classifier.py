@@ -96,6 +96,7 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         # erasing (litlab.models.augment.RandomErasing, per image), then mix (torchvision's
         # MixUp/CutMix, one draw per batch).
         self.tta_flip, self.erasing, self.mix = tta_flip, erasing, mix
+        self.num_classes = num_classes
         self.top_k = 5 if num_classes > 5 else 0
         # The training epoch's sums: loss x images and the hits at each top-k place on the
         # device, the images on the host. Seven small tensor ops a step (torchmetrics' update and
@@ -144,7 +145,14 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         self._images = int(sums[3])
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.net(images)
+        logits = self.net(images)
+        if logits.ndim != 2 or logits.shape[1] != self.num_classes:  # shapes: no device sync
+            raise ConfigError(
+                f"{type(self.net).__name__} gives outputs shaped {tuple(logits.shape[1:])} per "
+                f"image, but data.num_classes={self.num_classes}: give the net "
+                f"{self.num_classes} outputs (model.net.num_classes, or your net's last layer)"
+            )
+        return logits
 
     def evaluate(self, images: Tensor) -> Tensor:
         """The logits an evaluation uses: the net's, or with tta_flip the mean over each image

@@ -232,6 +232,22 @@ def test_eval_of_a_foreign_checkpoint(tmp_path, capsys):
     fails_with(capsys, eval_task, cfg, "carries no litlab config")
 
 
+def test_eval_of_a_sharded_fsdp_checkpoint_says_how_to_consolidate_it(tmp_path, capsys):
+    """trainer.strategy.state_dict_type=sharded leaves best.ckpt/ as a folder of shards (its
+    meta.pt and one .distcp per rank): it was called a run folder without checkpoints."""
+    import torch
+
+    sharded = tmp_path / "best.ckpt"
+    sharded.mkdir()
+    torch.save({"epoch": 1}, sharded / "meta.pt")
+    (sharded / "__0_0.distcp").write_bytes(b"shard")
+    cfg = make_cfg(
+        tmp_path, [f"ckpt_path={sharded}", "extras.print_config=false"], config_name="eval"
+    )
+    needle = f"consolidate_checkpoint {sharded}, then pass ckpt_path={sharded}.consolidated"
+    fails_with(capsys, eval_task, cfg, needle)
+
+
 @pytest.mark.parametrize(
     "overrides, needle",
     [

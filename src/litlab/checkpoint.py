@@ -26,6 +26,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"outputs/train/<date>/<time>/checkpoints/{'best' if str(path) == 'best' else 'last'}.ckpt"
         )
     path = Path(path)
+    if (path / "meta.pt").is_file():  # Lightning's sharded checkpoint: a folder of shards
+        raise CheckpointError(
+            f"ckpt_path={path} is a sharded FSDP checkpoint (one shard per rank); consolidate it "
+            "into one file with python -m lightning.pytorch.utilities.consolidate_checkpoint "
+            f"{path}, then pass ckpt_path={path}.consolidated"
+        )
     if path.is_dir():  # a run folder: resume= takes one, ckpt_path a file in it
         found = sorted(str(p) for p in path.glob("checkpoints/*.ckpt"))
         raise CheckpointError(

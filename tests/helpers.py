@@ -579,3 +579,35 @@ class RecordBarMetrics(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         shown = trainer.progress_bar_callback.get_metrics(trainer, pl_module)
         self.path.write_text(json.dumps({k: v for k, v in shown.items() if k != "v_num"}))
+
+
+class ShardedOnCPU:
+    """Lightning's FSDPStrategy on CPU processes (gloo), for tests (a class made on first use:
+    importing FSDP here would slow every helper import). Lightning's refuses a CPU accelerator
+    and hands torch's FSDP no device: this wraps a module as Lightning does, with the CPU as
+    the device; a module already holding FSDP units takes Lightning's own path."""
+
+    def __new__(cls, wrap: list[str] = (), **kwargs: Any) -> Any:
+        from hydra.utils import get_class
+        from lightning.pytorch.strategies import FSDPStrategy
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        class FSDPWithCPUDevice(FSDPStrategy):
+            def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+                if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+                    return super()._setup_model(model)
+                model = FullyShardedDataParallel(
+                    module=model,
+                    sharding_strategy=self.sharding_strategy,
+                    device_id=torch.device("cpu"),
+                    **self.kwargs,
+                )
+                policy = self.kwargs.pop("auto_wrap_policy", None)  # kept for the next module
+                try:  # Lightning's path for a wrapped module (it drops a policy it finds)
+                    return super()._setup_model(model)
+                finally:
+                    if policy is not None:
+                        self.kwargs["auto_wrap_policy"] = policy
+
+        policy = {get_class(name) for name in wrap} or None
+        return FSDPWithCPUDevice(auto_wrap_policy=policy, **kwargs)

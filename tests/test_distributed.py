@@ -738,6 +738,42 @@ def test_torchrun_multirun_leaves_one_sweep_folder_with_every_job(tmp_path):
 
 
 @pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("saved", ["full", "sharded"])
+def test_a_model_sharded_over_two_ranks_is_tested_after_its_fit(tmp_path, saved):
+    """FSDP on 2 ranks: the fit wraps the net's blocks inside the LightningModule, and the test
+    after it loaded the full checkpoint into those flat shards ("size mismatch for
+    net.stem.0.weight": every multi-GPU trainer=fsdp run ended failed after training; on one
+    GPU torch shards nothing). Lightning's FSDPStrategy, given the CPU as its device
+    (helpers.ShardedOnCPU; Lightning's own refuses a CPU), on 2 gloo processes."""
+    result = run_cli(
+        *SYNTH,
+        *QUIET,
+        "model=resnet",
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.max_epochs=1",
+        "+trainer.strategy={_target_: helpers.ShardedOnCPU, "
+        f"wrap: [torchvision.models.resnet.BasicBlock], state_dict_type: {saved}}}",
+        f"paths.log_dir={tmp_path / 'out'}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (summary,) = summaries(tmp_path / "out")
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    assert summary["tested_checkpoint"] == summary["best_checkpoint"]
+    assert 0 <= summary["metrics"]["test/acc"] <= 1
+    if saved == "sharded":  # a folder of shards: eval.py says how to consolidate it
+        return
+    cfg = make_cfg(
+        tmp_path / "eval",
+        [f"ckpt_path={summary['best_checkpoint']}", "extras.print_config=false"],
+        config_name="eval",
+    )
+    assert eval_task(cfg) == pytest.approx(summary["metrics"]["test/acc"], abs=1e-7)
+
+
+@pytest.mark.dist
 def test_weight_decay_keeps_its_kernels_under_fsdp(tmp_path):
     """decay_norm_and_bias=false: the kernels decay, the norms and biases do not, told apart by
     shape. FSDP with its original parameters (Lightning's, before configure_optimizers) shows

@@ -110,6 +110,9 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                         "last_checkpoint"
                     )
                 run.summary["tested_checkpoint"] = tested
+                if cfg.get("train") and wraps_in_place(trainer):
+                    model = build(cfg.model, "model")  # wrapped afresh for the test
+                    model.save_hyperparameters(resolved_config(cfg))
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
                 gather_unreadable(datamodule)
@@ -204,6 +207,16 @@ def settle_evaluation_limit(trainer: L.Trainer, run: Run, split: str) -> None:
         del limits[split]
         if not limits:
             del run.summary["evaluation_limits"]
+
+
+def wraps_in_place(trainer: L.Trainer) -> bool:
+    """Whether the fit's strategy wrapped the net's blocks inside the LightningModule itself:
+    FSDP's units replace its blocks, and the test after the fit (Lightning wraps a module
+    holding FSDP units no further) loaded the full checkpoint's tensors into those flat shards:
+    "size mismatch for net.stem.0.weight", every multi-GPU FSDP run ended failed."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return isinstance(trainer.strategy, FSDPStrategy)
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:

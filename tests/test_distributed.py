@@ -605,6 +605,25 @@ def test_torchrun_single_node(tmp_path):
     assert_one_run_identical_weights(tmp_path, 2)
 
 
+@pytest.mark.dist
+@pytest.mark.slow
+def test_ranks_resolving_different_precisions_are_refused(tmp_path):
+    """trainer.precision=auto is resolved by each process on its own hardware: under torchrun a
+    job spanning node types trained its ranks at different precisions (tests/two_kinds_of_node.py:
+    rank 0's CPU has native bfloat16, rank 1's not)."""
+    args = run_args(tmp_path)
+    args[0] = str(REPO / "tests" / "two_kinds_of_node.py")
+    proc = torchrun(
+        ["--standalone", "--nproc_per_node=2", *args, "trainer.precision=auto"], tmp_path
+    )
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    needle = "the ranks would compute at different precisions (bf16-mixed on rank(s) 0; 32-true on"
+    assert needle in out, out[-3000:]
+    (summary,) = summaries(tmp_path / "out")
+    assert summary["status"] == "failed" and summary["precision"]["chosen"] == "bf16-mixed"
+
+
 def streamed_digits(tmp_path: Path) -> list[str]:
     """data=streaming over the digits converted into LitData chunks."""
     from litlab.data.optimize import convert

@@ -22,6 +22,7 @@ from litlab.config import (
     require,
 )
 from litlab.data.folder import split_folders
+from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
@@ -73,7 +74,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     # Evaluation callbacks of the trained run (a GAN's FID and sample grids) test it the same
     # way; the others are not built (their classes may not be importable here).
     callbacks = build_list(eval_callbacks(stored.get("callbacks")), "callbacks")
-    callbacks += trained_numerics(stored)
+    callbacks += [*trained_numerics(stored), OnePrecision()]
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
     failed = False
     try:

@@ -40,6 +40,7 @@ from litlab.distributed import (
     ranks_run_this_job,
     strategy_for,
 )
+from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError, TrainingDiverged
 from litlab.hardware import check_hardware, resolve_precision
 from litlab.loggers import finish_loggers
@@ -229,7 +230,7 @@ def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, An
     """Callbacks, loggers and the Trainer, with the strategy the model needs (cfg.trainer holds
     the devices and nodes an external launcher laid out: adopt_launcher_layout)."""
     check_manual_optimization(cfg, model)
-    callbacks = build_list(cfg.get("callbacks"), "callbacks")
+    callbacks = [*build_list(cfg.get("callbacks"), "callbacks"), OnePrecision()]
     loggers = build_list(cfg.get("logger"), "logger")
     log_lr_plot(loggers, tuned)
     devices, num_nodes = cfg.trainer.devices, cfg.trainer.num_nodes

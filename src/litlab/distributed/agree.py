@@ -3,8 +3,13 @@ training without a host sync in the step."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+
+from litlab.errors import ConfigError
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -82,3 +87,31 @@ def largest_on_any_rank(value: int) -> int:
     largest = torch.tensor([value], device=device)
     dist.all_reduce(largest, op=dist.ReduceOp.MAX)
     return int(largest.item())
+
+
+class OnePrecision(Callback):
+    """Every rank computes at one precision, or the run stops before anything trains.
+
+    trainer.precision=auto is resolved by each process on its own hardware: under torchrun or
+    srun a job spanning node types (bf16 CPUs and others; a V100 node's 16-mixed with an
+    A100's bf16-mixed) trained its ranks at different precisions, and DDP averaged a
+    GradScaler's scaled gradients with unscaled ones (weights apart by orders of magnitude
+    within 3 steps, found by review). One all_gather of the names at each setup."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        _, world = rank_and_world()
+        if world == 1:
+            return
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, str(trainer.precision))
+        if len(set(every)) > 1:
+            ranks: dict[str, list[int]] = {}
+            for rank, precision in enumerate(every):
+                ranks.setdefault(precision, []).append(rank)
+            found = "; ".join(f"{p} on rank(s) {', '.join(map(str, r))}" for p, r in ranks.items())
+            raise ConfigError(
+                f"the ranks would compute at different precisions ({found}: trainer.precision="
+                "auto picks by each machine's hardware, and these differ); DDP would average "
+                "their gradients as if alike: set trainer.precision to one all of them run, "
+                "e.g. trainer.precision=32-true"
+            )

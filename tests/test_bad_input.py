@@ -320,6 +320,27 @@ def test_resuming_a_checkpoint_of_another_model_family(tmp_path, capsys):
     )
 
 
+def test_a_run_requeued_on_another_kind_of_machine_goes_on_at_its_precision(
+    tmp_path, monkeypatch, caplog
+):
+    """trainer.precision=auto picks by the machine: a job requeued onto another kind of node
+    (a partition of mixed nodes) was refused as "a run with another config" (its resolved
+    precision differed). Here: trained with native bfloat16, stopped while testing (.trained,
+    no .completed), started again on a machine without it."""
+    import litlab.hardware
+
+    tiny = ["trainer.max_epochs=1", "model.net.width=4", "trainer.precision=auto", *QUIET]
+    monkeypatch.setattr(litlab.hardware, "cpu_has_native_bf16", lambda: True)
+    train_task(make_cfg(tmp_path, tiny))
+    (tmp_path / "run" / ".completed").unlink()
+    monkeypatch.setattr(litlab.hardware, "cpu_has_native_bf16", lambda: False)
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(make_cfg(tmp_path, tiny))
+    assert "trained at bf16-mixed, this machine runs 32-true; continuing at 32-true" in caplog.text
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["precision"]["chosen"] == "32-true"
+
+
 def test_training_over_another_runs_checkpoints(tmp_path, capsys):
     """A run folder that holds another config's checkpoints is never trained over, and a
     continuation refused before it starts leaves the folder's summary.json as it was (the

@@ -231,6 +231,20 @@ def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any]
     checkpoint = load_checkpoint(path)
     stored = stored_config(checkpoint, path)
     take_tuned_values(cfg, stored)
+    then, now = str(stored.trainer.get("precision")), str(cfg.trainer.get("precision"))
+    requested = (run.summary.get("precision") or {}).get("requested") if run else None
+    if then != now and requested == "auto":
+        # requeued on another kind of machine (a partition of mixed nodes): auto picks anew
+        log.warning(
+            "trainer.precision=auto: the run in %s trained at %s, this machine runs %s; "
+            "continuing at %s",
+            folder,
+            then,
+            now,
+            now,
+        )
+        with open_dict(stored):
+            stored.trainer.precision = now
     if _computes(stored, folder) != _computes(cfg, folder):
         raise ConfigError(
             f"{folder} already holds checkpoints of a run with another config; continue that "

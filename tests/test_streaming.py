@@ -35,7 +35,13 @@ from helpers import fingerprints
 from litlab.config import build
 from litlab.data.folder import load_image
 from litlab.data.optimize import _write_meta, convert, main
-from litlab.data.streaming import DecodeImage, join, read_labels, streaming_loader_class
+from litlab.data.streaming import (
+    DecodeImage,
+    join,
+    read_labels,
+    read_meta,
+    streaming_loader_class,
+)
 from litlab.errors import ConfigError, DataError
 from litlab.evaluate import eval_task
 from litlab.train import train_task
@@ -234,6 +240,92 @@ def test_a_conversion_leaving_a_class_no_training_files_is_refused(tmp_path):
     with pytest.raises(DataError, match=r"\['fox'\] .*no readable image for training"):
         convert(root, str(tmp_path / "chunks"), workers=1)
     assert not (tmp_path / "chunks").exists()
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_class_whose_training_files_are_all_unreadable_is_refused(
+    tmp_path, monkeypatch, recorded
+):
+    """The class check before decoding sees zebra's files; none decodes, so the written train
+    split lacks the class (a run and litlab.data.check refuse such data). Refused in one line
+    once the train split is written, from the recorded labels or, where LitData's counts left
+    them unrecorded, the written items; DST/meta stays unfinished (a run refuses it)."""
+    import litlab.data.optimize as optimize
+
+    root, dst = tmp_path / "images", tmp_path / "chunks"
+    write_png_folder(root, per_class=6)
+    (root / "zebra").mkdir()
+    for i in range(8):
+        (root / "zebra" / f"{i}.png").write_bytes(b"not a picture")
+    if not recorded:
+        monkeypatch.setattr(optimize, "recorded_labels", lambda folder, written: None)
+    with pytest.raises(DataError, match=r"\['zebra'\] of .*images leave no readable image"):
+        convert(root, str(dst), workers=1)
+    assert (dst / "train" / "index.json").is_file()  # refused after decoding, not before
+    with pytest.raises(DataError, match="unfinished conversion"):
+        read_meta(str(dst))
+
+
+def test_files_of_yours_that_litdata_would_delete_in_the_destination_are_refused(tmp_path):
+    """LitData's overwrite deletes every .bin and *index.json file (and .checkpoints) in a local
+    DST/<split> and DST/meta, not only its chunks: a user's model.bin was lost silently."""
+    root, dst = tmp_path / "images", tmp_path / "chunks"
+    write_png_folder(root, per_class=4)
+    for name in ["train/model.bin", "meta/my-index.json", "val/.checkpoints/state"]:
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
+        (dst / name).write_text("precious")
+    # an earlier conversion's own files (a writer's index, left by an interruption) and other
+    # names are not deleted, nor refused
+    for name in ["train/chunk-0-0.bin", "train/0.index.json", "train/notes.txt", "README.md"]:
+        (dst / name).write_text("x")
+    before = sorted(p for p in dst.rglob("*"))
+    with pytest.raises(DataError, match=r"holds 3 file\(s\) that converting there would delete"):
+        convert(root, str(dst), workers=1)
+    assert sorted(p for p in dst.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("dst", "needle"),
+    [
+        ("azure://container/chunks", "cannot write a conversion to azure://"),
+        ("hf://datasets/me/chunks", "cannot write a conversion to hf://"),
+        ("r2://bucket/chunks", "r2:// only through a Lightning Studio's data connection"),
+        ("gs://bucket/chunks", "needs google-cloud-storage"),
+    ],
+)
+def test_a_destination_litdata_cannot_write_to_is_one_line(tmp_path, capsys, dst, needle):
+    """LitData writes to a folder, s3://, gs:// and r2:// (this last only through a Lightning
+    data connection); azure:// was offered by the help and failed with a traceback."""
+    if dst.startswith("gs://"):
+        try:
+            import google.cloud.storage  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            pytest.skip("google-cloud-storage is installed: gs:// would be listed for real")
+    write_png_folder(tmp_path / "images", per_class=4)
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "images"), dst])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_a_finished_conversion_whose_split_was_removed_is_converted_again(
+    converted, tmp_path, monkeypatch
+):
+    """rm -rf DST/train after a conversion: a run said to convert it again, and converting
+    said there was nothing to do. The splits are counted before a conversion is vouched for,
+    and the meta names SRC absolutely (its advice works from any folder)."""
+    root, dst, _ = converted
+    damaged = tmp_path / "damaged"
+    shutil.copytree(dst, damaged)
+    shutil.rmtree(damaged / "train")
+    monkeypatch.chdir(root.parent)
+    meta = convert(Path(root.name), str(damaged), max_side=64, workers=1)
+    assert sorted(i["name"] for i in streamed(damaged, "train")) == sorted(
+        i["name"] for i in streamed(dst, "train")
+    )
+    assert meta["source"] == str(root.resolve())
 
 
 def test_a_large_16_bit_image_is_shrunk_not_skipped(tmp_path):

@@ -14,8 +14,9 @@ skipped with a warning and counted. LitData's ``optimize`` does the writing, on 
 its progress bar, to a folder or an object store (credentials from the environment), each
 worker a slice of the items in order (the same stream at every conversion); each split's labels
 are recorded in stream order in ``DST/meta`` (FID's class-stratified samples). Re-running is
-safe: a finished conversion of the same files and options is left alone, an unfinished one (or
-one made before the labels were recorded) is written again from the start.
+safe: a finished conversion of the same files and options, its splits whole, is left alone; an
+unfinished or damaged one (or one made before the labels were recorded) is written again from
+the start. Files of yours that LitData would delete in DST are refused in one line.
 """
 
 from __future__ import annotations
@@ -97,10 +98,9 @@ def source_splits(
             "val": shuffled([train_items[i] for i in val.tolist()]),
         }
     splits["test"] = shuffled(test_items)
-    # every class keeps training files (the folder path's rule; unreadable ones aside)
+    # every class keeps training files (the folder path's rule; unreadable ones: convert())
     train_labels = torch.tensor([label for _, label, _ in splits["train"]], dtype=torch.long)
-    where = folders["train"] if folders is not None else root
-    check_classes_present(train_labels, indexes[0].classes, where, "train")
+    check_classes_present(train_labels, indexes[0].classes, train_folder(root), "train")
     key = hashlib.sha256(
         # "by name": the splits' method (file by file, from the names), part of what was written
         repr(
@@ -108,6 +108,12 @@ def source_splits(
         ).encode()
     )
     return indexes[0].classes, splits, key.hexdigest()[:16]
+
+
+def train_folder(root: Path) -> Path:
+    """Where SRC's training class folders are: SRC/train, or SRC itself."""
+    folders = split_folders(root)
+    return folders["train"] if folders is not None else root
 
 
 def shuffled(items: list[Item]) -> list[Item]:
@@ -175,6 +181,24 @@ def _written(output_dir: str) -> int:
     """How many samples LitData wrote to one split (its index.json)."""
     litdata = _litdata()
     return len(litdata.StreamingDataset(output_dir))
+
+
+def intact(dst: str, meta: dict[str, Any]) -> bool:
+    """Whether each split of a finished conversion still reads with the count it recorded (a
+    split removed or rewritten since is converted again, not vouched for by the meta)."""
+    for split, report in meta["splits"].items():
+        try:
+            if _written(join(dst, split)) != report["images"]:
+                return False
+        except Exception:  # a missing or damaged split fails in LitData's many ways
+            return False
+    return True
+
+
+def streamed_labels(output_dir: str) -> list[int]:
+    """A written split's labels read back from its chunks (where encode() did not record them:
+    reads the whole split)."""
+    return [int(item["label"]) for item in _litdata().StreamingDataset(output_dir)]
 
 
 # LitData's staging folders, one per machine unless these are set (its defaults: $TMPDIR/chunks
@@ -259,6 +283,8 @@ def convert(
 ) -> dict[str, Any]:
     """Write SRC's splits to DST as LitData datasets, then DST/meta; return the meta."""
     litdata = _litdata()
+    check_scheme(dst)
+    src = src.resolve()  # the meta's advice (convert it again: SRC DST) works from any folder
     classes, splits, key = source_splits(src, test_fraction, val_fraction)
     options = {"max_side": max_side, "quality": quality if max_side else None}
     try:
@@ -267,6 +293,7 @@ def convert(
             meta.get("source_key") == key
             and meta.get("options") == options
             and "label_items" in meta  # written before the labels were recorded: again
+            and intact(dst, meta)
         ):
             print(f"{dst} already holds this conversion of {src}; nothing to do")
             return meta
@@ -310,6 +337,14 @@ def convert(
                     f"{written} items): FID samples of it will not be class-stratified",
                     file=sys.stderr,
                 )
+            if split == "train":  # a class whose files were all unreadable: refused as a run does
+                trained = labels[split]
+                if trained is None:
+                    trained = streamed_labels(join(dst, split))
+                # (the meta still says unfinished: a run refuses DST, converting again redoes it)
+                check_classes_present(
+                    torch.tensor(trained, dtype=torch.long), classes, train_folder(src), split
+                )
         meta = {
             "format": META_FORMAT,
             "classes": classes,
@@ -323,39 +358,94 @@ def convert(
         return read_meta(dst)
 
 
-# What a conversion writes under DST: each split's and the meta's LitData index and chunks.
-_OWN_OBJECT = re.compile(r"(train|val|test|meta)/(index\.json|chunk-\d+-\d+\.bin)")
+# What a conversion writes under DST: each split's and the meta's LitData index and chunks
+# (and, until the end, the index of each writer and node: 0.index.json, 0-index.json).
+_OWN_OBJECT = re.compile(r"(train|val|test|meta)/((\d+[.-])?index\.json|chunk-\d+-\d+\.bin)")
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def check_scheme(dst: str) -> None:
+    """Refuse a URL that LitData cannot write a conversion to, before anything is read."""
+    url = _URL.match(dst)
+    if url is None or url[1] in ("s3", "gs"):
+        return
+    if url[1] == "r2":  # LitData's R2 client needs a Lightning data connection a URL lacks
+        raise DataError(
+            f"{dst}: LitData writes to r2:// only through a Lightning Studio's data connection "
+            "(a /teamspace/lightning_storage/ path), not from a URL; convert to a local "
+            "folder, s3:// or gs://"
+        )
+    raise DataError(
+        f"{dst}: LitData cannot write a conversion to {url[1]}://; convert to a local folder "
+        "(or s3://, gs://), then copy that folder there to stream it"
+    )
 
 
 def check_destination(dst: str) -> None:
-    """Refuse an s3:// destination holding objects that a conversion would delete.
+    """Refuse a destination holding files of the user's that a conversion would delete.
 
-    LitData's overwrite (which a re-run needs) removes on an object store every object whose
-    key starts with DST/<split> or DST/meta, without the slash: DST/train/notes.txt, and also
-    DST/train_raw/... or DST/trainer.log. (In a local folder it removes its own index.json and
-    .bin files only.) Objects of an earlier conversion, and other names, are fine."""
-    if not dst.startswith("s3://"):
-        return
-    from litdata.streaming.fs_provider import S3FsProvider
-
-    bucket, _, prefix = dst.removeprefix("s3://").partition("/")
-    prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-    client = S3FsProvider().client.client
-    doomed = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for item in page.get("Contents", []):
-            name = item["Key"][len(prefix) :]
-            if name.startswith(("train", "val", "test", "meta")) and not _OWN_OBJECT.fullmatch(
-                name
-            ):
-                doomed.append(item["Key"])
+    LitData's overwrite (which a re-run needs) removes in a local DST/<split> and DST/meta every
+    file ending in .bin or index.json and the .checkpoints folder (model.bin, my-index.json);
+    on an object store every object whose key starts with DST/<split> or DST/meta, without the
+    slash: DST/train/notes.txt, and also DST/train_raw/... or DST/trainer.log. Files and
+    objects of an earlier conversion, and other names, are fine."""
+    url = _URL.match(dst)
+    if url is None:
+        doomed = [str(f) for f in _local_doomed(Path(dst))]
+        what, own = "file(s)", "folder"
+        rule = "every .bin and *index.json file in its train, val, test and meta folders"
+    else:
+        bucket, _, prefix = dst[url.end() :].partition("/")
+        prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        doomed = [
+            f"{url[0]}{bucket}/{key}"
+            for key in _object_keys(url[1], bucket, prefix)
+            if key[len(prefix) :].startswith(("train", "val", "test", "meta"))
+            and not _OWN_OBJECT.fullmatch(key[len(prefix) :])
+        ]
+        what, own = "object(s)", "prefix"
+        rule = "everything whose name starts with train, val, test or meta"
     if doomed:
-        shown = ", ".join(f"s3://{bucket}/{key}" for key in doomed[:3])
         raise DataError(
-            f"{dst} holds {len(doomed)} object(s) that converting there would delete (LitData "
-            f"replaces everything whose name starts with train, val, test or meta), e.g. {shown}; "
-            f"convert into a prefix of its own, e.g. {dst.rstrip('/')}/litdata"
+            f"{dst} holds {len(doomed)} {what} that converting there would delete (LitData "
+            f"replaces {rule}), e.g. {', '.join(doomed[:3])}; convert into a {own} of its own, "
+            f"e.g. {dst.rstrip('/')}/litdata"
         )
+
+
+def _local_doomed(dst: Path) -> list[Path]:
+    """The user's files that LitData's overwrite deletes in a local DST (resolver.py,
+    ``_assert_dir_has_index_file``)."""
+    doomed = []
+    for folder in ("train", "val", "test", "meta"):
+        if not (dst / folder).is_dir():
+            continue
+        for path in sorted((dst / folder).iterdir()):
+            name = f"{folder}/{path.name}"
+            if path.name == ".checkpoints" or (
+                path.name.endswith((".bin", "index.json")) and not _OWN_OBJECT.fullmatch(name)
+            ):
+                doomed.append(path)
+    return doomed
+
+
+def _object_keys(scheme: str, bucket: str, prefix: str) -> Iterator[str]:
+    """The keys under ``prefix`` in an s3:// or gs:// bucket, listed with the client LitData
+    writes with (boto3; google-cloud-storage, which LitData needs for gs:// too)."""
+    if scheme == "s3":
+        from litdata.streaming.fs_provider import S3FsProvider
+
+        client = S3FsProvider().client.client
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            yield from (item["Key"] for item in page.get("Contents", []))
+        return
+    try:
+        from google.cloud import storage
+    except ImportError as e:
+        raise DataError(
+            "converting to gs:// needs google-cloud-storage: pip install google-cloud-storage"
+        ) from e
+    yield from (blob.name for blob in storage.Client().list_blobs(bucket, prefix=prefix))
 
 
 def _write_meta(
@@ -405,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("src", type=Path, help="the image folder")
-    parser.add_argument("dst", help="output folder or URL (s3://, gs://, azure://)")
+    parser.add_argument("dst", help="output folder or URL (s3://, gs://)")
     parser.add_argument(
         "--max-side",
         type=int,

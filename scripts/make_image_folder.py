@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("out", help="the folder to write (created)")
+    parser.add_argument("out", help="the folder to write (created; refused if not empty)")
     parser.add_argument("--source", choices=sorted(CLASSES), default="fashion_mnist")
     parser.add_argument("--data-dir", default="data", help="where litlab looks for the source")
     parser.add_argument("--size", type=int, default=28, help="image side in pixels")
@@ -72,6 +73,9 @@ def main() -> None:
     args = parser.parse_args()
 
     out, jobs = Path(args.out), []
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        # written over, another run's images would stay beside these (jpg, then png: each twice)
+        sys.exit(f"{out} is not an empty folder; give a new one or remove it first")
     for split in ("train", "test"):
         images, labels = load(args.source, split, args.data_dir)
         if args.limit:

@@ -391,8 +391,10 @@ class CIFAR10(Source):
                     f"{path} is missing; fetch CIFAR-10 again (data.source.download=true)"
                 ) from e
             except Exception as e:  # a truncated or foreign pickle fails in many ways
+                # prepare() sees only that the files exist: a damaged one must go to be fetched
                 raise DataError(
-                    f"{path} is not a readable CIFAR-10 batch ({e}); fetch it again"
+                    f"{path} is not a readable CIFAR-10 batch ({e}); delete it and run again "
+                    "with data.source.download=true to fetch it again"
                 ) from e
         return TensorDataset(torch.cat(images), torch.cat(labels))
 

@@ -106,6 +106,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "use callbacks.ema.update_starting_at_step",
         ),
         (["callbacks=ema", "trainer=fsdp"], "callbacks.ema averages whole parameters"),
+        (  # Lightning's FSDP raised it as a traceback once the fit had started
+            ["trainer=fsdp", "trainer.gradient_clip_val=1.0"],
+            "set trainer.gradient_clip_algorithm=value, or use trainer.strategy=ddp",
+        ),
         (
             ["callbacks.model_checkpoint.monitor=val/loss", "callbacks.model_checkpoint.mode=min"],
             "set objective.metric=val/loss objective.mode=min",

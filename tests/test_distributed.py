@@ -330,6 +330,36 @@ LAUNCHER_VARS = (
 )
 
 
+def test_nodes_nothing_started_and_a_spawning_strategy_under_a_launcher_are_refused(monkeypatch):
+    """trainer.num_nodes=2 with nothing to start the other node waited 30 minutes at "MEMBER:
+    1/2"; trainer=ddp_spawn under torchrun started 2 processes from each rank (then a gloo
+    traceback). Both one line now; MASTER_ADDR and NODE_RANK set by hand start a node."""
+    from litlab.distributed import adopt_launcher_layout
+    from litlab.distributed.launchers import NODE_VARIABLES
+
+    for var in (*LAUNCHER_VARS, *NODE_VARIABLES):
+        monkeypatch.delenv(var, raising=False)
+
+    def trainer(strategy: str, nodes: int = 1):
+        return OmegaConf.create({"devices": 2, "num_nodes": nodes, "strategy": strategy})
+
+    with pytest.raises(
+        ConfigError, match=r"trainer\.num_nodes=2, but nothing started this process"
+    ):
+        adopt_launcher_layout(trainer("ddp", nodes=2))
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.setenv("NODE_RANK", "1")
+    assert adopt_launcher_layout(trainer("ddp", nodes=2)) == {}  # Lightning's own environment
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(
+        ConfigError, match=r"torchrun started this run's processes, and trainer\.strategy=ddp_spawn"
+    ):
+        adopt_launcher_layout(trainer("ddp_spawn"))
+    assert adopt_launcher_layout(trainer("ddp")) == {"devices": 2, "num_nodes": 1}
+
+
 def test_devices_and_nodes_follow_the_processes_srun_started(monkeypatch):
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)

@@ -123,6 +123,14 @@ def check_hardware(trainer: DictConfig) -> bool:
     devices = trainer.get("devices", 1)
     cuda = torch.cuda.device_count()
     mps = torch.backends.mps.is_available()
+    name = strategy_name(trainer.get("strategy", "auto"))
+    clipped = trainer.get("gradient_clip_val") and trainer.get("gradient_clip_algorithm") != "value"
+    if "fsdp" in name.lower() and clipped:  # Lightning raised it once the fit had started
+        raise ConfigError(
+            "trainer.gradient_clip_val clips by norm, which Lightning's FSDP does not (a norm "
+            "over sharded gradients); set trainer.gradient_clip_algorithm=value, or use "
+            "trainer.strategy=ddp"
+        )
     if accelerator in ("gpu", "cuda") and not cuda and not (accelerator == "gpu" and mps):
         raise ConfigError(
             f"trainer.accelerator={accelerator} but this machine has no CUDA GPU; "
@@ -138,7 +146,6 @@ def check_hardware(trainer: DictConfig) -> bool:
             f"trainer.precision={precision} (float16 autocast) needs a GPU; on CPU use "
             "trainer.precision=auto (the fastest this CPU runs natively), 32-true or bf16-mixed"
         )
-    name = strategy_name(trainer.get("strategy", "auto"))
     if on_cpu and "fsdp" in name.lower():
         raise ConfigError("FSDP shards models across CUDA GPUs; on CPU use trainer.strategy=ddp")
     if on_cpu and devices == -1:

@@ -130,10 +130,35 @@ def launcher_layout(devices: Any, num_nodes: int) -> dict[str, int]:
     return layout
 
 
+# What says that something else set up this node's place among several: Lightning's plain
+# environment (MASTER_ADDR, NODE_RANK, set by hand on each node), LSF's and MPI's
+NODE_VARIABLES = ("MASTER_ADDR", "NODE_RANK", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+SPAWNING = ("ddp_spawn", "ddp_fork", "ddp_notebook")
+
+
 def adopt_launcher_layout(trainer: Any) -> dict[str, int]:
     """Write the launcher's layout into the trainer config (before it is saved as hparams), so
-    that the run's config says how many processes trained it."""
+    that the run's config says how many processes trained it. Refused in one line: several
+    nodes without anything that starts them (each process waited 30 minutes for the others),
+    and a strategy that starts processes itself under a launcher that did (ddp_spawn under
+    torchrun: twice the processes, then a gloo or NCCL traceback)."""
+    from litlab.distributed.strategy import strategy_name
+
     layout = launcher_layout(trainer.devices, trainer.num_nodes)
+    name = strategy_name(trainer.get("strategy", "auto"))
+    if layout and name.startswith(SPAWNING):
+        launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "srun"
+        raise ConfigError(
+            f"{launcher} started this run's processes, and trainer.strategy={name} would start "
+            "its own from each of them; use trainer.strategy=ddp (or trainer=ddp)"
+        )
+    nodes = int(trainer.get("num_nodes") or 1)
+    if not layout and nodes > 1 and not any(v in os.environ for v in NODE_VARIABLES):
+        raise ConfigError(
+            f"trainer.num_nodes={nodes}, but nothing started this process as one of {nodes} "
+            "nodes (it would wait 30 minutes for the others): launch it on every node with "
+            "torchrun --nnodes or srun (README, Scaling out), or use hydra/launcher=slurm"
+        )
     for key, value in layout.items():
         trainer[key] = value
     return layout

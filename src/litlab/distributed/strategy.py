@@ -45,15 +45,17 @@ def strategy_for(
     no gradient and in G's step D's are frozen, so DDP must look for unused parameters in
     each backward. Lightning's "ddp_find_unused_parameters_true" does exactly that and keeps
     one DDP wrapper (checkpoint keys unchanged); wrapping G and D separately would need a
-    custom strategy for the same effect. Lightning's FSDP does not support manual optimization.
+    custom strategy for the same effect. GANs are refused under FSDP: their EMA generator
+    (AveragedModel) and its samples for FID and grids take whole parameters, which FSDP shards.
     """
     name = strategy_name(strategy)
     if model.automatic_optimization:
         return strategy
     if "fsdp" in name.lower():
         raise ConfigError(
-            f"trainer.strategy={name} does not support GANs (Lightning's FSDP has no manual "
-            "optimization); use trainer.strategy=ddp"
+            f"trainer.strategy={name} does not support GANs (their EMA generator and its "
+            "samples for FID take whole parameters, which FSDP shards; a DCGAN fits on one "
+            "GPU); use trainer.strategy=ddp"
         )
     if cuda_devices is None:
         cuda_devices = torch.cuda.device_count()

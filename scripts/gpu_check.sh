@@ -167,6 +167,7 @@ if part 2; then
   else
     FOLDER="--size 400 --limit 4000"; FOLDER_BENCH="--size 224 --stored 256 --epochs 2 --model resnet50"
   fi
+  rm -rf /tmp/litlab-jpegs  # made afresh: make_image_folder.py refuses a folder that is not empty
   step make_jpeg_folder 40 $PY scripts/make_image_folder.py /tmp/litlab-jpegs --rgb --jitter 0.25 \
     $FOLDER $DDIR
   step bench_p2_folder 120 $PY scripts/bench_folder.py /tmp/litlab-jpegs --device $DEV \

@@ -1218,3 +1218,30 @@ def test_which_evaluation_limits_measure_part_of_a_split():
 
     limits = [None, 0, 0.0, 1.0, 0.5, 1, 2, 2.0]
     assert [part_of_a_split(limit) for limit in limits] == [False] * 4 + [True] * 4
+
+
+def test_a_corrupt_cifar10_batch_says_how_to_fetch_it_again_and_that_works(tmp_path, monkeypatch):
+    """prepare() looks only for the batch files: "fetch it again" over a damaged one fetched
+    nothing with download=true. Its advice, delete it and run again, does fetch it."""
+    import torchvision
+
+    fetched = []
+
+    def download(root: str, download: bool) -> None:  # torchvision's CIFAR10, offline
+        fetched.append(root)
+        write_cifar_batches(Path(root), per_batch=8)
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", download)
+    write_cifar_batches(tmp_path, per_batch=8)
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_3"
+    batch.write_bytes(b"\x80\x04garbage")
+    source = CIFAR10(str(tmp_path), download=True)
+    source.prepare()
+    assert fetched == []  # every file is there: nothing fetched
+    with pytest.raises(
+        DataError, match=r"data_batch_3 is not a readable .*delete it and run again"
+    ):
+        source.load("train")
+    batch.unlink()
+    source.prepare()
+    assert fetched == [str(tmp_path)] and len(source.load("train")) == 40

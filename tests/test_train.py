@@ -777,3 +777,22 @@ def test_an_objective_never_logged_because_nothing_validated_says_so(tmp_path, c
     with caplog.at_level("WARNING", logger="litlab"):
         train_task(cfg)
     assert "the objective val/acc was never logged: no val step ran" in caplog.text
+
+
+def test_make_image_folder_refuses_a_folder_that_is_not_empty(tmp_path):
+    """PNGs written over an earlier run's JPEGs kept both: every image twice in the folder."""
+    out = tmp_path / "digits"
+
+    def make(fmt: str) -> subprocess.CompletedProcess:
+        script = REPO / "scripts" / "make_image_folder.py"
+        command = [str(out), "--source", "digits", "--format", fmt, "--limit", "20"]
+        return subprocess.run(
+            [sys.executable, str(script), *command], capture_output=True, text=True, cwd=REPO
+        )
+
+    assert make("jpg").returncode == 0
+    before = sorted(out.rglob("*"))
+    again = make("png")
+    assert again.returncode == 1 and "is not an empty folder" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert sorted(out.rglob("*")) == before

@@ -26,7 +26,7 @@ and flip per image at --size, normalized float batches on --device:
 Rows: (a) data path, seconds for --epochs epochs from the first batch (the loader and its
 dataset are built before; the cold cache's decode alone is counted, being its point); (b) end
 to end, --epochs epochs of Lightning training through each path, timed from the fit loop's start
-to its last batch's end, device synced (benchlib.LoopTimer; the model, Trainer and data are built before):
+(first fetch included; not the workers' start-up, which Lightning runs before it) to its last batch's end, device synced (benchlib.LoopTimer; the model, Trainer and data are built before):
 litlab's SmallCNN (width 16), with --model mlp P1's tiny MLP (scripts/tiny_mlp.py, as wide as the
 crop: its compute costs little, so the data path shows), or with --model resnet50 torchvision's
 ResNet-50 (channels_last; bf16-mixed on a GPU). Sides are compared in images/s, not seconds: torchvision trains on every

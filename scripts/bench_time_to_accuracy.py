@@ -48,8 +48,8 @@ def overrides(args: argparse.Namespace, device: torch.device, warm: bool) -> lis
 
 def raw_loop_lacks(cfg: DictConfig) -> list[str]:
     """What the recipe does that the raw loop does not (it has no test-time flip, erasing,
-    mixing, EMA, gradient accumulation, nor a schedule stepped by validation): empty where the
-    two compute the same."""
+    mixing, EMA, gradient accumulation, nor a schedule stepped by validation, and trains whole
+    epochs): empty where the two compute the same."""
     lacks = [f"model.{k}" for k in ("tta_flip", "erasing", "mix") if cfg.model.get(k)]
     if (cfg.get("callbacks") or {}).get("ema"):
         lacks.append("callbacks.ema")
@@ -57,6 +57,12 @@ def raw_loop_lacks(cfg: DictConfig) -> list[str]:
         lacks.append("trainer.accumulate_grad_batches")
     if "ReduceLROnPlateau" in str((cfg.model.get("scheduler") or {}).get("_target_")):
         lacks.append("model/scheduler=plateau")
+    # the raw loop trains whole epochs (benchlib.raw_classifier): a step budget or a part of
+    # each epoch would time runs of different lengths
+    if int(cfg.trainer.get("max_steps") or -1) >= 0:
+        lacks.append("trainer.max_steps")
+    if cfg.trainer.get("limit_train_batches") not in (None, 1.0):
+        lacks.append("trainer.limit_train_batches")
     return lacks
 
 

@@ -242,7 +242,8 @@ class LoopTimer(Callback):
     (raw_classifier, bench_throughput.raw_dcgan) time: from the start of batch ``skip`` (its
     fetch done) to the end of the last batch (before the epoch's and the fit's end hooks:
     checkpoints, summaries). ``skip=None``: from the fit loop's start, first fetch included
-    (bench_folder, where starting the loader is part of what is compared). The task builds this
+    (bench_folder); not the loader workers' start-up, which Lightning runs before it (the fit
+    loop's setup_data, before on_train_start). The task builds this
     callback from the config, so the reading is kept on the class."""
 
     last: ClassVar[Measure] = {}

@@ -43,6 +43,62 @@ def test_torchvision_nets_with_auxiliary_heads_train_with_one_output(name, size)
     assert all(p.grad is not None for p in net.parameters())
 
 
+def cached_weights(torch_home, name: str, weights: str, **built) -> dict:
+    """A state dict of torchvision's ``name`` (randomly initialized, as the weights' model is
+    built: ``built``) where torchvision's download keeps ``weights`` (TORCH_HOME's hub cache):
+    the weights' real loading path, offline. Returns it."""
+    import torchvision
+
+    known = torchvision.models.get_model_weights(name)[weights]
+    state = torchvision.models.get_model(name, num_classes=1000, **built).state_dict()
+    folder = torch_home / "hub" / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(state, folder / known.url.rsplit("/", 1)[-1])
+    return state
+
+
+@pytest.mark.parametrize(
+    ("name", "weights", "built", "size"),
+    [
+        ("resnet18", "IMAGENET1K_V1", {}, 32),
+        ("googlenet", "DEFAULT", {"aux_logits": True, "init_weights": False}, 64),
+        ("squeezenet1_0", "DEFAULT", {}, 64),  # a 1x1 convolution for a head
+    ],
+)
+def test_pretrained_weights_fine_tune_on_other_classes(
+    tmp_path, monkeypatch, name, weights, built, size
+):
+    """Pretrained weights with data.num_classes other than their 1,000 were refused by
+    torchvision (num_classes expected 1000), GoogLeNet's at any count (aux_logits expected
+    True): the weights load, their head is replaced, one plain output in training."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    state = cached_weights(tmp_path, name, weights, **built)
+    net = TorchvisionNet(name, in_channels=3, num_classes=7, weights=weights).train()
+    loaded = net.model.state_dict()
+    first = next(iter(loaded))  # the stem's weights: the file's
+    assert torch.equal(loaded[first], state[first])
+    logits = net(torch.randn(2, 3, size, size))
+    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 7)
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 6])).backward()
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def test_a_gray_image_reaches_pretrained_weights_as_a_gray_photo(tmp_path, monkeypatch):
+    """One channel normalized with the weights' first channel's mean and std (what the
+    normalization check asks) was copied to all three inputs: green and blue were off their
+    own statistics (blue by about 0.35 std). Each input is now normalized as the weights saw."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    cached_weights(tmp_path, "resnet18", "IMAGENET1K_V1")
+    net = TorchvisionNet("resnet18", in_channels=1, num_classes=1000, weights="IMAGENET1K_V1")
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    pixels = torch.rand(2, 1, 32, 32)
+    seen = []
+    net.model.conv1.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    net((pixels - mean[0]) / std[0])
+    expected = (pixels.expand(-1, 3, -1, -1) - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)
+    torch.testing.assert_close(seen[0], expected)
+
+
 @pytest.mark.parametrize(
     "build, message",
     [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torchvision
 from torch import Tensor, nn
 
@@ -10,8 +11,47 @@ from litlab.errors import ConfigError
 AUX_HEADED = ("googlenet", "inception_v3")
 
 
+def drop_auxiliary_heads(model: nn.Module) -> None:
+    """GoogLeNet's and Inception v3's auxiliary heads removed, as torchvision itself does after
+    loading weights built with them (it requires them for the weights): one output, a tensor,
+    which a classifier's loss takes (in training they return a named tuple)."""
+    model.aux_logits = False
+    for name in ("aux1", "aux2", "AuxLogits"):
+        if hasattr(model, name):
+            setattr(model, name, None)
+
+
+def replace_head(model: nn.Module, classes: int, num_classes: int) -> None:
+    """The pretrained head (the last linear or 1x1 convolution giving ``classes`` outputs, e.g.
+    ImageNet's 1,000) replaced by a new one giving ``num_classes``: fine-tuning on one's own
+    classes, the usual reason for pretrained weights."""
+    heads = [
+        (name, module)
+        for name, module in model.named_modules()
+        if (isinstance(module, nn.Linear) and module.out_features == classes)
+        or (isinstance(module, nn.Conv2d) and module.out_channels == classes)
+    ]
+    if not heads:
+        raise ConfigError(
+            f"found no layer giving the weights' {classes} outputs to replace by one of "
+            f"data.num_classes={num_classes}; use weights=null or data.num_classes={classes}"
+        )
+    name, old = heads[-1]
+    parent, _, attr = name.rpartition(".")
+    if isinstance(old, nn.Linear):
+        new: nn.Module = nn.Linear(old.in_features, num_classes, bias=old.bias is not None)
+    else:
+        new = nn.Conv2d(old.in_channels, num_classes, old.kernel_size, old.stride, old.padding)
+    setattr(model.get_submodule(parent) if parent else model, attr, new)
+
+
 class TorchvisionNet(nn.Module):
-    """Wraps ``torchvision.models.get_model(name)``; 1-channel input is repeated to 3 channels."""
+    """Wraps ``torchvision.models.get_model(name)``; 1-channel input is repeated to 3 channels.
+
+    With pretrained ``weights``: the weights' head is replaced when ``num_classes`` differs from
+    theirs, and a 1-channel image (normalized with the weights' first channel's mean and std,
+    as litlab.config.check_pretrained_normalization asks) reaches each of the 3 inputs
+    normalized with that channel's own mean and std, as the weights saw a gray photo."""
 
     def __init__(self, name: str, in_channels: int, num_classes: int, weights: str | None = None):
         super().__init__()
@@ -23,14 +63,37 @@ class TorchvisionNet(nn.Module):
         if in_channels not in (1, 3):
             raise ConfigError(f"torchvision models take 1 or 3 channels, got {in_channels}")
         self.in_channels = in_channels
-        # GoogLeNet and Inception v3 train with auxiliary heads by default and then return a
-        # named tuple, which a classifier's loss cannot take: built without them (one output)
-        extra = {"aux_logits": False} if name in AUX_HEADED else {}
-        self.model = torchvision.models.get_model(
-            name, weights=weights, num_classes=num_classes, **extra
-        )
+        gray = None  # the scale and shift of a repeated channel, for each of the 3 (none)
+        if weights is None:
+            # GoogLeNet and Inception v3 train with auxiliary heads by default and then return a
+            # named tuple, which a classifier's loss cannot take: built without them
+            extra = {"aux_logits": False} if name in AUX_HEADED else {}
+            self.model = torchvision.models.get_model(name, num_classes=num_classes, **extra)
+        else:
+            try:
+                known = torchvision.models.get_model_weights(name)[weights]
+            except KeyError:
+                raise ConfigError(
+                    f"{name} has no weights {weights!r}; pick one of "
+                    f"{[w.name for w in torchvision.models.get_model_weights(name)]}"
+                ) from None
+            self.model = torchvision.models.get_model(name, weights=known)
+            if name in AUX_HEADED:
+                drop_auxiliary_heads(self.model)
+            classes = len(known.meta["categories"])
+            if num_classes != classes:
+                replace_head(self.model, classes, num_classes)
+            preset = known.transforms()
+            mean, std = (torch.tensor(v, dtype=torch.float32) for v in (preset.mean, preset.std))
+            gray = std[0] / std, (mean[0] - mean) / std
+        self.gray = gray is not None and in_channels == 1
+        if self.gray:
+            self.register_buffer("gray_scale", gray[0].view(1, 3, 1, 1), persistent=False)
+            self.register_buffer("gray_shift", gray[1].view(1, 3, 1, 1), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.in_channels == 1:
             x = x.expand(-1, 3, -1, -1)
+            if self.gray:
+                x = x * self.gray_scale + self.gray_shift
         return self.model(x)

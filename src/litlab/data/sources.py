@@ -229,49 +229,49 @@ class _IDXSource(Source):
         self.data_dir = Path(data_dir)
         self.download = download
         self.system_dir = system_dir
-        self._files: dict[str, Path] | None = None  # once found
-        self._passed_over: set[Path] = set()  # folders holding the look-alike's files
+        self._judged: dict[Path, bool] = {}  # folder: whether it holds the look-alike's files
 
     def _candidates(self) -> list[Path]:
         own = [self.data_dir, self.data_dir / self.torchvision_name / "raw"]
         return own + ([Path(self.system_dir)] if self.system_dir else [])
 
-    def _in(self, folder: Path) -> dict[str, Path] | None:
-        """The four files in ``folder`` (each .gz or plain), or None if one is missing."""
-        found = {}
-        for stem in (stem for pair in self.files.values() for stem in pair):
-            names = (folder / stem, folder / f"{stem}.gz")
-            found[stem] = next((path for path in names if path.is_file()), None)
-        return None if None in found.values() else found
+    @staticmethod
+    def _file(folder: Path, stem: str) -> Path | None:
+        """``folder``'s file of ``stem``, .gz or plain; None if it has neither."""
+        return next((p for p in (folder / stem, folder / f"{stem}.gz") if p.is_file()), None)
 
-    def _is_lookalike(self, files: dict[str, Path]) -> bool:
-        """Whether the files' labels count as the other dataset's (its published files)."""
-        counts = self.lookalike[1]
-        return all(
-            tuple(torch.bincount(read_idx(files[labels]).long()).tolist()) == counts[split]
-            for split, (_, labels) in self.files.items()
-        )
+    def _passed_over(self, folder: Path) -> bool:
+        """Whether ``folder`` holds the look-alike's files: every label file it has counts each
+        class as the other dataset's published file does (judged once a folder)."""
+        if folder not in self._judged:
+            counts = self.lookalike[1]
+            labels = {split: self._file(folder, pair[1]) for split, pair in self.files.items()}
+            judged = [
+                tuple(torch.bincount(read_idx(path).long()).tolist()) == counts[split]
+                for split, path in labels.items()
+                if path is not None
+            ]
+            self._judged[folder] = bool(judged) and all(judged)
+            if self._judged[folder]:
+                log.warning(
+                    "%s holds %s files (the same names), not %s's: passed over",
+                    folder,
+                    self.lookalike[0],
+                    self.name,
+                )
+        return self._judged[folder]
 
-    def _found(self) -> dict[str, Path] | None:
-        """The files of the first candidate folder holding all four, passing over a folder that
-        holds the look-alike's (data=mnist read Fashion-MNIST from a shared data_dir unawares)."""
-        if self._files is None:
-            for folder in self._candidates():
-                files = self._in(folder)
-                if files is None or folder in self._passed_over:
-                    continue
-                if self._is_lookalike(files):
-                    self._passed_over.add(folder)
-                    log.warning(
-                        "%s holds %s files (the same names), not %s's: passed over",
-                        folder,
-                        self.lookalike[0],
-                        self.name,
-                    )
-                    continue
-                self._files = files
-                break
-        return self._files
+    def _find(self, stem: str) -> Path | None:
+        """The first candidate folder's file of ``stem``, passing over a folder that holds the
+        look-alike's (data=mnist read Fashion-MNIST from a shared data_dir unawares)."""
+        for folder in self._candidates():
+            path = self._file(folder, stem)
+            if path is not None and not self._passed_over(folder):
+                return path
+        return None
+
+    def _found(self) -> bool:
+        return all(self._find(stem) for pair in self.files.values() for stem in pair)
 
     def prepare(self) -> None:
         with one_download_at_a_time(self.data_dir, self.name) as before_download:
@@ -301,15 +301,16 @@ class _IDXSource(Source):
             else "allow the torchvision download (data.source.download=true, needs internet)"
         )
         others = "".join(
-            f" ({folder} holds {self.lookalike[0]} files)" for folder in sorted(self._passed_over)
+            f" ({folder} holds {self.lookalike[0]} files)"
+            for folder, passed in sorted(self._judged.items())
+            if passed
         )
         return f"{self.name} files not found in {places}{others} and {why}; {', or '.join(ways)}"
 
     def load(self, split: Split) -> TensorDataset:
-        files = self._found()
-        if files is None:
+        image_path, label_path = (self._find(stem) for stem in self.files[split])
+        if image_path is None or label_path is None:
             raise DataError(self._not_found("they were not fetched (prepare_data did not run)"))
-        image_path, label_path = (files[stem] for stem in self.files[split])
         images, labels = read_idx(image_path), read_idx(label_path)
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise DataError(

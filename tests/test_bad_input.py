@@ -120,6 +120,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "objective.metric=val/loss is better when lower, but objective.mode=max",
         ),
         (["model=dcgan", "objective.mode=max"], "set objective.mode=min"),
+        (  # torch's "Output size is too small" deep in the first batch
+            ["model=torchvision", "model.net.name=vgg11"],
+            "torchvision's vgg11 cannot take 28x28 images (Given input size: (512x1x1)",
+        ),
         (  # a traceback from the top-5 metric (with 5 classes or fewer: trained on silently)
             ["model.net.num_classes=12"],
             "SmallCNN gives outputs shaped (12,) per image, but data.num_classes=10: give the net",

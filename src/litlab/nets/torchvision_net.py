@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torchvision
 from torch import Tensor, nn
 
-from litlab.errors import ConfigError
+from litlab.errors import ConfigError, first_line
 
 AUX_HEADED = ("googlenet", "inception_v3")
 
@@ -53,7 +55,14 @@ class TorchvisionNet(nn.Module):
     as litlab.config.check_pretrained_normalization asks) reaches each of the 3 inputs
     normalized with that channel's own mean and std, as the weights saw a gray photo."""
 
-    def __init__(self, name: str, in_channels: int, num_classes: int, weights: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        in_channels: int,
+        num_classes: int,
+        weights: str | None = None,
+        image_shape: Sequence[int] | None = None,
+    ):
         super().__init__()
         available = torchvision.models.list_models(module=torchvision.models)
         if name not in available:
@@ -90,6 +99,26 @@ class TorchvisionNet(nn.Module):
         if self.gray:
             self.register_buffer("gray_scale", gray[0].view(1, 3, 1, 1), persistent=False)
             self.register_buffer("gray_shift", gray[1].view(1, 3, 1, 1), persistent=False)
+        if image_shape is not None:
+            self.check_takes(name, tuple(image_shape))
+
+    def check_takes(self, name: str, shape: tuple[int, ...]) -> None:
+        """One forward pass of a blank image (eval mode: no statistics change): a net for large
+        images fails on small ones deep inside torch ("Output size is too small" at 28 px for
+        VGG, AlexNet, DenseNet; Inception, ConvNeXt, ViT likewise), a traceback at the first
+        batch; one line here instead."""
+        try:
+            with torch.no_grad():
+                self.eval()(torch.zeros(1, *shape))
+        except (RuntimeError, AssertionError, ValueError) as e:
+            raise ConfigError(
+                f"torchvision's {name} cannot take {shape[1]}x{shape[2]} images "
+                f"({first_line(e, 120)}); give it larger ones (data.image_shape, e.g. "
+                "[3,224,224], with data.source.size for an image folder) or take a net for small "
+                "images (model=resnet, model=cnn)"
+            ) from None
+        finally:
+            self.train()
 
     def forward(self, x: Tensor) -> Tensor:
         if self.in_channels == 1:

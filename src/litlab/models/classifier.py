@@ -120,12 +120,16 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
     def _sums_here(self) -> tuple[Tensor, Tensor]:
         """The device's sums (loss x images; hits per top-k place), on the module's device."""
         if self._loss_sum.device != self.device:
-            self._loss_sum = self._loss_sum.to(self.device)
-            self._place_sums = self._place_sums.to(self.device)
+            # float64 where the device has it; Apple's MPS has none (float32: counts exact to
+            # 2^24 images an epoch a rank)
+            dtype = torch.float32 if self.device.type == "mps" else torch.float64
+            self._loss_sum = self._loss_sum.to(self.device, dtype)
+            self._place_sums = self._place_sums.to(self.device, dtype)
         return self._loss_sum, self._place_sums
 
     def epoch_sums(self) -> Tensor:
-        """This rank's sums of the training epoch so far, on the module's device (float64):
+        """This rank's sums of the training epoch so far, on the module's device (float64; MPS:
+        float32):
         loss x images, top-1 hits, top-k hits, images."""
         loss, places = self._sums_here()
         return torch.stack([loss, places[0], places.sum(), loss.new_full((), self._images)])

@@ -61,7 +61,8 @@ def raw_loop_lacks(cfg: DictConfig) -> list[str]:
     # each epoch would time runs of different lengths
     if int(cfg.trainer.get("max_steps") or -1) >= 0:
         lacks.append("trainer.max_steps")
-    if cfg.trainer.get("limit_train_batches") not in (None, 1.0):
+    limit = cfg.trainer.get("limit_train_batches")  # 1.0: all; the number 1: one batch
+    if limit is not None and not (isinstance(limit, float) and limit == 1.0):
         lacks.append("trainer.limit_train_batches")
     return lacks
 

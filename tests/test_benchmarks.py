@@ -138,6 +138,7 @@ def test_time_to_accuracy_names_what_the_raw_loop_lacks():
     ]
     assert lacks("model/scheduler=plateau") == ["model/scheduler=plateau"]
     assert "model.tta_flip" in lacks("experiment=fashion_sprint")
+    assert lacks("+trainer.limit_train_batches=1") == ["trainer.limit_train_batches"]  # one batch
     assert lacks("trainer.max_steps=50", "+trainer.limit_train_batches=0.5") == [
         "trainer.max_steps",
         "trainer.limit_train_batches",

@@ -788,7 +788,7 @@ def test_torchrun_multirun_leaves_one_sweep_folder_with_every_job(tmp_path):
 
 @pytest.mark.dist
 @pytest.mark.slow
-@pytest.mark.parametrize("saved", ["full", "sharded"])
+@pytest.mark.parametrize("saved", ["full", "sharded", "none kept"])
 def test_a_model_sharded_over_two_ranks_is_tested_after_its_fit(tmp_path, saved):
     """FSDP on 2 ranks: the fit wraps the net's blocks inside the LightningModule, and the test
     after it loaded the full checkpoint into those flat shards ("size mismatch for
@@ -804,19 +804,30 @@ def test_a_model_sharded_over_two_ranks_is_tested_after_its_fit(tmp_path, saved)
         "trainer.devices=2",
         "trainer.max_epochs=1",
         "+trainer.strategy={_target_: helpers.ShardedOnCPU, "
-        f"wrap: [torchvision.models.resnet.BasicBlock], state_dict_type: {saved}}}",
+        "wrap: [torchvision.models.resnet.BasicBlock], "
+        f"state_dict_type: {'sharded' if saved == 'sharded' else 'full'}}}",
         f"paths.log_dir={tmp_path / 'out'}",
+        # no checkpoint kept: the test measured a model built afresh, its initial weights
+        *(
+            ["callbacks.model_checkpoint=null", "callbacks.last_checkpoint=null"]
+            * (saved == "none kept")
+        ),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (summary,) = summaries(tmp_path / "out")
     assert summary["status"] == "completed" and summary["world_size"] == 2
-    assert summary["tested_checkpoint"] == summary["best_checkpoint"]
     assert 0 <= summary["metrics"]["test/acc"] <= 1
     if saved == "sharded":  # a folder of shards: eval.py says how to consolidate it
+        assert summary["tested_checkpoint"] == summary["best_checkpoint"]
         return
+    if saved == "none kept":  # the trained weights, saved for the test
+        assert summary["best_checkpoint"] is None and summary["last_checkpoint"] is None
+        assert summary["tested_checkpoint"].endswith("checkpoints/tested.ckpt")
+    else:
+        assert summary["tested_checkpoint"] == summary["best_checkpoint"]
     cfg = make_cfg(
         tmp_path / "eval",
-        [f"ckpt_path={summary['best_checkpoint']}", "extras.print_config=false"],
+        [f"ckpt_path={summary['tested_checkpoint']}", "extras.print_config=false"],
         config_name="eval",
     )
     assert eval_task(cfg) == pytest.approx(summary["metrics"]["test/acc"], abs=1e-7)

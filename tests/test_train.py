@@ -299,7 +299,7 @@ def test_plateau_schedule_resumes_with_every_epochs_step(tmp_path):
         assert torch.equal(value, resumed["state_dict"][name]), name
 
 
-def test_train_false_with_a_checkpoint_tests_that_checkpoint(tmp_path, capsys):
+def test_train_false_with_a_checkpoint_tests_that_checkpoint(tmp_path, capsys, caplog):
     """`train=false ckpt_path=<ckpt>` measures the checkpoint (it tested the freshly built,
     untrained model, with the checkpoint recorded as resumed from)."""
     small = ["logger=csv", "trainer.max_epochs=1", "model.net.width=8", *FAST]
@@ -313,14 +313,20 @@ def test_train_false_with_a_checkpoint_tests_that_checkpoint(tmp_path, capsys):
     again = summary_of(tested)
     assert again["tested_checkpoint"] == best
     assert again["metrics"]["test/acc"] == pytest.approx(summary["metrics"]["test/acc"], abs=1e-7)
-    # set up otherwise than its run: another figure for the same checkpoint (eval.py's job)
-    for change, needle in [
+    # its test split moved: images it trained on could be tested (eval.py keeps the run's)
+    moved = ["train=false", f"ckpt_path={best}", "data.source.test_fraction=0.4"]
+    needle = "set up otherwise than its run's (data.source.test_fraction: 0.2 -> 0.4)"
+    refused(capsys, train_task, make_cfg(tmp_path / "c", [*small, *moved]), needle)
+    # another way of measuring (flip TTA, another crop): allowed, and said (it was silent)
+    for change, said in [
         ("+model.tta_flip=true", "model.tta_flip: False -> True"),
-        ("data.source.test_fraction=0.4", "data.source.test_fraction: 0.2 -> 0.4"),
         ("data.eval_crop=0.875", "data.eval_crop: 1.0 -> 0.875"),
     ]:
-        other = make_cfg(tmp_path / "c", [*small, "train=false", f"ckpt_path={best}", change])
-        refused(capsys, train_task, other, f"not as its run did ({needle}")
+        with caplog.at_level("WARNING", logger="litlab"):
+            train_task(
+                make_cfg(tmp_path / "d", [*small, "train=false", f"ckpt_path={best}", change])
+            )
+        assert f"otherwise than its run measured val/* ({said})" in caplog.text
 
 
 def test_training_accuracy_counts_as_torchmetrics_does():

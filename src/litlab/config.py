@@ -312,7 +312,9 @@ def check_pretrained_normalization(cfg: DictConfig) -> None:
     import torchvision
 
     try:
-        known = torchvision.models.get_model_weights(str(net.name))[str(weights)].transforms()
+        known = (
+            torchvision.models.get_model_weights(str(net.name)).verify(str(weights)).transforms()
+        )
     except (KeyError, ValueError):
         return  # an unknown name or weights: the net's constructor says so
     channels = len(cfg.data.get("mean") or []) or 1
@@ -390,7 +392,8 @@ def check_objective(cfg: DictConfig) -> None:
             f"objective.metric={metric} is better when {'lower' if better == 'min' else 'higher'}"
             f", but objective.mode={cfg.objective.mode}: the best checkpoint (what the test "
             "measures), early stopping, a plateau schedule and a sweep would all take the worst "
-            f"as the best; set objective.mode={better}"
+            f"as the best; set objective.mode={better} (a run trained so chose its best the wrong "
+            "way round: start a new run)"
         )
     best = callbacks.get("model_checkpoint") or {}
     chosen_by = (best.get("monitor"), best.get("mode", "min"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -110,10 +111,15 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                     tested = run.summary.get("best_checkpoint") or run.summary.get(
                         "last_checkpoint"
                     )
-                run.summary["tested_checkpoint"] = tested
                 if cfg.get("train") and wraps_in_place(trainer):
+                    if tested is None:  # no checkpoint kept: the trained weights, for the test
+                        tested = trainer.strategy.broadcast(  # rank 0's run folder
+                            os.path.join(cfg.paths.output_dir, "checkpoints", "tested.ckpt")
+                        )
+                        trainer.save_checkpoint(tested)
                     model = build(cfg.model, "model")  # wrapped afresh for the test
                     model.save_hyperparameters(resolved_config(cfg))
+                run.summary["tested_checkpoint"] = tested
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
                 gather_unreadable(datamodule)
@@ -214,7 +220,9 @@ def wraps_in_place(trainer: L.Trainer) -> bool:
     """Whether the fit's strategy wrapped the net's blocks inside the LightningModule itself:
     FSDP's units replace its blocks, and the test after the fit (Lightning wraps a module
     holding FSDP units no further) loaded the full checkpoint's tensors into those flat shards:
-    "size mismatch for net.stem.0.weight", every multi-GPU FSDP run ended failed."""
+    "size mismatch for net.stem.0.weight", every multi-GPU FSDP run ended failed. The test then
+    takes a model built afresh and a checkpoint (tested.ckpt where the run kept none: a fresh
+    model alone would score initial weights)."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     return isinstance(trainer.strategy, FSDPStrategy)

@@ -79,9 +79,9 @@ class TorchvisionNet(nn.Module):
             extra = {"aux_logits": False} if name in AUX_HEADED else {}
             self.model = torchvision.models.get_model(name, num_classes=num_classes, **extra)
         else:
-            try:
-                known = torchvision.models.get_model_weights(name)[weights]
-            except KeyError:
+            try:  # IMAGENET1K_V1, DEFAULT, or ResNet18_Weights.IMAGENET1K_V1 (torchvision's own)
+                known = torchvision.models.get_model_weights(name).verify(weights)
+            except (KeyError, ValueError):
                 raise ConfigError(
                     f"{name} has no weights {weights!r}; pick one of "
                     f"{[w.name for w in torchvision.models.get_model_weights(name)]}"

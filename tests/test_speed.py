@@ -229,3 +229,17 @@ def test_the_progress_bar_shows_the_latest_step_losses(tmp_path, model):
     shown = json.loads(record.read_text())
     losses = ["train/loss_step"] if model == "cnn" else ["d/loss", "g/loss"]
     assert all(isinstance(shown.get(name), float) for name in losses), shown
+
+
+def test_eval_takes_the_runs_memory_format(tmp_path):
+    """channels_last picks other convolution kernels, which under bf16 round otherwise: eval.py
+    left the run's memory format out, and its test of experiment=fashion_resnet's bf16 checkpoint
+    was one image of 10,000 apart from the run's (0.8320 vs 0.8321; with it: the run's figures
+    to the last digit, a README walkthrough on 2026-12-05). The tiny nets here round alike either
+    way, so the run's memory format is checked where eval.py takes it."""
+    from litlab.evaluate import trained_numerics
+
+    run = make_cfg(tmp_path, [*SMALL, "callbacks.speed.channels_last=true"])
+    (speed,) = trained_numerics(run)
+    assert speed.channels_last and speed.matmul_precision is None and not speed.compile
+    assert trained_numerics(make_cfg(tmp_path, SMALL)) == []

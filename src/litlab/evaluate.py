@@ -182,10 +182,15 @@ def other_folder(source: dict[str, Any], trained: dict[str, Any]) -> None:
 def trained_numerics(stored: DictConfig) -> list[Speed]:
     """The float32 matmul precision the run trained and tested with
     (``callbacks.speed.matmul_precision``: TF32 on GPUs with "high", bfloat16 passes on some
-    CPUs with "medium"), for eval.py's test to compute as the run's own did; its other speed
-    settings (compile, channels_last) change no figure and are left out."""
+    CPUs with "medium") and its memory format (``channels_last``: other convolution kernels,
+    other roundings under bf16: one test image of 10,000 apart without it), for eval.py's test
+    to compute as the run's own did. torch.compile is left out (its fusions may move the last
+    digits; compiling for one test pass costs more than it saves)."""
     precision = OmegaConf.select(stored, "callbacks.speed.matmul_precision")
-    return [Speed(matmul_precision=precision)] if precision else []
+    channels_last = bool(OmegaConf.select(stored, "callbacks.speed.channels_last"))
+    if not precision and not channels_last:
+        return []
+    return [Speed(matmul_precision=precision, channels_last=channels_last)]
 
 
 def eval_callbacks(callbacks: DictConfig | None) -> DictConfig:

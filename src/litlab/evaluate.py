@@ -27,12 +27,7 @@ from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list, config_digest, freeze_the_imports
-from litlab.train import (
-    evaluation_limits,
-    gather_unreadable,
-    settle_evaluation_limit,
-    setup_extras,
-)
+from litlab.train import evaluation_limits, record_stage, setup_extras
 
 log = logging.getLogger("litlab")
 
@@ -80,9 +75,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     try:
         with run.phase("test"):
             trainer.test(model, datamodule=datamodule)
-        run.record_metrics(trainer.callback_metrics)
-        gather_unreadable(datamodule)
-        settle_evaluation_limit(trainer, run, "test")
+        record_stage(trainer, datamodule, run, "test")
         run.summary["data"] = datamodule.report()  # the images tested, the files skipped
     except Exception:
         failed = True

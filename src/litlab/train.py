@@ -98,9 +98,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 record_resume_overrides(run.dir)  # what this resume= changed, for the next
                 with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
-                gather_unreadable(datamodule)
-                settle_evaluation_limit(trainer, run, "val")
-                run.record_metrics(trainer.callback_metrics)
+                record_stage(trainer, datamodule, run, "val")
                 record_checkpoints(trainer, run, cfg.objective.metric)
                 run.mark_trained()
             if cfg.get("test"):
@@ -122,9 +120,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 run.summary["tested_checkpoint"] = tested
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
-                gather_unreadable(datamodule)
-                settle_evaluation_limit(trainer, run, "test")
-                run.record_metrics(trainer.callback_metrics)
+                record_stage(trainer, datamodule, run, "test")
         # before the loggers close: a NaN or missing objective fails the W&B run too
         objective_value(cfg, run, required=in_sweep())
     except SIGTERMException:
@@ -275,11 +271,16 @@ def saved_best_score(callback: Any) -> float | None:
     return None if score is None else float(score)
 
 
-def gather_unreadable(datamodule: L.LightningDataModule) -> None:
-    """Every rank's unreadable files (read as they go) into each rank's count, for summary.json:
-    called by every rank after a fit or test that ended (a collective)."""
+def record_stage(
+    trainer: L.Trainer, datamodule: L.LightningDataModule, run: Run, split: str
+) -> None:
+    """After a fit (``split`` "val", what it validated) or a test that ended, on every rank:
+    every rank's unreadable files (read as they go) into each rank's count for summary.json (a
+    collective), the evaluation limit settled, and the final logged values recorded."""
     if hasattr(datamodule, "gather_unreadable"):
         datamodule.gather_unreadable()
+    settle_evaluation_limit(trainer, run, split)
+    run.record_metrics(trainer.callback_metrics)
 
 
 def record_performance(trainer: L.Trainer, datamodule: L.LightningDataModule, run: Run) -> None:

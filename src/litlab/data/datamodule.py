@@ -196,7 +196,7 @@ class DataModule(L.LightningDataModule):
             augment=augment,
         )
         # unreadable files dropped by the file-reading loader: each once, whatever reads it
-        # again (every epoch, evaluation); every rank's after a fit or test (gather_unreadable)
+        # again (every epoch, evaluation); every rank's after a fit or test (gather_unreadable, train.record_stage)
         self.unreadable: set[str] = set()
         # An image folder's class names, in label order (None: a source without names), and
         # those of the checkpoint a run continues or tests (checked at setup or when restored).

@@ -342,3 +342,27 @@ def test_eval_tests_in_the_trained_precision_where_this_machine_runs_it(tmp_path
     cfg = make_cfg(tmp_path, ["ckpt_path=x.ckpt", "trainer.accelerator=cpu"], config_name="eval")
     trained_precision(cfg.trainer, OmegaConf.create({"trainer": {"precision": trained}}))
     assert cfg.trainer.precision == on_cpu
+
+
+def test_readme_concepts_table_names_every_config_group_and_option():
+    """README's Concepts table is how users learn what they can pick: every group folder under
+    conf/ and every option file in it is named there (a group added without a row, or an
+    option without its name, fails here)."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Concepts", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    rows = {}
+    for line in table[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for group in cells[0].replace("`", "").split(","):
+            rows[group.strip()] = cells[1]
+    missing = []
+    for folder in sorted(p for p in CONF.rglob("*") if p.is_dir() and any(p.glob("*.yaml"))):
+        group = folder.relative_to(CONF).as_posix()
+        if group not in rows:
+            missing.append(f"group {group}")
+            continue
+        for option in sorted(folder.glob("*.yaml")):
+            if f"`{option.stem}`" not in rows[group]:
+                missing.append(f"{group}={option.stem}")
+    assert not missing, f"README's Concepts table lacks: {missing}"

@@ -311,3 +311,14 @@ def test_the_lr_is_logged_at_the_schedules_own_interval(tmp_path):
     train_task(epoch_cfg)
     rows = [r for r in csv_rows(Path(epoch_cfg.paths.output_dir)) if r.get("lr-AdamW")]
     assert len(rows) == 2, rows
+
+
+def test_the_config_tree_keeps_long_lines_whole_in_a_log(capsys):
+    """Into a log (not a terminal: SLURM's, ``> run.log``) the printed config's long lines, a
+    run's paths above all, are whole; rich cut them at 80 columns."""
+    from litlab.run import print_config_tree
+
+    deep = "/scratch/" + "/".join(["a_long_folder_name"] * 8) + "/checkpoints"
+    print_config_tree(OmegaConf.create({"paths": {"output_dir": deep}, "seed": 3}), ("seed",))
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.strip().endswith(f"output_dir: {deep}") for line in lines), lines

@@ -330,8 +330,10 @@ class _Phase:
 
 
 def print_config_tree(cfg: DictConfig, keys: tuple[str, ...]) -> None:
-    """Print the resolved config as a rich tree, one branch per top-level group."""
-    from rich import print as rprint
+    """Print the resolved config as a rich tree, one branch per top-level group. Into a log
+    (not a terminal: SLURM's, ``> run.log``) its lines are printed whole, not cut at rich's
+    80 columns (paths and overrides are the long lines)."""
+    from rich.console import Console
     from rich.syntax import Syntax
     from rich.tree import Tree
 
@@ -341,4 +343,7 @@ def print_config_tree(cfg: DictConfig, keys: tuple[str, ...]) -> None:
         node = cfg[key]
         text = OmegaConf.to_yaml(node, resolve=True) if isinstance(node, DictConfig) else str(node)
         tree.add(f"[bold]{key}[/bold]").add(Syntax(text, "yaml", theme="ansi_dark"))
-    rprint(tree)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=100_000)
+    console.print(tree)

@@ -243,3 +243,24 @@ def test_eval_takes_the_runs_memory_format(tmp_path):
     (speed,) = trained_numerics(run)
     assert speed.channels_last and speed.matmul_precision is None and not speed.compile
     assert trained_numerics(make_cfg(tmp_path, SMALL)) == []
+
+
+@pytest.mark.parametrize(
+    "overrides, bar",
+    [
+        ([], "ProgressBar"),  # litlab's: redraws a few times a second
+        (["callbacks.progress_bar=null"], None),  # batch jobs, benchmarks: none
+        (["callbacks.progress_bar=null", "+trainer.enable_progress_bar=true"], "RichProgressBar"),
+        (["callbacks=none"], "RichProgressBar"),  # Lightning's defaults
+    ],
+)
+def test_callbacks_progress_bar_null_means_no_bar(tmp_path, overrides, bar):
+    """README's switch for batch jobs: without litlab's bar, Lightning put in its own, which
+    reads the metrics (a device sync) and redraws at every batch: the costlier bar, not none."""
+    from litlab.config import build
+    from litlab.train import build_trainer
+
+    cfg = make_cfg(tmp_path, [*SMALL, "logger=none", *overrides])
+    trainer = build_trainer(cfg, build(cfg.model, "model"), {})
+    shown = trainer.progress_bar_callback
+    assert (type(shown).__name__ if shown is not None else None) == bar

@@ -240,8 +240,21 @@ def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, An
     devices, num_nodes = cfg.trainer.devices, cfg.trainer.num_nodes
     accelerator = cfg.trainer.get("accelerator", "auto")
     strategy = strategy_for(model, cfg.trainer.strategy, devices, num_nodes, accelerator)
-    trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy)
+    extra = {"enable_progress_bar": False} if no_progress_bar(cfg) else {}
+    trainer = build(
+        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy, **extra
+    )
     return compat.restart_finished_epochs_as_epoch_based(trainer)
+
+
+def no_progress_bar(cfg: DictConfig) -> bool:
+    """``callbacks.progress_bar=null`` (batch jobs, benchmarks) means no bar: without it,
+    Lightning put its own in litlab's place, one that reads the metrics (a device sync) and
+    redraws at every batch. ``callbacks=none`` keeps Lightning's defaults, its bar included;
+    ``trainer.enable_progress_bar`` given decides."""
+    callbacks = cfg.get("callbacks") or {}
+    asked = "enable_progress_bar" in cfg.trainer
+    return "progress_bar" in callbacks and callbacks.progress_bar is None and not asked
 
 
 def record_checkpoints(trainer: L.Trainer, run: Run, metric: str) -> None:

@@ -864,3 +864,59 @@ def test_ranks_agree_on_a_flag_one_call_late_or_at_once(tmp_path):
         told = torch.load(tmp_path / f"rank{rank}.pt")
         assert told["later"] == [False, False, False, True], rank
         assert told["now"] == [True, False, True, False], rank
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_torchrun_continues_an_optuna_study_once_on_every_rank(tmp_path):
+    """README's "resume a study" under torchrun: every rank runs the sweep; asking the shared
+    study, each rank recorded every trial (twice the trials), and a rank that saw rank 0's
+    running trial drew other parameters, so the ranks trained different nets in one DDP job.
+    Rank 0 asks the shared study, the other ranks a copy of its finished trials."""
+    script, *args = run_args(tmp_path)
+    args = [a for a in args if not a.startswith("+callbacks.dump")]
+    args += ["logger=csv", "hydra.sweeper.sampler.n_startup_trials=1"]
+    first = torchrun(
+        [
+            "--standalone",
+            "--nproc_per_node=2",
+            script,
+            "-m",
+            "hparams_search=cnn_optuna",
+            "hydra.sweeper.n_trials=2",
+            *args,
+        ],
+        tmp_path,
+    )
+    out, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, out[-3000:]
+    (db,) = (tmp_path / "out").rglob("optuna.db")
+    storage = f"sqlite:///{db}"
+    weights = "+callbacks.dump.folder=" + str(tmp_path / "weights") + "/${hydra:job.num}"
+    again = torchrun(
+        [
+            "--standalone",
+            "--nproc_per_node=2",
+            script,
+            "-m",
+            "hparams_search=cnn_optuna",
+            "hydra.sweeper.n_trials=2",
+            f"hydra.sweeper.storage={storage}",
+            *args,
+            "+callbacks.dump._target_=helpers.DumpWeights",
+            weights,
+        ],
+        tmp_path,
+    )
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out[-3000:]
+    import optuna
+
+    trials = optuna.load_study(study_name="cnn_optuna", storage=storage).trials
+    assert [t.number for t in trials] == [0, 1, 2, 3]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert len({tuple(sorted(t.params.items())) for t in trials}) == 4  # new draws
+    for job in (0, 1):  # each continued trial trained one net on both ranks alike
+        ranks = [torch.load(tmp_path / "weights" / str(job) / f"rank{r}.pt") for r in (0, 1)]
+        for name, value in ranks[0].items():
+            assert torch.equal(value, ranks[1][name]), (job, name)

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,6 +16,12 @@ from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.distributed.launchers import (
+    global_rank,
+    is_rank_scratch,
+    launched_processes,
+    rank_scratch,
+)
 from litlab.errors import fail
 from litlab.report.runs import objective_scale
 from litlab.run import write_json
@@ -81,13 +88,42 @@ def continued_sampler(
     import optuna
 
     try:
-        trials = len(optuna.load_study(study_name=study, storage=storage).trials)
+        held = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
     except (KeyError, ValueError):  # a new study
         return sampler
+    # Finished ones: every rank counts alike (under torchrun or srun another rank's trial may
+    # already be running in a shared study; a crashed launch leaves some running for good).
+    trials = sum(t.state.is_finished() for t in held)
     if trials == 0:
         return sampler
     log.info("the study holds %d trials: its sampler's seed is %d + %d", trials, seed, trials)
     return instantiate(config, seed=seed + trials)
+
+
+def rank_storage(storage: str | None, study: str | None) -> str | None:
+    """The study storage this process asks and tells. Under torchrun or srun every rank runs
+    the sweep in step; where they share a storage (a study continued from it, or
+    hydra.sweep.dir given), global rank 0 uses it and every other rank a copy of its finished
+    trials in its own scratch folder, so that the ranks draw the same trials and each is
+    recorded once. Asking the shared study, every rank recorded every trial, and a rank that
+    saw rank 0's running trial drew other parameters (ranks training different nets in one
+    DDP job: a crash, or for a learning rate, silently different optimizers)."""
+    if storage is None or launched_processes() <= 1 or global_rank() == 0:
+        return storage
+    if storage.startswith("sqlite:///") and is_rank_scratch(storage.removeprefix("sqlite:///")):
+        return storage  # this rank's own (the default, in its scratch sweep folder)
+    import optuna
+
+    folder = rank_scratch()
+    folder.mkdir(parents=True, exist_ok=True)
+    local = f"sqlite:///{tempfile.mkdtemp(dir=folder, prefix='study-')}/optuna.db"
+    try:
+        shared = optuna.load_study(study_name=study, storage=storage)
+    except KeyError:  # a new study: rank 0 makes it, this rank its own
+        return local
+    copy = optuna.create_study(study_name=study, storage=local, directions=shared.directions)
+    copy.add_trials([t for t in shared.get_trials(deepcopy=False) if t.state.is_finished()])
+    return local
 
 
 def _process_started() -> float:

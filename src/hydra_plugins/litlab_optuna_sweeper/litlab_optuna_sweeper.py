@@ -1,7 +1,8 @@
 """litlab's Optuna sweeper (``hydra.sweeper._target_`` in conf/hparams_search/): Hydra's, plus two
 things a study needs (litlab.sweep): a study continued from its storage draws new trials, and a
 sweep none of whose trials completed ends with its sweep_summary.json and one line, not the
-plugin's traceback. A Hydra plugin, so it lives in the hydra_plugins namespace."""
+plugin's traceback; under torchrun or srun, ranks other than 0 ask a copy of a shared
+study. A Hydra plugin, so it lives in the hydra_plugins namespace."""
 
 from __future__ import annotations
 
@@ -17,10 +18,17 @@ if optuna_sweeper is not None:
 
     class LitlabOptunaSweeper(optuna_sweeper.OptunaSweeper):
         def sweep(self, arguments: list[str]) -> Any:
-            from litlab.sweep import best_job, continued_sampler, read_jobs, refuse_a_tuned_seed
+            from litlab.sweep import (
+                best_job,
+                continued_sampler,
+                rank_storage,
+                read_jobs,
+                refuse_a_tuned_seed,
+            )
 
             impl = self.sweeper
             refuse_a_tuned_seed(arguments, impl.config.hydra.sweeper.get("params"))
+            impl.storage = rank_storage(impl.storage, impl.study_name)
             impl.sampler = continued_sampler(
                 impl.sampler, impl.config.hydra.sweeper.sampler, impl.storage, impl.study_name
             )

@@ -35,17 +35,17 @@ def rank0_dir(path: str) -> str:
     rank = global_rank()
     if rank == 0:
         return path
-    return str(_rank_scratch() / f"{Path(path).name}-rank{rank}")
+    return str(rank_scratch() / f"{Path(path).name}-rank{rank}")
 
 
-def _rank_scratch() -> Path:
+def rank_scratch() -> Path:
     user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     return Path(tempfile.gettempdir()) / f"litlab-ranks-{user}"
 
 
 def is_rank_scratch(path: str) -> bool:
     """Whether a folder is one of rank0_dir's scratch folders (a rank other than 0's)."""
-    return Path(path).resolve().is_relative_to(_rank_scratch().resolve())
+    return Path(path).resolve().is_relative_to(rank_scratch().resolve())
 
 
 # hydra.sweep.dir: under torchrun or srun -m every rank runs the whole sweep, job by job in step

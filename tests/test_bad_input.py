@@ -120,6 +120,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "objective.metric=val/loss is better when lower, but objective.mode=max",
         ),
         (["model=dcgan", "objective.mode=max"], "set objective.mode=min"),
+        (  # a sweep then selected on the test set (and best.ckpt by it): no word said
+            ["objective.metric=test/acc", "callbacks.model_checkpoint=null"],
+            "the test set would choose the model it then scores; set objective.metric=val/acc",
+        ),
         (  # torch's "Output size is too small" deep in the first batch
             ["model=torchvision", "model.net.name=vgg11"],
             "torchvision's vgg11 cannot take 28x28 images (Given input size: (512x1x1)",

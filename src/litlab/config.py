@@ -379,13 +379,20 @@ BETTER_WHEN = {"loss": "min", "fid": "min", "acc": "max", "acc_top5": "max", "ac
 
 
 def check_objective(cfg: DictConfig) -> None:
-    """Refuse an objective in the wrong direction for its metric (objective.metric=val/loss alone
+    """Refuse an objective on the test split (it would choose the model it scores), one in the
+    wrong direction for its metric (objective.metric=val/loss alone
     kept accuracy's max: the worst checkpoint, tested and scored), one that no part of the run
     logs (FID with the FID callback off), and a best checkpoint chosen by another metric or
     direction than the objective: its score is the run's objective value (what a sweep
     optimizes and the report ranks by) and the checkpoint the test measures."""
     callbacks = cfg.get("callbacks") or {}
     metric = str(cfg.objective.metric)
+    if metric.split("/", 1)[0] == "test":
+        raise ConfigError(
+            f"objective.metric={metric} is measured on the test split, but the objective picks "
+            "the best checkpoint and a sweep's best trial: the test set would choose the model "
+            f"it then scores; set objective.metric=val/{metric.split('/', 1)[-1]}"
+        )
     better = BETTER_WHEN.get(metric.rsplit("/", 1)[-1])
     if better is not None and str(cfg.objective.mode) != better:
         raise ConfigError(

@@ -280,3 +280,42 @@ def test_an_optuna_study_over_seeds_is_refused(tmp_path, seed):
         .startswith("litlab: error: the Optuna study would tune a seed (")
     )
     assert not list((tmp_path / "sweep").rglob("summary.json"))
+
+
+def test_the_sweeps_best_is_the_reports_with_the_overrides_as_given(tmp_path):
+    """sweep_summary.json's best job: of jobs tied on the objective (common on a small
+    validation split), the first, as the report and Optuna name it (the folders were sorted
+    0, 1, 10, 11, 2: job 10 won); its overrides as the command gave them (the line users copy
+    to repeat the best trial): Hydra's overrides.yaml quotes some and folds long ones, which
+    were read line by line into broken overrides."""
+    from omegaconf import OmegaConf
+
+    from litlab.report.compare import compare
+    from litlab.report.runs import find_runs
+    from litlab.sweep import SweepSummary, best_job, read_jobs
+
+    note = "+model.note='lr: low'"
+    tags = "tags=[" + ",".join(f"a_long_tag_number_{i}" for i in range(6)) + "]"
+    for job in range(12):
+        folder = tmp_path / str(job)
+        (folder / ".hydra").mkdir(parents=True)
+        value = 0.96 if job in (2, 10) else 0.5
+        objective = {"metric": "val/acc", "mode": "max", "value": value}
+        summary = {"status": "completed", "objective": objective, "metrics": {"val/acc": value}}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        overrides = [f"model.optimizer.lr={job}", note, tags]
+        OmegaConf.save(OmegaConf.create(overrides), folder / ".hydra" / "overrides.yaml")
+    best = best_job(read_jobs(tmp_path))
+    assert Path(best["job_dir"]) == compare(find_runs([tmp_path])).best.path == tmp_path / "2"
+    assert best["overrides"] == ["model.optimizer.lr=2", note, tags]
+    # a job of another objective is not ranked, and sweep_summary.json names it (README)
+    (tmp_path / "12").mkdir()
+    fid = {"metric": "val/fid", "mode": "min", "value": 0.01}
+    (tmp_path / "12" / "summary.json").write_text(
+        json.dumps({"status": "completed", "objective": fid})
+    )
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    written = json.loads((tmp_path / "sweep_summary.json").read_text())
+    assert written["best"]["job_dir"] == str(tmp_path / "2")
+    assert written["best"]["overrides"] == ["model.optimizer.lr=2", note, tags]
+    assert written["not_compared"] == [str(tmp_path / "12")]

@@ -23,26 +23,25 @@ from litlab.distributed.launchers import (
     rank_scratch,
 )
 from litlab.errors import fail
-from litlab.report.runs import objective_scale
+from litlab.report.runs import natural_key, objective_scale, run_overrides
 from litlab.run import write_json
 
 log = logging.getLogger("litlab.sweep")
 
 
 def read_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
-    """summary.json of every job below a sweep folder, with the job folder and its overrides."""
+    """summary.json of every job below a sweep folder, with the job folder and its overrides,
+    in the jobs' order (the first of jobs tied on the objective is the best, as in the report
+    and Optuna)."""
     jobs = []
-    for path in sorted(sweep_dir.rglob("summary.json")):
+    for path in sorted(sweep_dir.rglob("summary.json"), key=natural_key):  # 0, 1, 2, ..., 10
         try:
             summary = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        overrides_file = path.parent / ".hydra" / "overrides.yaml"
-        overrides = overrides_file.read_text().splitlines() if overrides_file.is_file() else []
         summary["job_dir"] = str(path.parent)
-        summary["overrides"] = [
-            line.removeprefix("- ").strip() for line in overrides if line.strip()
-        ]
+        # as YAML (Hydra quotes some and folds long ones), with what a resume= changed since
+        summary["overrides"] = run_overrides(path.parent)
         jobs.append(summary)
     return jobs
 
@@ -248,6 +247,13 @@ class SweepSummary(Callback):
                 "best_checkpoint": best.get("best_checkpoint"),
             },
         }
+        other = (
+            []
+            if best is None
+            else [j for j in scored_jobs(jobs) if objective_of(j) != objective_of(best)]
+        )
+        if other:  # completed, but their objective is another metric or scale than the best's
+            summary["not_compared"] = [j["job_dir"] for j in other]
         study = study_best(sweep_dir)
         if study is not None:
             summary["study_best"] = study
@@ -270,7 +276,6 @@ class SweepSummary(Callback):
             log.warning("no job of the sweep in %s has an objective value", sweep_dir)
             return
         objective = best["objective"]
-        other = [j for j in scored_jobs(jobs) if objective_of(j) != objective_of(best)]
         if other:
             log.warning(
                 "%d completed job(s) were not compared with the best: their objective is "

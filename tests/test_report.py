@@ -420,3 +420,33 @@ def test_a_resumed_tuned_run_keeps_the_values_it_trained_with(tmp_path):
     with Run(OmegaConf.create({"paths": {"output_dir": str(eval_folder)}}), "train"):
         pass
     assert "tuned" not in json.loads((eval_folder / "summary.json").read_text())
+
+
+def test_repeats_over_seeds_get_their_mean_and_spread(tmp_path):
+    """README's grid over seeds (model.optimizer.lr=1e-3,3e-3 seed=1,2,3): the report named
+    the luckiest seed's run best and plotted the objective against the seed. It names that
+    run as one seed's and ranks the configurations by their mean over seeds, ± the standard
+    deviation, n each; the seed is no parameter to plot against."""
+    from litlab.report.compare import compare, facts, numeric_params
+
+    acc = {"metric": "val/acc", "mode": "max"}
+    values = {"0.001": [0.95, 0.80, 0.81], "0.003": [0.90, 0.91, 0.92]}
+    job = 0
+    for lr, scores in values.items():
+        for seed, value in enumerate(scores, start=1):
+            summary = {"status": "completed", "objective": {**acc, "value": value}}
+            write_run(tmp_path / str(job), summary, [f"model.optimizer.lr={lr}", f"seed={seed}"])
+            job += 1
+    comparison = compare(find_runs([tmp_path]))
+    lines = dict(facts(comparison))
+    assert lines["Best run"].startswith("0: val/acc = 0.95") and "(one seed's)" in lines["Best run"]
+    assert lines["Over seeds"].startswith(
+        "model.optimizer.lr=0.003: mean 0.91 ± 0.01 (n=3); "
+        "model.optimizer.lr=0.001: mean 0.8533 ± 0.08386 (n=3)"
+    )
+    assert numeric_params(comparison.runs, comparison.varied) == ["model.optimizer.lr"]
+    main([str(tmp_path)])
+    assert (
+        "**Over seeds:** model.optimizer.lr=0.003: mean 0.91"
+        in (tmp_path / "report.md").read_text()
+    )

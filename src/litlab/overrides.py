@@ -10,6 +10,11 @@ RESUME_OVERRIDES = "resume_overrides.yaml"
 # into the config (and summary.json's "tuned"), never given on the command line too.
 TUNED_KEYS = {"batch_size": "data.batch_size", "lr": "model.optimizer.lr"}
 
+# Seeds of what a run draws (data order and init, its splits, a GAN's noise): a study searching
+# one of them names a lucky draw best (litlab.sweep refuses it); runs that differ only in them
+# are repeats of one configuration (litlab.report gives their mean and spread).
+SEEDS = ("seed", "data.split_seed", "model.noise_seed")
+
 
 def override_key(override: str) -> str | None:
     """The key of a ``key=value``, ``+key=value`` or ``~key`` override; None for other forms."""

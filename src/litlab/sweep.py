@@ -23,6 +23,7 @@ from litlab.distributed.launchers import (
     rank_scratch,
 )
 from litlab.errors import fail
+from litlab.overrides import SEEDS
 from litlab.report.runs import natural_key, objective_scale, run_overrides
 from litlab.run import write_json
 
@@ -176,11 +177,6 @@ def refuse_a_used_sweep_folder(config: DictConfig) -> None:
         f"an Optuna study: hydra.sweeper.storage=sqlite:///<its folder>/optuna.db and a new "
         f"hydra.sweep.dir)"
     )
-
-
-# Seeds of what a run draws (data order and init, its splits, a GAN's noise): a study searching
-# one of them names a lucky draw best.
-SEEDS = ("seed", "data.split_seed", "model.noise_seed")
 
 
 def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 
-from litlab.overrides import override_key
+from litlab.overrides import SEEDS, override_key
 from litlab.report.runs import RunFolder, number
 
 KEY_METRICS = (
@@ -156,10 +157,33 @@ def varied_params(runs: list[RunFolder]) -> list[str]:
     return [k for k in keys if len({run.params.get(k) for run in runs}) > 1]
 
 
+def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int]]:
+    """Where the runs differ in a seed: each configuration (the varied overrides but the seeds)
+    with the mean, standard deviation and count of its ranked runs' objective values, best
+    mean first; [] where no seed varies. The best single run of repeats is a lucky draw."""
+    if not any(key in SEEDS for key in comparison.varied):
+        return []
+    values: dict[str, list[float]] = {}
+    for run in comparison.runs:
+        if comparison.comparable(run):
+            chosen = [o for o in comparison.varied_overrides(run) if override_key(o) not in SEEDS]
+            values.setdefault(" ".join(chosen) or "(the same settings)", []).append(
+                run.objective[2]
+            )
+    rows = [
+        (config, statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v))
+        for config, v in values.items()
+    ]
+    return sorted(rows, key=lambda row: -row[1] if comparison.mode == "max" else row[1])
+
+
 def numeric_params(runs: list[RunFolder], varied: list[str]) -> list[str]:
-    """Varied keys whose values are all finite numbers, with at least two distinct values."""
+    """Varied keys whose values are all finite numbers, with at least two distinct values;
+    not the seeds (no plot of a metric against a seed)."""
     numeric = []
     for key in varied:
+        if key in SEEDS:
+            continue
         values = [run.params[key] for run in runs if key in run.params]
         parsed = [number(v) for v in values]
         if all(p is not None and math.isfinite(p) for p in parsed) and len(set(parsed)) > 1:
@@ -215,6 +239,19 @@ def facts(comparison: Comparison) -> list[tuple[str, str]]:
         lines.append(("Best run", f"{best.name}: {comparison.metric} = {value}; {overrides}"))
     else:
         lines.append(("Best run", "none: no run that did not fail has an objective value"))
+    groups = over_seeds(comparison)
+    if best and groups:
+        lines[-1] = (lines[-1][0], f"{lines[-1][1]} (one seed's)")
+        lines.append(
+            (
+                "Over seeds",
+                "; ".join(
+                    f"{config}: mean {fmt(mean)} ± {fmt(std)} (n={n})"
+                    for config, mean, std, n in groups
+                )
+                + " (best mean first; ± one standard deviation)",
+            )
+        )
     if comparison.varied:
         lines.append(("Varied", ", ".join(comparison.varied)))
     return lines

@@ -168,6 +168,7 @@ def test_gan_runs_show_their_sample_grids(tmp_path, capsys):
     a = write_run(folder / "a", gan_summary(50.0, **{"g/loss": 1.0}), ["model=dcgan", "seed=1"])
     b = write_run(folder / "b", gan_summary(40.0, **{"d/loss": 0.5}), ["model=dcgan", "seed=2"])
     a_final = write_png(a / "samples" / "final.png", seed=0)
+    a_tested = write_png(a / "samples" / "test.png", seed=4)  # the ranked (best) weights'
     a_step = write_png(a / "samples" / "g_step_0000500.png", seed=1)
     b_old = write_png(b / "samples" / "g_step_0000500.png", seed=2)
     b_new = write_png(b / "samples" / "g_step_0001000.png", seed=3)
@@ -179,9 +180,10 @@ def test_gan_runs_show_their_sample_grids(tmp_path, capsys):
     html = (out / "report.html").read_text()
     assert [name for _, name, _ in table_rows(html)] == ["b", "a"]  # lower FID is better
     images = {alt: base64.b64decode(data) for data, alt in PNG.findall(html)}
-    assert images["samples of a"] == a_final and images["samples of b"] == b_new
-    assert a_step not in images.values() and b_old not in images.values()
-    assert "<figcaption>a<br><code>seed=1</code></figcaption>" in html
+    assert images["samples of a"] == a_tested and images["samples of b"] == b_new
+    assert {a_step, a_final, b_old}.isdisjoint(images.values())
+    assert "<figcaption>a (final weights)<br><code>seed=1</code></figcaption>" in html
+    assert "<figcaption>b (G step 1000)<br><code>seed=2</code></figcaption>" in html
     md = (out / "report.md").read_text()
     # The objective is the best epoch's; the other columns say which values they are.
     assert (

@@ -144,7 +144,8 @@ def samples_html(comparison: Comparison) -> str:
         grid = run.sample_grid
         picture = img(grid.read_bytes(), f"samples of {run.name}") if grid else "<p>no grid</p>"
         varied = " ".join(comparison.varied_overrides(run))
-        caption = escape(run.name) + (f"<br><code>{escape(varied)}</code>" if varied else "")
+        caption = f"{escape(run.name)} ({escape(run.sample_grid_of)})" if grid else escape(run.name)
+        caption += f"<br><code>{escape(varied)}</code>" if varied else ""
         figures.append(f"<figure>{picture}<figcaption>{caption}</figcaption></figure>")
     if not figures:
         return ""

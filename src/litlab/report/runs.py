@@ -167,11 +167,23 @@ class RunFolder:
 
     @property
     def sample_grid(self) -> Path | None:
-        """The GAN sample grid to show: final.png, else the newest g_step_*.png, else test.png."""
+        """The GAN sample grid to show: test.png, of the weights the run tested (its best
+        checkpoint's: those its objective ranks; a generator that collapsed after its best
+        epoch drew collapsed final samples beside a good FID), else final.png, else the newest
+        g_step_*.png (a run stopped before its test)."""
         samples = self.path / "samples"
         newest_first = sorted(samples.glob("g_step_*.png"), reverse=True)
-        grids = [samples / "final.png", *newest_first, samples / "test.png"]
+        grids = [samples / "test.png", samples / "final.png", *newest_first]
         return next((grid for grid in grids if grid.is_file()), None)
+
+    @property
+    def sample_grid_of(self) -> str:
+        """Which weights ``sample_grid`` drew: the tested ones (as ``tested`` says), the final
+        ones, or the generator at a step."""
+        grid = self.sample_grid
+        if grid is None or grid.stem == "test":
+            return self.tested
+        return "final weights" if grid.stem == "final" else f"G step {int(grid.stem[7:])}"
 
     @property
     def is_gan(self) -> bool:

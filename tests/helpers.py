@@ -577,8 +577,12 @@ class RecordBarMetrics(Callback):
         self.path = Path(path)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        shown = trainer.progress_bar_callback.get_metrics(trainer, pl_module)
-        self.path.write_text(json.dumps({k: v for k, v in shown.items() if k != "v_num"}))
+        bar = trainer.progress_bar_callback
+        shown = {k: v for k, v in bar.get_metrics(trainer, pl_module).items() if k != "v_num"}
+        # the training batches the bar shows done in the last epoch, and the batches trained
+        shown["bar_batches"] = bar.progress.tasks[bar.train_progress_bar_id].completed
+        shown["batches"] = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        self.path.write_text(json.dumps(shown))
 
 
 class ShardedOnCPU:

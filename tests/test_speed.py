@@ -264,3 +264,21 @@ def test_callbacks_progress_bar_null_means_no_bar(tmp_path, overrides, bar):
     trainer = build_trainer(cfg, build(cfg.model, "model"), {})
     shown = trainer.progress_bar_callback
     assert (type(shown).__name__ if shown is not None else None) == bar
+
+
+@pytest.mark.slow
+def test_the_progress_bar_ends_on_the_last_batch_trained(tmp_path):
+    """A fit that ends within an epoch (trainer.max_steps here; a GAN's max_g_steps, a stop
+    signal) left the bar on the last batch it had drawn (it draws a few times a second), with
+    that batch's loss: 34/161 after 37 steps (here 1 draw a second: 20 steps pass in less). It draws the newest batch when the epoch ends."""
+    record = tmp_path / "bar.json"
+    overrides = [*SMALL, "data.source.train_size=1024", "trainer.max_steps=20", "test=false"]
+    overrides += ["extras.print_config=false", "+trainer.limit_val_batches=1"]
+    overrides += ["logger=csv", "callbacks.progress_bar.refresh_rate=1"]
+    overrides += [
+        "+callbacks.bar._target_=helpers.RecordBarMetrics",
+        f"+callbacks.bar.path={record}",
+    ]
+    train_task(make_cfg(tmp_path, overrides))
+    shown = json.loads(record.read_text())
+    assert shown["batches"] == 20 and shown["bar_batches"] == 20, shown

@@ -19,7 +19,8 @@ class ProgressBar(RichProgressBar):
     each redraw builds the whole table while holding the GIL. On nets whose steps take a few
     milliseconds that cost as much as a quarter of the step (docs/benchmarks.md, P1). This bar
     does that work when 1/refresh_rate seconds have passed since it last did, and at the
-    epoch's last batch: the display looks the same, and its cost no longer grows with the steps.
+    epoch's last batch (and the newest batch before a validation or an early end of the epoch):
+    the display looks the same, and its cost no longer grows with the steps.
     """
 
     # The latest values of the step curves, shown beside the bar's own metrics. Logged with
@@ -31,6 +32,7 @@ class ProgressBar(RichProgressBar):
     def __init__(self, refresh_rate: int = 4, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
         self._due = 0.0  # time.monotonic() at which the next batch is drawn
+        self._undrawn: tuple | None = None  # the newest batch's arguments, until drawn
 
     def on_train_batch_end(
         self,
@@ -41,9 +43,26 @@ class ProgressBar(RichProgressBar):
         batch_idx: int,
     ) -> None:
         now = time.monotonic()
+        self._undrawn = (outputs, batch, batch_idx)
         if now >= self._due or batch_idx + 1 == self.total_train_batches:
             self._due = now + 1.0 / max(self.refresh_rate, 1)
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            self._draw(trainer, pl_module)
+
+    def _draw(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Draw the newest training batch, where not drawn yet."""
+        if self._undrawn is not None:
+            undrawn, self._undrawn = self._undrawn, None
+            super().on_train_batch_end(trainer, pl_module, *undrawn)
+
+    # An epoch that ends early (trainer.max_steps, a GAN's max_g_steps, a stop signal) and a
+    # validation within the epoch (val_check_interval) show its newest batch, not an older one.
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._draw(trainer, pl_module)
+        super().on_train_epoch_end(trainer, pl_module)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._draw(trainer, pl_module)
+        super().on_validation_start(trainer, pl_module)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)

@@ -32,7 +32,8 @@ class DivergenceGuard(Callback):
 
     Each step adds the losses into one float32 sum on the device (one op, no host sync): a NaN
     or an infinity stays non-finite in a sum. The sum is read every ``check_every_n_steps``
-    steps and before every checkpoint save, where the weights to be saved are checked too, so
+    training batches (not optimizer steps: with gradient accumulation, or a GAN's D and G
+    steps, they differ) and before every checkpoint save, where the weights to be saved are checked too, so
     a checkpoint is never written from diverged weights: the last good one stays in place.
     """
 

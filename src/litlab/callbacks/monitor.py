@@ -138,8 +138,9 @@ class Throughput(Callback):
     are not timed (CUDA context, cuDNN and allocator warm-up, compilation).
 
     Figures are the job's: images/s are summed over ranks (each rank's own rate, one collective
-    per epoch); batches/s are the job's training steps a second (the mean over ranks: the ranks'
-    batches of a step are one step of the job, as the progress bar's it/s); MFU is per device.
+    per epoch); batches/s are the job's training batches a second (the mean over ranks: the ranks'
+    batches of a step are one batch of the job, as the progress bar's it/s; an optimizer step is
+    trainer.accumulate_grad_batches of them); MFU is per device.
     FLOPs are counted once, for ``pl_module.net`` (GANs report images/s only).
     """
 

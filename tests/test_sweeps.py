@@ -302,6 +302,7 @@ def test_the_sweeps_best_is_the_reports_with_the_overrides_as_given(tmp_path):
         value = 0.96 if job in (2, 10) else 0.5
         objective = {"metric": "val/acc", "mode": "max", "value": value}
         summary = {"status": "completed", "objective": objective, "metrics": {"val/acc": value}}
+        summary["tuned"] = {"lr": job / 1000}  # tune.lr=true: the value it trained with
         (folder / "summary.json").write_text(json.dumps(summary))
         overrides = [f"model.optimizer.lr={job}", note, tags]
         OmegaConf.save(OmegaConf.create(overrides), folder / ".hydra" / "overrides.yaml")
@@ -318,4 +319,5 @@ def test_the_sweeps_best_is_the_reports_with_the_overrides_as_given(tmp_path):
     written = json.loads((tmp_path / "sweep_summary.json").read_text())
     assert written["best"]["job_dir"] == str(tmp_path / "2")
     assert written["best"]["overrides"] == ["model.optimizer.lr=2", note, tags]
+    assert written["best"]["tuned"] == {"lr": 0.002}  # the overrides say only tune.lr=true
     assert written["not_compared"] == [str(tmp_path / "12")]

@@ -240,6 +240,8 @@ class SweepSummary(Callback):
                 "job_dir": best["job_dir"],
                 "objective": best["objective"],
                 "overrides": best["overrides"],
+                # what tune.batch_size / tune.lr found: the job trained with these values
+                "tuned": best.get("tuned"),
                 "best_checkpoint": best.get("best_checkpoint"),
             },
         }

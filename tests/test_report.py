@@ -280,17 +280,18 @@ def test_curves_are_drawn_against_the_epochs_trained(tmp_path):
 
     def curves(batches: int, epochs: float) -> dict:
         rows, total = ["step,epoch,train/loss_step,val/acc,test/acc"], int(batches * epochs)
-        for step in range(1, total + 1):
-            epoch = (step - 1) // batches
-            rows.append(f"{step},{epoch},{1 / step},,")
-            if step % batches == 0:
-                rows.append(f"{step},{epoch},,{step / total},")
-        rows.append(f"{total + 1},{epochs:.0f},,,0.9")  # the test: at the next epoch, one step on
+        for step in range(total):  # as Lightning logs them: the k-th batch at step k - 1
+            epoch = step // batches
+            rows.append(f"{step},{epoch},{1 / (step + 1)},,")
+            if (step + 1) % batches == 0:
+                rows.append(f"{step},{epoch},,{(step + 1) / total},")
+        rows.append(f"{total},{epochs:.0f},,,0.9")  # the test: at the next epoch, one step on
         path = tmp_path / f"{batches}-{epochs}.csv"
         path.write_text("\n".join(rows) + "\n")
         return read_curves(path)
 
     small, large = curves(40, 2), curves(10, 2)  # batch 32 and batch 128: 40 and 10 steps
+    # the first epoch's 20th of 40 batches half way (it was one step short: 19/39)
     for run in (small, large):
         assert run["val/acc"][0] == [1.0, 2.0]
         assert run["train/loss_step"][0][-1] == 2.0

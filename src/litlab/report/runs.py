@@ -250,7 +250,9 @@ def epoch_axis(steps: list[float], ends: dict[int, float]) -> list[float]:
     its last epoch logged only part of it). Without epochs logged: the steps."""
     if not ends:
         return list(steps)
-    bounds, previous = [], 0.0  # (epoch, first step, steps in it)
+    # (epoch, the step before its first, steps in it): Lightning logs the k-th batch of a run
+    # at step k - 1, so the first epoch's steps start after step -1
+    bounds, previous = [], -1.0
     for epoch, end in sorted(ends.items()):
         bounds.append((epoch, previous, end - previous))
         previous = end

@@ -448,8 +448,22 @@ def test_repeats_over_seeds_get_their_mean_and_spread(tmp_path):
         "model.optimizer.lr=0.001: mean 0.8533 ± 0.08386 (n=3)"
     )
     assert numeric_params(comparison.runs, comparison.varied) == ["model.optimizer.lr"]
+    assert "Code" not in lines  # one commit (none recorded here)
     main([str(tmp_path)])
     assert (
         "**Over seeds:** model.optimizer.lr=0.003: mean 0.91"
         in (tmp_path / "report.md").read_text()
     )
+
+
+def test_runs_of_other_commits_are_named_as_such(tmp_path):
+    """Runs of the same overrides from other commits may differ in their defaults or code; the
+    report ranked them as like for like without a word (summary.json records the commit)."""
+    from litlab.report.compare import compare, facts
+
+    acc = {"metric": "val/acc", "mode": "max"}
+    for name, commit in [("a", "1111111111aa"), ("b", "2222222222bb"), ("c", "2222222222bb")]:
+        summary = {"status": "completed", "objective": {**acc, "value": 0.5}, "git_commit": commit}
+        write_run(tmp_path / name, summary)
+    lines = dict(facts(compare(find_runs([tmp_path]))))
+    assert lines["Code"] == "the runs come from 2 commits: 22222222 (2), 11111111 (1)"

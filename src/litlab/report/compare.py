@@ -254,4 +254,10 @@ def facts(comparison: Comparison) -> list[tuple[str, str]]:
         )
     if comparison.varied:
         lines.append(("Varied", ", ".join(comparison.varied)))
+    commits = Counter(
+        str(r.summary["git_commit"]) for r in comparison.runs if r.summary.get("git_commit")
+    )
+    if len(commits) > 1:  # the same overrides may have meant other defaults, or other code
+        counted = ", ".join(f"{commit[:8]} ({n})" for commit, n in commits.most_common())
+        lines.append(("Code", f"the runs come from {len(commits)} commits: {counted}"))
     return lines

@@ -876,40 +876,20 @@ def test_torchrun_continues_an_optuna_study_once_on_every_rank(tmp_path):
     script, *args = run_args(tmp_path)
     args = [a for a in args if not a.startswith("+callbacks.dump")]
     args += ["logger=csv", "hydra.sweeper.sampler.n_startup_trials=1"]
-    first = torchrun(
-        [
-            "--standalone",
-            "--nproc_per_node=2",
-            script,
-            "-m",
-            "hparams_search=cnn_optuna",
-            "hydra.sweeper.n_trials=2",
-            *args,
-        ],
-        tmp_path,
-    )
-    out, _ = first.communicate(timeout=600)
-    assert first.returncode == 0, out[-3000:]
+
+    def study(*more: str) -> None:  # 2 trials of the study on 2 torchrun processes
+        sweep = ["-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=2", *args, *more]
+        proc = torchrun(["--standalone", "--nproc_per_node=2", script, *sweep], tmp_path)
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out[-3000:]
+
+    study()
     (db,) = (tmp_path / "out").rglob("optuna.db")
     storage = f"sqlite:///{db}"
     weights = "+callbacks.dump.folder=" + str(tmp_path / "weights") + "/${hydra:job.num}"
-    again = torchrun(
-        [
-            "--standalone",
-            "--nproc_per_node=2",
-            script,
-            "-m",
-            "hparams_search=cnn_optuna",
-            "hydra.sweeper.n_trials=2",
-            f"hydra.sweeper.storage={storage}",
-            *args,
-            "+callbacks.dump._target_=helpers.DumpWeights",
-            weights,
-        ],
-        tmp_path,
+    study(
+        f"hydra.sweeper.storage={storage}", "+callbacks.dump._target_=helpers.DumpWeights", weights
     )
-    out, _ = again.communicate(timeout=600)
-    assert again.returncode == 0, out[-3000:]
     import optuna
 
     trials = optuna.load_study(study_name="cnn_optuna", storage=storage).trials

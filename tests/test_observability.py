@@ -322,3 +322,95 @@ def test_the_config_tree_keeps_long_lines_whole_in_a_log(capsys):
     print_config_tree(OmegaConf.create({"paths": {"output_dir": deep}, "seed": 3}), ("seed",))
     lines = capsys.readouterr().out.splitlines()
     assert any(line.strip().endswith(f"output_dir: {deep}") for line in lines), lines
+
+
+@pytest.mark.parametrize(("max_val", "found"), [(128, 64), (96, 96)])
+def test_the_batch_size_finder_returns_a_size_that_trained(tmp_path, monkeypatch, max_val, found):
+    """Lightning's power search stops when doubling reaches the cap (max_val or the training
+    split) and returned the cap untried: 128 where memory held 100 images. Its first trial ran
+    at data.batch_size (64), not init_val (reviewer). A stand-in for a GPU whose memory holds
+    100 images: training_step raises CUDA's out-of-memory error above that."""
+    from litlab.models.classifier import ImageClassifier
+
+    trained, step = [], ImageClassifier.training_step
+
+    def memory_for_100_images(self, batch, batch_idx):
+        if len(batch[0]) > 100:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        trained.append(len(batch[0]))
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(ImageClassifier, "training_step", memory_for_100_images)
+    finder = ["tune.batch_size_finder.init_val=16", f"tune.batch_size_finder.max_val={max_val}"]
+    cfg = make_cfg(tmp_path, ["tune.batch_size=true", *finder, "logger=csv"])
+    assert tune(cfg, Path(cfg.paths.output_dir)) == {"batch_size": found}
+    assert trained[0] == 16 and found in trained and cfg.data.batch_size == found
+
+
+def test_the_lr_range_test_leaves_nothing_in_the_runs_profile(tmp_path):
+    """debug=profile tune.lr=true: the finder's throwaway trainer inherited trainer.profiler, and
+    the run's profiler folder held the LR range test's trace and table too (reviewer)."""
+    tuned = ["tune.lr=true", "tune.lr_finder.num_training=10"]
+    cfg = make_cfg(tmp_path, ["debug=profile", *tuned, "logger=csv", *FAST])
+    train_task(cfg)
+    folder = Path(cfg.paths.output_dir) / "profiler"
+    assert len(list(folder.glob("*.pt.trace.json"))) == 1, sorted(folder.iterdir())
+    assert sorted(p.name for p in folder.glob("*.txt")) == ["fit-profile.txt"]
+    assert "lr_find" not in (folder / "fit-profile.txt").read_text()
+
+
+def test_a_run_from_a_tuned_checkpoint_refuses_a_value_also_given_and_records_its_own(
+    tmp_path, capsys
+):
+    """ckpt_path=<tuned run's checkpoint> tune.batch_size=true data.batch_size=32 trained with the
+    checkpoint's value silently (the check came after the resume's early return), and the
+    summary recorded no "tuned" (reviewer)."""
+    first = make_cfg(tmp_path / "first", ["trainer.max_epochs=1", "data.batch_size=16", *FAST])
+    train_task(first)
+    checkpoint = str(Path(first.paths.output_dir) / "checkpoints" / "best.ckpt")
+    resumed = [f"ckpt_path={checkpoint}", "tune.batch_size=true", "trainer.max_epochs=2"]
+    given = make_cfg(tmp_path / "given", [*resumed, "data.batch_size=32", "logger=csv", *FAST])
+    refused(capsys, train_task, given, "which is also given (data.batch_size=32)")
+
+    cfg = make_cfg(tmp_path / "taken", [*resumed, "test=false", "logger=csv", *FAST])
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed"
+    assert summary["tuned"] == {"batch_size": 16, "source": checkpoint}
+    assert cfg.data.batch_size == 16 and cfg.tune.batch_size is False
+
+
+def test_a_run_shorter_than_the_profilers_schedule_says_so(tmp_path, caplog):
+    """debug=profile's schedule records its 3 steps after 4 training batches (Lightning asks for
+    step 1's action after the first); a run of 3 recorded 2, silently (reviewer)."""
+    short = ["trainer.limit_train_batches=3", "model.scheduler=null"]
+    cfg = make_cfg(tmp_path, ["debug=profile", *short, "logger=csv", *FAST])
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(cfg)
+    assert "its schedule records after 4 training batches, the run trained 3" in caplog.text
+    (trace,) = (Path(cfg.paths.output_dir) / "profiler").glob("*.pt.trace.json")
+    names = [e.get("name", "") for e in json.loads(trace.read_text())["traceEvents"]]
+    assert sum(n.startswith("ProfilerStep#") for n in names) == 2
+
+
+def test_every_batch_size_trial_of_a_gan_steps_its_generator(tmp_path, monkeypatch):
+    """model=dcgan_wgangp (n_critic=5): a trial of 3 optimizer steps held 3 critic steps and no
+    generator step, whose memory then went unmeasured (reviewer); a trial takes n_critic + 1
+    steps, which always hold one."""
+    from conftest import TINY_GAN_DATA
+    from litlab.models.gan import GAN
+
+    g_steps, step = {}, GAN.training_step
+
+    def counted(self, batch, batch_idx):
+        before = self.g_steps
+        out = step(self, batch, batch_idx)
+        g_steps[len(batch[0])] = g_steps.get(len(batch[0]), 0) + self.g_steps - before
+        return out
+
+    monkeypatch.setattr(GAN, "training_step", counted)
+    data = [a for a in TINY_GAN_DATA if not a.startswith("data.batch_size=")]
+    finder = ["tune.batch_size_finder.init_val=8", "tune.batch_size_finder.max_val=64"]
+    cfg = make_cfg(tmp_path, ["model=dcgan_wgangp", *data, "tune.batch_size=true", *finder])
+    assert tune(cfg, Path(cfg.paths.output_dir)) == {"batch_size": 64}
+    assert g_steps == {8: 1, 16: 1, 32: 1, 64: 1}, g_steps

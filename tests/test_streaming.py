@@ -1030,3 +1030,36 @@ def test_chunk_sizes_in_bytes_or_with_a_unit_and_a_wrong_one_in_one_line(tmp_pat
         "litlab: error: --chunk-bytes 2 bananas: give a size such as 64MB or 512kb, or a "
         "number of bytes"
     )
+
+
+def test_overfit_on_a_stream_trains_the_same_batches_every_epoch(converted, tmp_path):
+    """debug=overfit promises the same batches every epoch (a seeded sample, as the in-memory
+    and folder loaders give); a stream was shuffled in each epoch's own order, so each epoch
+    "overfitted" other images (reviewer)."""
+    _, dst, _ = converted
+    overrides = [
+        "debug=overfit",
+        "trainer.overfit_batches=2",
+        "trainer.max_epochs=3",
+        "data=streaming",
+        f"data.source.input_dir={dst}",
+        "data.num_classes=3",
+        "data.image_shape=[3,36,36]",
+        "data.random_resized_crop=null",  # deterministic images: fingerprints identify them
+        "data.eval_crop=1",
+        "data.hflip=false",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "model.scheduler=null",
+        "test=true",  # RecordImages writes what it saw when the test ends
+        "+callbacks.record._target_=helpers.RecordImages",
+        f"+callbacks.record.folder={tmp_path / 'seen'}",
+        "logger=csv",
+        *QUIET,
+    ]
+    cfg = make_cfg(tmp_path, overrides)
+    train_task(cfg)
+    seen = json.loads((tmp_path / "seen" / "rank0.json").read_text())
+    epochs = [seen[f"epoch{e}"] for e in range(3)]
+    assert len(epochs[0]) == 2 and all(len(batch) == 4 for batch in epochs[0])
+    assert epochs[1] == epochs[0] and epochs[2] == epochs[0]

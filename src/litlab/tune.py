@@ -28,6 +28,7 @@ from litlab.config import build
 from litlab.distributed import launched_processes
 from litlab.errors import ConfigError, OutOfMemory
 from litlab.overrides import TUNED_KEYS, override_key
+from litlab.profiler import NoProfiler
 
 log = logging.getLogger("litlab")
 
@@ -88,15 +89,23 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     switches = cfg.get("tune") or {}
     if not cfg.get("train") or not (switches.get("batch_size") or switches.get("lr")):
         return {}
+    check_not_also_given(switches)
     if cfg.get("ckpt_path"):  # a resumed run keeps the values it trained with: no search
         path = str(cfg.ckpt_path)
-        take_tuned_values(cfg, stored_config(load_checkpoint(path), path))
-        return {}
+        taken = take_tuned_values(cfg, stored_config(load_checkpoint(path), path))
+        for name, value in taken.items():
+            log.info(
+                "tune.%s: %s=%s, as the checkpoint %s trained", name, TUNED_KEYS[name], value, path
+            )
+        return {**taken, "source": path} if taken else {}
     if launched_processes() > 1:  # torchrun's or srun's processes would each tune on their own
         raise ConfigError(ONE_DEVICE)
-    check_not_also_given(switches)
     batch_options = finder_options(cfg, "batch_size_finder")
     lr_options = finder_options(cfg, "lr_finder")
+    n_critic = int(OmegaConf.select(cfg, "model.n_critic", default=None) or 1)
+    if n_critic > 1:  # G steps once every n_critic batches: a shorter trial may never measure G
+        steps = int(batch_options.get("steps_per_trial", 3))
+        batch_options["steps_per_trial"] = max(steps, n_critic + 1)
     # A finite max_steps keeps step-based schedules (OneCycleLR) constructible; they are built
     # once for it and the batch-size search's trials all step them (the LR range test puts its
     # own schedule in place), so it covers every trial too.
@@ -109,18 +118,7 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     model = build(cfg.model, "model")
     if switches.get("lr"):
         check_lr_tunable(cfg, model)
-    trainer: L.Trainer = build(
-        cfg.trainer,
-        "trainer",
-        callbacks=[],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        max_epochs=-1,  # unbounded, so that the LR range test gets all its steps
-        max_steps=steps,
-    )
+    trainer = throwaway_trainer(cfg, max_steps=steps)
     if isinstance(trainer.strategy, ParallelStrategy):
         raise ConfigError(ONE_DEVICE)
     found: dict[str, Any] = {}
@@ -134,6 +132,24 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     updates.update({TUNED_KEYS[name]: found[name] for name in TUNED_KEYS if name in found})
     write_tuned(cfg, updates)
     return found
+
+
+def throwaway_trainer(cfg: DictConfig, **kwargs: Any) -> L.Trainer:
+    """The run's Trainer without what a run keeps: callbacks, loggers, checkpoints, profiler
+    (debug=profile's trace and table are the run's, not the finders')."""
+    return build(
+        cfg.trainer,
+        "trainer",
+        callbacks=[],
+        logger=False,
+        profiler=NoProfiler(),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        max_epochs=-1,  # unbounded, so that the LR range test gets all its steps
+        **kwargs,
+    )
 
 
 def check_not_also_given(switches: Any) -> None:
@@ -171,7 +187,8 @@ def find_batch_size(
     datamodule: L.LightningDataModule,
     options: dict[str, Any],
 ) -> int:
-    """The largest batch size (power of two) that trains without running out of memory."""
+    """The largest batch size (power of two, or the cap) that trains without running out of
+    memory."""
     if trainer.strategy.root_device.type == "cpu":
         log.warning(
             "tune.batch_size on CPU: memory never runs out there, so the search stops at "
@@ -180,8 +197,12 @@ def find_batch_size(
     datamodule.setup("fit")
     # Lightning cannot see the length of the device-resident loader and would double past
     # the data; a batch never holds more than the training split.
-    train_size = len(datamodule.datasets["fit"])
-    options["max_val"] = min(int(options.get("max_val", 8192)), train_size)
+    cap = min(int(options.get("max_val", 8192)), len(datamodule.datasets["fit"]))
+    options["max_val"] = cap
+    # Lightning builds the first trial's loader before it sets init_val: that trial ran at
+    # data.batch_size.
+    init_val = int(options.get("init_val", 2))
+    datamodule.batch_size = init_val
     datamodule.whole_split_batches = True
     try:
         size = Tuner(trainer).scale_batch_size(model, datamodule=datamodule, **options)
@@ -192,10 +213,55 @@ def find_batch_size(
             "tune.batch_size: no search under fast_dev_run; keeping %s", cfg.data.batch_size
         )
         return int(cfg.data.batch_size)
-    size = min(int(size), train_size)
+    size = int(size)
+    binsearch = options.get("mode", "power") == "binsearch"
+    margin = float(options.get("margin", 0.05)) if binsearch else 0.0
+
+    def less_margin(n: int) -> int:  # binsearch's safety buffer below a size that fitted
+        return max(1, int(n * (1 - margin)))
+
+    # The doubling stops when it reaches the cap, which Lightning returns without trying it.
+    if size >= cap or (binsearch and size == less_margin(cap)):
+        steps = int(options.get("steps_per_trial", 3))
+        below = [init_val * 2**k for k in range(cap.bit_length()) if init_val * 2**k < cap]
+        if trains(cfg, model, datamodule, cap, steps):
+            size = less_margin(cap)
+        elif below:  # every doubling below the cap trained
+            log.info("tune.batch_size: %d ran out of memory, %d trained", cap, below[-1])
+            size = less_margin(below[-1])
+        else:
+            raise OutOfMemory(
+                f"tune.batch_size: {cap}, the only size tried (init_val={init_val} reaches the "
+                "cap), ran out of memory; lower tune.batch_size_finder.init_val"
+            )
     datamodule.batch_size = size
     log.info("tune.batch_size found data.batch_size=%d", size)
     return size
+
+
+def trains(
+    cfg: DictConfig,
+    model: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    batch_size: int,
+    steps: int,
+) -> bool:
+    """Whether ``steps`` optimizer steps at ``batch_size`` train without running out of memory,
+    on a throwaway trainer; the model's weights are put back (the LR range test starts from
+    them)."""
+    weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    datamodule.batch_size = batch_size
+    garbage_collection_cuda()
+    try:
+        throwaway_trainer(cfg, max_steps=steps, limit_val_batches=0).fit(model, datamodule)
+    except RuntimeError as e:
+        if not is_out_of_memory(e):
+            raise
+        return False
+    finally:
+        model.load_state_dict(weights)
+        garbage_collection_cuda()
+    return True
 
 
 def find_lr(
@@ -250,19 +316,22 @@ def valley(losses: list[float]) -> int | None:
     return points[start + (end - start) // 2]
 
 
-def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> None:
+def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> dict[str, Any]:
     """A run continued from a checkpoint uses the values its finders found, without searching
     again: the switches that are on take their values from the checkpoint's config, in ``cfg``
     and in the run's saved config (Hydra wrote the command's there again when a requeued job
-    started: a later ``resume=`` would have trained on with the values before the search)."""
+    started: a later ``resume=`` would have trained on with the values before the search).
+    Returns the values taken, by switch."""
     switches = cfg.get("tune") or {}
     updates: dict[str, Any] = {}
+    taken: dict[str, Any] = {}
     for switch, key in TUNED_KEYS.items():
         if switches.get(switch):
-            updates[key] = OmegaConf.select(stored, key)
+            updates[key] = taken[switch] = OmegaConf.select(stored, key)
             updates[f"tune.{switch}"] = False
     if updates:
         write_tuned(cfg, updates)
+    return taken
 
 
 def write_tuned(cfg: DictConfig, updates: dict[str, Any]) -> None:
@@ -315,13 +384,18 @@ def oom_message(batch_size: int, peak_gb: float, total_gb: float | None, precisi
     )
 
 
+def is_out_of_memory(error: RuntimeError) -> bool:
+    """CUDA's, cuDNN's or the CPU allocator's out-of-memory error (as Lightning's finder sees it)."""
+    return isinstance(error, torch.OutOfMemoryError) or is_oom_error(error)
+
+
 @contextmanager
 def out_of_memory_explained(batch_size: int, trainer: L.Trainer) -> Iterator[None]:
     """Re-raise an out-of-memory error inside the block as OutOfMemory with one clear line."""
     try:
         yield
     except RuntimeError as e:
-        if not (isinstance(e, torch.OutOfMemoryError) or is_oom_error(e)):
+        if not is_out_of_memory(e):
             raise
         device = trainer.strategy.root_device
         if device.type == "cuda":

@@ -437,6 +437,12 @@ class DataModule(L.LightningDataModule):
         if not train:  # LitData deals whole batches to ranks: a batch per rank at least
             world_size = trainer.world_size if trainer else 1
             batch_size = min(batch_size, max(1, dataset.images // world_size))
+        epoch = None
+        if train and trainer is not None:
+            # overfit_batches trains the first batches of every pass: the same ones only in the
+            # same order (epoch 0's, a seeded sample), as the in-memory and folder loaders do.
+            overfit = bool(trainer.overfit_batches)
+            epoch = (lambda: 0) if overfit else (lambda: epoch_to_train(trainer))
         return streaming_loader_class()(
             dataset,
             batch_size=batch_size,
@@ -447,7 +453,7 @@ class DataModule(L.LightningDataModule):
             collate_fn=skip_unreadable,
             multiprocessing_context=reader_context(self.num_workers, "litdata"),
             trained=self._trained_batches() if train else None,
-            epoch=(lambda: epoch_to_train(trainer)) if train and trainer is not None else None,
+            epoch=epoch,
             pad_to=None if train or not forward_is_collective(trainer) else largest_on_any_rank,
         )
 

@@ -26,7 +26,7 @@ from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
 from litlab.config import build
 from litlab.errors import CheckpointError
 from litlab.metrics.fid import domain_classifier
-from litlab.resume import record_resume_overrides, resume_argv
+from litlab.resume import newest_checkpoint, record_resume_overrides, resume_argv
 from litlab.train import train_task
 
 CLF = ["data.batch_size=128", "trainer.max_epochs=4", "model.net.width=8", "logger=csv", *QUIET]
@@ -1066,6 +1066,136 @@ def test_a_resume_continues_with_what_earlier_resumes_changed(tmp_path, monkeypa
     assert resume() == ["+callbacks.x.a=1", "trainer.max_epochs=6"]
 
 
+def test_a_run_refused_in_a_run_folder_leaves_its_saved_config_as_it_was(tmp_path):
+    """`hydra.run.dir=<a run folder>` with another net is refused; Hydra had written the refused
+    command's .hydra files over the run's before litlab ran, and the run's own `resume=` (the
+    refusal's advice) then built the other net: a size-mismatch traceback. They stay the run's."""
+    folder = tmp_path / "run"
+    args = [*CLF, "trainer.max_epochs=1", "trainer.max_steps=2", "model.scheduler=null"]
+    args += [f"hydra.run.dir={folder}"]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = {path.name: path.read_bytes() for path in (folder / ".hydra").iterdir()}
+    assert {"config.yaml", "hydra.yaml", "overrides.yaml"} <= saved.keys()
+    other = run_cli(*args, "model.net.width=16")
+    assert other.returncode == 2
+    assert "already holds checkpoints of a run with another config" in other.stderr
+    assert {path.name: path.read_bytes() for path in (folder / ".hydra").iterdir()} == saved
+    resumed = run_cli(f"resume={folder}", "trainer.max_steps=4")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == 4
+
+
+def test_a_resume_that_fails_before_training_leaves_the_finished_run_as_it_was(tmp_path):
+    """A resume that Lightning rejects in the fit's setup (a val_check_interval beyond the
+    epoch) had dropped the finished run's marks, recorded its overrides (every later plain
+    `resume=` failed the same way) and put its summary one level down; now the folder is left
+    as it was, and a resume that trains records its overrides with its first checkpoint."""
+    folder = tmp_path / "run"
+    first = run_cli(*CLF, "trainer.max_epochs=1", f"hydra.run.dir={folder}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    summarized = (folder / "summary.json").read_bytes()
+    failed = run_cli(f"resume={folder}", "trainer.max_epochs=2", "+trainer.val_check_interval=1000")
+    assert failed.returncode == 1 and "val_check_interval" in failed.stderr
+    assert (folder / ".completed").is_file() and (folder / ".trained").is_file()
+    assert not (folder / ".hydra" / "resume_overrides.yaml").exists()
+    assert (folder / "summary.json").read_bytes() == summarized
+    further = run_cli(f"resume={folder}", "trainer.max_epochs=2")
+    assert further.returncode == 0, further.stderr[-3000:]
+    recorded = yaml.safe_load((folder / ".hydra" / "resume_overrides.yaml").read_text())
+    assert recorded == ["trainer.max_epochs=2"] and (folder / ".completed").is_file()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["previous_summary"] == json.loads(summarized)
+
+
+TINY = ["model.net.width=4", "trainer.max_epochs=1", "trainer.max_steps=2", "model.scheduler=null"]
+TINY += ["test=false", *QUIET]
+
+
+def test_a_resume_with_another_network_is_refused_in_one_line(tmp_path, capsys):
+    """`resume=<run> model.net.width=16` passed every check and ended in a size-mismatch
+    traceback as the checkpoint's weights were loaded; now one line says what changed and what
+    to do, and the run's summary stays as it was."""
+    train_task(make_cfg(tmp_path, TINY))
+    folder = tmp_path / "run"
+    last, summary = folder / "checkpoints" / "last.ckpt", folder / "summary.json"
+    summarized = summary.read_bytes()
+    other = [*TINY, f"ckpt_path={last}", "trainer.max_steps=4"]
+    other += ["model.net.width=8", "model.net.depth=2"]
+    line = refused(capsys, train_task, make_cfg(tmp_path, other), "holds another network")
+    assert "(model.net.width: 4 -> 8; model.net.depth: 1 -> 2)" in line
+    assert "start a new run to train this network" in line
+    assert summary.read_bytes() == summarized
+
+
+def test_a_resumes_run_control_keys_are_not_carried_to_the_next(tmp_path, monkeypatch):
+    """`resume=<run> ckpt_path=<run>/checkpoints/best.ckpt` starts from best.ckpt, once: its
+    ckpt_path was recorded with its overrides, and every later plain `resume=<run>` restarted
+    from best.ckpt too, losing what was trained since. ckpt_path, train and test are this
+    command's, not the run's (a record that holds them already is read without them)."""
+    folder = tmp_path / "run"
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (folder / "checkpoints").mkdir()
+    last, best = folder / "checkpoints" / "last.ckpt", folder / "checkpoints" / "best.ckpt"
+    last.write_bytes(b"")
+    best.write_bytes(b"")
+    monkeypatch.setenv("LITLAB_RESUME_OVERRIDES", "")  # restored (absent) after the test
+    monkeypatch.delenv("LITLAB_RESUME_OVERRIDES")
+
+    def resume(*overrides: str) -> list[str]:
+        argv = resume_argv(["train.py", f"resume={folder}", *overrides])
+        return [arg for arg in argv if arg.startswith(("ckpt_path=", "trainer.", "test="))]
+
+    given = [f"ckpt_path={best}", "trainer.max_epochs=6", "test=false"]
+    assert resume(*given) == [f"ckpt_path={last}", *given]  # this run: from best.ckpt
+    record_resume_overrides(folder)  # it trained
+    record = folder / ".hydra" / "resume_overrides.yaml"
+    assert yaml.safe_load(record.read_text()) == ["trainer.max_epochs=6"]
+    assert resume() == [f"ckpt_path={last}", "trainer.max_epochs=6"]
+    record.write_text(yaml.safe_dump([f"ckpt_path={best}", "trainer.max_epochs=6", "train=false"]))
+    assert resume() == [f"ckpt_path={last}", "trainer.max_epochs=6"]
+
+
+def test_a_resume_with_another_fid_measure_is_refused(tmp_path, capsys):
+    """A GAN's val/fid (its objective, which picks the best checkpoint) resumed with other FID
+    settings was measured two ways in one run; now refused in one line, like model.tta_flip."""
+    args = [*GAN_MODEL, "trainer.max_epochs=1", "trainer.max_steps=2", "test=false", *QUIET]
+    args += [f"paths.cache_dir={tmp_path / 'cache'}"]
+    train_task(make_cfg(tmp_path, args))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    resumed = [*args, f"ckpt_path={last}", "trainer.max_steps=4"]
+    for other, told in [
+        ("callbacks.fid.num_samples=128", "callbacks.fid.num_samples: 64 -> 128"),
+        ("callbacks.fid.num_real=500", "callbacks.fid.num_real: 10000 -> 500"),
+        ("callbacks.fid.extractor=inception", "callbacks.fid.extractor: auto -> inception"),
+    ]:
+        cfg = make_cfg(tmp_path, [*resumed, other])
+        refused(capsys, train_task, cfg, f"{told} would change what val/* measures part way")
+
+
+def test_resume_takes_the_checkpoint_written_last_also_in_a_copy_without_times(tmp_path):
+    """newest_checkpoint chose by the files' times: in a copy that did not keep them (cp -r
+    writes step.ckpt after last.ckpt) resume= went back to the older periodic save. Each
+    checkpoint now holds when it was written; not its global step, which a run restarted from
+    an earlier checkpoint has not yet caught up with in the older step.ckpt it leaves."""
+    args = [*TINY, "callbacks.step_checkpoint.every_n_train_steps=2"]
+    train_task(make_cfg(tmp_path, [*args, "trainer.max_steps=2"]))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    step, last = checkpoints / "step.ckpt", checkpoints / "last.ckpt"
+    early = shutil.copy(last, tmp_path / "early.ckpt")  # step 2
+    train_task(make_cfg(tmp_path, [*args, f"ckpt_path={last}", "trainer.max_steps=5"]))
+    assert load_checkpoint(step)["global_step"] == 4 and load_checkpoint(last)["global_step"] == 5
+    later = last.stat().st_mtime + 60  # copied in another order: step.ckpt's time the later
+    os.utime(step, (later, later))
+    assert newest_checkpoint(tmp_path / "run") == last
+    train_task(make_cfg(tmp_path, [*args, f"ckpt_path={early}", "trainer.max_steps=3"]))
+    assert load_checkpoint(step)["global_step"] == 4 and load_checkpoint(last)["global_step"] == 3
+    os.utime(step, (later, later))
+    assert newest_checkpoint(tmp_path / "run") == last
+
+
 @pytest.mark.slow
 def test_a_run_folder_moved_elsewhere_resumes_with_its_best_checkpoint_and_score(tmp_path):
     """Lightning keeps a ModelCheckpoint's best score and paths only where the checkpoint was
@@ -1115,8 +1245,10 @@ def test_a_resumed_offline_wandb_run_says_to_sync_all_its_parts_together(tmp_pat
 def test_a_finished_run_started_again_in_its_folder_trains_nothing(tmp_path, caplog):
     """A requeued batch script runs its commands again, each in the folder it had: a run that
     had completed, stopped early by early stopping, was continued (another epoch, its summary
-    and best checkpoint rewritten). It now trains nothing and exits 0; resume= with more epochs
-    still trains it further, and then it is finished again."""
+    and best checkpoint rewritten). It now trains nothing and exits 0, and says that more
+    patience trains it further; continued with more patience, it waits that long (Lightning
+    restored the checkpoint's patience: one more epoch, whatever was asked), then it is finished
+    again."""
     args = [
         "callbacks=early_stopping",
         "callbacks.early_stopping.patience=0",
@@ -1135,11 +1267,13 @@ def test_a_finished_run_started_again_in_its_folder_trains_nothing(tmp_path, cap
     with caplog.at_level("WARNING", logger="litlab"):
         again = train_task(make_cfg(tmp_path, args))  # the same command, the same folder
     assert again == objective and "holds a run that completed: nothing to train" in caplog.text
+    assert "callbacks.early_stopping.patience=<more> (early stopping ended it)" in caplog.text
     assert last.read_bytes() == written and summary.read_bytes() == summarized
-    further = [*args, f"ckpt_path={last}", "callbacks.early_stopping.patience=1"]
+    # epoch 1 was the first without improvement; patience 3: epochs 2 and 3 too, then it stops
+    further = [*args, f"ckpt_path={last}", "callbacks.early_stopping.patience=3"]
     train_task(make_cfg(tmp_path, further))
     assert json.loads(summary.read_text())["resumed_from"] == str(last)
-    assert load_checkpoint(last)["epoch"] > 1 and (folder / ".completed").is_file()
+    assert load_checkpoint(last)["epoch"] == 3 and (folder / ".completed").is_file()
 
 
 def test_a_finished_run_without_a_resumable_checkpoint_is_not_trained_again(tmp_path):

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import lightning as L
+import torch
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
@@ -49,7 +52,25 @@ def newest_checkpoint(folder: Path) -> Path | None:
     found += folder.glob("hpc_ckpt_*.ckpt")
     if not found:
         refuse_sharded(folder)
-    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+    return max(found, key=written_at) if found else None
+
+
+# When a checkpoint was written (time.time_ns()), inside it: a file's time is lost where its
+# folder is copied without times (cp -r, rsync without -t), and resume= then took whichever file
+# was copied last, step.ckpt many steps before last.ckpt. Not the global step: a run restarted
+# from an earlier checkpoint (resume=<run> ckpt_path=<run>/checkpoints/best.ckpt) leaves an
+# older step.ckpt of a higher step, which it has not yet written over.
+SAVED_AT = "litlab_saved_at_ns"
+
+
+def written_at(path: Path) -> int:
+    """When a checkpoint was written: the time it holds (FitMilestones), else (written before
+    litlab kept one, or unreadable: its loading then says why) its file's. Read with mmap."""
+    try:
+        saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True).get(SAVED_AT)
+    except Exception:  # torch.load fails in many ways on a foreign or truncated file
+        saved = None
+    return int(saved) if saved is not None else path.stat().st_mtime_ns
 
 
 def refuse_sharded(folder: Path) -> None:
@@ -75,17 +96,26 @@ def wandb_run_id(folder: Path) -> str | None:
 
 
 # The saved config.yaml stays the first command's; a later resume= applies RESUME_OVERRIDES first.
-_PENDING = "LITLAB_RESUME_OVERRIDES"  # this process's resume: recorded once training begins
+_PENDING = "LITLAB_RESUME_OVERRIDES"  # this process's resume: recorded with its first checkpoint
+# What one command does with the run, never carried to the next resume= (ckpt_path=<best.ckpt>
+# recorded made every later resume= start from best.ckpt again, losing what it trained since).
+_RUN_CONTROL = ("ckpt_path", "train", "test")
+
+
+def _carried(overrides: list[str]) -> list[str]:
+    """``overrides`` without the run-control keys (_RUN_CONTROL)."""
+    return [arg for arg in overrides if override_key(arg) not in _RUN_CONTROL]
 
 
 def _recorded_overrides(folder: Path) -> list[str]:
     path = folder / ".hydra" / RESUME_OVERRIDES
-    return list(yaml.safe_load(path.read_text()) or []) if path.is_file() else []
+    return _carried(list(yaml.safe_load(path.read_text()) or [])) if path.is_file() else []
 
 
 def record_resume_overrides(run_dir: str | Path) -> None:
-    """Once a `resume=` run begins to train (not when it is refused), add its overrides to the
-    run folder's record, so that the next `resume=` continues with them (rank 0 writes)."""
+    """Once a `resume=` run writes its first checkpoint (not when it is refused or fails before),
+    add its overrides to the run folder's record, so that the next `resume=` continues from
+    that checkpoint with them (rank 0 writes)."""
     pending = os.environ.pop(_PENDING, None)
     if pending is None or global_rank() != 0:
         return
@@ -95,6 +125,31 @@ def record_resume_overrides(run_dir: str | Path) -> None:
         return
     overrides = merged_overrides(_recorded_overrides(folder), resumed["overrides"])
     (folder / ".hydra" / RESUME_OVERRIDES).write_text(yaml.safe_dump(overrides))
+
+
+class FitMilestones(L.Callback):
+    """Tells the run when its fit begins to train (its setup passed: Lightning's checks of the
+    trainer's settings, the checkpoint restored) and when it first writes a checkpoint: only
+    then is the folder's run trained further, its marks (.trained, .completed) dropped and this
+    `resume=`'s overrides recorded. A resume that failed in the fit's setup (`+trainer.
+    val_check_interval=1000` on a finished run: Lightning's ValueError) had un-finished the run
+    and recorded the override, which every later plain `resume=` then failed on. Every
+    checkpoint gets the time it is written (SAVED_AT, for newest_checkpoint)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run, self.saved = run, False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.run.training_began()
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint[SAVED_AT] = time.time_ns()
+        if not self.saved:
+            self.saved = True
+            self.run.checkpoints_change()
+            record_resume_overrides(self.run.dir)
 
 
 def resume_argv(argv: list[str]) -> list[str]:
@@ -143,7 +198,7 @@ def resume_argv(argv: list[str]) -> list[str]:
     # not Hydra's own flags, nor the run's own config group choices restated
     chosen = hydra.get("runtime", {}).get("choices", {})
     overrides = _unchosen(chosen, [arg for arg in given if not arg.startswith("-")])
-    os.environ[_PENDING] = yaml.safe_dump({"folder": str(folder), "overrides": overrides})
+    os.environ[_PENDING] = yaml.safe_dump({"folder": str(folder), "overrides": _carried(overrides)})
     flags = [arg for arg in given if arg.startswith("-")]
     return [argv[0], *args, *flags, *merged_overrides(_recorded_overrides(folder), overrides)]
 
@@ -214,10 +269,7 @@ def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any]
     folder = checkpoint_folder(cfg.paths.output_dir, f"{cfg.paths.log_dir}/{cfg.task_name}")
     completed = (folder / COMPLETED).is_file()  # the same run, finished (a requeued script)
     trained = read_summary(folder / TRAINED)  # ... trained to its end, the rest not done
-    done = AlreadyCompleted(
-        f"{folder} holds a run that completed: nothing to train (train it further with: "
-        f"python train.py resume={folder} trainer.max_epochs=<more>)"
-    )
+    done = _completed(folder)
     try:
         path = newest_checkpoint(folder)
     except ConfigError:  # sharded FSDP checkpoints: of a finished run, left as they are
@@ -251,7 +303,7 @@ def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any]
             f"run with: python train.py resume={folder}, or train in a new folder"
         )
     if completed:
-        raise done
+        raise _completed(folder, checkpoint)
     wandb = (cfg.get("logger") or {}).get("wandb")
     run_id = wandb_run_id(folder)
     if wandb and run_id and not wandb.get("id"):
@@ -274,6 +326,31 @@ def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any]
     return checkpoint
 
 
+def _completed(folder: Path, checkpoint: dict[str, Any] | None = None) -> AlreadyCompleted:
+    """A completed run found again in its folder, with how to train it further: more epochs, or
+    where early stopping ended it (its checkpoint says so) more patience, which more epochs
+    alone would not give (the restored count of epochs without improvement stops it again)."""
+    further = "trainer.max_epochs=<more>"
+    if checkpoint is not None and _stopped_by_patience(checkpoint):
+        further = "callbacks.early_stopping.patience=<more> (early stopping ended it)"
+    return AlreadyCompleted(
+        f"{folder} holds a run that completed: nothing to train (train it further with: "
+        f"python train.py resume={folder} {further})"
+    )
+
+
+def _stopped_by_patience(checkpoint: dict[str, Any]) -> bool:
+    """Whether an EarlyStopping callback's state in ``checkpoint`` says it stopped the run in
+    the checkpoint's epoch for want of improvement (Lightning's EarlyStoppingReason.
+    PATIENCE_EXHAUSTED, 3; a reason restored from an earlier stop stays, with its epoch)."""
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        if str(key).startswith("EarlyStopping") and isinstance(state, dict):
+            stopped = state.get("stopped_epoch")
+            if state.get("stopping_reason", 3) == 3 and stopped == checkpoint.get("epoch") != 0:
+                return True
+    return False
+
+
 def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
     """Refuse to resume from a checkpoint of another model family; to train on from one past
     the run's end, or with optimizer settings that its restored state would override."""
@@ -286,6 +363,12 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             f"{path} holds a {trained} but this run builds a {cfg.model._target_}; pick the "
             "matching model (e.g. model=dcgan for a GAN checkpoint) or another checkpoint"
         )
+    network = _changed_network(stored, cfg.model)
+    if network:  # its weights do not fit (Lightning's size-mismatch traceback) or mean another net
+        raise CheckpointError(
+            f"{path} holds another network than this run builds ({'; '.join(network)}); set "
+            "them as its run had them, or start a new run to train this network"
+        )
     data = _changed_data(OmegaConf.create(config.get("data") or {}), cfg.data)
     measured = [
         f"model.{key}: {stored.get(key, default)} -> {cfg.model.get(key, default)}"
@@ -293,7 +376,7 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
         if key in stored or key in cfg.model
         if stored.get(key, default) != cfg.model.get(key, default)
     ]
-    measured += _changes(config, cfg, ["data.eval_crop"])  # the centre share evaluated
+    measured += _changes(config, cfg, ["data.eval_crop", *_FID_MEASURE])
     if not cfg.get("train"):  # tested only: nothing is restored for training
         if data:  # images that trained could be tested (a moved split)
             raise CheckpointError(
@@ -429,10 +512,54 @@ def _changed_seeds(stored: DictConfig, now: DictConfig) -> list[str]:
 # Model settings that say what validation measures (with the model's default where unset):
 # test-time flips average each image's logits with its mirror's.
 _MEASURES = {"tta_flip": False}
+# What FID (a GAN's val/fid, its objective) compares: its feature extractor and how many
+# generated and real images.
+_FID_MEASURE = [
+    f"callbacks.fid.{key}" for key in ("extractor", "inception_weights", "num_samples", "num_real")
+]
 
 
 # Model settings that shape the optimizer's parameter groups, restored from the checkpoint.
 _OPTIMIZER_GROUPS = ("decay_norm_and_bias",)
+# A net's settings that say only where its first weights come from (pretrained ones), which a
+# checkpoint's weights replace.
+_INITIAL_WEIGHTS = ("weights",)
+
+
+def _flat(node: Any, prefix: str) -> dict[str, Any]:
+    """A config node as {"<prefix>.<key>.<key>": value}, lists as values."""
+    if not isinstance(node, DictConfig):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for key in node:
+        out.update(_flat(node[key], f"{prefix}.{key}"))
+    return out
+
+
+def _changed_network(stored: DictConfig, now: DictConfig) -> list[str]:
+    """The network settings that differ between a checkpoint's run and this one, as
+    "model.<node>.<key>: <then> -> <now>": the model's nodes that build a module (a
+    ``_target_``: model.net, a GAN's model.generator and model.discriminator), not its optimizers
+    and schedules (``_changed_optimization``). resume=<run> model.net.width=16 passed every
+    check and ended in a size-mismatch traceback as the checkpoint's weights were loaded."""
+    changes = []
+    for key in sorted({str(k) for k in (*stored, *now)}):
+        nodes = [node.get(key) for node in (stored, now)]
+        builds = any(isinstance(n, DictConfig) and "_target_" in n for n in nodes)
+        if not builds or "optimizer" in key or "scheduler" in key:
+            continue
+        then, new = (_flat(n, f"model.{key}") for n in nodes)
+        changes += [
+            f"{name}: {_plain(then.get(name))} -> {_plain(new.get(name))}"
+            for name in {**then, **new}
+            if name.rsplit(".", 1)[-1] not in _INITIAL_WEIGHTS and then.get(name) != new.get(name)
+        ]
+    return changes
+
+
+def _plain(value: Any) -> Any:
+    """A config value as the user wrote it ([2, 2] for a list, not a ListConfig's repr)."""
+    return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
 
 
 def _changed_optimization(stored: DictConfig, now: DictConfig) -> list[str]:
@@ -441,15 +568,6 @@ def _changed_optimization(stored: DictConfig, now: DictConfig) -> list[str]:
     as "model.<key>: <then> -> <now>": Lightning restores the optimizer's and the schedule's
     state (learning rate, momentum, weight decay, the schedule's own settings), so new values
     there would be recorded but not used (other parameter groups: not restored at all)."""
-
-    def flat(node: Any, prefix: str) -> dict[str, Any]:
-        if not isinstance(node, DictConfig):
-            return {prefix: node}
-        out: dict[str, Any] = {}
-        for key in node:
-            out.update(flat(node[key], f"{prefix}.{key}"))
-        return out
-
     changes = []
     for key in now:
         optimization = "optimizer" in str(key) or "scheduler" in str(key)
@@ -461,7 +579,7 @@ def _changed_optimization(stored: DictConfig, now: DictConfig) -> list[str]:
                 ]
                 changes.append(f"model.{key}: {named[0]} -> {named[1]}")
                 continue
-            then, new = flat(stored[key], f"model.{key}"), flat(now[key], f"model.{key}")
+            then, new = _flat(stored[key], f"model.{key}"), _flat(now[key], f"model.{key}")
             changes += [
                 f"{name}: {then.get(name)} -> {new.get(name)}"
                 for name in {**then, **new}  # either side's keys (model.scheduler=null: none)

@@ -28,13 +28,14 @@ import litlab
 from litlab.config import build
 from litlab.errors import AlreadyCompleted, ConfigError, LitlabError, Requeued, fail
 from litlab.files import atomic_file
+from litlab.folders import restore_saved_config
 
 log = logging.getLogger("litlab")
 
-# In a run folder whose fit trained to its end (written then, removed when a fit begins there
-# again): the fit's record, what the run's summary has from it (final metrics, checkpoints,
-# best score), JSON. A requeued cluster job that finds it and not COMPLETED (stopped while
-# testing) tests again from it, training nothing (litlab.resume.continue_in_place).
+# In a run folder whose fit trained to its end (written then, removed when a later fit writes a
+# checkpoint there): the fit's record, what the run's summary has from it (final metrics,
+# checkpoints, best score), JSON. A requeued cluster job that finds it and not COMPLETED
+# (stopped while testing) tests again from it, training nothing (litlab.resume.continue_in_place).
 TRAINED = ".trained"
 # ... and whose whole run then completed (its test too): a requeued job does nothing.
 COMPLETED = ".completed"
@@ -176,8 +177,10 @@ class Run:
 
     In a folder that already has a summary.json (a run continued by ``resume=`` or a requeued
     job), the earlier summary is kept under "previous_summary"; a run refused (a LitlabError)
-    before any phase began (past the run's end, a config its checkpoints do not match) leaves
-    the folder's summary.json as it was; other failures are recorded as usual.
+    or failed (an Exception) before it began to train or test (past the run's end, a config its
+    checkpoints do not match, a setting the fit's setup rejects) leaves the folder's
+    summary.json, and the Hydra files that its start wrote over (litlab.folders), as they were;
+    other failures are recorded as usual.
     """
 
     def __init__(self, cfg: DictConfig, task: str, keep_going: bool = False) -> None:
@@ -194,7 +197,7 @@ class Run:
         self._keep_going = keep_going
         self._t0 = time.perf_counter()
         self._previous: dict[str, Any] | None = None
-        self._began = False  # a phase (fit, test) began: the folder may have changed
+        self._began = False  # training or a test began: the folder may have changed
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -223,15 +226,26 @@ class Run:
         return self
 
     def phase(self, name: str) -> _Phase:
+        """Time a phase; a fit begins when it trains (``training_began``), after its setup."""
+        if name != "fit":
+            self._began = True
+        return _Phase(self, name)
+
+    def training_began(self) -> None:
+        """The fit's setup passed (its checkpoint restored): a failure now is recorded."""
         self._began = True
-        if name == "fit" and rank_zero_only.rank == 0:  # trained further: not completed now
+
+    def checkpoints_change(self) -> None:
+        """The fit writes its first checkpoint: the folder's run is trained further, no longer
+        the one its marks describe (a fit that failed before, or saved nothing, leaves them)."""
+        if rank_zero_only.rank == 0:
             for mark in (TRAINED, COMPLETED):
                 (self.dir / mark).unlink(missing_ok=True)
-        return _Phase(self, name)
 
     def mark_trained(self) -> None:
         """The fit trained to its end: its record (TRAINED), for a job requeued while testing."""
         if rank_zero_only.rank == 0:
+            (self.dir / COMPLETED).unlink(missing_ok=True)  # completed once it is tested
             record = {key: self.summary.get(key) for key in FIT_RECORD}
             write_json(self.dir / TRAINED, {**record, "metrics": dict(self.summary["metrics"])})
 
@@ -249,6 +263,8 @@ class Run:
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
         if isinstance(exc, AlreadyCompleted):  # every rank: nothing ran, the folder as it was
+            if rank_zero_only.rank == 0:
+                restore_saved_config(self.dir)
             if self._previous is not None:
                 self.summary = self._previous  # the run as it completed (its objective)
                 if rank_zero_only.rank == 0:
@@ -274,9 +290,13 @@ class Run:
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if rank_zero_only.rank == 0:
-            if isinstance(exc, LitlabError) and not self._began and self._previous is not None:
-                # refused before it touched the run (a resume past the run's end, a config the
-                # checkpoints do not match): the folder's summary stays what it was
+            untouched = isinstance(exc, Exception) and not self._began
+            if untouched:  # Hydra's files of an earlier run in the folder, as they were
+                restore_saved_config(self.dir)
+            if untouched and self._previous is not None:
+                # refused or failed before it touched the run (a resume past the run's end, a
+                # config the checkpoints do not match, a fit that failed in its setup): the
+                # folder's summary stays what it was
                 write_json(self.dir / "summary.json", self._previous)
             else:
                 self._write()

@@ -45,12 +45,7 @@ from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError, TrainingDiverged
 from litlab.hardware import check_hardware, resolve_precision
 from litlab.loggers import finish_loggers
-from litlab.resume import (
-    check_resumable,
-    continue_in_place,
-    record_resume_overrides,
-    resume_argv,
-)
+from litlab.resume import FitMilestones, check_resumable, continue_in_place, resume_argv
 from litlab.run import Run, build_list, freeze_the_imports, print_config_tree
 from litlab.tune import log_lr_plot, out_of_memory_explained, tune
 
@@ -95,7 +90,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     try:
         with ranks_run_this_job(cfg, trainer):
             if cfg.get("train"):
-                record_resume_overrides(run.dir)  # what this resume= changed, for the next
+                # the folder's marks and resume overrides change with its first checkpoint
+                trainer.callbacks.append(FitMilestones(run))
                 with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 record_stage(trainer, datamodule, run, "val")

@@ -1,8 +1,10 @@
-"""Lightning callbacks that litlab adds: a ModelCheckpoint that costs less per step, speed
-switches, divergence guard, exact resume and preemption, EMA of the weights, GAN evaluation, a
-progress bar without per-step syncs, throughput and memory monitors."""
+"""Lightning callbacks that litlab adds: a ModelCheckpoint that costs less per step, early
+stopping that keeps its patience when resumed, speed switches, divergence guard, exact resume and
+preemption, EMA of the weights, GAN evaluation, a progress bar without per-step syncs,
+throughput and memory monitors."""
 
 from litlab.callbacks.checkpoint import ModelCheckpoint
+from litlab.callbacks.early_stopping import EarlyStopping
 from litlab.callbacks.ema import EMA
 from litlab.callbacks.gan import FID, SampleGrid
 from litlab.callbacks.guard import DivergenceGuard
@@ -15,6 +17,7 @@ __all__ = [
     "EMA",
     "FID",
     "DivergenceGuard",
+    "EarlyStopping",
     "ModelCheckpoint",
     "PeakMemory",
     "Preemption",

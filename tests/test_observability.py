@@ -414,3 +414,18 @@ def test_every_batch_size_trial_of_a_gan_steps_its_generator(tmp_path, monkeypat
     cfg = make_cfg(tmp_path, ["model=dcgan_wgangp", *data, "tune.batch_size=true", *finder])
     assert tune(cfg, Path(cfg.paths.output_dir)) == {"batch_size": 64}
     assert g_steps == {8: 1, 16: 1, 32: 1, 64: 1}, g_steps
+
+
+def test_the_printed_config_shows_the_values_the_finders_found(tmp_path, capsys):
+    """extras.print_config printed the config before the finders ran: data.batch_size 64 for a
+    run that trained at the batch size found."""
+    overrides = [*FAST, "extras.print_config=true", "trainer.max_epochs=1", "test=false"]
+    overrides += ["tune.batch_size=true", "tune.batch_size_finder.init_val=16"]
+    overrides += ["tune.batch_size_finder.max_trials=2", "+trainer.limit_train_batches=2"]
+    cfg = make_cfg(tmp_path, overrides)
+    train_task(cfg)
+    found = summary_of(cfg)["tuned"]["batch_size"]
+    assert found != 64  # the config's
+    printed = capsys.readouterr().out
+    data = printed.split("data", 1)[1].split("model", 1)[0]
+    assert f"batch_size: {found}\n" in data, data

@@ -27,7 +27,7 @@ from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list, config_digest, freeze_the_imports
-from litlab.train import evaluation_limits, record_stage, setup_extras
+from litlab.train import evaluation_limits, record_stage, setup_extras, show_config
 
 log = logging.getLogger("litlab")
 
@@ -54,6 +54,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     if limits:
         run.summary["evaluation_limits"] = limits
     setup_extras(cfg)
+    show_config(cfg)
     L.seed_everything(cfg.seed, workers=True)
     run.summary["checkpoint"] = str(path)
     # the training run's config_digest (of the config a tuned run continued with, if tuned)

@@ -55,11 +55,15 @@ CONFIG_ORDER = ("data", "model", "objective", "trainer", "callbacks", "logger", 
 
 
 def setup_extras(cfg: DictConfig) -> None:
-    """Optional conveniences before anything starts: warnings filter, config tree."""
-    extras = cfg.get("extras") or {}
-    if extras.get("ignore_warnings"):
+    """Optional conveniences before anything starts: the warnings filter."""
+    if (cfg.get("extras") or {}).get("ignore_warnings"):
         warnings.filterwarnings("ignore")
-    if extras.get("print_config") and rank_zero_only.rank == 0:
+
+
+def show_config(cfg: DictConfig) -> None:
+    """The config tree (extras.print_config), as the run uses it: after the finders (tune.*)
+    wrote their values in (it showed data.batch_size 64 of a run that trained at 256)."""
+    if (cfg.get("extras") or {}).get("print_config") and rank_zero_only.rank == 0:
         print_config_tree(cfg, CONFIG_ORDER)
 
 
@@ -74,6 +78,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     tuned = tune(cfg, run.dir)  # batch size and LR finders write what they find into cfg
     if tuned:
         run.summary["tuned"] = tuned
+    show_config(cfg)
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = build(cfg.data, "data")

@@ -321,3 +321,39 @@ def test_the_sweeps_best_is_the_reports_with_the_overrides_as_given(tmp_path):
     assert written["best"]["overrides"] == ["model.optimizer.lr=2", note, tags]
     assert written["best"]["tuned"] == {"lr": 0.002}  # the overrides say only tune.lr=true
     assert written["not_compared"] == [str(tmp_path / "12")]
+
+
+def test_ranks_of_a_torchrun_sweep_ask_the_same_trials(tmp_path, monkeypatch):
+    """Under torchrun or srun every rank runs the sweep: a rank other than 0 asks a copy of the
+    shared study's trials finished before it started (a trial rank 0 has run since would
+    change its history and seed); enqueued trials (rank 0 alone would take them) and the grid
+    sampler (unseeded: each rank another point) are refused on every rank; the copy goes."""
+    import tempfile
+
+    from litlab import sweep
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the ranks' scratch folder
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    shared = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(study_name="s", storage=shared, direction="maximize")
+    study.tell(study.ask({"lr": optuna.distributions.LogUniformDistribution(1e-4, 1)}), 0.5)
+    started = time.time()
+    time.sleep(0.05)
+    study.tell(study.ask({"lr": optuna.distributions.LogUniformDistribution(1e-4, 1)}), 0.7)
+    monkeypatch.setattr(sweep, "_process_started", lambda: started)
+    monkeypatch.setenv("RANK", "0")
+    assert sweep.rank_storage(shared, "s") == shared
+    monkeypatch.setenv("RANK", "1")
+    local = sweep.rank_storage(shared, "s")
+    assert local != shared
+    assert [t.value for t in optuna.load_study(study_name="s", storage=local).trials] == [0.5]
+    sweep.drop_rank_storage(shared, local)
+    assert not Path(local.removeprefix("sqlite:///")).exists()
+    study.enqueue_trial({"lr": 0.005})
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit):
+            sweep.rank_storage(shared, "s")
+    with pytest.raises(SystemExit):
+        sweep.refuse_an_unseeded_grid({"_target_": "optuna.samplers.GridSampler"})
+    sweep.refuse_an_unseeded_grid({"_target_": "optuna.samplers.TPESampler"})

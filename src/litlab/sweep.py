@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -108,22 +109,62 @@ def rank_storage(storage: str | None, study: str | None) -> str | None:
     recorded once. Asking the shared study, every rank recorded every trial, and a rank that
     saw rank 0's running trial drew other parameters (ranks training different nets in one
     DDP job: a crash, or for a learning rate, silently different optimizers)."""
-    if storage is None or launched_processes() <= 1 or global_rank() == 0:
+    if storage is None or launched_processes() <= 1:
         return storage
     if storage.startswith("sqlite:///") and is_rank_scratch(storage.removeprefix("sqlite:///")):
         return storage  # this rank's own (the default, in its scratch sweep folder)
     import optuna
 
+    try:
+        shared = optuna.load_study(study_name=study, storage=storage)
+    except KeyError:  # a new study: rank 0 makes it, every other rank its own
+        shared = None
+    trials = shared.get_trials(deepcopy=False) if shared is not None else []
+    waiting = [t.number for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    if waiting:  # rank 0 would take them, the others draw (every rank checks before it asks)
+        fail(
+            f"the study in {storage} holds enqueued trials ({waiting}), which under torchrun or "
+            "srun only rank 0 would run while the other ranks drew others; run them in one "
+            "process (or with Lightning's launcher: trainer.devices=N), then continue the study"
+        )
+    if global_rank() == 0:
+        return storage
     folder = rank_scratch()
     folder.mkdir(parents=True, exist_ok=True)
     local = f"sqlite:///{tempfile.mkdtemp(dir=folder, prefix='study-')}/optuna.db"
-    try:
-        shared = optuna.load_study(study_name=study, storage=storage)
-    except KeyError:  # a new study: rank 0 makes it, this rank its own
+    if shared is None:
         return local
+    # Finished before this process started, as rank 0 saw them when it began (a trial rank 0
+    # has run since, failed before its ranks met, would change this rank's history and seed).
+    started = _process_started()
+    before = [
+        t
+        for t in trials
+        if t.state.is_finished()
+        and t.datetime_complete is not None
+        and t.datetime_complete.timestamp() < started
+    ]
     copy = optuna.create_study(study_name=study, storage=local, directions=shared.directions)
-    copy.add_trials([t for t in shared.get_trials(deepcopy=False) if t.state.is_finished()])
+    copy.add_trials(before)
     return local
+
+
+def drop_rank_storage(storage: str | None, used: str | None) -> None:
+    """Delete the copy rank_storage made (``used``, when not ``storage`` itself)."""
+    if used and used != storage and used.startswith("sqlite:///"):
+        shutil.rmtree(Path(used.removeprefix("sqlite:///")).parent, ignore_errors=True)
+
+
+def refuse_an_unseeded_grid(sampler: Any) -> None:
+    """Optuna's GridSampler picks its next point at random with Python's unseeded generator:
+    under torchrun or srun, where every rank runs the sweep, the ranks would train other
+    points in one DDP job."""
+    if launched_processes() > 1 and "GridSampler" in str(sampler.get("_target_")):
+        fail(
+            "hydra/sweeper/sampler=grid draws its points unseeded, so under torchrun or srun "
+            "each rank would train another one; for a grid use Hydra's own sweep (python "
+            "train.py -m key=a,b,c), or the TPE or random sampler"
+        )
 
 
 def _process_started() -> float:

@@ -21,16 +21,20 @@ if optuna_sweeper is not None:
             from litlab.sweep import (
                 best_job,
                 continued_sampler,
+                drop_rank_storage,
                 rank_storage,
                 read_jobs,
                 refuse_a_tuned_seed,
+                refuse_an_unseeded_grid,
             )
 
             impl = self.sweeper
-            refuse_a_tuned_seed(arguments, impl.config.hydra.sweeper.get("params"))
-            impl.storage = rank_storage(impl.storage, impl.study_name)
+            sweeper = impl.config.hydra.sweeper
+            refuse_a_tuned_seed(arguments, sweeper.get("params"))
+            refuse_an_unseeded_grid(sweeper.sampler)
+            shared, impl.storage = impl.storage, rank_storage(impl.storage, impl.study_name)
             impl.sampler = continued_sampler(
-                impl.sampler, impl.config.hydra.sweeper.sampler, impl.storage, impl.study_name
+                impl.sampler, sweeper.sampler, impl.storage, impl.study_name
             )
             try:
                 return super().sweep(arguments)
@@ -38,3 +42,5 @@ if optuna_sweeper is not None:
                 if best_job(read_jobs(Path(impl.config.hydra.sweep.dir))) is not None:
                     raise
                 return None  # no trial completed: the summary callback says so and exits
+            finally:
+                drop_rank_storage(shared, impl.storage)

@@ -456,6 +456,37 @@ def test_repeats_over_seeds_get_their_mean_and_spread(tmp_path):
     )
 
 
+def test_over_seeds_groups_settings_not_override_order_and_ranks_repeats_first(tmp_path):
+    """A setting's runs are one group whatever the order of their overrides; a setting with
+    one ranked run (its other seeds failed) comes after the repeated ones, however lucky; a
+    grid beside one failed run of another seed repeats nothing: no Over seeds line."""
+    from litlab.report.compare import compare, facts
+
+    acc = {"metric": "val/acc", "mode": "max"}
+
+    def run(name: str, value: float | None, *overrides: str) -> None:
+        status = "completed" if value is not None else "failed"
+        summary = {"status": status, "objective": {**acc, "value": value}}
+        write_run(tmp_path / name, summary, list(overrides))
+
+    run("a", 0.90, "model.optimizer.lr=0.01", "model.net.width=32", "seed=1")
+    run("b", 0.91, "model.net.width=32", "model.optimizer.lr=0.01", "seed=2")
+    run("c", 0.97, "model.optimizer.lr=0.1", "model.net.width=64", "seed=1")
+    run("d", None, "model.optimizer.lr=0.1", "model.net.width=64", "seed=2")
+    lines = dict(facts(compare(find_runs([tmp_path]))))
+    assert lines["Over seeds"].startswith(
+        "model.net.width=32 model.optimizer.lr=0.01: mean 0.905 ± 0.007071 (n=2); "
+        "model.net.width=64 model.optimizer.lr=0.1: 0.97 (n=1)"
+    )
+    for name in "abcd":
+        shutil.rmtree(tmp_path / name)
+    run("e", 0.90, "model.optimizer.lr=0.1", "seed=1")
+    run("f", 0.80, "model.optimizer.lr=0.01", "seed=1")
+    run("g", None, "model.optimizer.lr=0.01", "seed=2")
+    lines = dict(facts(compare(find_runs([tmp_path]))))
+    assert "Over seeds" not in lines and "one seed" not in lines["Best run"], lines
+
+
 def test_runs_of_other_commits_are_named_as_such(tmp_path):
     """Runs of the same overrides from other commits may differ in their defaults or code; the
     report ranked them as like for like without a word (summary.json records the commit)."""

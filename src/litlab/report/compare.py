@@ -158,23 +158,37 @@ def varied_params(runs: list[RunFolder]) -> list[str]:
 
 
 def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int]]:
-    """Where the runs differ in a seed: each configuration (the varied overrides but the seeds)
-    with the mean, standard deviation and count of its ranked runs' objective values, best
-    mean first; [] where no seed varies. The best single run of repeats is a lucky draw."""
+    """Where settings were repeated over seeds: each setting (the varied overrides but the
+    seeds, in key order) with the mean, standard deviation and count of its ranked runs'
+    objective values; settings with two or more runs first, by mean, then the single runs.
+    [] where no setting has two ranked runs (nothing was repeated). The best single run of
+    repeats is a lucky draw."""
     if not any(key in SEEDS for key in comparison.varied):
         return []
-    values: dict[str, list[float]] = {}
+    values: dict[tuple, list[float]] = {}
     for run in comparison.runs:
         if comparison.comparable(run):
-            chosen = [o for o in comparison.varied_overrides(run) if override_key(o) not in SEEDS]
-            values.setdefault(" ".join(chosen) or "(the same settings)", []).append(
-                run.objective[2]
+            setting = tuple(
+                sorted(
+                    (key, run.params.get(key))
+                    for key in comparison.varied
+                    if key not in SEEDS and key in run.params
+                )
             )
+            values.setdefault(setting, []).append(run.objective[2])
+    if all(len(v) < 2 for v in values.values()):
+        return []
+    sign = -1.0 if comparison.mode == "max" else 1.0
     rows = [
-        (config, statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v))
-        for config, v in values.items()
+        (
+            " ".join(f"{key}={value}" for key, value in setting) or "(the same settings)",
+            statistics.fmean(v),
+            statistics.stdev(v) if len(v) > 1 else math.nan,
+            len(v),
+        )
+        for setting, v in values.items()
     ]
-    return sorted(rows, key=lambda row: -row[1] if comparison.mode == "max" else row[1])
+    return sorted(rows, key=lambda row: (row[3] < 2, sign * row[1]))
 
 
 def numeric_params(runs: list[RunFolder], varied: list[str]) -> list[str]:
@@ -247,9 +261,11 @@ def facts(comparison: Comparison) -> list[tuple[str, str]]:
                 "Over seeds",
                 "; ".join(
                     f"{config}: mean {fmt(mean)} ± {fmt(std)} (n={n})"
+                    if n > 1
+                    else f"{config}: {fmt(mean)} (n=1)"
                     for config, mean, std, n in groups
                 )
-                + " (best mean first; ± one standard deviation)",
+                + " (settings run over seeds first, best mean first; ± one standard deviation)",
             )
         )
     if comparison.varied:

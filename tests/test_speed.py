@@ -267,10 +267,14 @@ def test_callbacks_progress_bar_null_means_no_bar(tmp_path, overrides, bar):
 
 
 @pytest.mark.slow
-def test_the_progress_bar_ends_on_the_last_batch_trained(tmp_path):
+def test_the_progress_bar_ends_on_the_last_batch_trained(tmp_path, monkeypatch):
     """A fit that ends within an epoch (trainer.max_steps here; a GAN's max_g_steps, a stop
     signal) left the bar on the last batch it had drawn (it draws a few times a second), with
-    that batch's loss: 34/161 after 37 steps (here 1 draw a second: 20 steps pass in less). It draws the newest batch when the epoch ends."""
+    that batch's loss: 34/161 after 37 steps. It draws the newest batch when the epoch ends
+    (here the bar's clock stands still: only the first batch is due)."""
+    from litlab.callbacks import progress
+
+    monkeypatch.setattr(progress, "monotonic", lambda: 0.0)
     record = tmp_path / "bar.json"
     overrides = [*SMALL, "data.source.train_size=1024", "trainer.max_steps=20", "test=false"]
     overrides += ["extras.print_config=false", "+trainer.limit_val_batches=1"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from time import monotonic
 from typing import Any
 
 import lightning as L
@@ -31,8 +31,10 @@ class ProgressBar(RichProgressBar):
 
     def __init__(self, refresh_rate: int = 4, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
-        self._due = 0.0  # time.monotonic() at which the next batch is drawn
-        self._undrawn: tuple | None = None  # the newest batch's arguments, until drawn
+        self._due = 0.0  # monotonic() at which the next batch is drawn
+        # the newest batch's index, until drawn (not the batch: on a GPU it would stay
+        # allocated through the next step; Lightning's bar reads the index only)
+        self._undrawn: int | None = None
 
     def on_train_batch_end(
         self,
@@ -42,8 +44,8 @@ class ProgressBar(RichProgressBar):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        now = time.monotonic()
-        self._undrawn = (outputs, batch, batch_idx)
+        now = monotonic()
+        self._undrawn = batch_idx
         if now >= self._due or batch_idx + 1 == self.total_train_batches:
             self._due = now + 1.0 / max(self.refresh_rate, 1)
             self._draw(trainer, pl_module)
@@ -51,8 +53,8 @@ class ProgressBar(RichProgressBar):
     def _draw(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Draw the newest training batch, where not drawn yet."""
         if self._undrawn is not None:
-            undrawn, self._undrawn = self._undrawn, None
-            super().on_train_batch_end(trainer, pl_module, *undrawn)
+            batch_idx, self._undrawn = self._undrawn, None
+            super().on_train_batch_end(trainer, pl_module, None, None, batch_idx)
 
     # An epoch that ends early (trainer.max_steps, a GAN's max_g_steps, a stop signal) and a
     # validation within the epoch (val_check_interval) show its newest batch, not an older one.

@@ -324,12 +324,18 @@ def test_the_config_tree_keeps_long_lines_whole_in_a_log(capsys):
     assert any(line.strip().endswith(f"output_dir: {deep}") for line in lines), lines
 
 
-@pytest.mark.parametrize(("max_val", "found"), [(128, 64), (96, 96)])
-def test_the_batch_size_finder_returns_a_size_that_trained(tmp_path, monkeypatch, max_val, found):
+@pytest.mark.parametrize(
+    ("mode", "max_val", "found"),
+    [("power", 128, 64), ("power", 96, 96), ("binsearch", 128, 95), ("binsearch", 96, 91)],
+)
+def test_the_batch_size_finder_returns_a_size_that_trained(
+    tmp_path, monkeypatch, mode, max_val, found
+):
     """Lightning's power search stops when doubling reaches the cap (max_val or the training
     split) and returned the cap untried: 128 where memory held 100 images. Its first trial ran
     at data.batch_size (64), not init_val (reviewer). A stand-in for a GPU whose memory holds
-    100 images: training_step raises CUDA's out-of-memory error above that."""
+    100 images: training_step raises CUDA's out-of-memory error above that. binsearch bisects
+    up to the cap (100 found, less its 5% margin: 95) where it fell back to the last doubling."""
     from litlab.models.classifier import ImageClassifier
 
     trained, step = [], ImageClassifier.training_step
@@ -342,9 +348,11 @@ def test_the_batch_size_finder_returns_a_size_that_trained(tmp_path, monkeypatch
 
     monkeypatch.setattr(ImageClassifier, "training_step", memory_for_100_images)
     finder = ["tune.batch_size_finder.init_val=16", f"tune.batch_size_finder.max_val={max_val}"]
+    finder += [f"tune.batch_size_finder.mode={mode}"]
     cfg = make_cfg(tmp_path, ["tune.batch_size=true", *finder, "logger=csv"])
     assert tune(cfg, Path(cfg.paths.output_dir)) == {"batch_size": found}
-    assert trained[0] == 16 and found in trained and cfg.data.batch_size == found
+    fitted = found if mode == "power" else min(max_val, 100)  # binsearch's, before its margin
+    assert trained[0] == 16 and fitted in trained and cfg.data.batch_size == found
 
 
 def test_the_lr_range_test_leaves_nothing_in_the_runs_profile(tmp_path):

@@ -227,8 +227,18 @@ def find_batch_size(
         if trains(cfg, model, datamodule, cap, steps):
             size = less_margin(cap)
         elif below:  # every doubling below the cap trained
-            log.info("tune.batch_size: %d ran out of memory, %d trained", cap, below[-1])
-            size = less_margin(below[-1])
+            fits = below[-1]
+            if binsearch:  # bisect up to the cap, as Lightning's binsearch does below it
+                high = cap
+                while high - fits > 1:
+                    middle = (fits + high) // 2
+                    fits, high = (
+                        (middle, high)
+                        if trains(cfg, model, datamodule, middle, steps)
+                        else (fits, middle)
+                    )
+            log.info("tune.batch_size: %d ran out of memory, %d trained", cap, fits)
+            size = less_margin(fits)
         else:
             raise OutOfMemory(
                 f"tune.batch_size: {cap}, the only size tried (init_val={init_val} reaches the "

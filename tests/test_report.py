@@ -376,6 +376,16 @@ def test_fids_rank_only_against_fids_of_the_same_extractor_and_n(tmp_path, capsy
     # the sweep's own summary (litlab.sweep) picks the same best
     assert Path(best_job(read_jobs(tmp_path / "runs"))["job_dir"]).name == "1"
     assert "- **Varied:** model.optimizer_g.lr" in md
+    # on the val/fid curve, the runs of another scale say theirs in the legend
+    from litlab.report.compare import compare
+    from litlab.report.plots import curve_label
+
+    comparison = compare(find_runs([tmp_path / "runs"]))
+    labels = {run.name: curve_label(comparison, run, "val/fid") for run in comparison.runs}
+    ours = next(run for run in comparison.runs if run.name == "0")
+    assert labels["0"] == comparison.label(ours)  # the report's own scale: no tag
+    assert labels["2"].endswith(" [domain-6c73f971, N=2048, N_real=10000]")
+    assert labels["3"].endswith(" [domain-7cca31a5, N=256, N_real=10000]")
 
 
 def test_a_tuned_runs_parameters_are_the_values_it_trained_with(tmp_path):

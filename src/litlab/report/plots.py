@@ -54,7 +54,7 @@ def curve_metrics(comparison: Comparison) -> list[str]:
 def curve_plot(comparison: Comparison, metric: str) -> bytes:
     """One metric against the epochs trained, one line per run, on shared axes."""
     drawn = [(i, run) for i, run in enumerate(comparison.runs) if metric in run.curves]
-    labels = [comparison.label(run) for _, run in drawn]
+    labels = [curve_label(comparison, run, metric) for _, run in drawn]
     wide = max(len(label) for label in labels) > WIDE_LABEL
     columns = min(LEGEND_COLUMNS - wide, len(drawn))
     legend_rows = math.ceil(len(drawn) / columns)
@@ -74,6 +74,16 @@ def curve_plot(comparison: Comparison, metric: str) -> bytes:
     finish(ax, metric, "epochs trained", metric)
     fig.legend(loc="outside lower center", ncols=columns, fontsize=8, frameon=False)
     return png(fig)
+
+
+def curve_label(comparison: Comparison, run: RunFolder, metric: str) -> str:
+    """A run's legend label; on its objective's curve, measured on another scale than the
+    report's (another FID extractor or N, an accuracy on other data), that scale: the table
+    never ranks such values together, and one axis showed them alike."""
+    label = comparison.label(run)
+    if metric == run.objective[0] and run.objective_scale != comparison.scale:
+        label += f" [{run.objective_scale or 'scale not recorded'}]"
+    return label
 
 
 def sweep_points(comparison: Comparison, key: str) -> list[tuple[float, float, RunFolder]]:

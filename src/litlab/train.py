@@ -45,7 +45,8 @@ from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError, TrainingDiverged
 from litlab.hardware import check_hardware, resolve_precision
 from litlab.loggers import finish_loggers
-from litlab.resume import FitMilestones, check_resumable, continue_in_place, resume_argv
+from litlab.resumable import check_resumable
+from litlab.resume import FitMilestones, continue_in_place, resume_argv
 from litlab.run import Run, build_list, freeze_the_imports, print_config_tree
 from litlab.tune import log_lr_plot, out_of_memory_explained, tune
 

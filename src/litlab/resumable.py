@@ -1,0 +1,254 @@
+"""What a checkpoint may be continued or tested with (``check_resumable``): the same model
+family, network, data, seeds, objective, measures and optimizer settings, or a one-line refusal
+that says what differs and what to do. Used by litlab.resume (resume=, requeued jobs) and by
+train.py for ``ckpt_path=``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from litlab.checkpoint import stored_config
+from litlab.compat import epochs_trained
+from litlab.errors import CheckpointError
+
+log = logging.getLogger("litlab")
+
+
+def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
+    """Refuse to resume from a checkpoint of another model family; to train on from one past
+    the run's end, or with optimizer settings that its restored state would override."""
+    path, max_epochs = cfg.ckpt_path, cfg.trainer.get("max_epochs")
+    config = stored_config(checkpoint, path)
+    stored = config.model
+    trained = stored.get("_target_")
+    if trained != cfg.model._target_:
+        raise CheckpointError(
+            f"{path} holds a {trained} but this run builds a {cfg.model._target_}; pick the "
+            "matching model (e.g. model=dcgan for a GAN checkpoint) or another checkpoint"
+        )
+    network = _changed_network(stored, cfg.model)
+    if network:  # its weights do not fit (Lightning's size-mismatch traceback) or mean another net
+        raise CheckpointError(
+            f"{path} holds another network than this run builds ({'; '.join(network)}); set "
+            "them as its run had them, or start a new run to train this network"
+        )
+    data = _changed_data(OmegaConf.create(config.get("data") or {}), cfg.data)
+    measured = [
+        f"model.{key}: {stored.get(key, default)} -> {cfg.model.get(key, default)}"
+        for key, default in _MEASURES.items()
+        if key in stored or key in cfg.model
+        if stored.get(key, default) != cfg.model.get(key, default)
+    ]
+    measured += _changes(config, cfg, ["data.eval_crop", *_FID_MEASURE])
+    if not cfg.get("train"):  # tested only: nothing is restored for training
+        if data:  # images that trained could be tested (a moved split)
+            raise CheckpointError(
+                f"train=false tests {path} on data set up otherwise than its run's "
+                f"({'; '.join(data)}): its test split could hold images it trained on; test it "
+                f"with python eval.py ckpt_path={path} (its run's data; data=... there tests "
+                "other data, prepared as it trained)"
+            )
+        if measured:  # a choice of evaluation (flip TTA for one), said: the figure differs
+            log.warning(
+                "train=false tests %s otherwise than its run measured val/* (%s): test/* are "
+                "not the run's own figures (python eval.py ckpt_path=%s gives those)",
+                path,
+                "; ".join(measured),
+                path,
+            )
+        return
+    if data:
+        raise CheckpointError(
+            f"{path} trained on other data ({'; '.join(data)}): a resumed run continues the "
+            "same training (its optimizer state, LR schedule and epoch count); resume with the "
+            "run's data, or start a new run"
+        )
+    seeds = _changed_seeds(config, cfg)
+    if seeds:
+        raise CheckpointError(
+            f"a resumed run continues the random streams of {path} (its data order, its noise), "
+            f"which {', '.join(seeds)} would change part way; resume with the run's seed, or "
+            "start a new run"
+        )
+    objective = _changes(config, cfg, ["objective.metric", "objective.mode"])
+    if objective:
+        raise CheckpointError(
+            f"{', '.join(objective)}: {path}'s best checkpoint so far was chosen by the run's "
+            "objective, and another would choose anew from the resumed epochs only (Lightning "
+            "keeps the best per metric and direction); resume with the run's objective, or "
+            "start a new run"
+        )
+    if measured:
+        raise CheckpointError(
+            f"{', '.join(measured)} would change what val/* measures part way (the best "
+            "checkpoint then chosen across two measures); resume with the run's value, or "
+            "start a new run"
+        )
+    averaged = "current_model_state" in checkpoint  # written with callbacks.ema
+    if averaged != bool((cfg.get("callbacks") or {}).get("ema")):
+        if averaged:
+            what = (
+                "with callbacks.ema (its state_dict holds the averaged weights, the raw ones "
+                "beside them), and this run has none: it would train on from the averaged "
+                "weights with the raw ones' optimizer state"
+            )
+        else:
+            what = (
+                "without callbacks.ema (its state_dict holds no average), and this run "
+                "averages: its average would start over"
+            )
+        raise CheckpointError(
+            f"{path} was written {what}; resume with callbacks.ema as the run had it, or start "
+            "a new run"
+        )
+    changed = _changed_optimization(stored, cfg.model)
+    if changed:
+        raise CheckpointError(
+            f"a resumed run restores its optimizer and LR schedule from {path}, so "
+            f"{', '.join(changed)} would not apply; resume with the run's values, or start a "
+            "new run to train with these"
+        )
+    budget, g_steps = cfg.model.get("max_g_steps"), (checkpoint.get("gan") or {}).get("g_steps")
+    if budget is not None and g_steps is not None and g_steps >= budget:  # a GAN's own end
+        raise CheckpointError(
+            f"{path} has already taken {g_steps} generator steps and model.max_g_steps={budget}; "
+            f"set model.max_g_steps above {g_steps} to train further"
+        )
+    done = epochs_trained(checkpoint)  # a finished run's last.ckpt: all max_epochs of them
+    if max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
+        raise CheckpointError(
+            f"{path} has already trained {done} epochs and trainer.max_epochs={max_epochs}; "
+            f"set trainer.max_epochs above {done} to train further"
+        )
+
+
+# What says which data a run learns from (not how it is batched or loaded): the source's own
+# settings (its class, test split, stored size...) but those below, and how its training split
+# is divided into what trains and what validates.
+_DATA_KEYS = ("image_shape", "num_classes", "mean", "std", "val_fraction", "split_seed")
+_DATA_KEYS += ("train_fraction",)
+# A source's settings that say where its files are and how they are read, not which images:
+# a run folder moved to another machine resumes with its data at another path.
+_LOADING_ONLY = {"data_dir", "download", "system_dir", "root", "input_dir", "cache", "cache_dir"}
+_LOADING_ONLY |= {"workers", "decode", "max_cache_size", "shuffle_window"}
+
+
+def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:
+    """The data settings that differ between a checkpoint's run and this one, as
+    "data.<key>: <then> -> <now>" (data=fashion_mnist on a digits run's checkpoint; another
+    data.split_seed or data.source.test_fraction: images that trained now validated or tested)."""
+    keys = ["source._target_"]
+    if OmegaConf.select(stored, "source._target_") == OmegaConf.select(now, "source._target_"):
+        sources = [node.get("source") or {} for node in (stored, now)]
+        named = sorted({str(k) for node in sources for k in node} - _LOADING_ONLY - {"_target_"})
+        keys += [f"source.{key}" for key in named]
+    return _changes(stored, now, [*keys, *_DATA_KEYS], "data.")
+
+
+def _changes(stored: DictConfig, now: DictConfig, keys: list[str], prefix: str = "") -> list[str]:
+    """ "<prefix><key>: <then> -> <now>" for each key that the checkpoint's run set (``stored``)
+    and this run's config (``now``) gives another value."""
+    changes = []
+    for key in keys:
+        then, new = (
+            OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig | ListConfig) else v
+            for v in (OmegaConf.select(stored, key), OmegaConf.select(now, key))
+        )
+        if then is not None and then != new:
+            changes.append(f"{prefix}{key}: {then} -> {new}")
+    return changes
+
+
+# What seeds a run's random streams: the data order of every epoch (torch's and litlab's
+# loaders draw it from (seed, epoch)) and a GAN's noise generators (model.noise_seed). The
+# global generators' state is restored from a checkpoint, these are not.
+_SEEDS = ("seed", "model.noise_seed")
+
+
+def _changed_seeds(stored: DictConfig, now: DictConfig) -> list[str]:
+    """The seeds that differ between a checkpoint's run and this one, as "<key>: <then> ->
+    <now>" (resume=<run> seed=7: the rest of a resumed epoch in another order, some images
+    twice and others not at all, and a GAN's later noise and FID latents from other streams)."""
+    return _changes(stored, now, [key for key in _SEEDS if OmegaConf.select(now, key) is not None])
+
+
+# Model settings that say what validation measures (with the model's default where unset):
+# test-time flips average each image's logits with its mirror's.
+_MEASURES = {"tta_flip": False}
+# What FID (a GAN's val/fid, its objective) compares: its feature extractor and how many
+# generated and real images.
+_FID_MEASURE = [
+    f"callbacks.fid.{key}" for key in ("extractor", "inception_weights", "num_samples", "num_real")
+]
+
+
+# Model settings that shape the optimizer's parameter groups, restored from the checkpoint.
+_OPTIMIZER_GROUPS = ("decay_norm_and_bias",)
+# A net's settings that say only where its first weights come from (pretrained ones), which a
+# checkpoint's weights replace.
+_INITIAL_WEIGHTS = ("weights",)
+
+
+def _flat(node: Any, prefix: str) -> dict[str, Any]:
+    """A config node as {"<prefix>.<key>.<key>": value}, lists as values."""
+    if not isinstance(node, DictConfig):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for key in node:
+        out.update(_flat(node[key], f"{prefix}.{key}"))
+    return out
+
+
+def _changed_network(stored: DictConfig, now: DictConfig) -> list[str]:
+    """The network settings that differ between a checkpoint's run and this one, as
+    "model.<node>.<key>: <then> -> <now>": the model's nodes that build a module (a
+    ``_target_``: model.net, a GAN's model.generator and model.discriminator), not its optimizers
+    and schedules (``_changed_optimization``). resume=<run> model.net.width=16 passed every
+    check and ended in a size-mismatch traceback as the checkpoint's weights were loaded."""
+    changes = []
+    for key in sorted({str(k) for k in (*stored, *now)}):
+        nodes = [node.get(key) for node in (stored, now)]
+        builds = any(isinstance(n, DictConfig) and "_target_" in n for n in nodes)
+        if not builds or "optimizer" in key or "scheduler" in key:
+            continue
+        then, new = (_flat(n, f"model.{key}") for n in nodes)
+        changes += [
+            f"{name}: {_plain(then.get(name))} -> {_plain(new.get(name))}"
+            for name in {**then, **new}
+            if name.rsplit(".", 1)[-1] not in _INITIAL_WEIGHTS and then.get(name) != new.get(name)
+        ]
+    return changes
+
+
+def _plain(value: Any) -> Any:
+    """A config value as the user wrote it ([2, 2] for a list, not a ListConfig's repr)."""
+    return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+
+
+def _changed_optimization(stored: DictConfig, now: DictConfig) -> list[str]:
+    """The optimizer and LR-schedule settings (model.*optimizer*, model.*scheduler*, and what
+    makes the optimizer's parameter groups) that differ between a checkpoint's run and this one,
+    as "model.<key>: <then> -> <now>": Lightning restores the optimizer's and the schedule's
+    state (learning rate, momentum, weight decay, the schedule's own settings), so new values
+    there would be recorded but not used (other parameter groups: not restored at all)."""
+    changes = []
+    for key in now:
+        optimization = "optimizer" in str(key) or "scheduler" in str(key)
+        if (optimization or key in _OPTIMIZER_GROUPS) and key in stored:
+            if (stored[key] is None) != (now[key] is None):  # switched on or off, as a whole
+                named = [
+                    n.get("_target_", "set") if isinstance(n, DictConfig) else n
+                    for n in (stored[key], now[key])
+                ]
+                changes.append(f"model.{key}: {named[0]} -> {named[1]}")
+                continue
+            then, new = _flat(stored[key], f"model.{key}"), _flat(now[key], f"model.{key}")
+            changes += [
+                f"{name}: {then.get(name)} -> {new.get(name)}"
+                for name in {**then, **new}  # either side's keys (model.scheduler=null: none)
+                if then.get(name) != new.get(name)
+            ]
+    return changes

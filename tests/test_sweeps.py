@@ -357,3 +357,25 @@ def test_ranks_of_a_torchrun_sweep_ask_the_same_trials(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         sweep.refuse_an_unseeded_grid({"_target_": "optuna.samplers.GridSampler"})
     sweep.refuse_an_unseeded_grid({"_target_": "optuna.samplers.TPESampler"})
+
+
+def test_a_sweep_over_seeds_says_its_best_job_is_one_seeds(tmp_path, caplog):
+    """`-m model.optimizer.lr=1e-3,3e-3 seed=1,2,3` logged one job as the best: a lucky seed.
+    The log now points to the report's means over seeds."""
+    from omegaconf import OmegaConf
+
+    from litlab.sweep import SweepSummary
+
+    for job, seed in enumerate((1, 2)):
+        folder = tmp_path / str(job)
+        (folder / ".hydra").mkdir(parents=True)
+        objective = {"metric": "val/acc", "mode": "max", "value": 0.5 + job / 10}
+        (folder / "summary.json").write_text(
+            json.dumps({"status": "completed", "objective": objective})
+        )
+        OmegaConf.save(OmegaConf.create([f"seed={seed}"]), folder / ".hydra" / "overrides.yaml")
+    with caplog.at_level("INFO", logger="litlab.sweep"):
+        SweepSummary().on_multirun_end(
+            OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+        )
+    assert "the jobs repeat settings over seeds: the report gives each one's mean" in caplog.text

@@ -24,7 +24,7 @@ from litlab.distributed.launchers import (
     rank_scratch,
 )
 from litlab.errors import fail
-from litlab.overrides import SEEDS
+from litlab.overrides import SEEDS, override_key
 from litlab.report.runs import natural_key, objective_scale, run_overrides
 from litlab.run import write_json
 
@@ -333,4 +333,7 @@ class SweepSummary(Callback):
             best["job_dir"],
             " ".join(best["overrides"]),
         )
+        seeds = {o for job in jobs for o in job["overrides"] if override_key(o) in SEEDS}
+        if len(seeds) > 1:  # repeats over seeds: the best job is one seed's
+            log.info("the jobs repeat settings over seeds: the report gives each one's mean")
         log.info("compare the runs offline: python -m litlab.report %s", sweep_dir)

@@ -198,6 +198,7 @@ class Run:
         self._t0 = time.perf_counter()
         self._previous: dict[str, Any] | None = None
         self._began = False  # training or a test began: the folder may have changed
+        self._entered_ns = time.time_ns()
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -234,6 +235,15 @@ class Run:
     def training_began(self) -> None:
         """The fit's setup passed (its checkpoint restored): a failure now is recorded."""
         self._began = True
+
+    def _saved(self) -> bool:
+        """Whether a checkpoint was written into the run folder since this run began: a fit in
+        spawned processes (trainer.strategy=ddp_spawn) tells this process's Run nothing, and a
+        resume that trained there, then failed, put the folder's previous summary back."""
+        folder = self.dir / "checkpoints"
+        return folder.is_dir() and any(
+            p.stat().st_mtime_ns >= self._entered_ns for p in folder.glob("*.ckpt")
+        )
 
     def checkpoints_change(self) -> None:
         """The fit writes its first checkpoint: the folder's run is trained further, no longer
@@ -290,7 +300,7 @@ class Run:
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if rank_zero_only.rank == 0:
-            untouched = isinstance(exc, Exception) and not self._began
+            untouched = isinstance(exc, Exception) and not self._began and not self._saved()
             if untouched:  # Hydra's files of an earlier run in the folder, as they were
                 restore_saved_config(self.dir)
             if untouched and self._previous is not None:

@@ -508,3 +508,8 @@ def test_runs_of_other_commits_are_named_as_such(tmp_path):
         write_run(tmp_path / name, summary)
     lines = dict(facts(compare(find_runs([tmp_path]))))
     assert lines["Code"] == "the runs come from 2 commits: 22222222 (2), 11111111 (1)"
+    # a run of the same commit with uncommitted changes: its code is not the commit's
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    (tmp_path / "c" / "summary.json").write_text(json.dumps({**summary, "git_dirty": True}))
+    lines = dict(facts(compare(find_runs([tmp_path]))))
+    assert lines["Code"].endswith("; 1 run(s) with uncommitted changes to the code: c")

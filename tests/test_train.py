@@ -58,6 +58,8 @@ def test_training_run_leaves_a_self_describing_folder(tmp_path):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert set(summary["durations_s"]) == {"fit", "test", "total"}
     assert summary["versions"]["torch"] == torch.__version__ and summary["config_digest"]
+    # in a git checkout: its commit, and whether tracked files differ from it
+    assert isinstance(summary["git_dirty"], bool) == (summary["git_commit"] is not None)
     rows = metrics_csv(run_dir)
     for name in (
         "train/loss_step",

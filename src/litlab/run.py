@@ -102,6 +102,23 @@ def git_commit(cwd: str | os.PathLike) -> str | None:
         return None
 
 
+def git_dirty(cwd: str | os.PathLike) -> bool | None:
+    """Whether the checkout's tracked files differ from its commit (the run's code is then not
+    the commit's alone); None outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        return bool(out.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def versions() -> dict[str, str]:
     import hydra
     import torchmetrics
@@ -341,6 +358,7 @@ class Run:
             run_dir=str(self.dir),
             config_digest=digest,
             git_commit=git_commit(root),
+            git_dirty=git_dirty(root),
             versions=versions(),
         )
         write_json(self.dir / "summary.json", self.summary)

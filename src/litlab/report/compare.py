@@ -270,10 +270,15 @@ def facts(comparison: Comparison) -> list[tuple[str, str]]:
         )
     if comparison.varied:
         lines.append(("Varied", ", ".join(comparison.varied)))
-    commits = Counter(
-        str(r.summary["git_commit"]) for r in comparison.runs if r.summary.get("git_commit")
-    )
-    if len(commits) > 1:  # the same overrides may have meant other defaults, or other code
+    runs = comparison.runs
+    commits = Counter(str(r.summary["git_commit"]) for r in runs if r.summary.get("git_commit"))
+    dirty = [r.name for r in runs if r.summary.get("git_dirty")]
+    if len(commits) > 1 or dirty:  # the same overrides may have meant other defaults or code
         counted = ", ".join(f"{commit[:8]} ({n})" for commit, n in commits.most_common())
-        lines.append(("Code", f"the runs come from {len(commits)} commits: {counted}"))
+        code = f"the runs come from {len(commits)} commits: {counted}" if len(commits) > 1 else ""
+        if dirty:
+            shown = ", ".join(dirty[:5]) + (", ..." if len(dirty) > 5 else "")
+            code += "; " if code else ""
+            code += f"{len(dirty)} run(s) with uncommitted changes to the code: {shown}"
+        lines.append(("Code", code))
     return lines

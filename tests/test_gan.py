@@ -65,16 +65,19 @@ def test_dcgan_nets_follow_radford(shape):
 
 
 def test_discriminator_norm_choices():
+    torch.manual_seed(0)  # the power iteration's start: not the suite's order
     sn = Discriminator((3, 32, 32), width=8, norm="spectral")
     convs = [m for m in sn.modules() if isinstance(m, nn.Conv2d)]
     assert all(nn.utils.parametrize.is_parametrized(m) for m in convs)
     # spectral norm from the first step: each conv's weight as used (eval: no power iteration)
     # has largest singular value 1, its estimate made after the DCGAN initialization (made
-    # before it, the first steps' layers had norms from 12 to 670 in eval mode)
+    # before it, the first steps' layers had norms from 12 to 670 in eval mode). 15 power
+    # iterations estimate it from below: the norms as used lie within 1.12 over 300 seeds
+    # (within 1.05 for 4 in 5: this test failed when the suite's order changed its seed)
     sn.eval()
     for conv in convs:
         norm = torch.linalg.matrix_norm(conv.weight.detach().flatten(1), 2)
-        assert abs(float(norm) - 1.0) < 0.05, float(norm)
+        assert abs(float(norm) - 1.0) < 0.25, float(norm)
     assert all(  # and the weights behind it are still DCGAN's N(0, 0.02)
         abs(float(c.parametrizations.weight.original.std()) - 0.02) < 0.01
         for c in convs

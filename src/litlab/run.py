@@ -87,36 +87,23 @@ def build_list(node: DictConfig | None, path: str) -> list[Any]:
     return built
 
 
-def git_commit(cwd: str | os.PathLike) -> str | None:
+def git_state(cwd: str | os.PathLike) -> tuple[str | None, bool | None]:
+    """The checkout's commit, and whether its tracked files differ from it (the run's code is
+    then not the commit's alone), from one ``git status``; (None, None) outside a checkout."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def git_dirty(cwd: str | os.PathLike) -> bool | None:
-    """Whether the checkout's tracked files differ from its commit (the run's code is then not
-    the commit's alone); None outside a git checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain=v2", "--branch", "--untracked-files=no"],
             cwd=cwd,
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
-        )
-        return bool(out.stdout.strip())
+        ).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
-        return None
+        return None, None
+    oid = next((line.split()[2] for line in out if line.startswith("# branch.oid ")), None)
+    commit = oid if oid and oid != "(initial)" else None
+    return commit, any(not line.startswith("#") for line in out)
 
 
 def versions() -> dict[str, str]:
@@ -353,12 +340,12 @@ class Run:
             digest = config_digest(cfg)
         except Exception:  # an unresolvable config is itself the error being reported
             digest = None
-        root = cfg.paths.get("root_dir", ".")
+        commit, dirty = git_state(cfg.paths.get("root_dir", "."))
         self.summary.update(
             run_dir=str(self.dir),
             config_digest=digest,
-            git_commit=git_commit(root),
-            git_dirty=git_dirty(root),
+            git_commit=commit,
+            git_dirty=dirty,
             versions=versions(),
         )
         write_json(self.dir / "summary.json", self.summary)

@@ -747,6 +747,54 @@ def test_a_run_scans_each_split_folder_once(tmp_path, monkeypatch, cache):
     assert not copy._opened and len(copy.load("test")) == 9
 
 
+def test_a_folder_s_test_split_is_decoded_at_the_test_not_before_training(tmp_path, capsys):
+    """A fit reads the training and validation splits only: the test folder's decode (a third
+    of a first run's decode on Fashion-MNIST's layout) waits for the test, and a fit alone never
+    makes it. Its class folders are still checked before the first step."""
+    write_png_folder(tmp_path / "images" / "train", per_class=12)
+    write_png_folder(tmp_path / "images" / "test", per_class=3)
+
+    def caches() -> list[str]:  # folder-<split>-<size>px-<key>
+        return sorted(p.name.split("-")[1] for p in (tmp_path / "cache").iterdir())
+
+    run = ["data.batch_size=8", "trainer.max_epochs=1"]
+    summary = train_on_folder(tmp_path, *run, "test=false")
+    assert caches() == ["train"]
+    assert set(summary["data"]["splits"]) == {"train", "val"}
+    shutil.rmtree(tmp_path / "run")
+    summary = train_on_folder(tmp_path, *run)
+    assert caches() == ["test", "train"]
+    assert summary["data"]["splits"]["test"] == 9 and "test/acc" in summary["metrics"]
+
+    shutil.rmtree(tmp_path / "run")
+    (tmp_path / "images" / "test" / "fox").rename(tmp_path / "images" / "test" / "owl")
+    with pytest.raises(SystemExit):  # litlab: error: ... different class folders ...
+        train_on_folder(tmp_path, *run)
+    assert "different class folders" in capsys.readouterr().err
+    assert not list((tmp_path / "run").rglob("*.ckpt"))  # refused before training
+
+
+def test_a_fit_with_fid_decodes_the_test_folder_once_before_its_ranks_load(tmp_path):
+    """FID reads the test split in the fit (its N and floor): the fit's prepare_data (one
+    process a node, before the others load) decodes it then, not every rank at its first FID."""
+    import lightning as L
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from litlab.callbacks.gan import FID
+
+    write_png_folder(tmp_path / "images" / "train", per_class=4)
+    write_png_folder(tmp_path / "images" / "test", per_class=2)
+    for callbacks, decoded in (([], ["train"]), ([FID()], ["test", "train"])):
+        cache = tmp_path / f"cache{len(callbacks)}"
+        source = ImageFolder(str(tmp_path / "images"), size=20, cache_dir=str(cache))
+        datamodule = DataModule(source, [3, 16, 16], 3, mean=[0.5], std=[0.5], batch_size=4)
+        trainer = L.Trainer(callbacks=callbacks, logger=False, enable_progress_bar=False)
+        trainer.state.fn = TrainerFn.FITTING
+        datamodule.trainer = trainer
+        datamodule.prepare_data()
+        assert sorted(p.name.split("-")[1] for p in cache.iterdir()) == decoded
+
+
 def test_random_resized_crops_are_drawn_per_image_and_evaluation_is_the_centre():
     boxes = crop_boxes(64, 40, 40, (0.35, 1.0))
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) / 1600

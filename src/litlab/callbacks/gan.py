@@ -65,6 +65,7 @@ class FID(Callback):
     """
 
     used_in_eval = True
+    reads_test_split = True  # in the fit too (N and the floor): DataModule loads it for the fit
 
     def __init__(
         self,

@@ -209,11 +209,28 @@ class DataModule(L.LightningDataModule):
         self._device_copies: dict[tuple, torch.Tensor] = {}  # _on_device's
 
     def prepare_data(self) -> None:
-        self.source.prepare()
+        trainer = self.trainer
+        self.source.prepare(test=self._reads_test(trainer.state.fn if trainer else None))
+
+    def _reads_test(self, stage: str | None) -> bool:
+        """Whether a stage reads the test split: a test, or a fit or validation with a callback
+        that does (``reads_test_split``: FID's floor). A fit alone leaves it unread (an image
+        folder's test images are decoded at the test, not before the first step)."""
+        if stage not in ("fit", "validate"):
+            return True
+        trainer = self.trainer
+        callbacks = trainer.callbacks if trainer is not None else []
+        return any(getattr(c, "reads_test_split", False) for c in callbacks)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
+        if not self.datasets:
+            self._setup_splits()
+        if "test" not in self.datasets and self._reads_test(stage):
+            self.datasets["test"] = self.source.load("test")
+            self._check(self.datasets["test"], "test")
+
+    def _setup_splits(self) -> None:
+        """The training, validation and fit splits (the test split: ``setup``)."""
         if getattr(self.source, "own_validation_split", False):
             self._setup_given_splits()
             return
@@ -245,8 +262,6 @@ class DataModule(L.LightningDataModule):
             )
             self.datasets["fit"] = Subset(train, keep.tolist())
         self.datasets["val"] = given if val_idx is None else Subset(train_full, val_idx.tolist())
-        self.datasets["test"] = self.source.load("test")
-        self._check(self.datasets["test"], "test")
 
     def _setup_given_splits(self) -> None:
         """A source that holds its own train, val and test splits (streamed datasets, split
@@ -498,7 +513,7 @@ class DataModule(L.LightningDataModule):
         head would hold the first classes only). ``shard=(rank, world)``: only every
         world-th image of that set, from the rank-th on (read alone: a rank of a DDP job reads
         its part of a stream or folder, not all of it)."""
-        self.setup()
+        self._set_up(split)
         dataset = self.datasets[split]
         if _streams(dataset):
             index = _stream_index(dataset, limit, seed)
@@ -545,8 +560,12 @@ class DataModule(L.LightningDataModule):
 
     def split_size(self, split: str) -> int:
         """Images in a split (all ranks': a stream's len() is this rank's share)."""
-        self.setup()
+        self._set_up(split)
         return _images(self.datasets[split])
+
+    def _set_up(self, split: str) -> None:
+        """``setup`` as far as ``split`` needs (the test split only for itself)."""
+        self.setup("test" if split == "test" else "fit")
 
     def report(self) -> dict[str, Any]:
         """What the data was, for summary.json: ``source`` (which data: Source.label), the

@@ -361,10 +361,16 @@ def _open(folder: Path, index: FolderIndex) -> CachedFolder:
 
 
 def cached_folder(
-    root: Path, size: int, channels: int, cache_dir: Path, workers: int | None = None
+    root: Path,
+    size: int,
+    channels: int,
+    cache_dir: Path,
+    workers: int | None = None,
+    index: FolderIndex | None = None,
 ) -> CachedFolder:
-    """The folder decoded once into ``cache_dir`` (reused while its files are unchanged)."""
-    index = scan(root)
+    """The folder decoded once into ``cache_dir`` (reused while its files are unchanged);
+    ``index``: its scan, where already made."""
+    index = index or scan(root)
     key = cache_key(index, size, channels)
     folder = cache_dir / f"folder-{root.name}-{size}px-{key}"
     if (folder / "meta.json").is_file():
@@ -531,27 +537,42 @@ class ImageFolder(Source):
         several times a run, and scanning a folder stats every file (a million files: tens of
         seconds). Files added or changed later are seen by a new ImageFolder (every run, test
         and eval.py builds its own), not by this one."""
-        if folder not in self._opened:
-            self._opened[folder] = (
-                cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers)
-                if self.cache
-                else scan(folder)
-            )
+        opened = self._opened.get(folder)
+        if isinstance(opened, CachedFolder) or (opened is not None and not self.cache):
+            return opened
+        index = opened or scan(folder)  # scanned by an earlier prepare(test=False)
+        self._opened[folder] = (
+            cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers, index)
+            if self.cache
+            else index
+        )
         return self._opened[folder]
+
+    def _scanned(self, folder: Path) -> None:
+        """``folder`` scanned (once a process; the scan its decode uses later), not decoded."""
+        if folder not in self._opened:
+            self._opened[folder] = scan(folder)
 
     def _split_folders(self) -> dict[str, Path] | None:
         return split_folders(self.root)
 
-    def prepare(self) -> None:
-        """Scan (and, cached, decode) every split once per node, before any process loads."""
+    def prepare(self, test: bool = True) -> None:
+        """Scan (and, cached, decode) every split once per node, before any process loads; the
+        classes of held-out folders checked against train/'s. ``test=False`` (a fit that does
+        not read the test split): its folder only scanned, its decode left to the test."""
         if not self.root.is_dir():
             raise DataError(
                 f"image folder {self.root} does not exist; set data.source.root to a folder of "
                 "class subfolders"
             )
-        if self.cache:
-            for folder in (self._split_folders() or {"all": self.root}).values():
+        folders = self._split_folders() or {"all": self.root}
+        for split, folder in folders.items():
+            if split not in ("train", "all"):
+                check_same_classes(folders["train"], folder)
+            if self.cache and (test or split != "test"):
                 self._opened_folder(folder)
+            else:
+                self._scanned(folder)
 
     def _whole(self, folder: Path, split: str) -> Dataset:
         """Every image of one folder of class folders: cached (a TensorDataset over the
@@ -580,11 +601,9 @@ class ImageFolder(Source):
         return dataset
 
     def load(self, split: Split) -> Dataset:
-        self.prepare()
+        self.prepare(test=split == "test")
         folders = self._split_folders()
         if folders is not None:
-            if split != "train":
-                check_same_classes(folders["train"], folders[split])
             whole = self._whole(folders[split], split)
             check_classes_present(labels_of(whole), whole.classes, folders[split], split)
             return whole

@@ -81,8 +81,11 @@ class Source(ABC):
         the source's name, and the folder read where the name does not say it."""
         return self.name
 
-    def prepare(self) -> None:  # noqa: B027 - optional hook
-        """Fetch files if needed; called once per node before any process loads."""
+    def prepare(self, test: bool = True) -> None:  # noqa: B027 - optional hook
+        """Fetch files if needed; called once per node before any process loads, at every
+        stage. ``test=False`` (a fit or validation that does not read the test split): work
+        done for the test split alone (an image folder's decode) may wait for a later call with
+        ``test=True``; what would stop the test (a missing file or folder) is still checked."""
 
     @abstractmethod
     def load(self, split: Split) -> Dataset:
@@ -273,7 +276,7 @@ class _IDXSource(Source):
     def _found(self) -> bool:
         return all(self._find(stem) for pair in self.files.values() for stem in pair)
 
-    def prepare(self) -> None:
+    def prepare(self, test: bool = True) -> None:
         with one_download_at_a_time(self.data_dir, self.name) as before_download:
             if self._found():
                 return
@@ -358,7 +361,7 @@ class CIFAR10(Source):
         self.root = Path(data_dir) / self.folder
         self.download = download
 
-    def prepare(self) -> None:
+    def prepare(self, test: bool = True) -> None:
         with one_download_at_a_time(self.root.parent, self.name) as before_download:
             if all((self.root / b).is_file() for names in self.batches.values() for b in names):
                 return

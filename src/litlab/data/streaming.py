@@ -192,7 +192,7 @@ class Streaming(Source):
         """For summary.json: images per split and the files the conversion skipped."""
         return {"streamed_from": self.input_dir, **self.meta["splits"]}
 
-    def prepare(self) -> None:
+    def prepare(self, test: bool = True) -> None:
         self.meta  # noqa: B018 - fails early, with what to do, when input_dir holds no dataset
 
     def load(self, split: str) -> Any:

@@ -116,8 +116,10 @@ def datamodule_of(source: Source, root: Path, size: int, workers: int) -> DataMo
         loader="auto",
         num_workers=workers,
     )
-    datamodule.prepare_data()  # the decode of a cold cache
-    datamodule.setup()
+    # What a fit's prepare_data and setup do: the decode of a cold cache (the training folder's;
+    # a test/ folder is decoded at the test, and these runs do not test)
+    datamodule.source.prepare(test=False)
+    datamodule.setup("fit")
     return datamodule
 
 

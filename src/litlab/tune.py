@@ -197,17 +197,18 @@ def find_batch_size(
     datamodule.setup("fit")
     # Lightning cannot see the length of the device-resident loader and would double past
     # the data; a batch never holds more than the training split.
-    cap = min(int(options.get("max_val", 8192)), len(datamodule.datasets["fit"]))
+    fit_images = len(datamodule.datasets["fit"])
+    cap = min(int(options.get("max_val", 8192)), most_per_batch(fit_images, trainer))
     options["max_val"] = cap
     # Lightning builds the first trial's loader before it sets init_val: that trial ran at
     # data.batch_size.
     init_val = int(options.get("init_val", 2))
     datamodule.batch_size = init_val
-    datamodule.whole_split_batches = True
+    datamodule.batch_cap = cap
     try:
         size = Tuner(trainer).scale_batch_size(model, datamodule=datamodule, **options)
     finally:
-        datamodule.whole_split_batches = False
+        datamodule.batch_cap = None
     if size is None:  # fast_dev_run: Lightning skips the search
         log.warning(
             "tune.batch_size: no search under fast_dev_run; keeping %s", cfg.data.batch_size
@@ -247,6 +248,19 @@ def find_batch_size(
     datamodule.batch_size = size
     log.info("tune.batch_size found data.batch_size=%d", size)
     return size
+
+
+def most_per_batch(images: int, trainer: L.Trainer) -> int:
+    """The largest batch that leaves the run's epoch a batch at least: a fraction of an epoch
+    (``trainer.limit_train_batches=0.5``) of fewer than one batch is refused by Lightning, so
+    the split's size itself was a cap that the search returned and the run could not use."""
+    limit = trainer.limit_train_batches
+    if not isinstance(limit, float) or not 0 < limit < 1:
+        return images
+    batches = math.ceil(1 / limit)
+    while int(batches * limit) < 1:  # as Lightning counts: int(batches * limit)
+        batches += 1
+    return max(1, images // batches)
 
 
 def trains(

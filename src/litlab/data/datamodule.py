@@ -175,9 +175,9 @@ class DataModule(L.LightningDataModule):
         self.image_shape = tuple(image_shape)
         self.num_classes = num_classes
         self.batch_size = batch_size
-        # Set by tune.batch_size while Lightning's finder doubles past the split (its power
-        # search reloads the data before it checks max_val): a batch of the whole split then.
-        self.whole_split_batches = False
+        # Set by tune.batch_size while Lightning's finder doubles past its cap (its power
+        # search reloads the data before it checks max_val): batches of the cap then.
+        self.batch_cap: int | None = None
         self.eval_batch_size = eval_batch_size or batch_size
         self.val_fraction = val_fraction
         self.split_seed = split_seed
@@ -485,9 +485,9 @@ class DataModule(L.LightningDataModule):
         # each rank's share (a streamed dataset's len is already this rank's)
         ranks = 1 if self.trainer is None or _streams(fit) else self.trainer.world_size
         share = len(fit) // ranks
+        if self.batch_cap is not None and self.batch_size > self.batch_cap:
+            return self._loader("fit", train=True, batch_size=self.batch_cap)
         if share < self.batch_size:  # drop_last would leave no batch at all
-            if self.whole_split_batches:
-                return self._loader("fit", train=True, batch_size=share)
             each = f" of each of the {ranks} ranks" if ranks > 1 else ""
             raise ConfigError(
                 f"batch_size {self.batch_size} exceeds the {share} training images{each}; "

@@ -1109,6 +1109,70 @@ def test_a_resume_that_fails_before_training_leaves_the_finished_run_as_it_was(t
     assert summary["previous_summary"] == json.loads(summarized)
 
 
+def test_a_finished_run_trained_further_that_fails_before_a_checkpoint_is_not_completed(
+    tmp_path, capsys, caplog
+):
+    """A resume that trains a completed run further and fails before it writes a checkpoint
+    is recorded failed, and the folder's run is no longer completed: its .completed mark had
+    stayed, and the run's command requeued (a batch script's) said "holds a run that completed"
+    and put the failed summary back. The checkpoints are still the finished run's: the
+    requeued command tests them again, training nothing, and the run completes as it had."""
+    args = ["model.net.width=4", "trainer.max_epochs=1", "+trainer.limit_train_batches=4"]
+    args += ["model.scheduler=null", *QUIET]
+    first = make_cfg(tmp_path, args)
+    objective = train_task(first)
+    folder = Path(first.paths.output_dir)
+    last = folder / "checkpoints" / "last.ckpt"
+    written = last.read_bytes()
+    # one more batch trains, the next one's weights are NaN: the divergence guard fails the run
+    diverge = ["+callbacks.nan._target_=helpers.InjectNaN", "+callbacks.nan.at_batch=5"]
+    diverge += ["+callbacks.nan.module=net", "callbacks.divergence_guard.check_every_n_steps=1"]
+    further = make_cfg(tmp_path, [*args, f"ckpt_path={last}", "trainer.max_epochs=2", *diverge])
+    refused(capsys, train_task, further, "training diverged")
+    assert summary_of(first)["status"] == "failed" and last.read_bytes() == written
+    assert not (folder / ".completed").exists() and (folder / ".trained").is_file()
+    with caplog.at_level("WARNING", logger="litlab"):
+        again = train_task(make_cfg(tmp_path, args))  # the run's own command, requeued
+    assert "testing best.ckpt again, training nothing" in caplog.text
+    summary = summary_of(first)
+    assert summary["status"] == "completed" and again == objective
+    assert summary["previous_summary"]["status"] == "failed"
+    assert (folder / ".completed").is_file() and last.read_bytes() == written
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_a_resume_in_spawned_processes_that_fails_before_a_checkpoint_is_recorded_failed(
+    tmp_path,
+):
+    """The same under trainer.strategy=ddp_spawn, whose spawned processes tell the main one
+    nothing: the fit there began to train over the completed run (its .completed mark gone),
+    and the main process, which saw no checkpoint written, must not put the run's completed
+    summary back over the failure."""
+    args = ["data=synthetic", "data.image_shape=[1,16,16]", "data.source.train_size=512"]
+    args += ["data.batch_size=32", "model.net.width=8", "model.scheduler=null", "test=false"]
+    args += ["logger=csv", *QUIET, "trainer.accelerator=cpu", "trainer.devices=2"]
+    args += ["trainer.strategy=ddp_spawn"]
+    folder = tmp_path / "run"
+    first = run_cli(*args, "trainer.max_epochs=1", f"hydra.run.dir={folder}", timeout=400)
+    assert first.returncode == 0, first.stderr[-3000:]
+    written = (folder / "checkpoints" / "last.ckpt").read_bytes()
+    failed = run_cli(
+        f"resume={folder}",
+        "trainer.max_epochs=2",
+        "+callbacks.nan._target_=helpers.InjectNaN",
+        "+callbacks.nan.module=net",
+        "+callbacks.nan.at_batch=9",  # the second batch of the second epoch (8 each)
+        "callbacks.divergence_guard.check_every_n_steps=1",
+        timeout=400,
+    )
+    assert failed.returncode != 0
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "failed" and "diverged" in summary["error"].lower(), summary
+    assert not (folder / ".completed").exists()
+    assert (folder / "checkpoints" / "last.ckpt").read_bytes() == written
+
+
 TINY = ["model.net.width=4", "trainer.max_epochs=1", "trainer.max_steps=2", "model.scheduler=null"]
 TINY += ["test=false", *QUIET]
 

@@ -176,6 +176,23 @@ def test_eval_reproduces_the_test_figures_of_the_best_checkpoint(tmp_path, preci
     assert evaluated["trained_config_digest"] == trained["config_digest"]
 
 
+def test_one_command_run_in_two_folders_has_one_config_digest(tmp_path):
+    """summary.json's config_digest says what a run computes, not where it writes: the
+    checkpoints' dirpath and trainer.default_root_dir, both under the run folder, made every
+    run's digest its own. Another learning rate is another digest."""
+    args = ["model.net.width=4", "trainer.max_epochs=1", "trainer.max_steps=2", "test=false"]
+    args += ["logger=csv", *FAST]
+
+    def digest(folder: str, *more: str) -> str:
+        cfg = make_cfg(tmp_path / folder, [*args, *more])
+        train_task(cfg)
+        return summary_of(cfg)["config_digest"]
+
+    first = digest("a")
+    assert first is not None and digest("b") == first
+    assert digest("c", "model.optimizer.lr=0.5") != first
+
+
 def test_eval_builds_only_the_callbacks_it_uses(tmp_path):
     """A training run's own callback (a class of the user's, not importable where eval runs)
     is not built by eval.py: only those used in evaluation (FID, sample grids)."""

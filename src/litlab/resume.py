@@ -129,12 +129,13 @@ def record_resume_overrides(run_dir: str | Path) -> None:
 
 class FitMilestones(L.Callback):
     """Tells the run when its fit begins to train (its setup passed: Lightning's checks of the
-    trainer's settings, the checkpoint restored) and when it first writes a checkpoint: only
-    then is the folder's run trained further, its marks (.trained, .completed) dropped and this
-    `resume=`'s overrides recorded. A resume that failed in the fit's setup (`+trainer.
-    val_check_interval=1000` on a finished run: Lightning's ValueError) had un-finished the run
-    and recorded the override, which every later plain `resume=` then failed on. Every
-    checkpoint gets the time it is written (SAVED_AT, for newest_checkpoint)."""
+    trainer's settings, the checkpoint restored): a finished run in the folder is no longer
+    completed (.completed dropped), and when it first writes a checkpoint: its checkpoints are
+    no longer those of .trained's record (dropped) and this `resume=`'s overrides are recorded.
+    A resume that failed in the fit's setup (`+trainer.val_check_interval=1000` on a finished
+    run: Lightning's ValueError) had un-finished the run and recorded the override, which every
+    later plain `resume=` then failed on. Every checkpoint gets the time it is written
+    (SAVED_AT, for newest_checkpoint)."""
 
     def __init__(self, run: Run) -> None:
         self.run, self.saved = run, False
@@ -239,14 +240,13 @@ def _unchosen(chosen: dict[str, Any], overrides: list[str]) -> list[str]:
     return kept
 
 
-def _computes(cfg: DictConfig, folder: Path) -> str:
-    """The digest of what a config computes, wherever it starts from and whatever it logs to,
-    as if it wrote in ``folder`` (the checkpoints' and the trainer's folders follow the run's:
-    ranks other than 0 of an srun step have a scratch one, see checkpoint_folder)."""
-    plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in ("ckpt_path", "logger")])
-    with open_dict(plain):
-        plain.paths.output_dir = str(folder)
-    return config_digest(plain)
+def _computes(cfg: DictConfig) -> str:
+    """The digest of what a config computes, wherever it starts from and whatever it logs to
+    (config_digest leaves out where it writes: ranks other than 0 of an srun step write to a
+    scratch folder, see checkpoint_folder)."""
+    return config_digest(
+        OmegaConf.masked_copy(cfg, [k for k in cfg if k not in ("ckpt_path", "logger")])
+    )
 
 
 def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any] | None:
@@ -297,7 +297,7 @@ def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any]
         )
         with open_dict(stored):
             stored.trainer.precision = now
-    if _computes(stored, folder) != _computes(cfg, folder):
+    if _computes(stored) != _computes(cfg):
         raise ConfigError(
             f"{folder} already holds checkpoints of a run with another config; continue that "
             f"run with: python train.py resume={folder}, or train in a new folder"

@@ -37,7 +37,9 @@ log = logging.getLogger("litlab")
 # checkpoints, best score), JSON. A requeued cluster job that finds it and not COMPLETED
 # (stopped while testing) tests again from it, training nothing (litlab.resume.continue_in_place).
 TRAINED = ".trained"
-# ... and whose whole run then completed (its test too): a requeued job does nothing.
+# ... and whose whole run then completed (its test too): a requeued job does nothing. Removed
+# when a later fit there begins to train, or a later part of the run ends otherwise: the
+# folder's summary then no longer says the run completed.
 COMPLETED = ".completed"
 # What a fit puts into the summary beside its metrics (litlab.train.record_checkpoints).
 FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score")
@@ -123,11 +125,35 @@ def versions() -> dict[str, str]:
 
 
 def config_digest(cfg: DictConfig) -> str:
-    """A short hash of what the run computes: the resolved config without paths and run labels."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("paths", "hydra", "tags", "task_name", "extras"):
+    """A short hash of what the run computes: the resolved config without paths and run labels.
+    One command run in two folders has one digest: a value that is one of paths.* or lies under
+    one (the checkpoints' dirpath, trainer.default_root_dir, data.data_dir) is hashed as that
+    path's name. Found by value, not by interpolation: a checkpoint's config is stored resolved
+    (evaluate.py's trained_config_digest digests one)."""
+    plain = OmegaConf.to_container(
+        OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"]), resolve=True
+    )
+    paths = plain.pop("paths", None) or {}
+    for key in ("tags", "task_name", "extras"):
         plain.pop(key, None)
-    return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    folders = [(str(path).rstrip("/"), key) for key, path in paths.items() if path]
+    folders = sorted((f for f in folders if f[0]), key=lambda folder: -len(folder[0]))
+    named = _paths_named(plain, folders)
+    return hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _paths_named(node: Any, folders: list[tuple[str, str]]) -> Any:
+    """``node`` with every string that is one of ``folders`` (path, name; longest first) or
+    lies under one, written from its name: <run>/checkpoints -> <paths.output_dir>/checkpoints."""
+    if isinstance(node, dict):
+        return {key: _paths_named(value, folders) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_paths_named(value, folders) for value in node]
+    if isinstance(node, str):
+        for folder, name in folders:
+            if node == folder or node.startswith(f"{folder}/"):
+                return f"<paths.{name}>{node[len(folder) :]}"
+    return node
 
 
 def to_number(value: Any) -> float | None:
@@ -203,16 +229,19 @@ class Run:
         self._previous: dict[str, Any] | None = None
         self._began = False  # training or a test began: the folder may have changed
         self._entered_ns = time.time_ns()
+        self._completed = False  # the folder held a completed run as this one began (rank 0)
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
-        from litlab.callbacks.monitor import reset_rss_peak
+        from litlab.callbacks.monitor import reset_cuda_peaks, reset_rss_peak
 
         reset_rss_peak()  # mem/rss_gb: this run's peak (data, finders, fit, test)
+        reset_cuda_peaks()  # and summary.json's CUDA peaks (PeakMemory)
         if rank_zero_only.rank == 0:  # a run killed hard still says it was started, where, by whom
             # A run that continues this folder (resume=, a requeued job) keeps what the folder's
             # summary said before, and puts it back if it stops before any phase began.
             self._previous = read_summary(self.dir / "summary.json")
+            self._completed = (self.dir / COMPLETED).is_file()
             if self._previous is not None:
                 earlier = {k: v for k, v in self._previous.items() if k != "previous_summary"}
                 self.summary["previous_summary"] = earlier
@@ -237,13 +266,20 @@ class Run:
         return _Phase(self, name)
 
     def training_began(self) -> None:
-        """The fit's setup passed (its checkpoint restored): a failure now is recorded."""
+        """The fit's setup passed (its checkpoint restored): a failure now is recorded, and a
+        run that had completed in the folder is trained further (COMPLETED goes; TRAINED, the
+        record of its checkpoints, stays until one is written: checkpoints_change)."""
         self._began = True
+        if rank_zero_only.rank == 0:
+            (self.dir / COMPLETED).unlink(missing_ok=True)
 
-    def _saved(self) -> bool:
-        """Whether a checkpoint was written into the run folder since this run began: a fit in
-        spawned processes (trainer.strategy=ddp_spawn) tells this process's Run nothing, and a
-        resume that trained there, then failed, put the folder's previous summary back."""
+    def _trained_here(self) -> bool:
+        """Whether a fit trained in the run folder since this run began: wrote a checkpoint
+        there, or began to train over the completed run there (its COMPLETED mark gone). A fit
+        in spawned processes (trainer.strategy=ddp_spawn) tells this process's Run nothing, and
+        a resume that trained there, then failed, put the folder's previous summary back."""
+        if self._completed and not (self.dir / COMPLETED).is_file():
+            return True
         folder = self.dir / "checkpoints"
         return folder.is_dir() and any(
             p.stat().st_mtime_ns >= self._entered_ns for p in folder.glob("*.ckpt")
@@ -251,7 +287,8 @@ class Run:
 
     def checkpoints_change(self) -> None:
         """The fit writes its first checkpoint: the folder's run is trained further, no longer
-        the one its marks describe (a fit that failed before, or saved nothing, leaves them)."""
+        the one its marks describe (a fit that failed before, or saved nothing, leaves TRAINED:
+        its checkpoints are still the ones it describes)."""
         if rank_zero_only.rank == 0:
             for mark in (TRAINED, COMPLETED):
                 (self.dir / mark).unlink(missing_ok=True)
@@ -304,7 +341,7 @@ class Run:
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if rank_zero_only.rank == 0:
-            untouched = isinstance(exc, Exception) and not self._began and not self._saved()
+            untouched = isinstance(exc, Exception) and not self._began and not self._trained_here()
             if untouched:  # Hydra's files of an earlier run in the folder, as they were
                 restore_saved_config(self.dir)
             if untouched and self._previous is not None:
@@ -314,6 +351,8 @@ class Run:
                 write_json(self.dir / "summary.json", self._previous)
             else:
                 self._write()
+                if exc is not None:  # the folder's summary no longer says its run completed
+                    (self.dir / COMPLETED).unlink(missing_ok=True)
             if exc is None and (self.dir / TRAINED).is_file():  # trained, then all the rest
                 (self.dir / COMPLETED).touch()
         if isinstance(exc, SIGTERMException):

@@ -7,10 +7,13 @@ does); the GPU check compares summary.json's perf.mfu with the benchmark script'
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 
 import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
 
 from conftest import QUIET_CSV, make_cfg, needs_cuda, summary_of
 from litlab.train import train_task
@@ -110,3 +113,47 @@ def test_out_of_memory_ends_in_one_line_and_keeps_the_checkpoint(tmp_path, capsy
     assert summary["status"] == "failed" and "out of memory" in summary["error"]
     assert summary["memory"]["peak_allocated_gb"] > 50, summary["memory"]
     assert last.stat().st_mtime_ns == stamp  # the last good checkpoint is kept as it was
+
+
+class HoldInSetup(Callback):
+    """Takes ``gb`` of CUDA memory for a moment in the setup of one stage ("fit", "test"), as
+    work done there does (an FID extractor trained at setup, statistics computed at fit start):
+    a peak before that stage's first epoch."""
+
+    def __init__(self, gb: float, stage: str) -> None:
+        self.gb, self.stage = gb, stage
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == self.stage:
+            device = trainer.strategy.root_device
+            torch.empty(int(self.gb * 1e9), dtype=torch.uint8, device=device)  # freed at once
+
+
+@pytest.mark.parametrize("stage", ["fit", "test"])
+def test_a_peak_before_the_first_epoch_is_in_the_runs_peaks(tmp_path, stage):
+    """summary.json's memory peaks are the run's, since it began: each training and test epoch
+    starts its mem/* peaks afresh, and a peak in the fit's setup or sanity check (or a test's
+    setup) before it was in none of them, nor in the run's. The epochs' own values stay theirs."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "trainer=gpu",
+            "trainer.max_epochs=1",
+            "+callbacks.hold._target_=test_gpu_observability.HoldInSetup",
+            "+callbacks.hold.gb=1",
+            f"+callbacks.hold.stage={stage}",
+            *QUIET_CSV,
+        ],
+    )
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed", summary["error"]
+    memory = summary["memory"]
+    assert 1 <= memory["peak_allocated_gb"] <= memory["peak_reserved_gb"], memory
+    with open(Path(cfg.paths.output_dir) / "csv" / "metrics.csv") as f:
+        epochs = [
+            float(r["mem/peak_allocated_gb"])
+            for r in csv.DictReader(f)
+            if r.get("mem/peak_allocated_gb")
+        ]
+    assert len(epochs) == 2 and max(epochs) < 0.5, epochs  # the training epoch's and the test's

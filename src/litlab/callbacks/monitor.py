@@ -323,11 +323,23 @@ def reset_rss_peak() -> bool:
     return True
 
 
+def reset_cuda_peaks() -> None:
+    """Start this process's CUDA peak counters again (each job of a sweep run in one process
+    reports its own peaks). Where CUDA is not initialized there is nothing to forget, and it
+    stays so (a process that starts ranks by forking must not initialize it)."""
+    if torch.cuda.is_initialized():
+        for device in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(device)
+
+
 class PeakMemory(Callback):
     """Peak CUDA memory per training epoch (its validation and checkpoint writes included: what
     must fit) and per test epoch, allocated by tensors and reserved by the caching allocator,
     and the process's peak RSS since the run began (litlab.run.Run resets it where Linux allows;
-    else since the process started), of the fullest rank; no device sync (allocator counters)."""
+    else since the process started), of the fullest rank; no device sync (allocator counters).
+    The run's peaks (summary.json) are since the run began, its CUDA ones too (Run resets
+    them): what came before an epoch's reset (the fit's setup and sanity check, a test's
+    setup) is kept in them, not in the epoch's mem/* values."""
 
     def __init__(self) -> None:
         self.peaks: dict[str, float] = {}
@@ -337,40 +349,52 @@ class PeakMemory(Callback):
         self._device = trainer.strategy.root_device
 
     def current(self) -> dict[str, float]:
-        """CUDA peaks since the last epoch start, the RSS peak since the run began; GB."""
+        """CUDA peaks since the last epoch start (before the first: since the run began), the
+        RSS peak since the run began; GB."""
         values = {"rss_gb": rss_gb()}
         if self._device.type == "cuda":
             values["peak_allocated_gb"] = torch.cuda.max_memory_allocated(self._device) / GB
             values["peak_reserved_gb"] = torch.cuda.max_memory_reserved(self._device) / GB
         return values
 
-    def _reset(self) -> None:
-        if self._device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self._device)
-
-    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Log the epoch's peaks of the fullest rank (max over ranks: what must fit)."""
+    def _fullest(self, trainer: L.Trainer) -> dict[str, float]:
+        """The current peaks of the fullest rank (max over ranks: what must fit)."""
         current = self.current()
         names = sorted(current)
         fullest = over_ranks(trainer, [current[n] for n in names], "max")
-        for name, value in zip(names, fullest, strict=True):
+        return dict(zip(names, fullest, strict=True))
+
+    def _keep(self, peaks: dict[str, float]) -> None:
+        for name, value in peaks.items():
             self.peaks[name] = max(self.peaks.get(name, 0.0), value)
+
+    def _reset(self, trainer: L.Trainer) -> None:
+        """Count the next epoch's CUDA peaks from now, the peaks so far kept in the run's."""
+        if self._device.type == "cuda":
+            self._keep(self._fullest(trainer))
+            torch.cuda.reset_peak_memory_stats(self._device)
+
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the epoch's peaks of the fullest rank, kept in the run's."""
+        peaks = self._fullest(trainer)
+        self._keep(peaks)
+        for name, value in peaks.items():
             log_job_value(pl_module, f"mem/{name}", value)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._reset()
+        self._reset(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._log(trainer, pl_module)
 
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._reset()
+        self._reset(trainer)
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._log(trainer, pl_module)
 
     def summary(self) -> dict[str, Any]:
-        """The run's peaks (the fullest rank's at each epoch end; this rank's since, also for an
-        epoch cut short by an error), for summary.json."""
+        """The run's peaks (the fullest rank's at each epoch's start and end; this rank's since,
+        also for an epoch cut short by an error), for summary.json."""
         now = self.current()
         return {"memory": {k: max(self.peaks.get(k, 0.0), v) for k, v in now.items()}}

@@ -65,6 +65,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def _same_random_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts from one random state, whatever ran before it in its worker (pytest-xdist
+    deals tests to workers as they finish): an unseeded draw that passes in one order of the
+    suite and fails in another is a flake, not a finding. PL_GLOBAL_SEED, which a run leaves set
+    (litlab reads it outside a run too), is cleared."""
+    import random
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
 def _offline_wandb(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never reach the network: W&B runs for real, offline."""
     monkeypatch.setenv("WANDB_MODE", "offline")

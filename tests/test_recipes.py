@@ -55,6 +55,9 @@ def test_mixing_draws_once_per_batch_and_mixes_labels_as_it_mixes_images(kind, t
     (choice,) = build(cfg.model.mix, "model.mix").transforms
     (mixer,) = [t for t in choice.transforms if type(t).__name__ == kind]
     n = 10
+    # seeded: MixUp's weight (Beta(0.2, 0.2)) lies within 1e-6 of 1 for 3% of draws, where
+    # float32 rounding leaves some pixels unchanged and the all-or-none check below fails
+    torch.manual_seed(0)
     images = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 1, 28, 28)
     labels = torch.randperm(n)  # every image its own class
     mixed, targets = mixer(images.clone(), labels)

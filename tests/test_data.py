@@ -1196,6 +1196,8 @@ def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
     write_png_folder(tmp_path / "images", per_class=6)
     summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "test=false", "data.batch_size=4")
     write_png_folder(tmp_path / "other", per_class=10)
+    for path in (tmp_path / "other").rglob("*.png"):  # other images (these would be the same)
+        path.rename(path.with_name(f"new-{path.name}"))
     other = ImageFolder(str(tmp_path / "other"), size=20, cache_dir=str(tmp_path / "cache"))
     assert 0 < other.load("test").__len__() < 30  # what eval tested before
     every = ImageFolder(str(other.root), size=20, cache_dir=str(tmp_path / "cache"), test_all=True)
@@ -1216,6 +1218,26 @@ def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
     with caplog.at_level("INFO", logger="litlab"):
         assert eval_task(eval_cfg) is not None
     assert f"testing every image of {tmp_path / 'other'}" in caplog.text
+    assert summary_of(eval_cfg)["data"]["test_all"] is True
+
+
+def test_eval_on_a_copy_of_the_training_folder_tests_its_held_out_share(tmp_path, caplog):
+    """The training folder copied or moved (another machine, /scratch): eval.py took it for
+    another folder and tested every image of it, the ones trained on too (reviewer: 1797 of
+    which 1437 trained or validated on). Files sampled from the training split, kept in the
+    checkpoint with digests of their bytes, recognise it: its held-out share is tested."""
+    from litlab.evaluate import eval_task
+
+    write_png_folder(tmp_path / "images", per_class=20)
+    summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "data.batch_size=4")
+    shutil.copytree(tmp_path / "images", tmp_path / "copy")
+    eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "copy", "data.source.size=20")
+    with caplog.at_level("INFO", logger="litlab"):
+        assert eval_task(eval_cfg) is not None
+    assert "files sampled from the run's training split, byte for byte" in caplog.text
+    tested = summary_of(eval_cfg)
+    assert tested["data"]["splits"]["test"] == summary["data"]["splits"]["test"] < 60
+    assert tested["metrics"]["test/acc"] == pytest.approx(summary["metrics"]["test/acc"])
 
 
 @pytest.mark.parametrize("loader", ["device", "dataloader"])

@@ -21,6 +21,7 @@ from litlab.config import (
     config_dir,
     require,
 )
+from litlab.data.fingerprint import files_found
 from litlab.data.folder import split_folders
 from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
@@ -41,8 +42,13 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     checkpoint = load_checkpoint(path)
     stored = stored_config(checkpoint, path)
     # The stored config is resolved; a data=... choice made here is resolved against this run.
+    trained_files = data_state(checkpoint, stored).get("trained_files")
     parts = OmegaConf.create(
-        {"data": other_data(cfg.data, stored.data) if cfg.get("data") else stored.data}
+        {
+            "data": other_data(cfg.data, stored.data, trained_files)
+            if cfg.get("data")
+            else stored.data
+        }
     )
     parts.model = stored.model
     check_all(parts)
@@ -63,7 +69,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
 
     datamodule = build(parts.data, "data")
     # the class names the model learned (image folders), checked when the data is set up
-    datamodule.load_state_dict(checkpoint.get(type(datamodule).__qualname__, {}))
+    datamodule.load_state_dict(data_state(checkpoint, stored))
     model = build(parts.model, "model")
     model.load_state_dict(checkpoint["state_dict"])
     loggers = build_list(cfg.get("logger"), "logger")
@@ -105,7 +111,15 @@ def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
     trainer.precision = precision
 
 
-def other_data(chosen: DictConfig, trained: DictConfig) -> DictConfig:
+def data_state(checkpoint: dict[str, Any], stored: DictConfig) -> dict[str, Any]:
+    """The training DataModule's state in the checkpoint (Lightning keys it by class name)."""
+    target = str(OmegaConf.select(stored, "data._target_") or "")
+    return checkpoint.get(target.rsplit(".", 1)[-1], {})
+
+
+def other_data(
+    chosen: DictConfig, trained: DictConfig, trained_files: list[list[str]] | None = None
+) -> DictConfig:
     """The data chosen for testing, prepared as the model was trained (the network only knows
     the inputs it was trained on): normalized, stored and framed as in training, and, where it
     is the training data itself, split as in training (a larger test share of a folder or of
@@ -129,7 +143,7 @@ def other_data(chosen: DictConfig, trained: DictConfig) -> DictConfig:
     as_trained(source, trained_source, ("size",), "storing the images")
     if same_source(source, trained_source):
         as_trained(source, trained_source, ("test_fraction",), "holding out the run's test images")
-    other_folder(source, trained_source)
+    other_folder(source, trained_source, trained_files)
     return OmegaConf.create(data)
 
 
@@ -158,16 +172,34 @@ def same_source(source: dict[str, Any], trained: dict[str, Any]) -> bool:
     ) == folder_of(trained.get("root"))
 
 
-def other_folder(source: dict[str, Any], trained: dict[str, Any]) -> None:
+def other_folder(
+    source: dict[str, Any], trained: dict[str, Any], trained_files: list[list[str]] | None = None
+) -> None:
     """An image folder of class folders only, other than the training one: every image is
     tested (``test_all``), not the share its file names would hold out for testing in a run
     that trained on it. The same folder keeps its held-out test split (the others were trained
-    on); a folder with a test/ (or val/) folder is tested on that."""
+    on), and so does one that holds files the run trained on (``trained_files``, a sample in
+    the checkpoint: a copy of the training folder, or the folder moved); a folder with a test/
+    (or val/) folder is tested on that. +data.source.test_all=true: every image, as asked."""
     root = source.get("root")
     if "test_fraction" not in source or not root or not Path(root).expanduser().is_dir():
         return
     folder = folder_of(root)
     if folder == folder_of(trained.get("root")) or split_folders(folder) is not None:
+        return
+    if source.get("test_all"):
+        return
+    found = files_found(folder, trained_files or [])
+    if found:
+        log.warning(
+            "%s holds %d of %d files sampled from the run's training split, byte for byte (a "
+            "copy of its training folder %s, or that folder moved): testing the share its file "
+            "names hold out, as the run did (+data.source.test_all=true tests every image)",
+            folder,
+            found,
+            len(trained_files or []),
+            trained.get("root"),
+        )
         return
     source["test_all"] = True
     log.info("testing every image of %s (the model was trained on %s)", folder, trained.get("root"))

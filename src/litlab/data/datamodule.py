@@ -206,6 +206,7 @@ class DataModule(L.LightningDataModule):
         # Set by litlab.callbacks.Speed(channels_last=True) to match the model's weights.
         self.memory_format = torch.contiguous_format
         self.datasets: dict[str, Dataset] = {}
+        self._fingerprints: list[list[str]] | None = None  # state_dict's, made once
         self._device_copies: dict[tuple, torch.Tensor] = {}  # _on_device's
 
     def prepare_data(self) -> None:
@@ -329,12 +330,18 @@ class DataModule(L.LightningDataModule):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Kept in checkpoints by Lightning: the class names the labels stand for, and the
-        unreadable files found so far (this rank's: rank 0's in the file), which a resumed
-        epoch does not read again."""
+        """Kept in checkpoints by Lightning: the class names the labels stand for, a sample of
+        the files trained on (an image folder split by file name: eval.py), and the unreadable
+        files found so far (this rank's: rank 0's in the file), which a resumed epoch does not
+        read again."""
         state: dict[str, Any] = {}
         if self.class_names is not None:
             state["classes"] = self.class_names
+        if self._fingerprints is None and "fit" in self.datasets:
+            sample = getattr(self.source, "fingerprints", None)  # image folders
+            self._fingerprints = (sample and sample(self.datasets["fit"])) or []
+        if self._fingerprints:  # files trained on (litlab.data.fingerprint: eval.py)
+            state["trained_files"] = self._fingerprints
         if self.unreadable:
             state["unreadable"] = sorted(self.unreadable)
         return state

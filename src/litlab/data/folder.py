@@ -39,6 +39,7 @@ import torch
 from PIL import ExifTags, Image, ImageOps
 from torch.utils.data import Dataset, Subset, TensorDataset
 
+from litlab.data.fingerprint import fingerprints
 from litlab.data.sources import Source, Split, labels_of
 from litlab.errors import ConfigError, DataError, first_line
 from litlab.files import writer_tag
@@ -524,7 +525,7 @@ class ImageFolder(Source):
         self.cache, self.cache_dir, self.workers = cache, Path(cache_dir), workers
         self.decode, self.test_all = decode, test_all
         self._opened: dict[Path, CachedFolder | FolderIndex] = {}
-        self.report: dict[str, object] = {}
+        self.report: dict[str, object] = {"test_all": True} if test_all else {}
 
     def __getstate__(self) -> dict:
         """A copy sent to other processes (ddp_spawn) opens its folders afresh: the memory-mapped
@@ -629,6 +630,14 @@ class ImageFolder(Source):
         classes = train.classes  # type: ignore[attr-defined]
         check_classes_present(labels_of(train)[keep], classes, where, "train")
         return keep, val
+
+    def fingerprints(self, trained: Dataset) -> list[list[str]] | None:
+        """A seeded sample of the files of ``trained`` (a split of this folder) with digests of
+        their bytes, where test images are held out by file name (no split folders): eval.py
+        recognises a copy of this folder by them (litlab.data.fingerprint)."""
+        if self._split_folders() is not None or self.test_all:
+            return None
+        return fingerprints(self.root, file_names(trained))
 
     def given_validation(self) -> Dataset | None:
         """root/val/ (or valid/, validation/) when it lies beside train/ and test/."""

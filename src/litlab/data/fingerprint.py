@@ -1,0 +1,34 @@
+"""Recognising a run's training files in another folder: a seeded sample of the files it trained
+on, each with a digest of its bytes, kept in its checkpoints (DataModule.state_dict). eval.py on
+a folder other than the training one tests every image of it, unless the folder holds these
+files: a copy of the training folder, or the folder moved, whose held-out share alone was never
+trained on."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+SAMPLED = 256  # files: reading them costs little, and a copy holds every one
+
+
+def file_digest(path: Path) -> str:
+    """A digest of the file's bytes; "" where it cannot be read (missing: another folder)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def fingerprints(root: Path, names: Sequence[str], seed: int = 0) -> list[list[str]]:
+    """[name, digest] of a seeded sample of ``names`` (files under ``root``), in name order."""
+    chosen = torch.randperm(len(names), generator=torch.Generator().manual_seed(seed))[:SAMPLED]
+    return [[names[i], file_digest(root / names[i])] for i in sorted(chosen.tolist())]
+
+
+def files_found(folder: Path, sample: Sequence[Sequence[str]]) -> int:
+    """How many of the sampled files ``folder`` holds under the same name, byte for byte."""
+    return sum(1 for name, digest in sample if digest and file_digest(folder / name) == digest)

@@ -632,6 +632,30 @@ def test_sigterm_to_the_whole_job_stops_at_the_batch_end_without_a_traceback(tmp
 
 
 @pytest.mark.slow
+def test_a_run_killed_after_its_checkpoint_resumes_without_repeating_steps_in_its_csv(tmp_path):
+    """SIGKILL (out of memory, a lost node) after the last checkpoint: the resume logs the steps
+    since then again, and metrics.csv held each of them twice (reviewer: steps 39, 44, 49, 44,
+    49, 54); the rows from the checkpoint's step on go as the resumed fit begins."""
+    logs = ["trainer.log_every_n_steps=1", "+logger.csv.flush_logs_every_n_steps=1"]
+    kill = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=25"]
+    killed = run_cli(
+        *CLF, *logs, *kill, "+callbacks.stop.signum=SIGKILL", f"paths.log_dir={tmp_path}"
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == 20
+
+    def steps() -> list[int]:
+        with (folder / "csv" / "metrics.csv").open(newline="") as f:
+            return [int(row["step"]) for row in csv.DictReader(f) if row["train/loss_step"]]
+
+    assert max(steps()) > 20  # logged after the checkpoint, then killed
+    resumed = run_cli(f"resume={folder}", "callbacks.stop.batch=-1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert steps() == list(range(40))  # 4 epochs of 10 batches, each step once
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", ["TERM", "KILL"])
 def test_slurm_requeue_continues_in_the_job_folder(
     tmp_path, monkeypatch, straight_classifier, kill

@@ -8,6 +8,7 @@ them, so that an upgrade that changes one breaks a test here rather than a user'
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import os
 import subprocess
@@ -27,6 +28,8 @@ from lightning.pytorch.loops.training_epoch_loop import (
     _TrainingEpochLoop as LightningTrainingEpochLoop,
 )
 from omegaconf import DictConfig
+
+log = logging.getLogger("litlab")
 
 # -- Lightning ---------------------------------------------------------------------------------
 
@@ -425,6 +428,26 @@ class AppendingCSVLogger(csv_logs.CSVLogger):
     logger makes its writer in ``experiment`` from the private ``_fs`` and ``_experiment``.
     At module level: ddp_spawn pickles the trainer's loggers."""
 
+    def forget_from(self, step: int) -> int:
+        """Drop the rows of metrics.csv logged at ``step`` or later; how many. A run killed
+        hard after its last checkpoint had logged steps that its resume logs again: each step
+        was in the file twice."""
+        from litlab.files import atomic_file
+
+        path = self.experiment.metrics_file_path
+        if not self._fs.isfile(path):
+            return 0
+        with self._fs.open(path, "r", newline="") as f:
+            reader = csv.DictReader(f)
+            rows, columns = list(reader), reader.fieldnames or []
+        kept = [row for row in rows if not row.get("step") or int(float(row["step"])) < step]
+        if len(kept) < len(rows):
+            with atomic_file(path, "w") as f:  # csv's own line ends, as Lightning's writer
+                writer = csv.DictWriter(f, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(kept)
+        return len(rows) - len(kept)
+
     @property
     @rank_zero_experiment
     def experiment(self) -> csv_logs.ExperimentWriter:
@@ -432,6 +455,23 @@ class AppendingCSVLogger(csv_logs.CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = AppendingWriter(log_dir=self.log_dir)
         return self._experiment
+
+
+def forget_logged_after_checkpoint(trainer: L.Trainer) -> None:
+    """A resumed fit, as it begins to train: its CSV history from the checkpoint's step on goes
+    (logged again now), said in the log. The step is Lightning's logging step, its private
+    ``_batches_that_stepped`` (the checkpoint's, restored by now)."""
+    step = trainer.fit_loop.epoch_loop._batches_that_stepped
+    for logger in trainer.loggers if trainer.is_global_zero else []:
+        if isinstance(logger, AppendingCSVLogger):
+            dropped = logger.forget_from(step)
+            if dropped:
+                log.info(
+                    "metrics.csv: %d row(s) logged after the checkpoint (step %d on) dropped; "
+                    "the resumed run logs those steps again",
+                    dropped,
+                    step,
+                )
 
 
 # -- W&B (through Lightning's WandbLogger) -------------------------------------------------------

@@ -28,6 +28,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litlab.checkpoint import load_checkpoint, stored_config
+from litlab.compat import forget_logged_after_checkpoint
 from litlab.config import config_dir, group_of_sweep
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
@@ -142,6 +143,8 @@ class FitMilestones(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.run.training_began()
+        if trainer.ckpt_path is not None:  # resumed: the steps logged after the checkpoint go
+            forget_logged_after_checkpoint(trainer)
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]

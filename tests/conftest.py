@@ -205,7 +205,7 @@ def write_folder_losing_a_class_to_validation(tmp_path: Path) -> Path:
     data.val_fraction's default share (0.1, split seed 0) takes for validation."""
     import shutil
 
-    from litlab.data.folder import validation_split
+    from litlab.data.folder_index import validation_split
 
     root = tmp_path / "images"
     write_png_folder(root / "train", classes=("cat", "dog"), per_class=6)

@@ -42,7 +42,8 @@ from litlab.data import (
     ImageFolder,
     Synthetic,
 )
-from litlab.data.folder import cached_folder, load_image
+from litlab.data.folder_cache import cached_folder
+from litlab.data.pixels import load_image
 from litlab.data.sources import (
     FASHION_MNIST_COUNTS,
     MNIST_COUNTS,
@@ -330,7 +331,7 @@ def test_image_folder_single_folder_is_split_file_by_file_and_grayscale_works(tm
     one moves no file from one split to another (a test image never becomes a training one)."""
     from PIL import Image
 
-    from litlab.data.folder import file_names
+    from litlab.data.folder_index import file_names
 
     root = tmp_path / "images"
     write_png_folder(root, per_class=30)
@@ -363,7 +364,7 @@ def test_image_folder_single_folder_is_split_file_by_file_and_grayscale_works(tm
 
 
 def test_image_folder_validation_split_is_file_by_file_and_classes_must_agree(tmp_path):
-    from litlab.data.folder import file_names
+    from litlab.data.folder_index import file_names
 
     root = tmp_path / "images"
     write_png_folder(root / "train", per_class=20)
@@ -601,7 +602,7 @@ def test_links_are_read_once_hidden_files_left_out_and_a_broken_link_skipped(tmp
     test alike); hidden files (.ipynb_checkpoints, macOS's ._name) were read as images; a broken
     link ended the cached run with a traceback (the check said a run skips it)."""
     from litlab.data.check import main
-    from litlab.data.folder import scan
+    from litlab.data.folder_index import scan
 
     root = tmp_path / "images"
     write_png_folder(root, per_class=4)
@@ -938,7 +939,7 @@ def test_two_builders_with_the_same_pid_never_share_a_build_folder(tmp_path, mon
     Threads stand in for the decoding processes, so that the test can pace the two builders."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import litlab.data.folder as folder
+    import litlab.data.folder_cache as folder
 
     root = tmp_path / "images"
     write_png_folder(root, per_class=30)  # 90 files: two chunks of rows (64 and 26)
@@ -1029,7 +1030,7 @@ def test_a_validation_folder_beside_train_and_test_is_the_validation_split(tmp_p
     of train/ is trained on (val/ was ignored and validation carved out of train/), in the
     DataModule, the pre-flight check and the conversion for streaming alike."""
     from litlab.data.check import splits
-    from litlab.data.folder import file_names
+    from litlab.data.folder_index import file_names
     from litlab.data.optimize import source_splits
 
     root = tmp_path / "images"
@@ -1118,7 +1119,7 @@ def test_netpbm_and_jfif_files_are_images_too(tmp_path):
     .pnm, .jfif and .jpe. Such files were left out without a word."""
     from PIL import Image
 
-    from litlab.data.folder import scan
+    from litlab.data.folder_index import scan
 
     root = tmp_path / "images"
     picture = Image.new("RGB", (20, 20), (200, 100, 50))

@@ -26,7 +26,7 @@ from litlab.data.decode import (
     skip_unreadable,
     stack_samples,
 )
-from litlab.data.folder import Unreadable, load_image, worker_item
+from litlab.data.pixels import Unreadable, load_image, worker_item
 from litlab.data.sources import Synthetic
 from litlab.errors import ConfigError, DataError
 from litlab.train import train_task

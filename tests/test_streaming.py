@@ -33,8 +33,8 @@ from conftest import (
 )
 from helpers import fingerprints
 from litlab.config import build
-from litlab.data.folder import load_image
 from litlab.data.optimize import _write_meta, convert, main
+from litlab.data.pixels import load_image
 from litlab.data.streaming import (
     DecodeImage,
     join,

@@ -33,7 +33,8 @@ from conftest import (
 )
 from helpers import resumed_adam
 from litlab.data import FashionMNIST
-from litlab.data.folder import cached_folder, scan
+from litlab.data.folder_cache import cached_folder
+from litlab.data.folder_index import scan
 from litlab.evaluate import eval_task
 from litlab.models import ImageClassifier
 from litlab.train import train_task

@@ -22,7 +22,7 @@ from litlab.config import (
     require,
 )
 from litlab.data.fingerprint import files_found
-from litlab.data.folder import split_folders
+from litlab.data.folder_index import split_folders
 from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision

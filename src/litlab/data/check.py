@@ -32,20 +32,18 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from litlab.data.folder import (
+from litlab.data.folder_index import (
     IMAGE_SUFFIXES,
     FolderIndex,
     check_classes_present,
-    check_decoded_shape,
     check_same_classes,
-    load_image,
     missing_classes,
     scan,
     split_folders,
     test_split,
     validation_split,
-    why_unreadable,
 )
+from litlab.data.pixels import check_decoded_shape, load_image, why_unreadable
 from litlab.errors import DataError, LitlabError, fail
 
 

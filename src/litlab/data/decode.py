@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from litlab.data.folder import Unreadable, load_image
+from litlab.data.pixels import Unreadable, load_image
 from litlab.errors import DataError
 
 RESIZE_BYTES = 1 << 30  # float pixels resized in one call at most (huge images: fewer a call)

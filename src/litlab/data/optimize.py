@@ -42,18 +42,17 @@ from typing import Any
 import torch
 from PIL import Image
 
-from litlab.data.folder import (
+from litlab.data.folder_cache import cache_key
+from litlab.data.folder_index import (
     FolderIndex,
-    cache_key,
     check_classes_present,
     check_same_classes,
-    eight_bit,
     scan,
     split_folders,
     test_split,
-    upright,
     validation_split,
 )
+from litlab.data.pixels import eight_bit, upright
 from litlab.data.streaming import META_FORMAT, _litdata, encode_labels, join, read_meta
 from litlab.errors import DataError, LitlabError, fail
 from litlab.files import pid_namespace, writer_tag

@@ -30,7 +30,7 @@ import torch
 from litlab import rng
 from litlab.compat import continue_item_shuffle_window, shuffle_as_on_a_local_disk
 from litlab.data.decode import skip_unreadable
-from litlab.data.folder import Unreadable, check_decode, check_decoded_shape, worker_item
+from litlab.data.pixels import Unreadable, check_decode, check_decoded_shape, worker_item
 from litlab.data.sources import Source
 from litlab.distributed.agree import rank_and_world
 from litlab.errors import ConfigError, DataError

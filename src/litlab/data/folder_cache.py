@@ -1,0 +1,160 @@
+"""An image folder decoded once, by every core, into a memory-mapped uint8 array under the
+cache folder (images.u8, labels.npy, meta.json), keyed by the folder's file list, sizes and
+times and reused while they are unchanged; files that do not decode are left out and listed
+(meta.json "skipped")."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from litlab.data.folder_index import FolderIndex, scan
+from litlab.data.pixels import load_image, why_unreadable
+from litlab.errors import DataError
+from litlab.files import writer_tag
+
+log = logging.getLogger(__name__)
+
+
+CACHE_FORMAT = 2  # bump when what the cache holds changes (2: EXIF orientation applied)
+
+
+def _decode_into(
+    paths: list[str], start: int, target: str, shape: tuple[int, ...]
+) -> list[tuple[int, str]]:
+    """Worker: decode files start.. into rows of the memory-mapped array; return the failures."""
+    images = np.memmap(target, dtype=np.uint8, mode="r+", shape=shape)
+    failed = []
+    for offset, path in enumerate(paths):
+        try:
+            images[start + offset] = load_image(path, shape[-1], shape[1])
+        except Exception as e:  # PIL raises many kinds for damaged files; every one is a skip
+            failed.append((start + offset, why_unreadable(e)))
+    images.flush()
+    return failed
+
+
+def cache_key(index: FolderIndex, size: int, channels: int) -> str:
+    """What the cached array depends on: every file's name, size and modification time, and the
+    stored size. Not the inode or change time: a folder copied anew with its times (rsync -a,
+    cp -p to a node's local disk for each job) keeps its cache. A file replaced by one of the
+    same byte size with its modification time set back is not seen (delete the cache folder)."""
+    digest = hashlib.sha256(repr((CACHE_FORMAT, size, channels, index.classes)).encode())
+    root = str(index.root)
+    for name, label in zip(index.files, index.labels, strict=True):
+        try:
+            stat = os.stat(os.path.join(root, name))
+            size, mtime = stat.st_size, stat.st_mtime_ns
+        except OSError:  # a broken link: its decode fails and it is skipped and counted
+            size = mtime = -1
+        digest.update(f"{name}\0{label}\0{size}\0{mtime}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class CachedFolder:
+    """A folder's decoded images (memory-mapped uint8 tensor), labels, classes and skips, and
+    the file of each image (relative to the folder)."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: list[str]
+    skipped: list[dict[str, str]]
+    path: Path
+    files: list[str]
+
+
+def _open(folder: Path, index: FolderIndex) -> CachedFolder:
+    """The cache of ``index``'s files (its key): every file's image but the skipped ones."""
+    meta = json.loads((folder / "meta.json").read_text())
+    count, shape = meta["count"], tuple(meta["shape"])
+    images = torch.from_file(
+        str(folder / "images.u8"), shared=False, size=count * int(np.prod(shape)), dtype=torch.uint8
+    ).view(count, *shape)
+    labels = torch.from_numpy(np.load(folder / "labels.npy"))
+    skipped = {s["file"] for s in meta["skipped"]}
+    files = [f for f in index.files if f not in skipped]
+    if len(files) != count:
+        raise DataError(f"the cache {folder} does not match its folder; delete it and run again")
+    return CachedFolder(images, labels, meta["classes"], meta["skipped"], folder, files)
+
+
+def cached_folder(
+    root: Path,
+    size: int,
+    channels: int,
+    cache_dir: Path,
+    workers: int | None = None,
+    index: FolderIndex | None = None,
+) -> CachedFolder:
+    """The folder decoded once into ``cache_dir`` (reused while its files are unchanged);
+    ``index``: its scan, where already made."""
+    index = index or scan(root)
+    key = cache_key(index, size, channels)
+    folder = cache_dir / f"folder-{root.name}-{size}px-{key}"
+    if (folder / "meta.json").is_file():
+        return _open(folder, index)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # A folder of its own for each build, never an existing one: two builds in one folder wipe
+    # each other's rows.
+    building = folder.with_name(f"{folder.name}.building-{writer_tag()}")
+    building.mkdir()  # raises if it exists
+    try:
+        _build(index, building, size, channels, workers)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    try:
+        building.rename(folder)  # another process may have finished the same cache first
+    except OSError:
+        shutil.rmtree(building, ignore_errors=True)
+    return _open(folder, index)
+
+
+def _build(
+    index: FolderIndex, building: Path, size: int, channels: int, workers: int | None
+) -> None:
+    """Decode ``index``'s files into ``building``: images.u8, labels.npy and meta.json."""
+    root = index.root
+    shape = (len(index.files), channels, size, size)
+    target = building / "images.u8"
+    np.memmap(target, dtype=np.uint8, mode="w+", shape=shape).flush()
+    paths = [os.path.join(root, f) for f in index.files]
+    workers = max(1, workers or os.cpu_count() or 1)
+    chunk = max(64, min(4096, len(paths) // (workers * 8) or 1))
+    failed: list[tuple[int, str]] = []
+    from rich.progress import Progress
+
+    with Progress(transient=True) as progress, ProcessPoolExecutor(workers) as pool:
+        task = progress.add_task(f"decoding {root} once ({size} px)", total=len(paths))
+        jobs = {
+            pool.submit(_decode_into, paths[i : i + chunk], i, str(target), shape): len(
+                paths[i : i + chunk]
+            )
+            for i in range(0, len(paths), chunk)
+        }
+        for job in as_completed(jobs):
+            failed += job.result()
+            progress.advance(task, jobs[job])
+    keep = np.setdiff1d(np.arange(len(paths)), [i for i, _ in failed])
+    if failed:  # compact: the cache holds the readable images only
+        images = np.memmap(target, dtype=np.uint8, mode="r+", shape=shape)
+        for row, source in enumerate(keep):
+            images[row] = images[source]
+        images.flush()
+        del images
+        os.truncate(target, len(keep) * int(np.prod(shape[1:])))
+    skipped = [{"file": index.files[i], "reason": reason} for i, reason in sorted(failed)]
+    np.save(building / "labels.npy", np.asarray(index.labels, dtype=np.int64)[keep])
+    meta = {"count": len(keep), "shape": list(shape[1:]), "classes": index.classes}
+    meta.update(root=str(root), files=len(paths), skipped=skipped, format=CACHE_FORMAT)
+    (building / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -1,0 +1,198 @@
+"""A folder of class folders: its files in a fixed order with their labels (``scan``), its
+layout (one folder, or train/ beside test/ or val/), and its held-out splits, decided file by
+file from a hash of each file's name (``split_by_name``): a folder that gains, loses or cannot
+read some files keeps every other file in its split (beyond the smallest folders), so a test
+image never becomes a training image between runs, for a resumed run, or for ``eval.py`` of an
+older checkpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset, Subset
+
+from litlab.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+
+# What PIL decodes and torchvision's ImageFolder lists (.ppm: GTSRB), and JPEG's other names.
+IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".jfif", ".jpe", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+    | {".ppm", ".pgm", ".pbm", ".pnm"}
+)
+
+
+# A root laid out in splits: train/ beside the first of these (the test split).
+HELD_OUT_FOLDERS = ("test", "val", "valid", "validation")
+
+
+# Folder names that mean splits, not classes: a root whose every folder is one of them is a
+# split layout litlab does not read (refused, rather than trained as classes named so).
+SPLIT_NAMES = frozenset(
+    {"train", "training", "testing", "dev", "eval", "holdout", *HELD_OUT_FOLDERS}
+)
+
+
+@dataclass
+class FolderIndex:
+    """The image files of a folder of class folders, in a fixed order, and their labels."""
+
+    root: Path
+    classes: list[str]
+    files: list[str] = field(default_factory=list)  # relative to root
+    labels: list[int] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # files without an image suffix
+
+
+def class_names(root: Path) -> list[str]:
+    """The class folders of ``root``, sorted (their labels are their positions)."""
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+
+
+def check_same_classes(train: Path, test: Path) -> None:
+    """A split layout's train and test folders must name the same classes: labels are positions
+    in the sorted names, so a class missing from one side would relabel every class after it."""
+    a, b = class_names(train), class_names(test)
+    if a != b:
+        missing, extra = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+        raise DataError(
+            f"{train} and {test} have different class folders (only in {train.name}/: "
+            f"{missing or 'none'}; only in {test.name}/: {extra or 'none'}); give both the same "
+            "class folders, with the same names"
+        )
+
+
+def hashed_fraction(name: str, salt: str) -> float:
+    """A number in [0, 1) fixed by a file's name (relative to its split's folder) and ``salt``."""
+    digest = hashlib.blake2b(f"{salt}/{name}".replace(os.sep, "/").encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") / 2**64
+
+
+def split_by_name(
+    names: Sequence[str], fraction: float, salt: str, setting: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out) positions of ``names``: a file is held out when the hash of its name
+    falls under ``fraction``, whatever the other files (about ``fraction`` of each class; not an
+    exact count, which would move files between splits when others come or go). A folder so
+    small that no file (or every file) falls under it holds out the file of the lowest hash
+    (keeps the highest): both sides are never empty. ``setting`` names the fraction."""
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"{setting} must lie strictly between 0 and 1, got {fraction}")
+    if len(names) < 2:
+        raise DataError(f"{setting}: {len(names)} image(s) cannot be split in two; add images")
+    hashes = torch.tensor([hashed_fraction(n, salt) for n in names], dtype=torch.float64)
+    held = hashes < fraction
+    if not held.any():
+        held[hashes.argmin()] = True
+    if held.all():
+        held[hashes.argmax()] = False
+    return (~held).nonzero().flatten(), held.nonzero().flatten()
+
+
+def file_names(dataset: Dataset) -> list[str]:
+    """The file behind each item of an image folder's dataset (or a Subset of one)."""
+    if isinstance(dataset, Subset):
+        names = file_names(dataset.dataset)
+        return [names[i] for i in dataset.indices]
+    return list(dataset.files)  # type: ignore[attr-defined]
+
+
+def scan(root: Path) -> FolderIndex:
+    """``root/<class>/**/<image>``, classes and files sorted (torchvision's ImageFolder order).
+
+    Hidden files and folders (``.ipynb_checkpoints``, macOS's ``._name`` files) are left out;
+    links are followed, but a folder already read (a link back up the tree) is not read again.
+    Files without an image suffix are listed in ``ignored``."""
+    if not root.is_dir():
+        what = "is a file, not a folder" if root.exists() else "does not exist"
+        raise DataError(f"image folder {root} {what}; put images in {root}/<class name>/")
+    classes = class_names(root)
+    if not classes:
+        raise DataError(f"{root} has no class folders; put images in {root}/<class name>/")
+    index = FolderIndex(root, classes)
+    for label, name in enumerate(classes):
+        found, read = [], set()
+        for folder, folders, names in os.walk(root / name, followlinks=True):
+            real = os.path.realpath(folder)
+            if real in read:  # each copy would be trained on, and land in test as well
+                folders.clear()
+                continue
+            read.add(real)
+            # sorted: of two links to one folder, the first name reads it on every machine
+            # (a file's name decides its split)
+            folders[:] = sorted(f for f in folders if not f.startswith("."))
+            where = os.path.relpath(folder, root)  # once a folder: a million files are common
+            for n in names:
+                if n.startswith("."):
+                    continue
+                path = os.path.join(where, n)
+                is_image = os.path.splitext(n)[1].lower() in IMAGE_SUFFIXES
+                (found if is_image else index.ignored).append(path)
+        index.files += sorted(found)
+        index.labels += [label] * len(found)
+    if not index.files:
+        raise DataError(f"{root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    return index
+
+
+def split_folders(root: Path) -> dict[str, Path] | None:
+    """``{"train": root/train, "test": root/<held out>}`` when the folder is laid out in splits
+    (ImageNet's train/ beside val/; or test/, valid/, validation/), with ``"val"`` too when
+    test/ and one of val/, valid/, validation/ are both there; else None. A root whose every
+    folder is named like a split, in a layout not understood, is refused."""
+    held_out = [root / n for n in HELD_OUT_FOLDERS if (root / n).is_dir()]
+    if (root / "train").is_dir() and held_out:
+        folders = {"train": root / "train", "test": held_out[0]}
+        if held_out[0].name == "test" and len(held_out) > 1:
+            folders["val"] = held_out[1]
+        return folders
+    names = class_names(root) if root.is_dir() else []
+    if names and all(n.lower() in SPLIT_NAMES for n in names):
+        raise DataError(
+            f"{root} holds folders named like splits ({', '.join(names)}), not class folders; "
+            f"lay it out as {root}/train/<class>/ beside {root}/test/<class>/ (or val/, valid/, "
+            f"validation/), or as {root}/<class>/"
+        )
+    return None
+
+
+def missing_classes(labels: torch.Tensor, classes: list[str]) -> list[str]:
+    """The classes of which ``labels`` hold no image."""
+    counts = torch.bincount(labels, minlength=len(classes))
+    return [classes[i] for i in (counts == 0).nonzero().flatten().tolist()]
+
+
+def check_classes_present(
+    labels: torch.Tensor, classes: list[str], where: Path, split: str
+) -> None:
+    """Every class must have training images: a class the model never saw is never predicted,
+    and all its test images count as errors. A held-out split without a class is a warning."""
+    empty = missing_classes(labels, classes)
+    if not empty:
+        return
+    if split == "train":
+        raise DataError(
+            f"class folder(s) {empty} of {where} leave no readable image for training; add "
+            "images to them or remove the folders"
+        )
+    log.warning("the %s split of %s holds no image of class(es) %s", split, where, empty)
+
+
+def test_split(names: Sequence[str], fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, test) positions of a folder's files without a split folder: about ``fraction``
+    of each class, file by file (``split_by_name``)."""
+    return split_by_name(names, fraction, "test", "data.source.test_fraction")
+
+
+def validation_split(
+    names: Sequence[str], fraction: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, validation) positions of a folder's training files, file by file, by ``seed``."""
+    return split_by_name(names, fraction, f"val-{seed}", "data.val_fraction")

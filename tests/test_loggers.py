@@ -17,6 +17,7 @@ def no_wandb_env(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))  # its wandb/settings: none but the test's
     return tmp_path / "netrc"
 
 
@@ -76,6 +77,49 @@ def test_wandb_mode_env_wins(no_wandb_env, monkeypatch):
     assert wandb_mode("online") == "offline"
 
 
+def wandb_cli(*args: str, cwd) -> None:
+    """The `wandb` command as a user types it (it writes W&B's settings files)."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_DIR"}
+    result = subprocess.run(
+        [sys.executable, "-m", "wandb", *args], cwd=cwd, capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("saved", ["offline", "disabled"])
+def test_wandb_offline_or_disabled_is_kept_though_credentials_exist(
+    no_wandb_env, monkeypatch, tmp_path, saved
+):
+    """`wandb offline` / `wandb disabled` save the mode in W&B's settings files, which an explicit
+    wandb.init(mode=...) outranks: logger.wandb.mode=auto passed online whenever a key existed,
+    and a user who had turned W&B off got runs uploaded. Auto now keeps the saved mode (of the
+    working directory, or the global file); WANDB_MODE and a mode the config names still win."""
+    from litlab.compat import wandb_init_arguments
+    from litlab.loggers import wandb_logger
+
+    monkeypatch.delenv("WANDB_DIR")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # never reached: nothing listens
+    wandb_cli(saved, cwd=tmp_path)  # writes <cwd>/wandb/settings
+    assert wandb_mode("auto") == saved
+    logger = wandb_logger(str(tmp_path / "run"), settings={"init_timeout": 2})
+    assert wandb_init_arguments(logger)["mode"] == saved
+    run = logger.experiment  # a real run, started in that mode without trying the server
+    assert run.settings.mode == saved
+    run.finish()
+    assert wandb_mode("online") == "online"  # the config's own choice
+    monkeypatch.setenv("WANDB_MODE", "online")
+    assert wandb_mode("auto") == "online"  # the environment's
+    monkeypatch.delenv("WANDB_MODE")
+    wandb_cli("online", cwd=tmp_path)  # clears the saved mode
+    assert wandb_mode("auto") == "online"
+    settings = tmp_path / "wandb-config" / "settings"  # the global file counts too
+    settings.parent.mkdir()
+    settings.write_text(f"[default]\nmode = {saved}\n")
+    assert wandb_mode("auto") == saved
+
+
 def test_wandb_is_imported_only_when_a_run_starts(no_wandb_env, tmp_path):
     """Runs with logger=csv must work where wandb is not installed (e.g. the GPU machine)."""
     code = (
@@ -132,3 +176,87 @@ def test_only_an_unreachable_server_sends_the_later_runs_offline(
     logger = wandb_logger(str(tmp_path / "b"), settings={"init_timeout": 2})
     logger.experiment.finish()
     assert "not reachable" in LitlabWandbLogger._online_failed
+
+
+def test_log_model_uploads_the_best_checkpoint_as_best_and_nothing_else(monkeypatch, tmp_path):
+    """Lightning's log_model uploaded every ModelCheckpoint's files, each callback's newest as
+    "best": model-<id>:best ended on last.ckpt, and each file was first copied under
+    ~/.local/share/wandb. Now one version per fit: the file the objective ranks best (what the
+    test measured), read in place from the run folder. log_model=all is refused in one line."""
+    from conftest import QUIET, make_cfg, summary_of
+    from litlab.errors import ConfigError
+    from litlab.loggers import wandb_logger
+    from litlab.train import train_task
+    from wandb_records import offline_run
+
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))  # W&B's staging folder
+    overrides = ["logger=wandb", "logger.wandb.log_model=true", "trainer.max_epochs=2"]
+    cfg = make_cfg(tmp_path, [*overrides, "data.batch_size=128", "model.net.width=8", *QUIET])
+    train_task(cfg)
+    summary = summary_of(cfg)
+    (folder,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
+    run = offline_run(folder)
+    files = {"model.ckpt": summary["best_checkpoint"]}  # ("latest": W&B's, the newest version)
+    assert [(a["name"], a["type"], set(a["aliases"]), a["files"]) for a in run["artifacts"]] == [
+        (f"model-{run['id']}", "model", {"best", "latest"}, files)
+    ]
+    metadata = run["artifacts"][0]["metadata"]
+    assert metadata["metric"] == cfg.objective.metric
+    assert metadata["score"] == summary["objective"]["value"]
+    assert not list((tmp_path / "wandb-data").rglob("*.ckpt"))  # no copy outside the run folder
+    with pytest.raises(ConfigError, match="log_model=all is not supported; use true"):
+        wandb_logger(str(tmp_path / "all"), log_model="all")
+
+
+def test_the_wandb_summary_holds_the_objective_and_the_runs_verdict(tmp_path):
+    """W&B's run summary held each metric's last value only: its table and parallel-coordinates
+    views compared sweep runs by their last epoch, not by the objective the sweep optimised.
+    Now it also holds summary.json's objective (the best checkpoint's score), status, checkpoints
+    and config digest."""
+    from conftest import QUIET, make_cfg, summary_of
+    from litlab.train import train_task
+    from wandb_records import offline_run
+
+    overrides = ["logger=wandb", "trainer.max_epochs=2", "data.batch_size=128"]
+    cfg = make_cfg(tmp_path, [*overrides, "model.net.width=8", *QUIET])
+    train_task(cfg)
+    summary = summary_of(cfg)
+    (folder,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
+    logged = offline_run(folder)["summary"]
+    assert summary["objective"]["value"] == summary["best_score"] is not None
+    assert logged["objective"] == summary["objective"]  # {"metric", "mode", "value"}
+    keys = ["status", "best_checkpoint", "tested_checkpoint", "best_score", "config_digest"]
+    assert {key: logged[key] for key in keys} == {key: summary[key] for key in keys}
+    assert logged["status"] == "completed"
+
+
+def test_sample_grids_are_logged_at_the_step_of_the_scalars(tmp_path):
+    """SampleGrid logged its images to W&B without a step (W&B put the g-step-3 grid at the
+    previous row's trainer/global_step) and to TensorBoard at the generator's step; the scalars
+    are at Lightning's batch step. Now a grid is at the step of the values logged with it, in
+    W&B and TensorBoard alike."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from conftest import QUIET, TINY_GAN, make_cfg
+    from litlab.train import train_task
+    from wandb_records import offline_run
+
+    overrides = ["logger=[wandb,tensorboard]", "trainer.log_every_n_steps=1"]
+    gan = [*TINY_GAN, "callbacks.fid.num_samples=64", "callbacks.fid.batch_size=64"]
+    settings = ["trainer.max_epochs=1", "callbacks.samples.every_n_g_steps=3"]
+    cfg = make_cfg(tmp_path, [*overrides, *gan, *settings, *QUIET])
+    train_task(cfg)
+    (folder,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
+    history = offline_run(folder)["history"]
+    at = {row["g/step"]: row["trainer/global_step"] for row in history if "g/step" in row}
+    at["final"] = at["test"] = next(r["trainer/global_step"] for r in history if "test/fid" in r)
+    grids = {}  # a grid's name (g_step_0000003, final, test): the step W&B has it at
+    for row in history:
+        if "samples/_type" in row:
+            name = row["samples/captions"][0].split(" ")[0]
+            grids[name] = row.get("trainer/global_step")
+    assert list(grids) == ["g_step_0000003", "g_step_0000006", "final", "test"]
+    for name, step in grids.items():
+        assert step == at[float(name[7:]) if name.startswith("g_step") else name], name
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard")).Reload()
+    assert [image.step for image in events.Images("samples")] == list(grids.values())

@@ -43,10 +43,22 @@ def _key(item: Any) -> str:
     return item.key or "/".join(item.nested_key)
 
 
+def _artifact(artifact: Any) -> dict[str, Any]:
+    """A logged artifact: name, type, aliases, metadata and files (name in the artifact: the
+    local file it is read from when uploaded)."""
+    return {
+        "name": artifact.name,
+        "type": artifact.type,
+        "aliases": list(artifact.aliases),
+        "metadata": json.loads(artifact.metadata or "{}"),
+        "files": {entry.path: entry.local_path for entry in artifact.manifest.contents},
+    }
+
+
 def offline_run(run_dir: Path) -> dict[str, Any]:
-    """The run's identity, config, summary and history, from its .wandb file."""
+    """The run's identity, config, summary, history and artifacts, from its .wandb file."""
     (path,) = list(Path(run_dir).glob("run-*.wandb"))
-    info: dict[str, Any] = {"config": {}, "summary": {}, "history": []}
+    info: dict[str, Any] = {"config": {}, "summary": {}, "history": [], "artifacts": []}
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -68,6 +80,10 @@ def offline_run(run_dir: Path) -> dict[str, Any]:
             )
         elif kind == "history":
             info["history"].append({_key(i): json.loads(i.value_json) for i in record.history.item})
+        elif kind == "artifact":
+            info["artifacts"].append(_artifact(record.artifact))
+        elif kind == "request" and record.request.WhichOneof("request_type") == "log_artifact":
+            info["artifacts"].append(_artifact(record.request.log_artifact.artifact))
         elif kind == "exit":  # how the run ended: W&B shows a non-zero code as failed
             info["exit_code"] = record.exit.exit_code
     return info

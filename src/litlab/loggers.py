@@ -1,5 +1,5 @@
-"""Experiment loggers. W&B never prompts or blocks: online with credentials, offline without;
-CSV keeps a resumed run's history.
+"""Experiment loggers. W&B never prompts or blocks: online with credentials, offline without
+(or as `wandb offline` / `wandb disabled` saved); CSV keeps a resumed run's history.
 
 wandb itself is imported only when a W&B logger is actually built.
 """
@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only
 
 from litlab.compat import (
     AppendingCSVLogger,
@@ -43,18 +44,24 @@ CSVLogger = AppendingCSVLogger
 WANDB_CLOUD_HOSTS = ("api.wandb.ai", "api.forge.coreweave.com")
 
 
-def wandb_settings_file() -> Path:
-    """W&B's own settings file (where `wandb login --host` saves its server's URL)."""
+def wandb_settings_files() -> list[Path]:
+    """W&B's settings files, the later one winning: the global one (where `wandb login --host`
+    saves its server's URL) and the workspace one (where `wandb offline` / `wandb disabled` save
+    the mode: <WANDB_DIR or the working directory>/wandb/settings, .wandb/ where that exists)."""
     config_dir = os.environ.get("WANDB_CONFIG_DIR")
     folder = Path(config_dir).expanduser() if config_dir else Path("~/.config/wandb").expanduser()
-    return folder / "settings"
+    root = Path(os.environ.get("WANDB_DIR") or os.getcwd()).expanduser()
+    workspace = root / (".wandb" if (root / ".wandb").is_dir() else "wandb")
+    return [folder / "settings", workspace / "settings"]
 
 
 def wandb_saved_settings() -> Any:
-    """The [default] section of W&B's settings file (empty where there is none)."""
+    """The [default] sections of W&B's settings files, merged as wandb merges them (empty where
+    there are none). Read here rather than asked of wandb: its public API gives the effective
+    settings only through wandb.setup(), which imports wandb and starts its service process."""
     saved = configparser.ConfigParser()
     with contextlib.suppress(OSError, configparser.Error):
-        saved.read(wandb_settings_file())
+        saved.read(wandb_settings_files())
     return saved["default"] if saved.has_section("default") else {}
 
 
@@ -69,7 +76,7 @@ def wandb_credentials() -> bool:
     (runs that log elsewhere must work where it is not installed): WANDB_API_KEY or
     WANDB_IDENTITY_TOKEN_FILE; else the server's URL (WANDB_BASE_URL, or the one saved by
     `wandb login --host`, or W&B's cloud) and a netrc entry for it, or an API key in W&B's
-    settings file. Without them W&B would ask for a key (online, in a terminal) or fail."""
+    settings files. Without them W&B would ask for a key (online, in a terminal) or fail."""
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
     if wandb_saved_settings().get("api_key"):
@@ -85,17 +92,25 @@ def wandb_credentials() -> bool:
 
 
 def wandb_mode(requested: Mode) -> str:
-    """The mode W&B will run in; WANDB_MODE wins, and online without credentials means offline.
+    """The mode W&B will run in: WANDB_MODE wins; "auto" takes the mode saved by `wandb offline`
+    or `wandb disabled` (W&B's settings files), else online; online without credentials means
+    offline.
 
     A WANDB_MODE that is set is written back as this mode: W&B reads it too, and refuses
     "Offline" or "auto", and an empty one (``export WANDB_MODE=``: unset, as litlab reads it)
     with a traceback.
     """
     env = os.environ.get("WANDB_MODE")
-    mode = (env or requested).strip().lower()
+    saved = wandb_saved_settings().get("mode") if requested == "auto" else None
+    mode = (env or saved or requested).strip().lower()
     mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
     if mode not in ("auto", "online", "offline", "disabled", "shared"):
-        setting = f"WANDB_MODE={env}" if env else f"logger.wandb.mode={requested}"
+        if env:
+            setting = f"WANDB_MODE={env}"
+        elif saved:
+            setting = f"mode = {saved} in W&B's settings (`wandb online` clears it)"
+        else:
+            setting = f"logger.wandb.mode={requested}"
         raise ConfigError(f"{setting} is not a W&B mode; use online, offline or disabled")
     if mode in ("auto", "online") and not wandb_credentials():
         if mode == "online":
@@ -206,6 +221,58 @@ class LitlabWandbLogger(WandbLogger):
     def log_image(self, *args: Any, **kwargs: Any) -> None:
         self._send(super().log_image, *args, **kwargs)
 
+    # log_model: the ModelCheckpoint that keeps the best checkpoint by this metric (the
+    # objective's), and the version of its file uploaded last
+    _best_metric: str | None = None
+    _best_callback: Any = None
+    _uploaded: tuple[str, float] | None = None
+    _said_none = False
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        # Not Lightning's log_model: it uploads every ModelCheckpoint's files, and the alias
+        # "best" went to the newest file of a callback without a metric (last.ckpt).
+        if self._best_metric and checkpoint_callback.monitor == self._best_metric:
+            self._best_callback = checkpoint_callback
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        if self._best_metric and status == "success":
+            self._send(self._upload_best)
+        super().finalize(status)
+
+    def _upload_best(self) -> None:
+        """The best checkpoint as W&B artifact model-<run id>:best, once per version of its file
+        (finalize comes after the fit and again after the test)."""
+        path = getattr(self._best_callback, "best_model_path", "")
+        if not path or not Path(path).is_file():
+            if not self._said_none:
+                self._said_none = True
+                log.warning(
+                    "logger.wandb.log_model: this run kept no checkpoint by %s "
+                    "(callbacks.model_checkpoint); nothing uploaded",
+                    self._best_metric,
+                )
+            return
+        version = (path, Path(path).stat().st_mtime)
+        if version != self._uploaded:
+            self.experiment.log_artifact(self._model_artifact(path), aliases=["best"])
+            self._uploaded = version
+
+    def _model_artifact(self, path: str) -> Any:
+        """The file added in place ("immutable": no copy in W&B's staging folder, outside the
+        run folder); it is read when uploaded, offline by `wandb sync`."""
+        import wandb
+
+        score = self._best_callback.best_model_score
+        metadata = {
+            "metric": self._best_metric,
+            "score": None if score is None else float(score),
+            "original_filename": Path(path).name,
+        }
+        artifact = wandb.Artifact(f"model-{self.experiment.id}", type="model", metadata=metadata)
+        artifact.add_file(path, name="model.ckpt", policy="immutable")
+        return artifact
+
 
 def wandb_logger(
     save_dir: str,
@@ -215,14 +282,19 @@ def wandb_logger(
     group: str | None = None,
     tags: Sequence[str] = (),
     overrides: str = "",
+    log_model: bool = False,
+    best_metric: str | None = None,
     **kwargs: Any,
 ) -> WandbLogger:
     """A W&B logger that writes under the run folder and never waits for a login.
 
     ``overrides`` (what this run changed, e.g. "model.optimizer.lr=0.001,seed=2") names the run
     when ``name`` is not given and adds one tag per override, so sweep jobs are told apart.
+    ``log_model``: upload the checkpoint that ``best_metric`` (the objective's) ranks best, at
+    the end of the fit, as artifact model-<run id>:best.
     """
     changed = split_overrides(overrides)
+    check_log_model(log_model, best_metric)
     # Lightning asks W&B to "allow" resuming every run, which costs an extra server round trip
     # (and minutes when the server is down); only a run resumed with its id needs it.
     kwargs.setdefault("resume", "allow" if kwargs.get("id") else None)
@@ -237,6 +309,7 @@ def wandb_logger(
         tags=[*tags, *(tag[:64] for tag in changed)],
         **kwargs,
     )
+    logger._best_metric = best_metric if log_model else None
     # Lightning passes anonymous=None to wandb.init, which wandb >= 0.19 warns about on every
     # run; not passing it at all means the same.
     if wandb_init_arguments(logger).get("anonymous") is None:
@@ -244,10 +317,29 @@ def wandb_logger(
     return logger
 
 
-def finish_loggers(loggers: list[Logger], failed: bool = False) -> None:
+def check_log_model(log_model: Any, best_metric: str | None) -> None:
+    """log_model is true or false. Lightning's "all" (every checkpoint as it is written) is
+    refused: litlab overwrites best.ckpt and last.ckpt in place, so W&B would need a copy of
+    each version in its staging folder (~/.local/share/wandb, outside the run folder)."""
+    if not isinstance(log_model, bool):
+        raise ConfigError(
+            f"logger.wandb.log_model={log_model} is not supported; use true (the best "
+            "checkpoint, uploaded when the fit ends) or false"
+        )
+    if log_model and not best_metric:
+        raise ConfigError(
+            "logger.wandb.log_model=true needs logger.wandb.best_metric, the metric whose best "
+            "checkpoint is uploaded"
+        )
+
+
+def finish_loggers(
+    loggers: list[Logger], failed: bool = False, summary: dict[str, Any] | None = None
+) -> None:
     """Close W&B runs (so the next multirun job gets its own) and say how to sync offline ones;
     ``failed``: the run ended with an error (a divergence, out of memory, bad data), which W&B
     then shows (exit code 1; wandb's own exit hook, which would say so, comes too late).
+    ``summary`` (the objective's value, status, checkpoints) goes into the W&B run's summary.
 
     A W&B run that cannot be closed (its service process was ended by the same signal that
     stopped the run, as SLURM and `kill` of a process group do) is reported in one line: it
@@ -259,6 +351,7 @@ def finish_loggers(loggers: list[Logger], failed: bool = False) -> None:
             offline = getattr(run.settings, "mode", "") in ("offline", "dryrun")
             sync_dir = getattr(run.settings, "sync_dir", None)
             try:
+                run.summary.update(summary or {})
                 run.finish(exit_code=1 if failed else 0)
             except Exception as e:  # wandb raises ConnectionResetError, CommError, ...
                 log.warning(

@@ -47,7 +47,7 @@ from litlab.hardware import check_hardware, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.resumable import check_resumable
 from litlab.resume import FitMilestones, continue_in_place, resume_argv
-from litlab.run import Run, build_list, freeze_the_imports, print_config_tree
+from litlab.run import Run, build_list, config_digest, freeze_the_imports, print_config_tree
 from litlab.tune import log_lr_plot, out_of_memory_explained, tune
 
 log = logging.getLogger("litlab")
@@ -92,7 +92,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     trainer = build_trainer(cfg, model, tuned)
     run.summary["world_size"] = trainer.world_size
 
-    preempted = failed = False
+    preempted = failed = finished = False
     try:
         with ranks_run_this_job(cfg, trainer):
             if cfg.get("train"):
@@ -125,6 +125,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 record_stage(trainer, datamodule, run, "test")
         # before the loggers close: a NaN or missing objective fails the W&B run too
         objective_value(cfg, run, required=in_sweep())
+        finished = True
     except SIGTERMException:
         preempted = True
         raise
@@ -133,10 +134,20 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         raise
     finally:
         record_performance(trainer, datamodule, run)
-        finish_loggers(trainer.loggers, failed)
+        status = "completed" if finished else "failed" if failed else "interrupted"
+        finish_loggers(trainer.loggers, failed, run_facts(cfg, run, status))
         if preempted:  # checkpoint saved, loggers closed: a cluster scheduler may requeue now
             hand_over_preemption(trainer)
     return run.summary["metrics"]
+
+
+def run_facts(cfg: DictConfig, run: Run, status: str) -> dict[str, Any]:
+    """summary.json's verdict on the run, for the loggers' run summaries (W&B's table and
+    parallel-coordinates views read them; a metric's own entry there is its last value, not
+    the objective's best)."""
+    keys = ("objective", "best_score", "best_checkpoint", "last_checkpoint", "tested_checkpoint")
+    facts = {key: run.summary[key] for key in keys if key in run.summary}
+    return {**facts, "status": status, "config_digest": config_digest(cfg)}
 
 
 def check(cfg: DictConfig, run: Run) -> None:

@@ -101,6 +101,30 @@ def test_the_csv_logger_appends_to_an_existing_history(tmp_path):
         assert [row["loss"] for row in csv.DictReader(f)] == ["1.0", "0.5"]
 
 
+def test_logging_step_is_the_step_lightning_stamps_a_batchs_metrics_with(tmp_path):
+    """compat.logging_step, read inside a step (SampleGrid's images, a resume's CSV cut), is the
+    step of the row that step's metrics land in; then forget_from(k) leaves the rows before k."""
+
+    class LogsItsStep(Tiny):
+        def training_step(self, batch, batch_idx):
+            self.log("seen", float(compat.logging_step(self.trainer)))
+            return super().training_step(batch, batch_idx)
+
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    logger = compat.AppendingCSVLogger(tmp_path, name="csv", version="")
+    trainer = bare_trainer(max_epochs=2, logger=logger, log_every_n_steps=1)
+    trainer.fit(LogsItsStep(), DataLoader(data, batch_size=4))
+
+    def rows() -> list[dict[str, str]]:
+        with open(tmp_path / "csv" / "metrics.csv", newline="") as f:
+            return list(csv.DictReader(f))
+
+    assert [float(r["seen"]) for r in rows()] == [float(r["step"]) for r in rows()]
+    assert [int(r["step"]) for r in rows()] == list(range(16))
+    assert logger.forget_from(10) == 6
+    assert [int(r["step"]) for r in rows()] == list(range(10))
+
+
 def test_wandb_init_arguments_and_start_are_readable_without_starting_a_run(tmp_path):
     from litlab.loggers import wandb_logger
 

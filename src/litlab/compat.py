@@ -457,11 +457,16 @@ class AppendingCSVLogger(csv_logs.CSVLogger):
         return self._experiment
 
 
+def logging_step(trainer: L.Trainer) -> int:
+    """The step Lightning's loggers stamp metrics with now: its private ``_batches_that_stepped``
+    (``trainer.global_step`` counts optimizer steps: a GAN's G and D steps both)."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
 def forget_logged_after_checkpoint(trainer: L.Trainer) -> None:
     """A resumed fit, as it begins to train: its CSV history from the checkpoint's step on goes
-    (logged again now), said in the log. The step is Lightning's logging step, its private
-    ``_batches_that_stepped`` (the checkpoint's, restored by now)."""
-    step = trainer.fit_loop.epoch_loop._batches_that_stepped
+    (logged again now), said in the log (the logging step: the checkpoint's, restored by now)."""
+    step = logging_step(trainer)
     for logger in trainer.loggers if trainer.is_global_zero else []:
         if isinstance(logger, AppendingCSVLogger):
             dropped = logger.forget_from(step)

@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from torchmetrics.image.fid import FrechetInceptionDistance
 from torchvision.utils import make_grid, save_image
 
+from litlab.compat import logging_step
 from litlab.distributed import log_job_value
 from litlab.errors import ConfigError, LitlabError, first_line
 from litlab.metrics.fid import (
@@ -274,15 +275,16 @@ class SampleGrid(Callback):
         # images to uint8 as they are, which made a [0, 1] grid black and white padding.
         pixels = grid.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)
         save_image(grid, path)
-        # The EMA generator's grids in one panel, the raw generator's in another.
+        # The EMA generator's grids in one panel, the raw generator's in another, at the step
+        # the scalars are logged at (without one, W&B took its previous row's step).
         key = "samples" if ema else "samples_raw_g"
+        step = logging_step(trainer)
+        caption = f"{name} (g/step {pl_module.g_steps})"
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                logger.log_image(
-                    key=key, images=[pixels], caption=[f"{name} (g/step {pl_module.g_steps})"]
-                )
+                logger.log_image(key=key, images=[pixels], caption=[caption], step=step)
             elif isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_image(key, pixels, global_step=pl_module.g_steps)
+                logger.experiment.add_image(key, pixels, global_step=step)
         return path
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

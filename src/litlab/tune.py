@@ -386,7 +386,7 @@ def log_lr_plot(loggers: list[Logger], tuned: dict[str, Any]) -> None:
         return
     for logger in loggers:
         if isinstance(logger, WandbLogger):
-            logger.log_image(key="tune/lr_find", images=[tuned["lr_plot"]])
+            logger.log_image(key="tune/lr_find", images=[tuned["lr_plot"]], step=0)  # before step 1
         elif isinstance(logger, TensorBoardLogger):
             from PIL import Image
 

@@ -693,16 +693,19 @@ def test_default_cnn_one_epoch_on_real_fashion_mnist_reaches_85_percent(tmp_path
 
 
 @needs_fashion
+@pytest.mark.parametrize("kind", ["png", "jpg"])
 def test_a_folder_of_fashion_mnist_files_caches_the_very_pixels_and_labels_of_the_idx_files(
-    tmp_path,
+    tmp_path, kind
 ):
-    """Fashion-MNIST written as PNG files in ImageNet's layout (lossless, at its own 28 px), then
-    scanned, decoded by every core and cached: every image and label is the IDX file's. (The
-    same as 70,000 JPEGs trains to the IDX files' accuracy: docs/benchmarks.md, P2 folders.)"""
+    """Fashion-MNIST written as files in ImageNet's layout (at its own 28 px), then scanned,
+    decoded by every core and cached: every label is the IDX file's, every image too (PNG,
+    lossless) or within JPEG's error (quality 95: 0.9 of 255 on average over the 60,000, 1.5 for
+    the worst image). The 70,000 JPEGs train to the IDX files' accuracy with the same recipe:
+    docs/benchmarks.md, "A folder of JPEGs trains as the IDX files do"."""
     script = REPO / "scripts" / "make_image_folder.py"
-    root = tmp_path / "png"
+    root = tmp_path / kind
     subprocess.run(
-        [sys.executable, str(script), str(root), "--format", "png", "--limit", "3000"],
+        [sys.executable, str(script), str(root), "--format", kind, "--limit", "3000"],
         check=True,
         cwd=REPO,
     )
@@ -712,7 +715,11 @@ def test_a_folder_of_fashion_mnist_files_caches_the_very_pixels_and_labels_of_th
     cached = cached_folder(root / "train", 28, 1, tmp_path / "cache")
     original = torch.tensor([int(Path(f).stem) for f in scan(root / "train").files])
     assert len(original) == 3000 and len(set(original.tolist())) == 3000
-    assert torch.equal(cached.images, images[original])
+    if kind == "png":
+        assert torch.equal(cached.images, images[original])
+    else:
+        error = (cached.images.float() - images[original].float()).abs().mean(dim=(1, 2, 3))
+        assert error.mean() < 1.2 and error.max() < 2.5, (error.mean(), error.max())
     # the folders' sorted order is the source's label order: the same labels
     assert torch.equal(cached.labels, labels[original])
 

@@ -1230,14 +1230,16 @@ def test_eval_on_a_copy_of_the_training_folder_tests_its_held_out_share(tmp_path
     from litlab.evaluate import eval_task
 
     write_png_folder(tmp_path / "images", per_class=20)
-    summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "data.batch_size=4")
+    held_out = "data.source.test_fraction=0.1"  # not eval's default: the run's share is kept
+    summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "data.batch_size=4", held_out)
     shutil.copytree(tmp_path / "images", tmp_path / "copy")
     eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "copy", "data.source.size=20")
     with caplog.at_level("INFO", logger="litlab"):
         assert eval_task(eval_cfg) is not None
     assert "files sampled from the run's training split, byte for byte" in caplog.text
+    assert "test_fraction 0.1 (not 0.2)" in caplog.text
     tested = summary_of(eval_cfg)
-    assert tested["data"]["splits"]["test"] == summary["data"]["splits"]["test"] < 60
+    assert tested["data"]["splits"]["test"] == summary["data"]["splits"]["test"] < 30
     assert tested["metrics"]["test/acc"] == pytest.approx(summary["metrics"]["test/acc"])
 
 

@@ -230,6 +230,28 @@ def test_the_wandb_summary_holds_the_objective_and_the_runs_verdict(tmp_path):
     assert logged["status"] == "completed"
 
 
+def test_an_eval_run_logs_the_config_it_tested_with(tmp_path):
+    """eval.py's W&B run had an empty config (its model never saved hyperparameters): an eval
+    could not be told apart or compared with its training run. It now logs the config the model
+    trained with, the data tested and the checkpoint, flat as a training run's."""
+    from conftest import QUIET, make_cfg, summary_of
+    from litlab.evaluate import eval_task
+    from litlab.train import train_task
+    from wandb_records import offline_run
+
+    cfg = make_cfg(tmp_path / "train", ["trainer.max_epochs=1", "logger=csv", *QUIET])
+    train_task(cfg)
+    checkpoint = summary_of(cfg)["best_checkpoint"]
+    given = [f"ckpt_path={checkpoint}", "logger=wandb", "extras.print_config=false"]
+    eval_cfg = make_cfg(tmp_path / "eval", given, config_name="eval")
+    eval_task(eval_cfg)
+    (folder,) = (tmp_path / "eval" / "run" / "wandb").glob("offline-run-*")
+    config = offline_run(folder)["config"]
+    assert config["ckpt_path"] == checkpoint
+    assert config["model.optimizer.lr"] == cfg.model.optimizer.lr
+    assert config["data.batch_size"] == cfg.data.batch_size
+
+
 def test_sample_grids_are_logged_at_the_step_of_the_scalars(tmp_path):
     """SampleGrid logged its images to W&B without a step (W&B put the g-step-3 grid at the
     previous row's trainer/global_step) and to TensorBoard at the generator's step; the scalars

@@ -28,7 +28,13 @@ from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.run import Run, build_list, config_digest, freeze_the_imports
-from litlab.train import evaluation_limits, record_stage, setup_extras, show_config
+from litlab.train import (
+    evaluation_limits,
+    record_stage,
+    resolved_config,
+    setup_extras,
+    show_config,
+)
 
 log = logging.getLogger("litlab")
 
@@ -72,6 +78,15 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     datamodule.load_state_dict(data_state(checkpoint, stored))
     model = build(parts.model, "model")
     model.load_state_dict(checkpoint["state_dict"])
+    # For the loggers, as a training run's (W&B's config, hparams.yaml): the config the model
+    # was trained with, the data tested and the checkpoint (an eval's W&B run had no config).
+    model.save_hyperparameters(
+        {
+            **resolved_config(stored),
+            "data": OmegaConf.to_container(parts.data, resolve=True),
+            "ckpt_path": str(path),
+        }
+    )
     loggers = build_list(cfg.get("logger"), "logger")
     # Evaluation callbacks of the trained run (a GAN's FID and sample grids) test it the same
     # way; the others are not built (their classes may not be importable here).
@@ -191,6 +206,7 @@ def other_folder(
         return
     found = files_found(folder, trained_files or [])
     if found:
+        as_trained(source, trained, ("test_fraction",), "holding out the run's test images")
         log.warning(
             "%s holds %d of %d files sampled from the run's training split, byte for byte (a "
             "copy of its training folder %s, or that folder moved): testing the share its file "

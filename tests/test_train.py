@@ -192,6 +192,8 @@ def test_one_command_run_in_two_folders_has_one_config_digest(tmp_path):
     first = digest("a")
     assert first is not None and digest("b") == first
     assert digest("c", "model.optimizer.lr=0.5") != first
+    # nor whom it tells, nor where it starts from: a resumed part (its W&B id and ckpt_path added)
+    assert digest("d", "logger=wandb", "+logger.wandb.id=abc123") == first
 
 
 def test_eval_builds_only_the_callbacks_it_uses(tmp_path):

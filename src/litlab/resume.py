@@ -25,7 +25,7 @@ from typing import Any
 import lightning as L
 import torch
 import yaml
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.compat import forget_logged_after_checkpoint
@@ -243,15 +243,6 @@ def _unchosen(chosen: dict[str, Any], overrides: list[str]) -> list[str]:
     return kept
 
 
-def _computes(cfg: DictConfig) -> str:
-    """The digest of what a config computes, wherever it starts from and whatever it logs to
-    (config_digest leaves out where it writes: ranks other than 0 of an srun step write to a
-    scratch folder, see checkpoint_folder)."""
-    return config_digest(
-        OmegaConf.masked_copy(cfg, [k for k in cfg if k not in ("ckpt_path", "logger")])
-    )
-
-
 def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any] | None:
     """A training run that starts in a folder holding its own checkpoints continues from them.
 
@@ -300,7 +291,7 @@ def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any]
         )
         with open_dict(stored):
             stored.trainer.precision = now
-    if _computes(stored) != _computes(cfg):
+    if config_digest(stored) != config_digest(cfg):  # where it writes, its loggers aside
         raise ConfigError(
             f"{folder} already holds checkpoints of a run with another config; continue that "
             f"run with: python train.py resume={folder}, or train in a new folder"

@@ -125,8 +125,9 @@ def versions() -> dict[str, str]:
 
 
 def config_digest(cfg: DictConfig) -> str:
-    """A short hash of what the run computes: the resolved config without paths and run labels.
-    One command run in two folders has one digest: a value that is one of paths.* or lies under
+    """A short hash of what the run computes: the resolved config without paths, run labels,
+    loggers and the checkpoint it starts from (a resumed part, whose W&B id and ckpt_path are
+    added, computes the same run). One command run in two folders has one digest: a value that is one of paths.* or lies under
     one (the checkpoints' dirpath, trainer.default_root_dir, data.data_dir) is hashed as that
     path's name. Found by value, not by interpolation: a checkpoint's config is stored resolved
     (evaluate.py's trained_config_digest digests one)."""
@@ -134,7 +135,7 @@ def config_digest(cfg: DictConfig) -> str:
         OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"]), resolve=True
     )
     paths = plain.pop("paths", None) or {}
-    for key in ("tags", "task_name", "extras"):
+    for key in ("tags", "task_name", "extras", "logger", "ckpt_path"):
         plain.pop(key, None)
     folders = [(str(path).rstrip("/"), key) for key, path in paths.items() if path]
     folders = sorted((f for f in folders if f[0]), key=lambda folder: -len(folder[0]))

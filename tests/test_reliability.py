@@ -632,27 +632,37 @@ def test_sigterm_to_the_whole_job_stops_at_the_batch_end_without_a_traceback(tmp
 
 
 @pytest.mark.slow
-def test_a_run_killed_after_its_checkpoint_resumes_without_repeating_steps_in_its_csv(tmp_path):
+@pytest.mark.parametrize(("checkpoint", "step"), [("last", 20), ("step", 24)])
+def test_a_run_killed_after_its_checkpoint_resumes_without_repeating_steps_in_its_csv(
+    tmp_path, checkpoint, step
+):
     """SIGKILL (out of memory, a lost node) after the last checkpoint: the resume logs the steps
     since then again, and metrics.csv held each of them twice (reviewer: steps 39, 44, 49, 44,
-    49, 54); the rows from the checkpoint's step on go as the resumed fit begins."""
+    49, 54). The rows from the resumed fit's first step on go as it logs it: from a checkpoint
+    written inside an epoch (every 4 steps here) Lightning logs from the checkpoint's step + 1,
+    and a cut at the checkpoint's own step lost that step's rows (its validation's too)."""
     logs = ["trainer.log_every_n_steps=1", "+logger.csv.flush_logs_every_n_steps=1"]
     kill = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=25"]
+    every = "callbacks.step_checkpoint.every_n_train_steps=" + (
+        "4" if checkpoint == "step" else "1000"
+    )
     killed = run_cli(
-        *CLF, *logs, *kill, "+callbacks.stop.signum=SIGKILL", f"paths.log_dir={tmp_path}"
+        *CLF, *logs, *kill, every, "+callbacks.stop.signum=SIGKILL", f"paths.log_dir={tmp_path}"
     )
     assert killed.returncode == -9, killed.stderr[-3000:]
     folder = run_folder(tmp_path)
-    assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == 20
+    assert newest_checkpoint(folder) == folder / "checkpoints" / f"{checkpoint}.ckpt"
+    assert load_checkpoint(newest_checkpoint(folder))["global_step"] == step
 
-    def steps() -> list[int]:
+    def steps(metric: str) -> list[int]:
         with (folder / "csv" / "metrics.csv").open(newline="") as f:
-            return [int(row["step"]) for row in csv.DictReader(f) if row["train/loss_step"]]
+            return [int(row["step"]) for row in csv.DictReader(f) if row.get(metric)]
 
-    assert max(steps()) > 20  # logged after the checkpoint, then killed
+    assert max(steps("train/loss_step")) >= step  # logged after the checkpoint, then killed
     resumed = run_cli(f"resume={folder}", "callbacks.stop.batch=-1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert steps() == list(range(40))  # 4 epochs of 10 batches, each step once
+    assert steps("train/loss_step") == list(range(40))  # 4 epochs of 10 batches, each once
+    assert steps("val/acc") == [9, 19, 29, 39]  # each epoch's validation once
 
 
 @pytest.mark.slow

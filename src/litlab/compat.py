@@ -27,6 +27,7 @@ from lightning.pytorch.loops.loop import _Loop
 from lightning.pytorch.loops.training_epoch_loop import (
     _TrainingEpochLoop as LightningTrainingEpochLoop,
 )
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 log = logging.getLogger("litlab")
@@ -428,6 +429,22 @@ class AppendingCSVLogger(csv_logs.CSVLogger):
     logger makes its writer in ``experiment`` from the private ``_fs`` and ``_experiment``.
     At module level: ddp_spawn pickles the trainer's loggers."""
 
+    cut_at_first_row = False  # a resumed fit: rows from its first step on go (log_metrics)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if self.cut_at_first_row and step is not None:
+            self.cut_at_first_row = False
+            dropped = self.forget_from(step)
+            if dropped:
+                log.info(
+                    "metrics.csv: %d row(s) logged after the checkpoint (step %d on) dropped; "
+                    "the resumed run logs those steps again",
+                    dropped,
+                    step,
+                )
+        super().log_metrics(metrics, step)
+
     def forget_from(self, step: int) -> int:
         """Drop the rows of metrics.csv logged at ``step`` or later; how many. A run killed
         hard after its last checkpoint had logged steps that its resume logs again: each step
@@ -464,19 +481,13 @@ def logging_step(trainer: L.Trainer) -> int:
 
 
 def forget_logged_after_checkpoint(trainer: L.Trainer) -> None:
-    """A resumed fit, as it begins to train: its CSV history from the checkpoint's step on goes
-    (logged again now), said in the log (the logging step: the checkpoint's, restored by now)."""
-    step = logging_step(trainer)
+    """A resumed fit, as it begins to train: its CSV history from the step it logs first goes
+    then (those steps were logged after the checkpoint and are logged again). Not from the
+    checkpoint's own step: Lightning counts one more from a checkpoint written inside an epoch
+    (a step checkpoint, a validation mid-epoch) as the epoch loop resets, after this hook."""
     for logger in trainer.loggers if trainer.is_global_zero else []:
         if isinstance(logger, AppendingCSVLogger):
-            dropped = logger.forget_from(step)
-            if dropped:
-                log.info(
-                    "metrics.csv: %d row(s) logged after the checkpoint (step %d on) dropped; "
-                    "the resumed run logs those steps again",
-                    dropped,
-                    step,
-                )
+            logger.cut_at_first_row = True
 
 
 # -- W&B (through Lightning's WandbLogger) -------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -196,10 +197,19 @@ def test_log_model_uploads_the_best_checkpoint_as_best_and_nothing_else(monkeypa
     summary = summary_of(cfg)
     (folder,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
     run = offline_run(folder)
-    files = {"model.ckpt": summary["best_checkpoint"]}  # ("latest": W&B's, the newest version)
-    assert [(a["name"], a["type"], set(a["aliases"]), a["files"]) for a in run["artifacts"]] == [
-        (f"model-{run['id']}", "model", {"best", "latest"}, files)
-    ]
+    (artifact,) = run["artifacts"]  # ("latest": W&B's, the newest version)
+    assert (artifact["name"], artifact["type"], set(artifact["aliases"])) == (
+        f"model-{run['id']}",
+        "model",
+        {"best", "latest"},
+    )
+    # read when uploaded (offline: at `wandb sync`): a link to this version of best.ckpt, which
+    # a later best (a resume) replaces by rename, in the run folder
+    (uploaded,) = (Path(p) for p in artifact["files"].values())
+    assert uploaded.parent == tmp_path / "run" / "wandb" / "uploads"
+    assert os.path.samefile(uploaded, summary["best_checkpoint"])
+    os.replace(tmp_path / "run" / "checkpoints" / "last.ckpt", summary["best_checkpoint"])
+    assert not os.path.samefile(uploaded, summary["best_checkpoint"]) and uploaded.stat().st_size
     metadata = run["artifacts"][0]["metadata"]
     assert metadata["metric"] == cfg.objective.metric
     assert metadata["score"] == summary["objective"]["value"]

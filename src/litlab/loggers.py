@@ -12,6 +12,7 @@ import logging
 import netrc
 import os
 import shlex
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -260,7 +261,8 @@ class LitlabWandbLogger(WandbLogger):
 
     def _model_artifact(self, path: str) -> Any:
         """The file added in place ("immutable": no copy in W&B's staging folder, outside the
-        run folder); it is read when uploaded, offline by `wandb sync`."""
+        run folder), as a snapshot of this version (``frozen``): it is read when uploaded,
+        offline by `wandb sync`, by which time best.ckpt may hold a later best (a resume)."""
         import wandb
 
         score = self._best_callback.best_model_score
@@ -270,8 +272,22 @@ class LitlabWandbLogger(WandbLogger):
             "original_filename": Path(path).name,
         }
         artifact = wandb.Artifact(f"model-{self.experiment.id}", type="model", metadata=metadata)
-        artifact.add_file(path, name="model.ckpt", policy="immutable")
+        artifact.add_file(str(self._frozen(Path(path))), name="model.ckpt", policy="immutable")
         return artifact
+
+    def _frozen(self, path: Path) -> Path:
+        """This version of ``path`` under <run>/wandb/uploads/: a hard link (no second copy while
+        the file stays; checkpoints are replaced by rename, so the link keeps these bytes), or a
+        copy where the filesystem has no links."""
+        stat = path.stat()
+        frozen = Path(self.save_dir) / "wandb" / "uploads" / f"{path.stem}-{stat.st_mtime_ns}.ckpt"
+        if not frozen.is_file():
+            frozen.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, frozen)
+            except OSError:
+                shutil.copy2(path, frozen)
+        return frozen
 
 
 def wandb_logger(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -483,6 +484,27 @@ def test_unreadable_files_are_counted_once_over_every_rank_and_pass(tmp_path):
     (summary,) = summaries(tmp_path / "out")
     assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
     assert summary["data"]["skipped_while_loading"] == 7
+
+
+def test_a_spawned_copy_of_the_classifier_accumulates_into_tensors_of_its_own():
+    """What ddp_spawn's processes get: the module sent through torch.multiprocessing, its
+    tensors in shared memory (Lightning unshares parameters and buffers only). Set up, the
+    copy's training sums and torchmetrics states are its own (each rank added into one copy)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import lightning as L
+    import torch.multiprocessing  # registers the shared-memory reductions
+
+    model = ImageClassifier(torch.nn.Linear(4, 10), torch.optim.SGD, num_classes=10)
+    copy = pickle.loads(ForkingPickler.dumps(model))
+
+    def states(m: ImageClassifier) -> list[torch.Tensor]:
+        return [m._loss_sum, m._place_sums, m.val_loss.mean_value, m.test_loss.weight]
+
+    assert all(t.is_shared() for t in states(copy))
+    copy.trainer = L.Trainer(logger=False, enable_checkpointing=False)
+    copy.setup("fit")
+    assert not any(t.is_shared() for t in states(copy))
 
 
 @pytest.mark.dist

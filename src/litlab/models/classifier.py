@@ -55,6 +55,12 @@ def accuracy_metrics(num_classes: int, prefix: str) -> MetricCollection:
     return MetricCollection(metrics, prefix=prefix)
 
 
+def own_copy(tensor: Tensor) -> Tensor:
+    """A tensor in memory shared with other processes (sent through torch.multiprocessing)
+    copied into this process's own; any other as it is."""
+    return tensor.clone() if tensor.is_shared() else tensor
+
+
 class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
     """Cross-entropy training of any net mapping images to class logits."""
 
@@ -119,10 +125,12 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        # Each process its own sums: ddp_spawn on a CPU hands its processes the module in shared
-        # memory and Lightning unshares only parameters and buffers, so every rank added into
-        # one copy (train/acc 1.85 on 2 ranks where ddp gave 0.92).
-        self._loss_sum, self._place_sums = self._loss_sum.clone(), self._place_sums.clone()
+        # Each process its own sums and metric states: ddp_spawn on a CPU hands its processes
+        # the module in shared memory and Lightning unshares only parameters and buffers, so
+        # every rank added into one copy (train/acc 1.85 on 2 ranks where ddp gave 0.92; the
+        # evaluation means' states too, each rank's updates racing the other's).
+        self._apply(own_copy)  # torchmetrics' states with the module's tensors
+        self._loss_sum, self._place_sums = own_copy(self._loss_sum), own_copy(self._place_sums)
 
     def _sums_here(self) -> tuple[Tensor, Tensor]:
         """The device's sums (loss x images; hits per top-k place), on the module's device."""

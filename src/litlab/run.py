@@ -127,10 +127,10 @@ def versions() -> dict[str, str]:
 def config_digest(cfg: DictConfig) -> str:
     """A short hash of what the run computes: the resolved config without paths, run labels,
     loggers and the checkpoint it starts from (a resumed part, whose W&B id and ckpt_path are
-    added, computes the same run). One command run in two folders has one digest: a value that is one of paths.* or lies under
-    one (the checkpoints' dirpath, trainer.default_root_dir, data.data_dir) is hashed as that
-    path's name. Found by value, not by interpolation: a checkpoint's config is stored resolved
-    (evaluate.py's trained_config_digest digests one)."""
+    added, computes the same run). One command run in two folders has one digest: a value that
+    is one of paths.* or lies under one (the checkpoints' dirpath, trainer.default_root_dir,
+    data.data_dir) is hashed as that path's name. Found by value, not by interpolation: a
+    checkpoint's config is stored resolved (evaluate.py's trained_config_digest digests one)."""
     plain = OmegaConf.to_container(
         OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"]), resolve=True
     )
@@ -155,6 +155,23 @@ def _paths_named(node: Any, folders: list[tuple[str, str]]) -> Any:
             if node == folder or node.startswith(f"{folder}/"):
                 return f"<paths.{name}>{node[len(folder) :]}"
     return node
+
+
+def ended_as(exc: BaseException | None, folder: Path) -> tuple[str, str | None]:
+    """(status, error) of a run in ``folder`` that ended with ``exc`` (None: it completed), as
+    summary.json and the loggers' run summaries say it."""
+    if exc is None:
+        return "completed", None
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", "interrupted by the user"
+    if isinstance(exc, Requeued):
+        return (
+            "requeued",
+            "preempted; the scheduler requeued the job, which continues in this folder",
+        )
+    if isinstance(exc, SystemExit):  # SIGTERMException is one
+        return "interrupted", f"stopped by a signal; continue with: python train.py resume={folder}"
+    return "failed", f"{type(exc).__name__}: {exc}"
 
 
 def to_number(value: Any) -> float | None:
@@ -323,22 +340,10 @@ class Run:
                     write_json(self.dir / "summary.json", self._previous)
             log.warning("litlab: %s", exc)
             return True
-        if exc is None:
-            self.summary["status"] = "completed"
-        elif isinstance(exc, KeyboardInterrupt):
-            self.summary.update(status="interrupted", error="interrupted by the user")
-        elif isinstance(exc, Requeued):
-            self.summary.update(
-                status="requeued",
-                error="preempted; the scheduler requeued the job, which continues in this folder",
-            )
-        elif isinstance(exc, SystemExit):  # SIGTERMException is one
-            self.summary.update(
-                status="interrupted",
-                error=f"stopped by a signal; continue with: python train.py resume={self.dir}",
-            )
-        else:
-            self.summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        status, error = ended_as(exc, self.dir)
+        self.summary["status"] = status
+        if error is not None:
+            self.summary["error"] = error
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if rank_zero_only.rank == 0:

@@ -47,7 +47,14 @@ from litlab.hardware import check_hardware, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.resumable import check_resumable
 from litlab.resume import FitMilestones, continue_in_place, resume_argv
-from litlab.run import Run, build_list, config_digest, freeze_the_imports, print_config_tree
+from litlab.run import (
+    Run,
+    build_list,
+    config_digest,
+    ended_as,
+    freeze_the_imports,
+    print_config_tree,
+)
 from litlab.tune import log_lr_plot, out_of_memory_explained, tune
 
 log = logging.getLogger("litlab")
@@ -92,7 +99,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     trainer = build_trainer(cfg, model, tuned)
     run.summary["world_size"] = trainer.world_size
 
-    preempted = failed = finished = False
+    ended: BaseException | None = None  # what ended the run early, if anything did
     try:
         with ranks_run_this_job(cfg, trainer):
             if cfg.get("train"):
@@ -125,19 +132,15 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 record_stage(trainer, datamodule, run, "test")
         # before the loggers close: a NaN or missing objective fails the W&B run too
         objective_value(cfg, run, required=in_sweep())
-        finished = True
-    except SIGTERMException:
-        preempted = True
-        raise
-    except Exception:
-        failed = True
+    except BaseException as e:
+        ended = e
         raise
     finally:
         record_performance(trainer, datamodule, run)
-        status = "completed" if finished else "failed" if failed else "interrupted"
-        finish_loggers(trainer.loggers, failed, run_facts(cfg, run, status))
-        if preempted:  # checkpoint saved, loggers closed: a cluster scheduler may requeue now
-            hand_over_preemption(trainer)
+        status, _ = ended_as(ended, run.dir)
+        finish_loggers(trainer.loggers, status == "failed", run_facts(cfg, run, status))
+        if isinstance(ended, SIGTERMException):  # checkpoint saved, loggers closed: a cluster
+            hand_over_preemption(trainer)  # scheduler may requeue now
     return run.summary["metrics"]
 
 

@@ -226,7 +226,7 @@ class LitlabWandbLogger(WandbLogger):
     # objective's), and the version of its file uploaded last
     _best_metric: str | None = None
     _best_callback: Any = None
-    _uploaded: tuple[str, float] | None = None
+    _uploaded: Path | None = None
     _said_none = False
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
@@ -254,12 +254,12 @@ class LitlabWandbLogger(WandbLogger):
                     self._best_metric,
                 )
             return
-        version = (path, Path(path).stat().st_mtime)
-        if version != self._uploaded:
-            self.experiment.log_artifact(self._model_artifact(path), aliases=["best"])
-            self._uploaded = version
+        frozen = self._frozen(Path(path))  # named by the version: one upload each
+        if frozen != self._uploaded:
+            self.experiment.log_artifact(self._model_artifact(path, frozen), aliases=["best"])
+            self._uploaded = frozen
 
-    def _model_artifact(self, path: str) -> Any:
+    def _model_artifact(self, path: str, frozen: Path) -> Any:
         """The file added in place ("immutable": no copy in W&B's staging folder, outside the
         run folder), as a snapshot of this version (``frozen``): it is read when uploaded,
         offline by `wandb sync`, by which time best.ckpt may hold a later best (a resume)."""
@@ -272,7 +272,7 @@ class LitlabWandbLogger(WandbLogger):
             "original_filename": Path(path).name,
         }
         artifact = wandb.Artifact(f"model-{self.experiment.id}", type="model", metadata=metadata)
-        artifact.add_file(str(self._frozen(Path(path))), name="model.ckpt", policy="immutable")
+        artifact.add_file(str(frozen), name="model.ckpt", policy="immutable")
         return artifact
 
     def _frozen(self, path: Path) -> Path:

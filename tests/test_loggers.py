@@ -292,3 +292,45 @@ def test_sample_grids_are_logged_at_the_step_of_the_scalars(tmp_path):
         assert step == at[float(name[7:]) if name.startswith("g_step") else name], name
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard")).Reload()
     assert [image.step for image in events.Images("samples")] == list(grids.values())
+
+
+def test_an_offline_run_sends_nothing_to_the_wandb_server(no_wandb_env, tmp_path):
+    """Without credentials W&B logs offline, and nothing reaches its server, at exit neither:
+    wandb's own usage telemetry posted there (and waited out its 10 s HTTP timeout on a server
+    that took the connection and never answered, as behind a firewall that drops packets)."""
+    import contextlib
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    accepted: list[object] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(listener.accept())
+
+    watcher = threading.Thread(target=accept, daemon=True)
+    watcher.start()
+    code = (
+        "from litlab.loggers import finish_loggers, wandb_logger\n"
+        f"logger = wandb_logger(save_dir={str(tmp_path)!r})\n"
+        "assert logger._wandb_init['mode'] == 'offline'\n"
+        "logger.log_metrics({'train/loss': 1.0}, step=0)\n"
+        "finish_loggers([logger])\n"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"},
+        "WANDB_BASE_URL": f"http://127.0.0.1:{listener.getsockname()[1]}",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    done.set()
+    watcher.join()
+    listener.close()
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert list(tmp_path.glob("wandb/offline-run-*"))
+    assert not accepted, f"{len(accepted)} connection(s) to the W&B server from an offline run"

@@ -153,6 +153,20 @@ def unreachable(url: str, timeout: float = 5.0) -> str | None:
     return None
 
 
+def offline_in_this_process() -> None:
+    """Make W&B's process-wide settings offline, as they are under WANDB_MODE=offline, before an
+    offline run starts. A run made offline by ``wandb.init(mode="offline")`` alone (how Lightning
+    passes the mode) still has wandb 0.2x-0.3x's own usage telemetry (its OpenTelemetry
+    exporter, keyed to the process's settings) post to the W&B server: at exit it waits up to
+    its 10 s HTTP timeout where the server takes the connection and never answers (a compute
+    node behind a firewall that drops packets), and it sends from a run its user made offline.
+    A later ``wandb.init(mode="online")`` in the process (a multirun's next job) is still online:
+    the run's own mode overrides these settings."""
+    import wandb
+
+    wandb.setup(settings=wandb.Settings(mode="offline"))
+
+
 def split_overrides(text: str) -> list[str]:
     """Split Hydra's override_dirname ("a=1,b=[1,2]") at the commas outside brackets."""
     items, depth, current = [], 0, ""
@@ -195,6 +209,8 @@ class LitlabWandbLogger(WandbLogger):
                     why = first_line(e)
             log.warning("W&B could not start online (%s); logging offline instead", why)
             init["mode"] = "offline"
+        if not wandb_started(self) and init.get("mode") == "offline":
+            offline_in_this_process()
         return WandbLogger.experiment.fget(self)
 
     _lost = False  # W&B's service process has gone

@@ -354,6 +354,24 @@ def test_periodic_saves_of_a_module_stepping_two_optimizers(tmp_path):
     ]  # each multiple of 3 reached or passed (not the last batch)
 
 
+def test_only_a_checkpoint_with_a_step_or_time_trigger_looks_at_batch_ends(tmp_path):
+    """litlab's ModelCheckpoint returns at once from a batch's end unless it saves there
+    (compat.saves_at_batch_ends); one with a train_time_interval still saves there."""
+    from datetime import timedelta
+
+    from litlab.callbacks import ModelCheckpoint
+
+    assert not compat.saves_at_batch_ends(ModelCheckpoint(monitor="val/acc", mode="max"))
+    assert not compat.saves_at_batch_ends(ModelCheckpoint(every_n_epochs=1))
+    assert compat.saves_at_batch_ends(ModelCheckpoint(every_n_train_steps=5))
+    timed = ModelCheckpoint(tmp_path, "{step}", train_time_interval=timedelta(0), save_top_k=-1)
+    assert compat.saves_at_batch_ends(timed)
+    data = TensorDataset(torch.randn(32, 4), torch.zeros(32).long())
+    trainer = bare_trainer(max_epochs=1, callbacks=[timed], enable_checkpointing=True)
+    trainer.fit(Tiny(), DataLoader(data, batch_size=8))
+    assert {p.name for p in tmp_path.glob("*.ckpt")} >= {"step=1.ckpt", "step=2.ckpt"}
+
+
 @pytest.mark.parametrize("validated", [False, True])
 @pytest.mark.parametrize("saved", ["epoch_end", "after_fit"])
 @pytest.mark.parametrize("max_steps", [-1, 100])

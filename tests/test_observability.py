@@ -112,6 +112,17 @@ def test_flop_count_matches_the_analytic_count():
     assert all(p.device.type == "cpu" and p.grad is None for p in conv.parameters())
 
 
+def test_throughput_counts_a_batchs_images_as_lightning_does():
+    from lightning.pytorch.utilities.data import extract_batch_size
+
+    from litlab.callbacks.monitor import images_in
+
+    x, y = torch.zeros(7, 1, 8, 8), torch.zeros(7).long()
+    for batch in ((x, y), [x, y], x, {"image": x, "label": y}, (torch.tensor(3.0), x)):
+        assert images_in(batch) == extract_batch_size(batch)
+    assert images_in((x, y)) == 7
+
+
 def test_mfu_is_achieved_over_peak_flops():
     peak = peak_flops("NVIDIA H100 80GB HBM3", "bf16")
     assert peak == 989.4e12

@@ -376,6 +376,14 @@ def every_n_train_steps(callback: Any) -> int:
     return int(callback._every_n_train_steps or 0)
 
 
+def saves_at_batch_ends(callback: Any) -> bool:
+    """Whether a ModelCheckpoint may save at the end of a training batch: with an
+    every_n_train_steps or a train_time_interval (private ``_train_time_interval``); without
+    either its ``on_train_batch_end`` decides nothing (its saves come at epoch or validation
+    ends)."""
+    return every_n_train_steps(callback) > 0 or callback._train_time_interval is not None
+
+
 def checkpoint_settings(callback: Any) -> tuple[Any, ...]:
     """What ``ModelCheckpoint.state_key`` is made of: its monitor and mode, and its private
     trigger settings (``_every_n_train_steps``, ``_every_n_epochs``, ``_train_time_interval``),

@@ -126,6 +126,15 @@ class _Clock:
         self.batches += other.batches
 
 
+def images_in(batch: Any) -> int:
+    """Lightning's ``extract_batch_size`` (the first tensor's length), without its walk over the
+    whole batch for the usual (images, labels) pair: it ran at every batch's end."""
+    first = batch[0] if isinstance(batch, list | tuple) and batch else None
+    if isinstance(first, torch.Tensor) and first.dim() > 0:
+        return first.shape[0]
+    return extract_batch_size(batch)
+
+
 class Throughput(Callback):
     """Images/s (train, val, test) and batches/s (train) per epoch; training FLOPs per image and
     MFU for classifiers on GPUs listed in ``PEAK_FLOPS``.
@@ -187,7 +196,7 @@ class Throughput(Callback):
     def _count(self, stage: str, batch: Any) -> None:
         clock = self._clocks.get(stage)
         if clock is not None and clock.running:
-            clock.samples += extract_batch_size(batch)
+            clock.samples += images_in(batch)
             clock.batches += 1
 
     def _finish(

@@ -1222,6 +1222,23 @@ def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
     assert summary_of(eval_cfg)["data"]["test_all"] is True
 
 
+def test_eval_on_other_images_decodes_them_where_the_run_decoded_its_own(tmp_path):
+    """A run that decoded its JPEGs on the device (other pixels than the workers' PIL): eval.py
+    on another folder, chosen with the default decode, decodes them there too."""
+    from litlab.evaluate import other_data
+
+    trained = make_cfg(
+        tmp_path, ["data=image_folder", "data.source.cache=false", "data.source.decode=device"]
+    ).data
+    chosen = make_cfg(tmp_path, ["data=image_folder"]).data
+    for cfg, root in ((trained, "images"), (chosen, "other")):
+        cfg.source.root = str(tmp_path / root)
+        cfg.image_shape, cfg.num_classes = [3, 32, 32], 3
+    tested = other_data(chosen, trained).source
+    assert (tested.decode, tested.cache) == ("device", False)
+    assert other_data(trained, chosen).source.decode == "workers"  # and the other way round
+
+
 def test_eval_on_a_copy_of_the_training_folder_tests_its_held_out_share(tmp_path, caplog):
     """The training folder copied or moved (another machine, /scratch): eval.py took it for
     another folder and tested every image of it, the ones trained on too (reviewer: 1797 of

@@ -156,6 +156,7 @@ def other_data(
     as_trained(data, before, ("eval_crop",), "framing the test images")
     source, trained_source = data["source"], before["source"]
     as_trained(source, trained_source, ("size",), "storing the images")
+    decoded_as_trained(source, trained_source)
     if same_source(source, trained_source):
         as_trained(source, trained_source, ("test_fraction",), "holding out the run's test images")
     other_folder(source, trained_source, trained_files)
@@ -174,6 +175,16 @@ def as_trained(
             ", ".join(f"{k} {trained[k]} (not {node[k]})" for k in changed),
         )
         node.update({k: trained[k] for k in changed})
+
+
+def decoded_as_trained(source: dict[str, Any], trained: dict[str, Any]) -> None:
+    """JPEGs decoded where the run's were (data.source.decode): the loader's workers (PIL) and
+    the run's device (torchvision's decoder, then torch's resize) make other pixels of one file.
+    Decoded on the device, the images are read as files (cache=false), as the run read them."""
+    as_trained(source, trained, ("decode",), "decoding the images")
+    if source.get("decode") == "device" and source.get("cache"):
+        log.info("reading the files as decoded on the device, as in training: cache false")
+        source["cache"] = False
 
 
 def folder_of(root: Any) -> Path | None:

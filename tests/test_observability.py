@@ -332,33 +332,6 @@ def test_the_lr_is_logged_at_the_schedules_own_interval(tmp_path):
     assert len(rows) == 2, rows
 
 
-def test_a_logging_steps_lr_is_in_the_steps_own_row_exactly(tmp_path):
-    """The per-step LR goes to the loggers with the step's metrics: one row (one W&B call) a
-    logging step, not a row of its own before it at the same step; and as set (0.001, not
-    float32's 0.0010000000474974513)."""
-    cfg = make_cfg(
-        tmp_path,
-        [
-            "logger=csv",
-            "data.batch_size=32",
-            "trainer.max_epochs=1",
-            "trainer.log_every_n_steps=5",
-            "model.scheduler=null",
-            "model.optimizer.lr=0.001",
-            *FAST,
-        ],
-    )
-    train_task(cfg)
-    rows = csv_rows(Path(cfg.paths.output_dir))
-    with_lr = [r for r in rows if r.get("lr-AdamW")]
-    assert all(r["lr-AdamW"] == "0.001" for r in with_lr), with_lr
-    step_rows = [int(r["step"]) for r in rows if r.get("train/loss_step")]
-    assert len(step_rows) >= 5 and len(step_rows) == len(set(step_rows)), rows
-    assert all(r.get("lr-AdamW") for r in rows if r.get("train/loss_step")), rows
-    # alone only where Lightning logs it at the epoch's start (an optimizer without a schedule)
-    assert len([r for r in with_lr if not r["train/loss_step"]]) == 1, with_lr
-
-
 def test_the_config_tree_keeps_long_lines_whole_in_a_log(capsys):
     """Into a log (not a terminal: SLURM's, ``> run.log``) the printed config's long lines, a
     run's paths above all, are whole; rich cut them at 80 columns."""

@@ -1,14 +1,13 @@
 """Lightning callbacks that litlab adds: a ModelCheckpoint that costs less per step, early
 stopping that keeps its patience when resumed, speed switches, divergence guard, exact resume and
-preemption, EMA of the weights, GAN evaluation, a progress bar without per-step syncs, an LR
-monitor that logs in the step's own row, throughput and memory monitors."""
+preemption, EMA of the weights, GAN evaluation, a progress bar without per-step syncs,
+throughput and memory monitors."""
 
 from litlab.callbacks.checkpoint import ModelCheckpoint
 from litlab.callbacks.early_stopping import EarlyStopping
 from litlab.callbacks.ema import EMA
 from litlab.callbacks.gan import FID, SampleGrid
 from litlab.callbacks.guard import DivergenceGuard
-from litlab.callbacks.lr_monitor import LearningRateMonitor
 from litlab.callbacks.monitor import PeakMemory, Throughput
 from litlab.callbacks.preemption import Preemption, RNGState
 from litlab.callbacks.progress import ProgressBar
@@ -19,7 +18,6 @@ __all__ = [
     "FID",
     "DivergenceGuard",
     "EarlyStopping",
-    "LearningRateMonitor",
     "ModelCheckpoint",
     "PeakMemory",
     "Preemption",

@@ -1,7 +1,9 @@
-"""The Lightning strategy a model needs, and what DDP leaves to the model: its buffers."""
+"""The Lightning strategy a model needs, spawned DDP processes that close their process group,
+and what DDP leaves to the model: its buffers."""
 
 from __future__ import annotations
 
+import atexit
 import re
 import warnings
 from collections.abc import Sequence
@@ -9,6 +11,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from litlab.errors import ConfigError
 
@@ -65,6 +68,63 @@ def strategy_for(
     if strategy == "ddp_spawn":
         return "ddp_spawn_find_unused_parameters_true"
     return strategy
+
+
+class ClosingDDPStrategy(DDPStrategy):
+    """Lightning's DDPStrategy whose spawned processes destroy their process group before their
+    interpreter shuts down (Lightning 2.6.6 does so at exit for NCCL alone).
+
+    A gloo group left to the shutdown aborted ddp_spawn's processes now and then after training
+    ("terminate called without an active exception", SIGABRT: the fit fails). Gloo's worker
+    thread drops a collective's work after the caller has its result, and dropping the work's
+    tensors takes the GIL; a spawned process leaves milliseconds after its last collective, a
+    thread that asks for the GIL once the interpreter finalizes is ended by pthread_exit, and
+    that unwinding through the work's noexcept destructor calls std::terminate. Destroying the
+    group while the interpreter is whole joins gloo's threads (the destructor lets go of the GIL).
+    """
+
+    def teardown(self) -> None:
+        """After a run that ended, close the group at exit, not now: the launcher still collects
+        rank 0's results on every rank after this. A spawned process whose run failed never
+        gets here (its exception skips Lightning's teardown), so it does not wait at exit on
+        gloo threads in a collective that the other ranks left. Spawned processes leave through
+        sys.exit, which runs atexit; forked ones (ddp_fork) through os._exit, which runs neither
+        atexit nor the interpreter's shutdown."""
+        super().teardown()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            atexit.unregister(close_process_group)  # once, however many runs end in this process
+            atexit.register(close_process_group)
+
+
+def close_process_group() -> None:
+    """Destroy this process's default process group, if it still has one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+# Lightning's names for DDP in spawned processes, and their parameters
+SPAWNED_DDP = {
+    "ddp_spawn": {},
+    "ddp_spawn_find_unused_parameters_false": {"find_unused_parameters": False},
+    "ddp_spawn_find_unused_parameters_true": {"find_unused_parameters": True},
+}
+
+
+def register_closing_ddp() -> None:
+    """Lightning's spawned-DDP names registered anew, to ClosingDDPStrategy: trainer.strategy=
+    ddp_spawn from a config, or in a Trainer built by hand, gets it."""
+    for name, params in SPAWNED_DDP.items():
+        StrategyRegistry.register(
+            name,
+            ClosingDDPStrategy,
+            "DDP in spawned processes that close their process group at exit (litlab)",
+            override=True,
+            start_method="spawn",
+            **params,
+        )
+
+
+register_closing_ddp()  # at import, as the config resolvers are registered
 
 
 def broadcast_buffers(module: L.LightningModule) -> None:

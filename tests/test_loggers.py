@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from litlab.loggers import wandb_credentials, wandb_mode
+from wandb_records import offline_run
 
 
 @pytest.fixture
@@ -332,5 +333,7 @@ def test_an_offline_run_sends_nothing_to_the_wandb_server(no_wandb_env, tmp_path
     watcher.join()
     listener.close()
     assert result.returncode == 0, result.stderr[-2000:]
-    assert list(tmp_path.glob("wandb/offline-run-*"))
+    (run,) = tmp_path.glob("wandb/offline-run-*")
+    # and the metrics it held for their step's others went out as it finished
+    assert [r["train/loss"] for r in offline_run(run)["history"]] == [1.0]
     assert not accepted, f"{len(accepted)} connection(s) to the W&B server from an offline run"

@@ -332,6 +332,33 @@ def test_the_lr_is_logged_at_the_schedules_own_interval(tmp_path):
     assert len(rows) == 2, rows
 
 
+def test_a_logging_step_is_one_wandb_row_with_its_learning_rate(tmp_path):
+    """Lightning's LR monitor hands a logging step's rates to the loggers at the batch's start,
+    Lightning the step's metrics at its end: one W&B row (one call) for both, the same values."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "logger=wandb",
+            "data.batch_size=32",
+            "trainer.max_epochs=1",
+            "trainer.log_every_n_steps=5",
+            *FAST,
+        ],
+    )
+    train_task(cfg)
+    (run,) = (Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*")
+    rows = [r for r in offline_run(run)["history"] if "train/loss_step" in r or "lr-AdamW" in r]
+    steps = [r["trainer/global_step"] for r in rows]
+    assert len(rows) >= 5 and len(steps) == len(set(steps)), steps
+    assert all("lr-AdamW" in r and "train/loss_step" in r for r in rows), rows
+    csv_lr = {
+        int(r["step"]): float(r["lr-AdamW"])
+        for r in csv_rows(run.parent.parent)
+        if r.get("lr-AdamW")
+    }
+    assert {r["trainer/global_step"]: r["lr-AdamW"] for r in rows} == csv_lr
+
+
 def test_the_config_tree_keeps_long_lines_whole_in_a_log(capsys):
     """Into a log (not a terminal: SLURM's, ``> run.log``) the printed config's long lines, a
     run's paths above all, are whole; rich cut them at 80 columns."""

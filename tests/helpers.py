@@ -615,3 +615,16 @@ class ShardedOnCPU:
 
         policy = {get_class(name) for name in wrap} or None
         return FSDPWithCPUDevice(auto_wrap_policy=policy, **kwargs)
+
+
+class StopAfterBatch(Callback):
+    """Stops the fit at the end of training batch ``at`` (as max_time's Timer does, after the
+    training step) and writes that batch's loss to ``path`` (JSON)."""
+
+    def __init__(self, at: int, path: str) -> None:
+        self.at, self.path = at, Path(path)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx == self.at:
+            trainer.should_stop = True
+            self.path.write_text(json.dumps(float(outputs["loss"])))

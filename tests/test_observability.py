@@ -359,6 +359,30 @@ def test_a_logging_step_is_one_wandb_row_with_its_learning_rate(tmp_path):
     assert {r["trainer/global_step"]: r["lr-AdamW"] for r in rows} == csv_lr
 
 
+def test_the_step_a_run_stops_at_logs_that_steps_loss(tmp_path):
+    """A callback stops the run after a training step that is not a logging step (max_time's
+    Timer does): Lightning writes that step, with its own loss (it had the last logging step's)."""
+    stop = tmp_path / "stopped.json"
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "logger=csv",
+            "data.batch_size=32",
+            "trainer.max_epochs=1",
+            "trainer.log_every_n_steps=5",
+            "+callbacks.stop._target_=helpers.StopAfterBatch",
+            "+callbacks.stop.at=6",
+            f"+callbacks.stop.path={stop}",
+            "test=false",
+            *FAST,
+        ],
+    )
+    train_task(cfg)
+    rows = [r for r in csv_rows(Path(cfg.paths.output_dir)) if r.get("train/loss_step")]
+    assert [int(r["step"]) for r in rows] == [4, 6], rows
+    assert float(rows[-1]["train/loss_step"]) == pytest.approx(json.loads(stop.read_text()))
+
+
 def test_the_config_tree_keeps_long_lines_whole_in_a_log(capsys):
     """Into a log (not a terminal: SLURM's, ``> run.log``) the printed config's long lines, a
     run's paths above all, are whole; rich cut them at 80 columns."""

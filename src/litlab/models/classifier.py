@@ -18,12 +18,12 @@ from litlab.compat import (
     CheapHookName,
     batches_done_this_epoch,
     epoch_ran_to_its_end,
-    logs_this_step,
 )
 from litlab.data.decode import all_unreadable
 from litlab.distributed import broadcast_buffers, log_job_value
 from litlab.errors import ConfigError
 from litlab.metrics.aggregation import Max, Mean
+from litlab.models.curves import StepCurves
 from litlab.models.optim import (
     Interval,
     build_optimizer,
@@ -61,7 +61,7 @@ def own_copy(tensor: Tensor) -> Tensor:
     return tensor.clone() if tensor.is_shared() else tensor
 
 
-class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
+class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
     """Cross-entropy training of any net mapping images to class logits."""
 
     def __init__(
@@ -221,8 +221,7 @@ class ImageClassifier(CheapHookName, RankSeeded, L.LightningModule):
         # epoch's last batch, so that the run ends with its last value. Not prog_bar=True:
         # Lightning copies a progress-bar value to the host after every later batch too (a
         # device sync per step); litlab's ProgressBar shows it when it redraws.
-        if logs_this_step(self.trainer) or self.trainer.is_last_batch:
-            self.log("train/loss_step", loss.detach())
+        self.log_step_curves({"train/loss_step": loss.detach()})
         return loss
 
     def on_train_epoch_end(self) -> None:

@@ -16,12 +16,13 @@ from torch.optim.lr_scheduler import ConstantLR
 from torch.optim.swa_utils import AveragedModel
 
 from litlab import rng
-from litlab.compat import CheapHookName, ema_update, logs_this_step
+from litlab.compat import CheapHookName, ema_update
 from litlab.data.decode import all_unreadable
 from litlab.data.transforms import per_channel
 from litlab.distributed import broadcast_buffers
 from litlab.errors import ConfigError
 from litlab.metrics.aggregation import Mean
+from litlab.models.curves import StepCurves
 from litlab.models.diffaugment import diff_augment, parse_policy
 from litlab.models.optim import make_optimizer
 from litlab.rng import RankSeeded
@@ -150,7 +151,7 @@ def batch_statistics(net: nn.Module) -> Iterator[nn.Module]:
             m.__dict__.pop("forward", None)
 
 
-class GAN(CheapHookName, RankSeeded, L.LightningModule):
+class GAN(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
     """Generator G, discriminator D, and an EMA copy of G used for samples and FID.
 
     Step accounting: every training batch is one D step; G steps once every ``n_critic``
@@ -315,8 +316,7 @@ class GAN(CheapHookName, RankSeeded, L.LightningModule):
             logs["g/loss"] = self.last_g_loss
         # The step curves: every trainer.log_every_n_steps (when Lightning writes them), and at
         # an epoch's last batch, so that the run ends with its last values (summary.json).
-        if logs_this_step(self.trainer) or self.trainer.is_last_batch:
-            self.log_dict({**logs, "g/step": float(self.g_steps)}, on_step=True, on_epoch=False)
+        self.log_step_curves({**logs, "g/step": float(self.g_steps)})
         return {k: v for k, v in logs.items() if k in ("d/loss", "g/loss")}
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:

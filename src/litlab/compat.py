@@ -376,12 +376,17 @@ def every_n_train_steps(callback: Any) -> int:
     return int(callback._every_n_train_steps or 0)
 
 
+def time_triggered(callback: Any) -> bool:
+    """Whether a ModelCheckpoint saves every train_time_interval (private
+    ``_train_time_interval``)."""
+    return callback._train_time_interval is not None
+
+
 def saves_at_batch_ends(callback: Any) -> bool:
     """Whether a ModelCheckpoint may save at the end of a training batch: with an
-    every_n_train_steps or a train_time_interval (private ``_train_time_interval``); without
-    either its ``on_train_batch_end`` decides nothing (its saves come at epoch or validation
-    ends)."""
-    return every_n_train_steps(callback) > 0 or callback._train_time_interval is not None
+    every_n_train_steps or a train_time_interval; without either its ``on_train_batch_end``
+    decides nothing (its saves come at epoch or validation ends)."""
+    return every_n_train_steps(callback) > 0 or time_triggered(callback)
 
 
 def checkpoint_settings(callback: Any) -> tuple[Any, ...]:

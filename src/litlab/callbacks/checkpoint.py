@@ -14,6 +14,7 @@ from litlab.compat import (
     every_n_train_steps,
     save_periodic_checkpoint,
     saves_at_batch_ends,
+    time_triggered,
 )
 
 
@@ -91,6 +92,8 @@ class ModelCheckpoint(LightningModelCheckpoint):
             return
         every = every_n_train_steps(self)
         if every < 1 or trainer.lightning_module.automatic_optimization:
+            if not time_triggered(self) and self._step_seen % every:
+                return  # not a multiple of N: Lightning's checks would find no save due
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
             return
         # Manual optimization (the GANs): global_step counts every optimizer's steps, so it moves

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import benchlib
 import bench_overhead
+import benchlib
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.trainer import call

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -337,3 +338,30 @@ def test_an_offline_run_sends_nothing_to_the_wandb_server(no_wandb_env, tmp_path
     # and the metrics it held for their step's others went out as it finished
     assert [r["train/loss"] for r in offline_run(run)["history"]] == [1.0]
     assert not accepted, f"{len(accepted)} connection(s) to the W&B server from an offline run"
+
+
+def test_the_wandb_logger_sends_one_steps_metrics_together_and_nothing_else(tmp_path):
+    """Metrics of one step in one W&B row (Lightning's LR monitor, then the step's metrics);
+    a key given twice, metrics without a step and another step's: rows of their own, in order."""
+    from litlab.loggers import finish_loggers, wandb_logger
+
+    logger = wandb_logger(save_dir=str(tmp_path))
+    logger.log_metrics({"lr": 0.1}, step=3)
+    logger.log_metrics({"loss": 1.0}, step=3)
+    logger.log_metrics({"loss": 2.0}, step=3)
+    logger.log_metrics({"gpu": 5.0})
+    logger.log_metrics({"loss": 3.0}, step=4)
+    finish_loggers([logger])
+    (run,) = tmp_path.glob("wandb/offline-run-*")
+    for _ in range(100):  # wandb's service may still be writing the file as finish returns
+        history = offline_run(run)["history"]
+        if len(history) >= 4:
+            break
+        time.sleep(0.1)
+    rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in history]
+    assert rows == [
+        {"lr": 0.1, "loss": 1.0, "trainer/global_step": 3},
+        {"loss": 2.0, "trainer/global_step": 3},
+        {"gpu": 5.0, "trainer/global_step": 3},  # W&B's step_sync: the last step, filled in
+        {"loss": 3.0, "trainer/global_step": 4},
+    ]

@@ -242,9 +242,14 @@ class LitlabWandbLogger(WandbLogger):
         batch's start, and Lightning the step's metrics at its end: two W&B ``log`` calls, each
         a round trip to W&B's service process (about 0.5 ms on a 2-core CPU, 3% of a small
         net's step at log_every_n_steps=10: docs/benchmarks.md, P1), and two rows of one step
-        in the W&B run; now one. The CSV log, written as before, keeps every row at once."""
-        if self._held is not None and self._held[0] != step:
-            self._release()
+        in the W&B run; now one. The CSV log, written as before, keeps every row at once.
+        A key given twice and metrics without a step go out as rows of their own, in order.
+        Lightning's log_table and log_text pass through here too (held to the step's end)."""
+        if self._held is not None and (self._held[0] != step or self._held[1].keys() & metrics):
+            self._release()  # another step's, or a second value of a key: rows of their own
+        if step is None:  # no step to tell the rows of one step by
+            self._send(WandbLogger.log_metrics, self, metrics, step)
+            return
         held = self._held[1] if self._held is not None else {}
         self._held = (step, {**held, **metrics})
 
@@ -258,8 +263,10 @@ class LitlabWandbLogger(WandbLogger):
         super().save()
 
     def log_image(self, *args: Any, **kwargs: Any) -> None:
+        """Sent at once (Lightning's log_image goes through log_metrics, which would hold it)."""
         self._release()
         self._send(super().log_image, *args, **kwargs)
+        self._release()
 
     # log_model: the ModelCheckpoint that keeps the best checkpoint by this metric (the
     # objective's), and the version of its file uploaded last

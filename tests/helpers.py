@@ -618,13 +618,17 @@ class ShardedOnCPU:
 
 
 class StopAfterBatch(Callback):
-    """Stops the fit at the end of training batch ``at`` (as max_time's Timer does, after the
-    training step) and writes that batch's loss to ``path`` (JSON)."""
+    """Stops the fit at the end of training batch ``at`` of the first epoch (as max_time's Timer
+    does, after the training step) and writes every batch's loss to ``path`` (JSON), by the
+    step the loggers stamp it with."""
 
     def __init__(self, at: int, path: str) -> None:
-        self.at, self.path = at, Path(path)
+        self.at, self.path, self.losses = at, Path(path), {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if batch_idx == self.at:
+        from litlab.compat import logging_step
+
+        self.losses[logging_step(trainer)] = float(outputs["loss"])
+        self.path.write_text(json.dumps(self.losses))
+        if batch_idx == self.at and trainer.current_epoch == 0:
             trainer.should_stop = True
-            self.path.write_text(json.dumps(float(outputs["loss"])))

@@ -359,28 +359,37 @@ def test_a_logging_step_is_one_wandb_row_with_its_learning_rate(tmp_path):
     assert {r["trainer/global_step"]: r["lr-AdamW"] for r in rows} == csv_lr
 
 
-def test_the_step_a_run_stops_at_logs_that_steps_loss(tmp_path):
+@pytest.mark.parametrize("min_epochs", [None, 2])
+def test_the_step_a_run_stops_at_logs_that_steps_loss(tmp_path, min_epochs):
     """A callback stops the run after a training step that is not a logging step (max_time's
-    Timer does): Lightning writes that step, with its own loss (it had the last logging step's)."""
-    stop = tmp_path / "stopped.json"
+    Timer does): Lightning writes that step, with its own loss (it had the last logging step's).
+    Where min_epochs keeps the run going, Lightning writes every later step: each its own loss
+    (a value logged at the stop from a second hook had won over every later one)."""
+    stop = tmp_path / "losses.json"
     cfg = make_cfg(
         tmp_path,
         [
             "logger=csv",
             "data.batch_size=32",
-            "trainer.max_epochs=1",
+            "trainer.max_epochs=2",
             "trainer.log_every_n_steps=5",
             "+callbacks.stop._target_=helpers.StopAfterBatch",
             "+callbacks.stop.at=6",
             f"+callbacks.stop.path={stop}",
             "test=false",
             *FAST,
+            *([f"+trainer.min_epochs={min_epochs}"] if min_epochs else []),
         ],
     )
     train_task(cfg)
     rows = [r for r in csv_rows(Path(cfg.paths.output_dir)) if r.get("train/loss_step")]
-    assert [int(r["step"]) for r in rows] == [4, 6], rows
-    assert float(rows[-1]["train/loss_step"]) == pytest.approx(json.loads(stop.read_text()))
+    losses = {int(step): loss for step, loss in json.loads(stop.read_text()).items()}
+    written = {int(r["step"]): float(r["train/loss_step"]) for r in rows}
+    assert written == pytest.approx({step: losses[step] for step in written})
+    if min_epochs is None:
+        assert sorted(written) == [4, 6], rows
+    else:
+        assert len(written) > 10 and 7 in written and 8 in written, rows
 
 
 def test_the_config_tree_keeps_long_lines_whole_in_a_log(capsys):

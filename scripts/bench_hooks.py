@@ -68,6 +68,7 @@ def instrument() -> None:
         cls.save = timed(cls.save, f"{cls.__name__}.save")
     L.LightningModule.log = timed(L.LightningModule.log, "LightningModule.log")
     dispatch = call._call_callback_hooks
+    timed_dispatch = {hook: timed(dispatch, f"dispatch.{hook}") for hook in HOOKS}
 
     def wrapped_dispatch(trainer: Any, hook: str, *args: Any, **kwargs: Any) -> Any:
         for callback in trainer.callbacks:
@@ -76,9 +77,7 @@ def instrument() -> None:
                 for name in HOOKS:
                     label = f"{type(callback).__name__}.{name}"
                     setattr(callback, name, timed(getattr(callback, name), label))
-        if hook not in HOOKS:
-            return dispatch(trainer, hook, *args, **kwargs)
-        return timed(dispatch, f"dispatch.{hook}")(trainer, hook, *args, **kwargs)
+        return timed_dispatch.get(hook, dispatch)(trainer, hook, *args, **kwargs)
 
     call._call_callback_hooks = wrapped_dispatch
 

@@ -233,7 +233,7 @@ class LitlabWandbLogger(WandbLogger):
         self._send(super().log_hyperparams, flat_hyperparameters(params))
 
     # Metrics of one step, held until the step's other metrics come (W&B call per step: one).
-    _held: tuple[int | None, dict[str, Any]] | None = None
+    _held: tuple[int, dict[str, Any]] | None = None
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """Held, and sent with the next metrics of the same step, at ``save`` (which Lightning's
@@ -409,26 +409,26 @@ def finish_loggers(
     never replaces how the run itself ended, and the files written so far stay in place.
     """
     for logger in loggers:
-        if isinstance(logger, WandbLogger):
-            logger.save()  # metrics it still holds (LitlabWandbLogger.log_metrics)
-        if isinstance(logger, WandbLogger) and wandb_started(logger):
-            run = logger.experiment
-            offline = getattr(run.settings, "mode", "") in ("offline", "dryrun")
-            sync_dir = getattr(run.settings, "sync_dir", None)
-            try:
-                run.summary.update(summary or {})
-                run.finish(exit_code=1 if failed else 0)
-            except Exception as e:  # wandb raises ConnectionResetError, CommError, ...
-                log.warning(
-                    "W&B could not close its run (%s); what it logged is kept", first_line(e)
-                )
-                import wandb
+        if not isinstance(logger, WandbLogger):
+            continue
+        logger.save()  # metrics it still holds (LitlabWandbLogger.log_metrics)
+        if not wandb_started(logger):
+            continue
+        run = logger.experiment
+        offline = getattr(run.settings, "mode", "") in ("offline", "dryrun")
+        sync_dir = getattr(run.settings, "sync_dir", None)
+        try:
+            run.summary.update(summary or {})
+            run.finish(exit_code=1 if failed else 0)
+        except Exception as e:  # wandb raises ConnectionResetError, CommError, ...
+            log.warning("W&B could not close its run (%s); what it logged is kept", first_line(e))
+            import wandb
 
-                with contextlib.suppress(Exception):  # else wandb's exit hook fails the same way
-                    wandb.teardown()
-                continue
-            if offline and sync_dir:
-                log.info("W&B run saved offline; upload it later with: %s", sync_command(sync_dir))
+            with contextlib.suppress(Exception):  # else wandb's exit hook fails the same way
+                wandb.teardown()
+            continue
+        if offline and sync_dir:
+            log.info("W&B run saved offline; upload it later with: %s", sync_command(sync_dir))
 
 
 def sync_command(sync_dir: str) -> str:

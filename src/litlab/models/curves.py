@@ -4,15 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor
-
 from litlab.compat import logs_this_step
-
-
-class _Held:
-    """A batch's curve values not logged yet (a plain object: no nn.Module attribute checks)."""
-
-    values: dict[str, Tensor] | None = None
 
 
 class StepCurves:
@@ -30,17 +22,12 @@ class StepCurves:
     """
 
     def log_step_curves(self, values: dict[str, Any]) -> None:
-        held = self.__dict__.get("_curves")
-        if held is None:
-            held = self.__dict__["_curves"] = _Held()
-        held.values = values
+        # in the instance's __dict__: no nn.Module attribute checks, every step
+        self.__dict__["_step_curves"] = values
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_end(outputs, batch, batch_idx)  # type: ignore[misc]
-        held = self.__dict__.get("_curves")
-        if held is None or held.values is None:
-            return
-        values, held.values = held.values, None
+        values = self.__dict__.pop("_step_curves", None)
         trainer = self.trainer  # type: ignore[attr-defined]
-        if logs_this_step(trainer) or trainer.is_last_batch:
+        if values is not None and (logs_this_step(trainer) or trainer.is_last_batch):
             self.log_dict(values, on_step=True, on_epoch=False)  # type: ignore[attr-defined]

@@ -283,6 +283,7 @@ def test_the_batch_size_finder_stops_at_the_training_split(tmp_path, extra, foun
     10 steps as that, the 11th step raised a ValueError (reviewer). Half an epoch of one batch
     is refused by Lightning: with limit_train_batches=0.5 the cap is half the split."""
     overrides = ["trainer.max_epochs=1", "tune.batch_size=true", "test=false", *extra]
+    overrides += ["model.net.width=4"]  # the cap is the split's size, not the net's
     cfg = make_cfg(tmp_path, [*overrides, *FAST])
     train_task(cfg)
     summary = summary_of(cfg)

@@ -75,8 +75,10 @@ def instrument() -> None:
             if not getattr(callback, "_bench_timed", False):
                 callback._bench_timed = True
                 for name in HOOKS:
-                    label = f"{type(callback).__name__}.{name}"
-                    setattr(callback, name, timed(getattr(callback, name), label))
+                    method = getattr(callback, name)
+                    if callable(method):  # None: skipped by the dispatch (litlab.compat)
+                        label = f"{type(callback).__name__}.{name}"
+                        setattr(callback, name, timed(method, label))
         return timed_dispatch.get(hook, dispatch)(trainer, hook, *args, **kwargs)
 
     call._call_callback_hooks = wrapped_dispatch

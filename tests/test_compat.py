@@ -508,3 +508,52 @@ def test_cuda_is_checked_without_nvml_only_where_nvml_finds_no_gpu(monkeypatch):
     assert ("PYTORCH_NVML_BASED_CUDA_CHECK" in os.environ) == (gpus > 0)
     assert torch.cuda.is_available() == available
     assert not compat.cuda_checks_without_nvml_where_it_finds_no_gpu()  # once is enough
+
+
+class CountsBatchEnds(L.Callback):
+    def __init__(self) -> None:
+        self.batch_ends = 0
+
+    def on_train_batch_end(self, *args, **kwargs) -> None:
+        self.batch_ends += 1
+
+
+class CountsEveryHook(L.Callback):
+    """Records every batch hook Lightning calls on it, through the instance's attributes."""
+
+    def __init__(self) -> None:
+        self.called: list[str] = []
+        for name in compat.BATCH_HOOKS:
+            setattr(self, name, lambda *a, name=name, **k: self.called.append(name))
+
+
+class Evaluates(Tiny):
+    def validation_step(self, batch, batch_idx):
+        return None
+
+    def test_step(self, batch, batch_idx):
+        return None
+
+    def predict_step(self, batch, batch_idx):
+        return self.net(batch[0])
+
+
+def test_batch_hooks_left_to_the_base_class_are_skipped_and_the_others_called():
+    """compat.skip_batch_hooks_left_to_the_base_class: Lightning's dispatch still skips a hook
+    that is not callable, calls each hook a class overrides at every batch, and every name in
+    BATCH_HOOKS is one it calls in a fit with validation (a renamed hook fails here)."""
+    counts, base, spy = CountsBatchEnds(), L.Callback(), CountsEveryHook()
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    trainer = bare_trainer(max_epochs=1, callbacks=[counts, base])
+    compat.skip_batch_hooks_left_to_the_base_class(trainer)
+    assert all(getattr(base, name) is None for name in compat.BATCH_HOOKS)
+    assert counts.on_train_batch_end.__func__ is CountsBatchEnds.on_train_batch_end
+    assert counts.on_train_batch_start is None
+    trainer.callbacks.append(spy)  # added after the pruning: Lightning calls it as before
+    loader = DataLoader(data, batch_size=4)
+    trainer.fit(Evaluates(), loader, loader)
+    trainer.test(Evaluates(), loader, verbose=False)
+    trainer.predict(Evaluates(), loader)
+    assert counts.batch_ends == 8
+    assert set(spy.called) == set(compat.BATCH_HOOKS)
+    assert spy.called.count("on_before_backward") == 8

@@ -266,6 +266,21 @@ def test_callbacks_progress_bar_null_means_no_bar(tmp_path, overrides, bar):
     assert (type(shown).__name__ if shown is not None else None) == bar
 
 
+def test_the_default_runs_callbacks_get_only_the_batch_hooks_they_have(tmp_path):
+    """build_trainer leaves Lightning nothing to call at a batch on a callback whose class
+    keeps Callback's no-op there (compat.skip_batch_hooks_left_to_the_base_class)."""
+    from litlab.config import build
+    from litlab.train import build_trainer
+
+    cfg = make_cfg(tmp_path, [*SMALL, "logger=none"])
+    trainer = build_trainer(cfg, build(cfg.model, "model"), {})
+    by_name = {type(cb).__name__: cb for cb in trainer.callbacks}
+    assert by_name["RNGState"].on_train_batch_end is None
+    assert by_name["RichModelSummary"].on_before_backward is None
+    assert callable(by_name["ProgressBar"].on_train_batch_end)
+    assert callable(by_name["DivergenceGuard"].on_train_batch_end)
+
+
 @pytest.mark.slow
 def test_the_progress_bar_ends_on_the_last_batch_trained(tmp_path, monkeypatch):
     """A fit that ends within an epoch (trainer.max_steps here; a GAN's max_g_steps, a stop

@@ -286,6 +286,39 @@ def _ended_before_its_last_batch(epoch: Any, batches: Any) -> bool:
     return ended and trained and not batches.is_last_batch
 
 
+# The hooks Lightning calls on every callback at every batch (training, validation, test,
+# predict) and every optimizer step.
+BATCH_HOOKS = (
+    "on_train_batch_start",
+    "on_train_batch_end",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_validation_batch_start",
+    "on_validation_batch_end",
+    "on_test_batch_start",
+    "on_test_batch_end",
+    "on_predict_batch_start",
+    "on_predict_batch_end",
+)
+
+
+def skip_batch_hooks_left_to_the_base_class(trainer: L.Trainer) -> L.Trainer:
+    """Lightning calls each per-batch hook on every callback, the base class's no-ops included:
+    six hooks a training step over litlab's default callbacks, most of them no-ops, each wrapped
+    in the profiler's context and named for it (about 2 us a callback and hook on a 2-core CPU,
+    0.1-0.2 ms a step; docs/benchmarks.md). Its dispatch skips an attribute that is not callable
+    (``_call_callback_hooks``: ``if callable(fn)``), so a callback's instance gets ``None`` for
+    each batch hook its class leaves to ``Callback``. Hooks a class overrides are untouched, and
+    so are callbacks added later (a module's ``configure_callbacks``): Lightning calls theirs."""
+    for callback in trainer.callbacks:
+        for name in BATCH_HOOKS:
+            if getattr(type(callback), name, None) is getattr(L.Callback, name):
+                setattr(callback, name, None)
+    return trainer
+
+
 def restart_finished_epochs_as_epoch_based(trainer: L.Trainer) -> L.Trainer:
     """Resume from an epoch's end with ``trainer.max_steps`` set as without it. Lightning
     2.6.6's fit loop calls itself restarting whenever max_steps is set (``_FitLoop.restarting``:

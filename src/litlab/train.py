@@ -260,6 +260,7 @@ def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, An
     trainer = build(
         cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy, **extra
     )
+    compat.skip_batch_hooks_left_to_the_base_class(trainer)
     return compat.restart_finished_epochs_as_epoch_based(trainer)
 
 

@@ -123,15 +123,25 @@ def refused(capsys: pytest.CaptureFixture[str], task, cfg: DictConfig, needle: s
     return err[-1]
 
 
+# W&B online as litlab sees it (a key), its server an unused loopback port: nothing is sent.
+NO_WANDB_SERVER = {"WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"}
+
+
 def run_cli(
-    *args: str, script: str = "train.py", cwd: Path = REPO, timeout: int = 600
+    *args: str,
+    script: str = "train.py",
+    cwd: Path = REPO,
+    timeout: int = 600,
+    wandb_online: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run a task exactly as a user does, from the repo root."""
+    """Run a task exactly as a user does, from the repo root. W&B offline, or with
+    ``wandb_online`` online with credentials and no server reachable (NO_WANDB_SERVER)."""
     # Not WANDB_SERVICE: a W&B run made in the test process would share its service with the
     # child, which then outlives the child (a killed child's run id stays "in use" there).
+    skip = {"WANDB_SERVICE", "WANDB_MODE"}
     env = {
-        **{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"},
-        "WANDB_MODE": "offline",
+        **{k: v for k, v in os.environ.items() if k not in skip},
+        **(NO_WANDB_SERVER if wandb_online else {"WANDB_MODE": "offline"}),
         "WANDB_SILENT": "true",
         "HYDRA_FULL_ERROR": "0",
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),

@@ -543,26 +543,9 @@ def test_wandb_outage_falls_back_to_offline_within_the_timeout(tmp_path):
     """Online mode with a key, but the server is an unused loopback port: the run starts offline
     at once (a TCP probe; before: wandb's init_timeout, 60 s, plus about 10 s of its login, at
     every run), and so does the next run of a sweep, without probing again."""
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    env.update(WANDB_API_KEY="a" * 40, WANDB_BASE_URL="http://127.0.0.1:9")
     t0 = time.time()
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "train.py"),
-            "-m",
-            "seed=1,2",
-            "trainer.max_epochs=1",
-            "logger=wandb",
-            f"paths.log_dir={tmp_path}",
-            *QUIET,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    args = ["-m", "seed=1,2", "trainer.max_epochs=1", "logger=wandb", f"paths.log_dir={tmp_path}"]
+    result = run_cli(*args, *QUIET, timeout=240, wandb_online=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert time.time() - t0 < 120
     said = result.stdout + result.stderr
@@ -1338,6 +1321,28 @@ def test_a_resumed_offline_wandb_run_says_to_sync_all_its_parts_together(tmp_pat
     assert len(parts) == 2 and len(wandb_run_ids(folder)) == 1
     line = f"upload it later with: wandb sync {parts[0]} {parts[1]}"
     assert line in (folder / "train.log").read_text()
+    # Resumed online (credentials now; no server here): its parts are not uploaded, and W&B
+    # drops the steps of an earlier part uploaded after a later part's, so it logs offline too,
+    # without trying the server, and names the three parts.
+    online = run_cli(f"resume={folder}", "trainer.max_epochs=3", wandb_online=True)
+    assert online.returncode == 0, online.stderr[-3000:]
+    said = online.stdout + online.stderr
+    assert "this run's earlier part is offline and not uploaded" in said
+    assert "W&B could not start online" not in said
+    parts = sorted((folder / "wandb").glob("offline-run-*"))
+    assert len(parts) == 3 and len(wandb_run_ids(folder)) == 1
+    assert f"wandb sync {' '.join(map(str, parts))}" in (folder / "train.log").read_text()
+    # Once `wandb sync` has uploaded them (its marker beside each part's .wandb file), a resume
+    # tries the server (online); the part it logs offline is the only one left to upload.
+    for run in (folder / "wandb").glob("offline-run-*/run-*.wandb"):
+        run.with_suffix(".wandb.synced").touch()
+    again = run_cli(f"resume={folder}", "trainer.max_epochs=4", wandb_online=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = again.stdout + again.stderr
+    assert "W&B could not start online (127.0.0.1:9 not reachable" in said
+    assert "earlier part is offline" not in said
+    (last,) = set((folder / "wandb").glob("offline-run-*")) - set(parts)
+    assert (folder / "train.log").read_text().endswith(f"wandb sync {last}\n")
 
 
 def test_a_finished_run_started_again_in_its_folder_trains_nothing(tmp_path, caplog):

@@ -197,6 +197,16 @@ class LitlabWandbLogger(WandbLogger):
     @rank_zero_experiment
     def experiment(self) -> Any:
         init = wandb_init_arguments(self)
+        earlier = unsynced_offline_parts(Path(init.get("dir") or "."), init.get("id"))
+        if not wandb_started(self) and init.get("mode") == "online" and earlier:
+            log.warning(
+                "W&B: this run's earlier part is offline and not uploaded (%s); W&B drops the "
+                "steps of a part uploaded after a later one's, so this part logs offline too. "
+                "Upload every part with the command printed at the end, then resume again to "
+                "log online",
+                earlier[-1],
+            )
+            init["mode"] = "offline"
         if not wandb_started(self) and init.get("mode") == "online":
             why = LitlabWandbLogger._online_failed or unreachable(wandb_server())
             # only an unreachable server is remembered: another failure (a timeout, a run id
@@ -437,8 +447,18 @@ def sync_command(sync_dir: str) -> str:
     part synced alone would upload that part's history only."""
     folder = Path(sync_dir)
     run_id = folder.name.rsplit("-", 1)[-1]
-    parts = sorted(folder.parent.glob(f"offline-run-*-{run_id}")) or [folder]
+    parts = unsynced_offline_parts(folder.parent.parent, run_id) or [folder]
     return "wandb sync " + " ".join(shlex.quote(str(part)) for part in parts)
+
+
+def unsynced_offline_parts(save_dir: Path, run_id: str | None) -> list[Path]:
+    """The folders where the W&B run ``run_id`` was logged offline under ``save_dir`` (one a
+    part: each resume adds one), in the order they started, less those ``wandb sync`` uploaded
+    (it leaves a ``.wandb.synced`` file beside the part's .wandb file)."""
+    if not run_id:
+        return []
+    parts = sorted((save_dir / "wandb").glob(f"offline-run-*-{run_id}"))
+    return [part for part in parts if not any(part.glob("*.wandb.synced"))]
 
 
 def end_wandb_service() -> None:

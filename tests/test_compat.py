@@ -519,7 +519,7 @@ class CountsBatchEnds(L.Callback):
 
 
 class CountsEveryHook(L.Callback):
-    """Records every batch hook Lightning calls on it, through the instance's attributes."""
+    """Records every batch hook Lightning calls on it, set as the instance's own attributes."""
 
     def __init__(self) -> None:
         self.called: list[str] = []
@@ -540,16 +540,16 @@ class Evaluates(Tiny):
 
 def test_batch_hooks_left_to_the_base_class_are_skipped_and_the_others_called():
     """compat.skip_batch_hooks_left_to_the_base_class: Lightning's dispatch still skips a hook
-    that is not callable, calls each hook a class overrides at every batch, and every name in
-    BATCH_HOOKS is one it calls in a fit with validation (a renamed hook fails here)."""
+    that is not callable, calls each hook a class overrides or an instance sets at every batch,
+    and every name in BATCH_HOOKS is one it calls (a renamed hook fails here)."""
     counts, base, spy = CountsBatchEnds(), L.Callback(), CountsEveryHook()
     data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
-    trainer = bare_trainer(max_epochs=1, callbacks=[counts, base])
+    trainer = bare_trainer(max_epochs=1, callbacks=[counts, base, spy])
     compat.skip_batch_hooks_left_to_the_base_class(trainer)
     assert all(getattr(base, name) is None for name in compat.BATCH_HOOKS)
     assert counts.on_train_batch_end.__func__ is CountsBatchEnds.on_train_batch_end
     assert counts.on_train_batch_start is None
-    trainer.callbacks.append(spy)  # added after the pruning: Lightning calls it as before
+    assert all(callable(getattr(spy, name)) for name in compat.BATCH_HOOKS)  # its own
     loader = DataLoader(data, batch_size=4)
     trainer.fit(Evaluates(), loader, loader)
     trainer.test(Evaluates(), loader, verbose=False)

@@ -310,11 +310,12 @@ def skip_batch_hooks_left_to_the_base_class(trainer: L.Trainer) -> L.Trainer:
     in the profiler's context and named for it (about 2 us a callback and hook on a 2-core CPU,
     0.1-0.2 ms a step; docs/benchmarks.md). Its dispatch skips an attribute that is not callable
     (``_call_callback_hooks``: ``if callable(fn)``), so a callback's instance gets ``None`` for
-    each batch hook its class leaves to ``Callback``. Hooks a class overrides are untouched, and
-    so are callbacks added later (a module's ``configure_callbacks``): Lightning calls theirs."""
+    each batch hook its class leaves to ``Callback``. Hooks a class overrides or an instance sets
+    are untouched, and so are callbacks added later (a module's ``configure_callbacks``)."""
     for callback in trainer.callbacks:
         for name in BATCH_HOOKS:
-            if getattr(type(callback), name, None) is getattr(L.Callback, name):
+            own = name in vars(callback)  # a hook set on the instance itself
+            if not own and getattr(type(callback), name, None) is getattr(L.Callback, name):
                 setattr(callback, name, None)
     return trainer
 

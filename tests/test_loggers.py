@@ -365,3 +365,31 @@ def test_the_wandb_logger_sends_one_steps_metrics_together_and_nothing_else(tmp_
         {"gpu": 5.0, "trainer/global_step": 3},  # W&B's step_sync: the last step, filled in
         {"loss": 3.0, "trainer/global_step": 4},
     ]
+
+
+def test_a_runs_offline_parts_are_found_by_their_transaction_logs(tmp_path):
+    """The parts of W&B run "abc" as wandb lays them out: one per resume, "-1" after the id
+    when a part starts in the same second as the one before, a run "abcd" beside them, a part
+    killed before its log was written, and `wandb sync`'s marker on an uploaded part. Under
+    `.wandb` where that folder exists (wandb's own choice)."""
+    from litlab.loggers import offline_parts, sync_command, unsynced_offline_parts, wandb_folder
+    from litlab.resume import wandb_run_id
+
+    assert wandb_folder(tmp_path) == tmp_path / "wandb"
+    folder = tmp_path / ".wandb"
+    names = ["20261205_150000-abc", "20261205_150000-abc-1", "20261205_150002-abc"]
+    parts = [folder / f"offline-run-{name}" for name in names]
+    for part in parts:
+        part.mkdir(parents=True)
+        (part / "run-abc.wandb").write_bytes(b"W&B")
+    (folder / "offline-run-20261205_150001-abcd").mkdir()
+    (folder / "offline-run-20261205_150001-abcd" / "run-abcd.wandb").write_bytes(b"W&B")
+    (folder / "offline-run-20261205_150003-abc").mkdir()  # killed while W&B started
+    (parts[0] / "run-abc.wandb.synced").touch()
+    assert wandb_folder(tmp_path) == folder
+    assert offline_parts(folder, "abc") == parts
+    assert unsynced_offline_parts(folder, "abc") == parts[1:]
+    assert unsynced_offline_parts(folder, None) == []
+    assert sync_command(str(parts[2]), "abc") == f"wandb sync {parts[1]} {parts[2]}"
+    os.utime(parts[1], (time.time() + 10, time.time() + 10))  # the newest part
+    assert wandb_run_id(tmp_path) == "abc"  # not "1"

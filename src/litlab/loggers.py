@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import configparser
 import contextlib
+import glob
 import logging
 import netrc
 import os
@@ -197,16 +198,18 @@ class LitlabWandbLogger(WandbLogger):
     @rank_zero_experiment
     def experiment(self) -> Any:
         init = wandb_init_arguments(self)
-        earlier = unsynced_offline_parts(Path(init.get("dir") or "."), init.get("id"))
-        if not wandb_started(self) and init.get("mode") == "online" and earlier:
-            log.warning(
-                "W&B: this run's earlier part is offline and not uploaded (%s); W&B drops the "
-                "steps of a part uploaded after a later one's, so this part logs offline too. "
-                "Upload every part with the command printed at the end, then resume again to "
-                "log online",
-                earlier[-1],
-            )
-            init["mode"] = "offline"
+        if not wandb_started(self) and init.get("mode") == "online":
+            folder = wandb_folder(Path(init.get("dir") or "."))
+            earlier = unsynced_offline_parts(folder, init.get("id"))
+            if earlier:
+                log.warning(
+                    "W&B: this run's earlier part is offline and not uploaded, and W&B drops "
+                    "the steps of a part uploaded after a later part's: this part logs offline "
+                    "too (the line at its end uploads them all). To log online, upload them "
+                    "first (%s) and resume again",
+                    sync_line(earlier),
+                )
+                init["mode"] = "offline"
         if not wandb_started(self) and init.get("mode") == "online":
             why = LitlabWandbLogger._online_failed or unreachable(wandb_server())
             # only an unreachable server is remembered: another failure (a timeout, a run id
@@ -426,7 +429,7 @@ def finish_loggers(
             continue
         run = logger.experiment
         offline = getattr(run.settings, "mode", "") in ("offline", "dryrun")
-        sync_dir = getattr(run.settings, "sync_dir", None)
+        upload = sync_command(run.settings.sync_dir, run.id) if offline else None
         try:
             run.summary.update(summary or {})
             run.finish(exit_code=1 if failed else 0)
@@ -437,28 +440,45 @@ def finish_loggers(
             with contextlib.suppress(Exception):  # else wandb's exit hook fails the same way
                 wandb.teardown()
             continue
-        if offline and sync_dir:
-            log.info("W&B run saved offline; upload it later with: %s", sync_command(sync_dir))
+        if upload:
+            log.info("W&B run saved offline; upload it later with: %s", upload)
 
 
-def sync_command(sync_dir: str) -> str:
+def sync_command(sync_dir: str, run_id: str) -> str:
     """The `wandb sync` of an offline run: every part of it where it was resumed (one folder a
-    part, the same run id), together, which wandb syncs as one run in order of start time; one
-    part synced alone would upload that part's history only."""
+    part, the same run id) not uploaded yet, together, which wandb syncs as one run in order of
+    start time; one part synced alone would upload that part's history only."""
     folder = Path(sync_dir)
-    run_id = folder.name.rsplit("-", 1)[-1]
-    parts = unsynced_offline_parts(folder.parent.parent, run_id) or [folder]
+    return sync_line(unsynced_offline_parts(folder.parent, run_id) or [folder])
+
+
+def sync_line(parts: list[Path]) -> str:
     return "wandb sync " + " ".join(shlex.quote(str(part)) for part in parts)
 
 
-def unsynced_offline_parts(save_dir: Path, run_id: str | None) -> list[Path]:
-    """The folders where the W&B run ``run_id`` was logged offline under ``save_dir`` (one a
-    part: each resume adds one), in the order they started, less those ``wandb sync`` uploaded
-    (it leaves a ``.wandb.synced`` file beside the part's .wandb file)."""
+def wandb_folder(save_dir: Path) -> Path:
+    """Where wandb puts its run folders under a run's ``save_dir`` (its ``Settings.wandb_dir``):
+    ``.wandb`` where that folder exists, else ``wandb``."""
+    dot = save_dir / ".wandb"
+    return dot if dot.is_dir() else save_dir / "wandb"
+
+
+def offline_parts(wandb_dir: Path, run_id: str) -> list[Path]:
+    """The folders where the W&B run ``run_id`` was logged offline, in the order they started
+    (one a part: each resume adds one). Found by the transaction log each holds,
+    ``run-<id>.wandb``: a part started in the same second as another has "-1" after the id in
+    its folder's name."""
+    logs = wandb_dir.glob(f"offline-run-*/run-{glob.escape(run_id)}.wandb")
+    return sorted(log_file.parent for log_file in logs)
+
+
+def unsynced_offline_parts(wandb_dir: Path, run_id: str | None) -> list[Path]:
+    """offline_parts less those ``wandb sync`` uploaded (it leaves ``run-<id>.wandb.synced``
+    beside the transaction log, as wandb's own ``sync --skip-synced`` reads it)."""
     if not run_id:
         return []
-    parts = sorted((save_dir / "wandb").glob(f"offline-run-*-{run_id}"))
-    return [part for part in parts if not any(part.glob("*.wandb.synced"))]
+    parts = offline_parts(wandb_dir, run_id)
+    return [part for part in parts if not (part / f"run-{run_id}.wandb.synced").exists()]
 
 
 def end_wandb_service() -> None:

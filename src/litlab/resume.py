@@ -33,6 +33,7 @@ from litlab.config import config_dir, group_of_sweep
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, ConfigError, fail
+from litlab.loggers import wandb_folder
 from litlab.overrides import RESUME_OVERRIDES, merged_overrides, override_key
 from litlab.run import COMPLETED, TRAINED, Run, config_digest, read_summary
 from litlab.tune import take_tuned_values
@@ -91,9 +92,14 @@ def refuse_sharded(folder: Path) -> None:
 
 
 def wandb_run_id(folder: Path) -> str | None:
-    """The id of the W&B run a run folder logged to (wandb/<offline-run|run>-<date>-<id>)."""
-    runs = sorted((folder / "wandb").glob("*run-*-*"), key=lambda p: p.stat().st_mtime_ns)
-    return runs[-1].name.rsplit("-", 1)[-1] if runs else None
+    """The id of the W&B run a run folder logged to, as the newest part's transaction log names
+    it (wandb/<offline-run|run>-<date>-<id>[-<n>]/run-<id>.wandb), else its folder's name."""
+    parts = wandb_folder(folder).glob("*run-*")
+    newest = max(parts, key=lambda p: p.stat().st_mtime_ns, default=None)
+    if newest is None:
+        return None
+    log_file = next(newest.glob("run-*.wandb"), None)  # none if killed while W&B started
+    return log_file.stem.removeprefix("run-") if log_file else newest.name.rsplit("-", 1)[-1]
 
 
 # The saved config.yaml stays the first command's; a later resume= applies RESUME_OVERRIDES first.

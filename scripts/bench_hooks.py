@@ -30,16 +30,9 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.trainer import call
 
-HOOKS = (
-    "on_train_batch_start",
-    "on_train_batch_end",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-    "on_train_epoch_start",
-    "on_train_epoch_end",
-)
+from litlab import compat
+
+HOOKS = (*compat.TRAINING_STEP_HOOKS, "on_train_epoch_start", "on_train_epoch_end")
 spent: collections.Counter[str] = collections.Counter()
 calls: collections.Counter[str] = collections.Counter()
 

@@ -286,15 +286,18 @@ def _ended_before_its_last_batch(epoch: Any, batches: Any) -> bool:
     return ended and trained and not batches.is_last_batch
 
 
-# The hooks Lightning calls on every callback at every batch (training, validation, test,
-# predict) and every optimizer step.
-BATCH_HOOKS = (
+# The hooks Lightning calls on every callback at every training step, then at every batch of
+# the other loops (validation, test, predict).
+TRAINING_STEP_HOOKS = (
     "on_train_batch_start",
     "on_train_batch_end",
     "on_before_backward",
     "on_after_backward",
     "on_before_optimizer_step",
     "on_before_zero_grad",
+)
+BATCH_HOOKS = (
+    *TRAINING_STEP_HOOKS,
     "on_validation_batch_start",
     "on_validation_batch_end",
     "on_test_batch_start",

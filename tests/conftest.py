@@ -140,12 +140,14 @@ def run_cli(
     # Not WANDB_SERVICE: a W&B run made in the test process would share its service with the
     # child, which then outlives the child (a killed child's run id stays "in use" there).
     skip = {"WANDB_SERVICE", "WANDB_MODE"}
+    wandb: dict[str, str] = {"WANDB_MODE": "offline"}
     if wandb_online:  # nor a proxy (W&B would wait for it), nor the user's saved `wandb offline`
         skip |= {"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "WANDB_CONFIG_DIR"}
-    online = {**NO_WANDB_SERVER, "WANDB_CONFIG_DIR": tempfile.mkdtemp(prefix="wandb-config-")}
+        config = tempfile.mkdtemp(prefix="wandb-config-")
+        wandb = {**NO_WANDB_SERVER, "WANDB_CONFIG_DIR": config}
     env = {
         **{k: v for k, v in os.environ.items() if k not in skip},
-        **(online if wandb_online else {"WANDB_MODE": "offline"}),
+        **wandb,
         "WANDB_SILENT": "true",
         "HYDRA_FULL_ERROR": "0",
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),

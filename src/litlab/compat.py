@@ -307,7 +307,7 @@ BATCH_HOOKS = (
 )
 
 
-def skip_batch_hooks_left_to_the_base_class(trainer: L.Trainer) -> L.Trainer:
+def skip_batch_hooks_left_to_the_base_class(trainer: L.Trainer) -> None:
     """Lightning calls each per-batch hook on every callback, the base class's no-ops included:
     six hooks a training step over litlab's default callbacks, most of them no-ops, each wrapped
     in the profiler's context and named for it (about 2 us a callback and hook on a 2-core CPU,
@@ -320,7 +320,6 @@ def skip_batch_hooks_left_to_the_base_class(trainer: L.Trainer) -> L.Trainer:
             own = name in vars(callback)  # a hook set on the instance itself
             if not own and getattr(type(callback), name, None) is getattr(L.Callback, name):
                 setattr(callback, name, None)
-    return trainer
 
 
 def restart_finished_epochs_as_epoch_based(trainer: L.Trainer) -> L.Trainer:

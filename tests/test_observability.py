@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 from omegaconf import OmegaConf
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import QUIET as FAST
-from conftest import TINY_GAN, make_cfg, refused, summary_of
+from conftest import TINY_GAN, bare_trainer, make_cfg, refused, summary_of
+from litlab.callbacks import ModelSummary
 from litlab.callbacks.monitor import mfu, peak_flops, training_flops_per_image
 from litlab.config import build
 from litlab.errors import ConfigError, OutOfMemory
@@ -110,6 +113,57 @@ def test_flop_count_matches_the_analytic_count():
     conv = nn.Conv2d(1, 4, 3, bias=False)
     assert training_flops_per_image(conv, torch.zeros(2, 1, 8, 8)) == 2 * (2 * 9 * 4 * 36)
     assert all(p.device.type == "cpu" and p.grad is None for p in conv.parameters())
+
+
+def counted_forward(net: nn.Module, example: torch.Tensor) -> int:
+    """FLOPs of a real forward pass of the real net: the reference for the summary's count."""
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        net.eval()(example)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("family", ["classifier", "gan"])
+def test_the_model_summary_counts_each_nets_forward_pass(tmp_path, capsys, family):
+    """Lightning's summary counts FLOPs only with an example_input_array (litlab's modules have
+    none: it printed 0 on every row); litlab's counts one example through each net, on meta
+    copies: the same numbers as a real forward, every row, and the total their sum."""
+    small = ["model.net.width=8"] if family == "classifier" else TINY_GAN
+    cfg = make_cfg(tmp_path, small)
+    summary = ModelSummary(max_depth=2)
+    trainer = bare_trainer(
+        accelerator="cpu",
+        max_steps=1,
+        callbacks=[summary],
+        enable_model_summary=True,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    model, data = build(cfg.model, "model"), build(cfg.data, "data")
+    trainer.fit(model, data)
+    image = torch.zeros(1, *data.image_shape)
+    if family == "classifier":
+        nets = {"net": (model.net, image)}
+    else:
+        noise = torch.zeros(1, model.latent_dim)
+        nets = {
+            "generator": (model.generator, noise),
+            "discriminator": (model.discriminator, image),
+            "generator_ema": (model.generator_ema, noise),
+        }
+    # the real nets untouched (meta copies were counted)
+    assert all(p.device.type == "cpu" for net, _ in nets.values() for p in net.parameters())
+    expected = {name: counted_forward(net, x) for name, (net, x) in nets.items()}
+    assert {name: summary.flops[name] for name in nets} == expected and all(expected.values())
+    # a row below a net: its own share (max_depth=2), the net's rows adding up to the net
+    first = next(iter(nets))
+    children = {
+        k: v for k, v in summary.flops.items() if k.count(".") == 1 and k.split(".")[0] == first
+    }
+    assert children and sum(children.values()) == expected[first]
+    printed = capsys.readouterr().out
+    total = get_human_readable_count(sum(expected.values()))
+    assert f"Total FLOPs: {total}" in printed and "Total FLOPs: 0" not in printed
 
 
 def test_throughput_counts_a_batchs_images_as_lightning_does():

@@ -1,7 +1,7 @@
 """Lightning callbacks that litlab adds: a ModelCheckpoint that costs less per step, early
 stopping that keeps its patience when resumed, speed switches, divergence guard, exact resume and
 preemption, EMA of the weights, GAN evaluation, a progress bar without per-step syncs,
-throughput and memory monitors."""
+throughput and memory monitors, a model summary that counts FLOPs."""
 
 from litlab.callbacks.checkpoint import ModelCheckpoint
 from litlab.callbacks.early_stopping import EarlyStopping
@@ -12,6 +12,7 @@ from litlab.callbacks.monitor import PeakMemory, Throughput
 from litlab.callbacks.preemption import Preemption, RNGState
 from litlab.callbacks.progress import ProgressBar
 from litlab.callbacks.speed import Speed
+from litlab.callbacks.summary import ModelSummary
 
 __all__ = [
     "EMA",
@@ -19,6 +20,7 @@ __all__ = [
     "DivergenceGuard",
     "EarlyStopping",
     "ModelCheckpoint",
+    "ModelSummary",
     "PeakMemory",
     "Preemption",
     "ProgressBar",

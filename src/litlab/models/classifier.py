@@ -163,6 +163,10 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         places[-1] += sums[2] - sums[1]  # top-k hits beyond the first place (k = 0: none)
         self._images = int(sums[3])
 
+    def example_input_shapes(self, image_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        """One example's input to the net (litlab.callbacks.ModelSummary's FLOPs)."""
+        return {"net": (1, *image_shape)}
+
     def forward(self, images: Tensor) -> Tensor:
         logits = self.net(images)
         if logits.ndim != 2 or logits.shape[1] != self.num_classes:  # shapes: no device sync

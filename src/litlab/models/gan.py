@@ -240,6 +240,13 @@ class GAN(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         nets = ("generator", "generator_ema")
         return nets if self.loss == "wgan_gp" else (*nets, "discriminator")
 
+    def example_input_shapes(self, image_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        """One example's input to each net, by name (litlab.callbacks.ModelSummary's FLOPs)."""
+        shapes = {"generator": (1, self.latent_dim), "discriminator": (1, *image_shape)}
+        if self.generator_ema is not None:
+            shapes["generator_ema"] = (1, self.latent_dim)
+        return shapes
+
     # -- sampling ---------------------------------------------------------------------------
     @contextmanager
     def _eval_mode(self, net: nn.Module) -> Iterator[nn.Module]:

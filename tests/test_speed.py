@@ -55,6 +55,29 @@ def test_compiled_and_eager_checkpoints_are_interchangeable(tmp_path):
     assert summary_of(resumed)["status"] == "completed"
 
 
+def test_every_fit_compiles_its_nets_also_late_in_a_sweep(monkeypatch):
+    """The jobs of a sweep share a process, and torch compiles a function at most
+    recompile_limit times a process, then runs it eagerly: from the third job on, litlab's nets
+    ran uncompiled (each job compiles three graphs: training, validation, test)."""
+    import lightning as L
+    from torch import nn
+    from torch._dynamo.utils import counters
+
+    from litlab.callbacks import Speed
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)  # the third job, sooner
+    try:
+        for width in (4, 6):  # two jobs' nets
+            module = L.LightningModule()
+            module.net = nn.Sequential(nn.Flatten(), nn.Linear(16, width))
+            Speed(compile=True).setup(None, module, "fit")
+            graphs = counters["stats"]["unique_graphs"]
+            module.net(torch.zeros(2, 1, 4, 4))
+            assert counters["stats"]["unique_graphs"] == graphs + 1, f"width {width} ran eagerly"
+    finally:
+        torch.compiler.reset()
+
+
 def test_channels_last_computes_the_same_training(tmp_path):
     losses = {}
     for switch in ("false", "true"):
@@ -276,7 +299,7 @@ def test_the_default_runs_callbacks_get_only_the_batch_hooks_they_have(tmp_path)
     trainer = build_trainer(cfg, build(cfg.model, "model"), {})
     by_name = {type(cb).__name__: cb for cb in trainer.callbacks}
     assert by_name["RNGState"].on_train_batch_end is None
-    assert by_name["RichModelSummary"].on_before_backward is None
+    assert by_name["ModelSummary"].on_before_backward is None
     assert callable(by_name["ProgressBar"].on_train_batch_end)
     assert callable(by_name["DivergenceGuard"].on_train_batch_end)
 

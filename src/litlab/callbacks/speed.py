@@ -51,6 +51,13 @@ class Speed(Callback):
             if datamodule is not None and hasattr(datamodule, "memory_format"):
                 datamodule.memory_format = torch.channels_last
         if self.compile:
+            if stage == "fit":
+                # torch keeps compiled graphs per function for the whole process and stops
+                # compiling one after torch._dynamo.config.recompile_limit (8) of them, running it
+                # eagerly: the jobs of a sweep share a process and each adds its own (training,
+                # validation, test), so from the third job on the nets ran uncompiled. Each fit
+                # compiles afresh.
+                torch.compiler.reset()
             # A module may name what can be compiled (a GAN with a gradient penalty keeps its
             # discriminator eager: torch.compile has no double backward); else every net.
             names = getattr(pl_module, "compile_targets", None)

@@ -186,6 +186,29 @@ def test_mfu_is_achieved_over_peak_flops():
     assert peak_flops("NVIDIA A100-SXM4-80GB", "tf32") == 156e12
     assert peak_flops("Tesla T4", "bf16") is None  # no bfloat16 tensor cores
     assert peak_flops("Some Future GPU", "bf16") is None
+    # names as CUDA reports them: a model name whole, a letter after it (A10G) but no digit
+    assert peak_flops("NVIDIA RTX A1000 6GB Laptop GPU", "bf16") is None  # not an A100
+    assert peak_flops("NVIDIA A10G", "bf16") == peak_flops("NVIDIA A10", "bf16") == 125e12
+    assert peak_flops("Tesla V100-SXM2-32GB", "fp16") == 125e12
+    assert peak_flops("Tesla V100-PCIE-16GB", "fp16") == 112e12
+    assert peak_flops("NVIDIA L4", "bf16") == 121e12 and peak_flops("NVIDIA L40", "fp32") == 90.5e12
+    # a MIG slice has a share of the GPU's peak, which the table does not know
+    assert peak_flops("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "bf16") is None
+
+
+def test_a_cpu_runs_float32_arithmetic_whatever_torchs_tf32_flags_say():
+    """TF32 is a GPU's (Ampere and newer); torch refuses to read its legacy TF32 flags once its
+    per-backend ones set them apart, which stopped every 32-true run in Throughput's setup."""
+    from litlab.callbacks.monitor import compute_precision
+
+    cpu = torch.device("cpu")
+    before = torch.backends.cudnn.conv.fp32_precision
+    torch.backends.cudnn.conv.fp32_precision = "ieee"  # TF32 off for convolutions, the new way
+    try:
+        assert compute_precision("32-true", cpu) == "fp32"
+        assert compute_precision("bf16-mixed", cpu) == "bf16"
+    finally:
+        torch.backends.cudnn.conv.fp32_precision = before
 
 
 def test_out_of_memory_becomes_one_line():

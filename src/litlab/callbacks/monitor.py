@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import resource
 import sys
 import time
@@ -24,11 +25,13 @@ log = logging.getLogger(__name__)
 GB = 1e9
 
 # Dense (no sparsity) peak FLOP/s of one GPU by precision, from NVIDIA's datasheets; the first
-# name fragment found in torch.cuda.get_device_name() wins, so longer names come first.
+# model name found in torch.cuda.get_device_name() wins (a letter may follow it, A10G, not a
+# digit), so longer names come first.
 # Lightning's table (lightning.fabric.utilities.throughput) is not used: it lists the H200 only
 # under names CUDA does not report ("h200 sxm1"), gives sparse peaks for H200 and H100 NVL,
 # reads an L40S as an L4, and has no A10 and no TF32 for A100/H100.
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("gh200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}),
     ("h200 nvl", {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}),
     ("h200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}),
     ("h100 nvl", {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}),
@@ -41,7 +44,7 @@ PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("l40", {"bf16": 181e12, "fp16": 181e12, "tf32": 90.5e12, "fp32": 90.5e12}),
     ("l4", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12}),
     ("v100s", {"fp16": 130e12, "fp32": 16.4e12}),
-    ("v100-sxm", {"fp16": 125e12, "fp32": 15.7e12}),
+    ("v100-sxm2", {"fp16": 125e12, "fp32": 15.7e12}),
     ("v100", {"fp16": 112e12, "fp32": 14e12}),
     ("t4", {"fp16": 65e12, "fp32": 8.1e12}),
     # GeForce: tensor cores with float32 accumulation (what autocast uses) run at half rate.
@@ -58,17 +61,28 @@ def compute_precision(precision: str, device: torch.device) -> str | None:
         return "fp16"
     if not precision.startswith("32"):
         return None
-    # cuDNN runs float32 convolutions in TF32 by default on Ampere and newer (allow_tf32).
-    tf32 = torch.backends.cudnn.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-    ampere = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
-    return "tf32" if tf32 and ampere else "fp32"
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8:
+        return "fp32"  # TF32: Ampere and newer
+    try:
+        # cuDNN runs float32 convolutions in TF32 by default (allow_tf32).
+        tf32 = torch.backends.cudnn.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    except RuntimeError:
+        # torch refuses to read its legacy flags once its per-backend ones (fp32_precision) set
+        # them apart: read those
+        backends = (torch.backends.cudnn.conv, torch.backends.cuda.matmul)
+        tf32 = any(backend.fp32_precision == "tf32" for backend in backends)
+    return "tf32" if tf32 else "fp32"
 
 
 def peak_flops(device_name: str, arithmetic: str | None) -> float | None:
-    """Dense peak FLOP/s of a GPU (by its CUDA name) in that arithmetic; None when not listed."""
+    """Dense peak FLOP/s of a GPU (by its CUDA name) in that arithmetic; None when not listed,
+    and for a MIG slice (the table's peaks are whole GPUs')."""
     name = device_name.lower()
+    if re.search(r"\bmig\b", name):
+        return None
     for fragment, peaks in PEAK_FLOPS:
-        if fragment in name:
+        # a whole model name: "a100" in "A100-SXM4-80GB", not in "RTX A1000"
+        if re.search(rf"(?<![a-z0-9]){re.escape(fragment)}(?![0-9])", name):
             return peaks.get(arithmetic or "")
     return None
 

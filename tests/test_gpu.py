@@ -268,3 +268,15 @@ def test_training_and_validation_share_one_copy_of_the_data_on_the_gpu():
     next(iter(train)), next(iter(val))
     assert train.images.is_cuda and train.images is val.images
     assert train.labels is val.labels
+
+
+@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook"])
+def test_a_forking_strategy_on_gpus_is_refused_before_cuda_starts(tmp_path, strategy):
+    """litlab asks CUDA about the GPU (precision) before Lightning launches the ranks: forked
+    ranks then die at their first CUDA call. One line instead, naming the strategy to use."""
+    from litlab.errors import ConfigError
+    from litlab.hardware import check_hardware
+
+    cfg = make_cfg(tmp_path, ["trainer=gpu", f"trainer.strategy={strategy}"])
+    with pytest.raises(ConfigError, match=r"use trainer\.strategy=ddp "):
+        check_hardware(cfg.trainer)

@@ -163,6 +163,14 @@ def check_hardware(trainer: DictConfig) -> bool:
         raise ConfigError(
             f"this GPU has no bfloat16 support; use trainer.precision=16-mixed instead of {precision}"
         )
+    if cuda and not on_cpu and name.startswith(("ddp_fork", "ddp_notebook")):
+        # Lightning checks for CUDA started before the fork in the forked ranks only, where it
+        # is too late: each died at its first CUDA call ("Cannot re-initialize CUDA in forked
+        # subprocess"), after litlab had read the GPU's name and bfloat16 support here
+        raise ConfigError(
+            f"trainer.strategy={name} forks the ranks from this process, which has already "
+            "asked CUDA about the GPU (precision); use trainer.strategy=ddp (or ddp_spawn)"
+        )
     if isinstance(devices, int) and not on_cpu and cuda and devices > cuda:
         raise ConfigError(
             f"trainer.devices={devices} but this machine has {cuda} CUDA GPU(s); "

@@ -105,15 +105,24 @@ class InjectNaN(Callback):
 
 
 class ZeroAtStart(Callback):
-    """Zeroes the first parameter of a submodule when the fit starts: a handicap that makes a
-    resumed run's next validation worse than the run's best."""
+    """Zeroes the first parameter of a submodule when the fit starts (or, with ``epoch``, when
+    that epoch starts): a handicap that makes the validations after it worse than the best
+    before it."""
 
-    def __init__(self, module: str) -> None:
-        self.module = module
+    def __init__(self, module: str, epoch: int | None = None) -> None:
+        self.module, self.epoch = module, epoch
 
-    def on_train_start(self, trainer, pl_module) -> None:
+    def _zero(self, pl_module) -> None:
         with torch.no_grad():
             next(getattr(pl_module, self.module).parameters()).zero_()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.epoch is None:
+            self._zero(pl_module)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == self.epoch:
+            self._zero(pl_module)
 
 
 class PoisonBatch(Callback):

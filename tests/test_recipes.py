@@ -45,6 +45,8 @@ def test_tta_flip_averages_the_logits_of_an_image_and_its_mirror():
         assert not torch.allclose(tta.evaluate(images), plain(images))
         symmetric = torch.cat([images[..., :14], images[..., :14].flip(3)], dim=3)
         torch.testing.assert_close(tta.evaluate(symmetric), plain(symmetric))
+        # an empty batch (every file unreadable; a rank's padding under FSDP) goes through too
+        assert tta.evaluate(images[:0]).shape == (0, 10)
 
 
 @pytest.mark.parametrize("kind", ["MixUp", "CutMix"])

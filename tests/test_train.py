@@ -33,6 +33,7 @@ from conftest import (
     write_idx_dataset,
 )
 from helpers import resumed_adam
+from litlab.config import build
 from litlab.data import FashionMNIST
 from litlab.data.folder_cache import cached_folder
 from litlab.data.folder_index import scan
@@ -178,6 +179,28 @@ def test_eval_reproduces_the_test_figures_of_the_best_checkpoint(tmp_path, preci
     assert evaluated["trained_config_digest"] == trained["config_digest"]
 
 
+def test_the_test_measures_the_best_checkpoints_weights_not_the_last(tmp_path):
+    """The net's first layer zeroed as the second (last) epoch starts, so that the first epoch
+    is the best: the run's test figures are that checkpoint's weights', not the last's."""
+    worse = ["+callbacks.worse._target_=helpers.ZeroAtStart", "+callbacks.worse.module=net"]
+    worse += ["+callbacks.worse.epoch=1"]
+    cfg = make_cfg(tmp_path, ["logger=csv", "trainer.max_epochs=2", *worse, *FAST])
+    train_task(cfg)
+    trained = summary_of(cfg)
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    best = torch.load(trained["best_checkpoint"], weights_only=True)
+    assert best["epoch"] == 0 and torch.load(last, weights_only=True)["epoch"] == 1
+
+    def tested(checkpoint: dict) -> float:
+        model = build(cfg.model, "model")
+        model.load_state_dict(checkpoint["state_dict"])
+        (figures,) = bare_trainer(accelerator="cpu").test(model, build(cfg.data, "data"))
+        return figures["test/acc"]
+
+    assert trained["metrics"]["test/acc"] == pytest.approx(tested(best), abs=1e-6)
+    assert abs(tested(torch.load(last, weights_only=True)) - tested(best)) > 0.01
+
+
 def test_one_command_run_in_two_folders_has_one_config_digest(tmp_path):
     """summary.json's config_digest says what a run computes, not where it writes: the
     checkpoints' dirpath and trainer.default_root_dir, both under the run folder, made every
@@ -320,6 +343,24 @@ def test_plateau_schedule_resumes_with_every_epochs_step(tmp_path):
     assert straight["lr_schedulers"][0]["_last_lr"] == pytest.approx([lr / 4])
     for name, value in straight["state_dict"].items():
         assert torch.equal(value, resumed["state_dict"][name]), name
+
+
+def test_a_plateau_schedule_waits_for_validations_run_every_n_steps(tmp_path, capsys):
+    """Validation every 30 steps on digits (20 batches an epoch): the first epoch ends before
+    any validation. The plateau schedule steps at each later epoch end (it stopped the run,
+    saying val/acc was never logged). Without validation at all, that one line still."""
+    every_30 = ["trainer.check_val_every_n_epoch=null", "+trainer.val_check_interval=30"]
+    small = ["model.net.width=8", "trainer.max_epochs=3", "test=false", "logger=csv", *FAST]
+    cfg = make_cfg(tmp_path, ["model/scheduler=plateau", *every_30, *small])
+    train_task(cfg)
+    assert summary_of(cfg)["status"] == "completed"
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    (schedule,) = torch.load(last, weights_only=True)["lr_schedulers"]
+    assert schedule["last_epoch"] == 2  # epochs 1 and 2 (after validations at steps 30, 60)
+    never = make_cfg(
+        tmp_path / "never", ["model/scheduler=plateau", "+trainer.limit_val_batches=0", *small]
+    )
+    refused(capsys, train_task, never, "ReduceLROnPlateau watches val/acc, which this run does not")
 
 
 def test_train_false_with_a_checkpoint_tests_that_checkpoint(tmp_path, capsys, caplog):

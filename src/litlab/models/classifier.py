@@ -61,6 +61,16 @@ def own_copy(tensor: Tensor) -> Tensor:
     return tensor.clone() if tensor.is_shared() else tensor
 
 
+def validation_still_to_come(trainer: L.Trainer, metric: str) -> bool:
+    """Whether a validation metric is missing only because no validation has run yet in this
+    fit (``trainer.val_check_interval`` steps beyond the first epochs' ends)."""
+    return (
+        metric.startswith("val/")
+        and trainer.enable_validation
+        and not any(key.startswith("val/") for key in trainer.callback_metrics)
+    )
+
+
 class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
     """Cross-entropy training of any net mapping images to class logits."""
 
@@ -183,7 +193,8 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         if not self.tta_flip:
             return self(images)
         both = self(torch.cat([images, images.flip(3)]))
-        return both.view(2, len(images), -1).mean(dim=0)
+        # the class count named: -1 cannot be inferred from an empty batch's no elements
+        return both.view(2, len(images), both.shape[-1]).mean(dim=0)
 
     def _step(
         self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss: MeanMetric
@@ -261,6 +272,8 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
             if not epoch_ran_to_its_end(trainer) or (self.current_epoch + 1) % config.frequency:
                 continue
             value = logged.get(config.monitor, trainer.callback_metrics.get(config.monitor))
+            if value is None and validation_still_to_come(trainer, config.monitor):
+                continue  # validation every N steps, beyond this epoch: the first check after it
             if value is None:
                 raise ConfigError(
                     f"ReduceLROnPlateau watches {config.monitor}, which this run does not log "

@@ -237,6 +237,10 @@ def build_optimizer(
             "interval": "epoch",
             "frequency": every,
             "monitor": monitor,
+            # stepped by the module itself (ImageClassifier.on_train_epoch_end), which stops a
+            # run whose monitor is never logged; Lightning's own check raised also where the
+            # validation was still to come (val_check_interval beyond the first epoch's end)
+            "strict": False,
         }
     wanted = inspect.signature(func).parameters
     length = {

@@ -766,6 +766,17 @@ def test_discriminator_sees_real_and_generated_images_augmented_alike(policy):
         assert max(holes) == 0
 
 
+def test_generated_images_are_augmented_in_the_real_images_dtype():
+    """Under bf16-mixed G's output is bfloat16 and the real images are float32: DiffAugment's
+    draws and arithmetic were bfloat16 on the generated images alone. The same pixels, in
+    bfloat16 or in float32, now get the same transforms."""
+    gan = make_gan(diffaugment=["color", "translation", "cutout"])
+    pixels = (torch.rand(8, 1, 16, 16) * 2 - 1).bfloat16()
+    as_fake = gan.augment(pixels, torch.Generator().manual_seed(0))
+    as_real = gan.augment(pixels.float(), torch.Generator().manual_seed(0))
+    assert as_fake.dtype == torch.float32 and torch.equal(as_fake, as_real)
+
+
 @pytest.mark.parametrize("policy", [None, ["cutout"]])
 def test_validation_logit_sees_real_images_augmented_as_in_training(policy):
     """val/d_real is D's logit on held-out images augmented as d/real's are (like for like, so

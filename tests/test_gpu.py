@@ -280,3 +280,39 @@ def test_a_forking_strategy_on_gpus_is_refused_before_cuda_starts(tmp_path, stra
     cfg = make_cfg(tmp_path, ["trainer=gpu", f"trainer.strategy={strategy}"])
     with pytest.raises(ConfigError, match=r"use trainer\.strategy=ddp "):
         check_hardware(cfg.trainer)
+
+
+def test_a_ranks_saved_random_state_is_its_own_gpus():
+    """RNGState keeps the state of the rank's own GPU: each DDP rank sees every GPU of its node,
+    and one state per visible GPU did not restore where fewer are visible (resumed on fewer
+    GPUs, or one per task under SLURM). A checkpoint written so still restores here."""
+    from litlab.callbacks.preemption import _capture, _restore
+
+    torch.zeros(1, device="cuda")  # CUDA started, as in a run
+    state = _capture()
+    assert isinstance(state["cuda"], torch.Tensor)
+    first = torch.rand(4, device="cuda")
+    _restore(state)
+    assert torch.equal(torch.rand(4, device="cuda"), first)
+    older = [state["cuda"]] * (torch.cuda.device_count() + 1)  # more states than GPUs here
+    _restore({**state, "cuda": older})
+    assert torch.equal(torch.rand(4, device="cuda"), first)
+
+
+def test_centre_crops_and_affine_augmentation_make_no_host_copy_a_batch():
+    """The evaluation crop's boxes (and a training batch's where there is no random crop) and
+    TrivialAugment/RandAugment's warps took a tensor made from host values at every batch: a
+    host-to-device copy, which waits for the GPU's queue."""
+    from litlab.data.autoaugment import affine
+    from litlab.data.transforms import centre_boxes
+
+    images = torch.rand(4, 3, 36, 36, device="cuda")
+    theta = torch.eye(3, device="cuda")[:2].expand(4, 2, 3).contiguous()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        boxes = centre_boxes(4, 36, 36, 0.875, images.device)
+        warped = affine(images, theta)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert boxes[0].tolist() == [2.0, 2.0, 34.0, 34.0]  # round(36 * 0.875) = 32, centred
+    assert torch.equal(warped, images)  # the identity warp

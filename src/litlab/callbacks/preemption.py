@@ -42,7 +42,9 @@ def _capture() -> dict[str, Any]:
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # the rank's own GPU's (every GPU of the node is visible to each DDP rank: a state for
+        # each did not restore where fewer are, and put cuda:1's state on cuda:0 where one is)
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -52,8 +54,12 @@ def _restore(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("cuda")
+    if isinstance(saved, list | tuple):  # written before 2026-12-05: one per visible GPU
+        here = torch.cuda.current_device() if torch.cuda.is_available() else len(saved)
+        saved = saved[here] if here < len(saved) else None
+    if saved is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(saved)
 
 
 class RNGState(Callback):

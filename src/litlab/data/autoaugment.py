@@ -89,7 +89,9 @@ def affine(x: Tensor, theta: Tensor) -> Tensor:
     base = torch.stack(
         [xs.expand(h, w), ys[:, None].expand(h, w), torch.ones_like(xs).expand(h, w)], -1
     )
-    scaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], device=x.device)
+    # each column by a Python scalar: a tensor made on the device would be a copy (a sync) a batch
+    by = theta.transpose(1, 2)
+    scaled = torch.stack([by[..., 0] / (0.5 * w), by[..., 1] / (0.5 * h)], -1)
     grid = (base.view(1, h * w, 3) @ scaled).view(n, h, w, 2)
     return F.grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)
 

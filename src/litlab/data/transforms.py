@@ -115,8 +115,12 @@ def centre_boxes(n: int, h: int, w: int, fraction: float, device: torch.device) 
     device, and no resampling on an accelerator where the crop is the output's size."""
     side = round(min(h, w) * fraction)
     x, y = round((w - side) / 2), round((h - side) / 2)  # as CenterCrop places it
-    box = torch.tensor([[x, y, x + side, y + side]], device=device, dtype=torch.float)
-    return box.expand(n, 4)
+    # filled from Python scalars, not a tensor made on the device: no host-to-device copy (a
+    # sync) a batch
+    box = torch.empty(n, 4, device=device)
+    for i, value in enumerate((x, y, x + side, y + side)):
+        box[:, i] = value
+    return box
 
 
 def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:

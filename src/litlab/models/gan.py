@@ -272,8 +272,13 @@ class GAN(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         return torch.randn(n, self.latent_dim, device=self.device, generator=generator)
 
     def augment(self, images: Tensor, generator: torch.Generator) -> Tensor:
-        """What D sees of any image, real or generated: DiffAugment's policies (or the image)."""
-        return diff_augment(images, self.augment_policy, generator)
+        """What D sees of any image, real or generated: DiffAugment's policies (or the image),
+        in the real images' dtype, the dtype of the buffers that map them to [-1, 1]: under mixed
+        precision G's output is half precision, and DiffAugment's draws and arithmetic were too
+        (about 1,250 distinct brightness shifts in bfloat16), where the real images' are float32."""
+        if not self.augment_policy:
+            return images
+        return diff_augment(images.to(self.to_tanh_scale.dtype), self.augment_policy, generator)
 
     # -- training ---------------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:

@@ -62,7 +62,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
     [
         (["data.val_fraction=1.5"], "val_fraction must lie strictly between 0 and 1"),
         (["data.batch_size=-3"], "batch_size must be a positive integer"),
-        (["data.image_shape=[1,32,32]"], "set data.image_shape=[1,28,28]"),
+        (
+            ["data.image_shape=[1,32,32]"],  # digits are drawn at data.source.size
+            "set data.source.size=32 (decoded so), or data.image_shape=[1,28,28]",
+        ),
         (
             ["data.num_classes=4", "model.num_classes=4", "model.net.num_classes=4"],
             "set data.num_classes=10",

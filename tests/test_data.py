@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import math
 import os
 import shutil
@@ -425,8 +426,16 @@ def test_val_split_is_disjoint_and_fixed():
 
 
 def test_wrong_image_shape_tells_the_right_one():
+    """The source's own size and channels first where it has them (an image folder's stored
+    size is not the net's input), else the shape of the images."""
     dm = make_dm(image_shape=[1, 32, 32])
-    with pytest.raises(ConfigError, match=r"set data.image_shape=\[1,28,28\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"set data.source.size=32 \(decoded so\), or data.image_shape=\[1,28,28\]$",
+    ):
+        dm.setup()
+    dm = make_dm(image_shape=[3, 28, 28])
+    with pytest.raises(ConfigError, match=r"set data.image_shape=\[1,28,28\]$"):
         dm.setup()
 
 
@@ -597,10 +606,14 @@ def test_unusual_images_are_converted_and_damaged_ones_skipped_and_counted(tmp_p
     assert report["images"] == 12 + 5 and len(whole) + len(source.load("test")) == 17
 
 
-def test_links_are_read_once_hidden_files_left_out_and_a_broken_link_skipped(tmp_path, capsys):
+def test_links_are_read_once_hidden_files_left_out_and_a_broken_link_skipped(
+    tmp_path, capsys, caplog
+):
     """A link back up the tree was followed 40 levels deep (one image 40 times, in train and
     test alike); hidden files (.ipynb_checkpoints, macOS's ._name) were read as images; a broken
-    link ended the cached run with a traceback (the check said a run skips it)."""
+    link ended the cached run with a traceback (the check said a run skips it). What is not read
+    (no image suffix; an image beside the class folders) is said by the check and in the run's
+    log (the run said nothing)."""
     from litlab.data.check import main
     from litlab.data.folder_index import scan
 
@@ -613,19 +626,53 @@ def test_links_are_read_once_hidden_files_left_out_and_a_broken_link_skipped(tmp
     (root / "cat" / ".ipynb_checkpoints").mkdir()
     shutil.copy(root / "cat" / "0.png", root / "cat" / ".ipynb_checkpoints" / "0-checkpoint.png")
     (root / "cat" / "._0.png").write_bytes(b"\0\5\26\7 AppleDouble")
+    (root / "__MACOSX" / "cat").mkdir(parents=True)  # a zip made on a Mac: not a class
+    (root / "__MACOSX" / "cat" / "._0.png").write_bytes(b"\0\5\26\7 AppleDouble")
     (root / "dog" / "notes.txt").write_text("not an image")
+    shutil.copy(root / "cat" / "0.png", root / "loose.png")
     index = scan(root)
     assert index.files.count("cat/0.png") == 1 and len(index.files) == 17
     assert sorted(f for f in index.files if "/" in f[4:]) == [f"dog/more/{i}.png" for i in range(4)]
-    assert index.ignored == ["dog/notes.txt"]
+    assert index.ignored == ["dog/notes.txt"] and index.outside == ["loose.png"]
     source = ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
-    source.load("train")
+    with caplog.at_level(logging.WARNING, logger="litlab"):
+        source.load("train")
+    (said,) = [r.getMessage() for r in caplog.records if "not read: " in r.getMessage()]
+    assert "1 .txt (no image suffix" in said and "1 image(s) beside the class folders" in said
     assert source.report["all"]["skipped"] == 1
     assert source.report["all"]["skipped_files"][0]["file"] == "cat/gone.png"
     assert main([str(root), "--workers", "1", "--size", "16"]) == 1
     out = capsys.readouterr().out
     assert f"unreadable\t{root / 'cat' / 'gone.png'}\tFileNotFoundError" in out
-    assert "not read (no image suffix" in out and "1 .txt" in out
+    assert "not read: 1 .txt (no image suffix" in out and "(e.g. loose.png)" in out
+
+
+def test_a_folder_linked_into_two_classes_or_two_splits_is_refused(tmp_path, capsys):
+    """A class folder linked into the test split (test/cat -> train/cat) put training images in
+    the test (test/acc 1.0), and one folder linked in as a second class (kitty -> cat) gave its
+    images two labels: both silently. Refused in one line, by the run and by the check."""
+    from litlab.data.check import main
+    from litlab.data.folder_index import scan
+
+    split = tmp_path / "split"
+    write_png_folder(split / "train", classes=("cat", "dog"), per_class=4)
+    write_png_folder(split / "test", classes=("dog",), per_class=2)
+    (split / "test" / "cat").symlink_to(split / "train" / "cat")
+    source = ImageFolder(str(split), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+    with pytest.raises(DataError, match="would measure images trained on"):
+        source.prepare()
+    assert main([str(split), "--workers", "1", "--size", "16"]) == 2
+    assert "would measure images trained on" in capsys.readouterr().out
+
+    classes = tmp_path / "classes"
+    write_png_folder(classes, per_class=4)
+    (classes / "kitty").symlink_to(classes / "cat")
+    with pytest.raises(DataError, match="would carry two labels"):
+        scan(classes)
+    (classes / "kitty").unlink()
+    (classes / "dog" / "cats").symlink_to(classes / "cat")  # linked inside another class
+    with pytest.raises(DataError, match="of class 'cat' too"):
+        scan(classes)
 
 
 def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp_path, capsys):

@@ -328,6 +328,18 @@ def test_a_finished_conversion_whose_split_was_removed_is_converted_again(
     assert meta["source"] == str(root.resolve())
 
 
+def test_a_folder_of_images_given_as_a_streamed_dataset_says_what_to_run(tmp_path):
+    """data=streaming on the image folder itself advised converting it into itself."""
+    images = tmp_path / "images"
+    write_png_folder(images, per_class=2)
+    with pytest.raises(
+        DataError, match=r"is a folder of images, not a litlab dataset; train on it"
+    ):
+        read_meta(str(images))
+    with pytest.raises(DataError, match=r"no litlab dataset at .*litlab.data.optimize /path/to"):
+        read_meta(str(tmp_path / "nothing here"))
+
+
 def test_a_large_16_bit_image_is_shrunk_not_skipped(tmp_path):
     """--max-side shrinks a 16-bit image as any other (Pillow's reducing resize refused the
     16-bit mode: the file was skipped as unreadable)."""

@@ -33,7 +33,6 @@ import torch
 from PIL import Image
 
 from litlab.data.folder_index import (
-    IMAGE_SUFFIXES,
     FolderIndex,
     check_classes_present,
     check_same_classes,
@@ -41,6 +40,7 @@ from litlab.data.folder_index import (
     scan,
     split_folders,
     test_split,
+    unread,
     validation_split,
 )
 from litlab.data.pixels import check_decoded_shape, load_image, why_unreadable
@@ -179,12 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sides (sqrt of pixels): min {sides[0]}, median {sides[1]}, max {sides[2]}")
         print(f"modes: {dict(Counter(mode for mode, d, _ in results if d))}")
         print(f"decoded at {args.size} px: {len(paths) / seconds:,.0f} images/s")
-        if index.ignored:
-            kinds = Counter(Path(f).suffix.lower() or "(no suffix)" for f in index.ignored)
-            print(
-                f"not read (no image suffix; litlab reads {', '.join(sorted(IMAGE_SUFFIXES))}): "
-                + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
-            )
+        if note := unread(index):
+            print(note)
         for i in bad:
             print(f"unreadable\t{paths[i]}\t{results[i][2]}")
     refused, notes = refusals(args.root, found, readable, args)

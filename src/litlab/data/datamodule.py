@@ -298,9 +298,18 @@ class DataModule(L.LightningDataModule):
         want = self.image_shape
         # Stored larger is fine (cropped and resized on the device), never smaller.
         if shape[0] != want[0] or shape[1] < want[1] or shape[2] < want[2]:
+            # a source that decodes to a size and channels of its own (an image folder): those
+            # are what to change (its stored size is not the net's input)
+            fixes = []
+            if shape[0] != want[0] and hasattr(self.source, "channels"):
+                fixes.append(f"data.source.channels={want[0]}")
+            if (shape[1] < want[1] or shape[2] < want[2]) and hasattr(self.source, "size"):
+                fixes.append(f"data.source.size={max(want[1:])}")
+            fits = f"data.image_shape=[{','.join(map(str, shape))}]"
+            advice = f"{' and '.join(fixes)} (decoded so), or {fits}" if fixes else fits
             raise ConfigError(
                 f"data.image_shape is {list(want)} but the {self.source.name} {split} "
-                f"images are {list(shape)}; set data.image_shape=[{','.join(map(str, shape))}]"
+                f"images are {list(shape)}; set {advice}"
             )
         classes, exact = _class_count(dataset)
         if classes > self.num_classes or (exact and classes != self.num_classes):

@@ -39,6 +39,7 @@ from litlab.data.folder_index import (
     scan,
     split_folders,
     test_split,
+    unread,
     validation_split,
 )
 from litlab.data.pixels import (
@@ -153,7 +154,7 @@ class ImageFolder(Source):
         opened = self._opened.get(folder)
         if isinstance(opened, CachedFolder) or (opened is not None and not self.cache):
             return opened
-        index = opened or scan(folder)  # scanned by an earlier prepare(test=False)
+        index = opened or self._scan(folder)  # scanned by an earlier prepare(test=False)
         self._opened[folder] = (
             cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers, index)
             if self.cache
@@ -164,7 +165,15 @@ class ImageFolder(Source):
     def _scanned(self, folder: Path) -> None:
         """``folder`` scanned (once a process; the scan its decode uses later), not decoded."""
         if folder not in self._opened:
-            self._opened[folder] = scan(folder)
+            self._opened[folder] = self._scan(folder)
+
+    @staticmethod
+    def _scan(folder: Path) -> FolderIndex:
+        """``folder``'s index; what it leaves unread said in the run's log."""
+        index = scan(folder)
+        if note := unread(index):
+            log.warning("%s: %s", folder, note)
+        return index
 
     def _split_folders(self) -> dict[str, Path] | None:
         return split_folders(self.root)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,11 +50,18 @@ class FolderIndex:
     files: list[str] = field(default_factory=list)  # relative to root
     labels: list[int] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # files without an image suffix
+    outside: list[str] = field(default_factory=list)  # images beside the class folders
+
+
+def left_out(name: str) -> bool:
+    """A hidden file or folder (``.ipynb_checkpoints``, macOS's ``._name``), or the
+    ``__MACOSX`` folder of a zip made on a Mac (those ``._name`` files again)."""
+    return name.startswith(".") or name == "__MACOSX"
 
 
 def class_names(root: Path) -> list[str]:
     """The class folders of ``root``, sorted (their labels are their positions)."""
-    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not left_out(e.name))
 
 
 def check_same_classes(train: Path, test: Path) -> None:
@@ -67,6 +75,23 @@ def check_same_classes(train: Path, test: Path) -> None:
             f"{missing or 'none'}; only in {test.name}/: {extra or 'none'}); give both the same "
             "class folders, with the same names"
         )
+    trained = {os.path.realpath(train / name): name for name in a}
+    for name in b:
+        real = os.path.realpath(test / name)
+        overlap = (
+            t for r, t in trained.items() if r == real or is_within(real, r) or is_within(r, real)
+        )
+        if shared := next(overlap, None):
+            raise DataError(
+                f"{test / name} is {train / shared}, or holds it or lies in it (a link): "
+                f"the {test.name} split would measure images trained on; give {test.name}/ "
+                "images of its own"
+            )
+
+
+def is_within(path: str, folder: str) -> bool:
+    """Whether ``path`` lies inside ``folder`` (both real paths)."""
+    return path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def hashed_fraction(name: str, salt: str) -> float:
@@ -107,7 +132,8 @@ def file_names(dataset: Dataset) -> list[str]:
 def scan(root: Path) -> FolderIndex:
     """``root/<class>/**/<image>``, classes and files sorted (torchvision's ImageFolder order).
 
-    Hidden files and folders (``.ipynb_checkpoints``, macOS's ``._name`` files) are left out;
+    Hidden files and folders (``.ipynb_checkpoints``, macOS's ``._name`` files, ``__MACOSX``) are
+    left out;
     links are followed, but a folder already read (a link back up the tree) is not read again.
     Files without an image suffix are listed in ``ignored``."""
     if not root.is_dir():
@@ -117,29 +143,58 @@ def scan(root: Path) -> FolderIndex:
     if not classes:
         raise DataError(f"{root} has no class folders; put images in {root}/<class name>/")
     index = FolderIndex(root, classes)
+    read: dict[str, str] = {}  # every real folder read, and whose class it is
     for label, name in enumerate(classes):
-        found, read = [], set()
+        found = []
         for folder, folders, names in os.walk(root / name, followlinks=True):
             real = os.path.realpath(folder)
+            if read.get(real, name) != name:  # a folder of two classes: two labels an image
+                raise DataError(
+                    f"{folder} is a folder of class {read[real]!r} too (a link): its images "
+                    f"would carry two labels; keep each image in one class folder"
+                )
             if real in read:  # each copy would be trained on, and land in test as well
                 folders.clear()
                 continue
-            read.add(real)
+            read[real] = name
             # sorted: of two links to one folder, the first name reads it on every machine
             # (a file's name decides its split)
-            folders[:] = sorted(f for f in folders if not f.startswith("."))
+            folders[:] = sorted(f for f in folders if not left_out(f))
             where = os.path.relpath(folder, root)  # once a folder: a million files are common
             for n in names:
-                if n.startswith("."):
+                if left_out(n):
                     continue
                 path = os.path.join(where, n)
                 is_image = os.path.splitext(n)[1].lower() in IMAGE_SUFFIXES
                 (found if is_image else index.ignored).append(path)
         index.files += sorted(found)
         index.labels += [label] * len(found)
+    index.outside = sorted(
+        e.name
+        for e in os.scandir(root)
+        if e.is_file() and os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES
+    )
     if not index.files:
         raise DataError(f"{root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
     return index
+
+
+def unread(index: FolderIndex) -> str | None:
+    """What of the folder a run does not read, in words (None: nothing): files without an image
+    suffix, by kind, and images beside the class folders rather than in one."""
+    said = []
+    if index.ignored:
+        kinds = Counter(os.path.splitext(f)[1].lower() or "(no suffix)" for f in index.ignored)
+        said.append(
+            ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+            + f" (no image suffix; litlab reads {', '.join(sorted(IMAGE_SUFFIXES))})"
+        )
+    if index.outside:
+        said.append(
+            f"{len(index.outside)} image(s) beside the class folders (e.g. {index.outside[0]}): "
+            f"an image's class is the folder it is in, {index.root}/<class name>/"
+        )
+    return "not read: " + "; ".join(said) if said else None
 
 
 def split_folders(root: Path) -> dict[str, Path] | None:

@@ -19,10 +19,12 @@ import base64
 import copy
 import json
 import logging
+import os
 import warnings
 import zlib
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +32,7 @@ import torch
 from litlab import rng
 from litlab.compat import continue_item_shuffle_window, shuffle_as_on_a_local_disk
 from litlab.data.decode import skip_unreadable
+from litlab.data.folder_index import class_names
 from litlab.data.pixels import Unreadable, check_decode, check_decoded_shape, worker_item
 from litlab.data.sources import Source
 from litlab.distributed.agree import rank_and_world
@@ -88,6 +91,13 @@ def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
     try:
         item = litdata.StreamingDataset(where, cache_dir=cache_dir and join(cache_dir, "meta"))[0]
     except Exception as e:  # missing folder, bucket or index: the same advice
+        local = "://" not in input_dir and os.path.isdir(input_dir)
+        if local and not os.path.isdir(where) and class_names(Path(input_dir)):
+            raise DataError(  # a folder of images, not a conversion of one
+                f"{input_dir} is a folder of images, not a litlab dataset; train on it with "
+                f"data=image_folder data.source.root={input_dir}, or convert it first: "
+                f"python -m litlab.data.optimize {input_dir} <another folder>"
+            ) from e
         raise DataError(
             f"no litlab dataset at {input_dir} ({type(e).__name__}: {e}); convert one first: "
             f"python -m litlab.data.optimize /path/to/images {input_dir}"

@@ -49,6 +49,9 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     stored = stored_config(checkpoint, path)
     # The stored config is resolved; a data=... choice made here is resolved against this run.
     trained_files = data_state(checkpoint, stored).get("trained_files")
+    for key in ("image_shape", "num_classes"):
+        if cfg.get("data") and OmegaConf.is_missing(cfg.data, key):  # data=image_folder's
+            cfg.data[key] = stored.data[key]  # classes: the model's (the data set up checks them)
     parts = OmegaConf.create(
         {
             "data": other_data(cfg.data, stored.data, trained_files)
@@ -144,10 +147,9 @@ def other_data(
     before = OmegaConf.to_container(trained, resolve=True)
     for key in ("image_shape", "num_classes"):
         if data[key] != before[key]:
-            has = "no value (???)" if data[key] == "???" else data[key]
             raise ConfigError(
                 f"the model was trained on data.{key}={before[key]} but this data has "
-                f"{has}; test it on data of the same {key.replace('_', ' ')} (set "
+                f"{data[key]}; test it on data of the same {key.replace('_', ' ')} (set "
                 f"data.{key}={before[key]}"
                 + (", and data.source.channels to match" if key == "image_shape" else "")
                 + ")"

@@ -304,8 +304,9 @@ def test_slurm_sweeps_cannot_vary_the_resources_of_their_one_array_job(task):
 def test_slurm_sweep_with_devices_auto_or_swept_ends_in_one_line(tmp_path, monkeypatch):
     fake = tmp_path / "bin"  # an sbatch that records being called: a refused sweep submits nothing
     fake.mkdir()
-    (fake / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path / 'submitted'}\nexit 1\n")
-    (fake / "sbatch").chmod(0o755)
+    for tool in ("sbatch", "srun"):  # SLURM's, as submitit looks for them
+        (fake / tool).write_text(f"#!/bin/sh\ntouch {tmp_path / 'submitted'}\nexit 1\n")
+        (fake / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
     common = ["-m", "hydra/launcher=slurm", "hydra.launcher.partition=p", *QUIET]
     for args, says in [
@@ -318,6 +319,20 @@ def test_slurm_sweep_with_devices_auto_or_swept_ends_in_one_line(tmp_path, monke
         assert out.stderr.strip().splitlines()[-1].startswith("litlab: error: hydra/launcher=slurm")
         assert says in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "submitted").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_slurm_launcher_where_slurm_is_not_installed_is_one_line(tmp_path, monkeypatch):
+    """submitit looked for srun once Hydra had started the sweep: a Hydra traceback."""
+    from litlab.distributed.launchers import check_slurm_launcher
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun
+    argv = ["train.py", "-m", "hydra/launcher=slurm", "seed=1,2"]
+    with pytest.raises(ConfigError, match=r"which this machine does not have \(no srun on PATH\)"):
+        check_slurm_launcher(argv)
+    check_slurm_launcher(["train.py", "-m", "seed=1,2"])  # no SLURM asked for: nothing to check
+    (tmp_path / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "srun").chmod(0o755)
+    check_slurm_launcher(argv)
 
 
 LAUNCHER_VARS = (

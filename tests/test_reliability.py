@@ -86,6 +86,9 @@ def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
     straight, folder = straight_and_stopped_at(tmp_path, stop_batch, *args)
     assert summary_status(folder) == "interrupted"
     assert (folder / "checkpoints" / "last.ckpt").is_file()
+    stopped = json.loads((folder / "summary.json").read_text())
+    assert stopped["last_checkpoint"] == str(folder / "checkpoints" / "last.ckpt")
+    assert stopped["error"].endswith(f"continue with: python train.py resume={folder}")
 
     resumed = run_cli(f"resume={folder}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -104,6 +107,18 @@ def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
 
 
 @pytest.mark.slow
+def test_a_run_stopped_before_its_first_checkpoint_does_not_say_to_resume_it(tmp_path):
+    """Ctrl-C in the first epoch (Lightning ends it with SystemExit) left no checkpoint, and
+    summary.json said to continue with resume=, which then refused: nothing to resume."""
+    from litlab.run import ended_as
+
+    status, error = ended_as(SystemExit(1), tmp_path)
+    assert status == "interrupted" and "nothing to resume" in error and "resume=" not in error
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert ended_as(SystemExit(1), tmp_path)[1].endswith(f"train.py resume={tmp_path}")
+
+
 def test_a_resumed_run_counts_the_unreadable_files_read_before_it_stopped(tmp_path):
     """Files read as they go (cache=false): a resumed epoch skips its trained batches without
     reading their files, so the unreadable ones found before the stop travel in the checkpoint;

@@ -340,6 +340,25 @@ def test_a_folder_of_images_given_as_a_streamed_dataset_says_what_to_run(tmp_pat
         read_meta(str(tmp_path / "nothing here"))
 
 
+def test_an_object_store_without_credentials_is_one_line(tmp_path, monkeypatch, capsys):
+    """Converting to s3:// without credentials ended in botocore's 65-line traceback; a run
+    reading from it said there was no dataset there, to be converted."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no wait for a cloud's metadata
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    images = tmp_path / "images"
+    write_png_folder(images, per_class=2)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(images), "s3://bucket/chunks", "--workers", "1"])
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("litlab: error: no credentials for s3://bucket/chunks (NoCredentials")
+    with pytest.raises(DataError, match=r"no credentials for s3://bucket/chunks .*AWS_PROFILE"):
+        read_meta("s3://bucket/chunks")
+
+
 def test_a_large_16_bit_image_is_shrunk_not_skipped(tmp_path):
     """--max-side shrinks a 16-bit image as any other (Pillow's reducing resize refused the
     16-bit mode: the file was skipped as unreadable)."""

@@ -172,8 +172,16 @@ def ended_as(exc: BaseException | None, folder: Path) -> tuple[str, str | None]:
             "requeued",
             "preempted; the scheduler requeued the job, which continues in this folder",
         )
-    if isinstance(exc, SystemExit):  # SIGTERMException is one
-        return "interrupted", f"stopped by a signal; continue with: python train.py resume={folder}"
+    if isinstance(exc, SystemExit):  # SIGTERMException is one; Lightning ends Ctrl-C with one
+        if (folder / "checkpoints" / "last.ckpt").is_file():
+            return (
+                "interrupted",
+                f"stopped by a signal; continue with: python train.py resume={folder}",
+            )
+        return "interrupted", (
+            "stopped by a signal before its first checkpoint (each epoch's end; SIGTERM and "
+            "SIGUSR1 save one, Ctrl-C does not): nothing to resume, start it again"
+        )
     return "failed", f"{type(exc).__name__}: {exc}"
 
 
@@ -345,6 +353,9 @@ class Run:
             return True
         status, error = ended_as(exc, self.dir)
         self.summary["status"] = status
+        last = self.dir / "checkpoints" / "last.ckpt"
+        if exc is not None and not self.summary.get("last_checkpoint") and last.is_file():
+            self.summary["last_checkpoint"] = str(last)  # a fit ended early: where it resumes
         if error is not None:
             self.summary["error"] = error
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)

@@ -42,7 +42,8 @@ from litlab.distributed import (
     strategy_for,
 )
 from litlab.distributed.agree import OnePrecision
-from litlab.errors import ConfigError, TrainingDiverged
+from litlab.distributed.launchers import check_slurm_launcher
+from litlab.errors import ConfigError, TrainingDiverged, fail
 from litlab.hardware import check_hardware, resolve_precision
 from litlab.loggers import finish_loggers
 from litlab.resumable import check_resumable
@@ -373,6 +374,10 @@ def hydra_main(cfg: DictConfig) -> float | None:
 def main() -> None:
     """`python train.py ...`: Hydra's command line, plus `resume=<run folder>`."""
     freeze_the_imports()
+    try:
+        check_slurm_launcher(sys.argv)
+    except ConfigError as e:
+        fail(str(e))
     sys.argv = resume_argv(sys.argv)
     hydra_main()
 

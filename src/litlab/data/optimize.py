@@ -53,7 +53,14 @@ from litlab.data.folder_index import (
     validation_split,
 )
 from litlab.data.pixels import eight_bit, upright
-from litlab.data.streaming import META_FORMAT, _litdata, encode_labels, join, read_meta
+from litlab.data.streaming import (
+    META_FORMAT,
+    _litdata,
+    encode_labels,
+    join,
+    missing_credentials,
+    read_meta,
+)
 from litlab.errors import DataError, LitlabError, fail
 from litlab.files import pid_namespace, writer_tag
 
@@ -526,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     except LitlabError as e:
         fail(str(e))
+    except Exception as e:
+        if why := missing_credentials(args.dst, e):
+            fail(why)
+        raise
     counts = ", ".join(
         f"{s} {r['images']} ({r['skipped']} skipped)" for s, r in meta["splits"].items()
     )

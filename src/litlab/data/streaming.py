@@ -84,6 +84,30 @@ class DecodeImage:
         return (image, int(item["label"]), name) if self.encoded else (image, int(item["label"]))
 
 
+# An object store's clients say "no credentials" with these (botocore, google-auth, Azure).
+CREDENTIAL_ERRORS = (
+    "NoCredentialsError",
+    "PartialCredentialsError",
+    "DefaultCredentialsError",
+    "ClientAuthenticationError",
+)
+
+
+def missing_credentials(url: str, error: BaseException | None) -> str | None:
+    """What to do where ``error`` (or an error it came from) is an object store's client
+    finding no credentials for ``url``; None for any other error."""
+    while error is not None:
+        if type(error).__name__ in CREDENTIAL_ERRORS:
+            return (
+                f"no credentials for {url} ({type(error).__name__}: {error}); give them as the "
+                "object store's own tools take them (S3: AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; Google Cloud Storage: "
+                "GOOGLE_APPLICATION_CREDENTIALS)"
+            )
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
     """What ``litlab.data.optimize`` wrote about a converted dataset (``DST/meta``)."""
     litdata = _litdata()
@@ -91,6 +115,8 @@ def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
     try:
         item = litdata.StreamingDataset(where, cache_dir=cache_dir and join(cache_dir, "meta"))[0]
     except Exception as e:  # missing folder, bucket or index: the same advice
+        if why := missing_credentials(input_dir, e):
+            raise DataError(why) from e
         local = "://" not in input_dir and os.path.isdir(input_dir)
         if local and not os.path.isdir(where) and class_names(Path(input_dir)):
             raise DataError(  # a folder of images, not a conversion of one

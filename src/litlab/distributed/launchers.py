@@ -17,6 +17,21 @@ from litlab.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+def check_slurm_launcher(argv: list[str]) -> None:
+    """Refuse ``hydra/launcher=slurm`` where SLURM is not installed, before Hydra starts:
+    submitit looks for ``srun`` when it starts submitting, and Hydra prints its error as a
+    traceback."""
+    import shutil
+
+    slurm = any(re.fullmatch(r"hydra/launcher=(submitit_)?slurm", arg) for arg in argv[1:])
+    if slurm and shutil.which("srun") is None:
+        raise ConfigError(
+            "hydra/launcher=slurm submits the sweep's jobs to SLURM, which this machine does not "
+            "have (no srun on PATH): run the command on the cluster's login node, or leave "
+            "hydra/launcher=slurm out to run the jobs here"
+        )
+
+
 def global_rank() -> int:
     """This process's global rank as an external launcher (torchrun, srun) set it; 0 otherwise."""
     return int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)

@@ -61,6 +61,13 @@ warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 # Lightning counts trainer.log_every_n_steps across epochs (since 2.0), so epochs shorter than
 # the interval still get their per-step curves; its warning says otherwise.
 warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller")
+# litlab's checkpoints have fixed names (best, last, step), overwritten: a resumed run writes
+# into its folder's checkpoints/ as it should.
+warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+# Mixed precision keeps float32 parameters: the summary's 32-bit size estimate is right.
+warnings.filterwarnings(
+    "ignore", message=r"Precision (bf16|16)-mixed is not supported by the model"
+)
 # litlab steps ReduceLROnPlateau itself and stops a run whose watched metric is never logged;
 # Lightning's no-op pass (strict=False) says it skipped an epoch still without a validation.
 warnings.filterwarnings("ignore", message=r"ReduceLROnPlateau conditioned on metric .* `False`")

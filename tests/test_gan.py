@@ -601,6 +601,42 @@ def test_divergence_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, cap
     assert last["gan"]["g_steps"] == 7  # written at the end of epoch 1, before the fault
 
 
+def test_a_generator_diverged_before_a_validation_ends_the_run_in_one_line(tmp_path, capsys):
+    """G poisoned between the divergence guard's checks: its NaN images reached the FID, whose
+    matrix square root crashed the process (a segfault in torch's eigvals, no message)."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "model=dcgan",
+            *SMALL,
+            "trainer.max_epochs=1",
+            "callbacks.divergence_guard.check_every_n_steps=1000",
+            "+callbacks.nan._target_=helpers.InjectNaN",
+            "+callbacks.nan.at_batch=5",
+            "+callbacks.nan.module=generator",
+            "+callbacks.nan.after_step=true",  # the batch's losses finite
+            *QUIET,
+        ],
+    )
+    err = refused(capsys, train_task, cfg, "images became NaN or infinite")
+    assert err.startswith("litlab: error: training diverged: the ") and "(val FID)" in err
+    assert summary_of(cfg)["status"] == "failed"
+
+
+def test_fid_latents_are_one_set_on_any_number_of_ranks():
+    """Each rank drew its share from a stream of its own: one process (eval.py) and two (the
+    run) tested other latents, so eval.py did not reproduce a DDP run's test/fid."""
+    from litlab.callbacks.gan import fid_latents
+
+    gan = make_gan()
+    whole = fid_latents(gan, 359, "val", 0, 1)
+    assert whole.shape == (359, gan.latent_dim)
+    for world in (2, 3, 8):
+        shares = [fid_latents(gan, 359, "val", rank, world) for rank in range(world)]
+        assert torch.equal(torch.cat(shares), whole), world
+    assert not torch.equal(fid_latents(gan, 359, "test", 0, 1), whole)  # the test's own set
+
+
 def test_bf16_mixed_on_cpu(tmp_path):
     cfg = make_cfg(
         tmp_path,

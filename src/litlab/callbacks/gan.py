@@ -12,9 +12,10 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from torchmetrics.image.fid import FrechetInceptionDistance
 from torchvision.utils import make_grid, save_image
 
+from litlab import rng
 from litlab.compat import logging_step
 from litlab.distributed import log_job_value
-from litlab.errors import ConfigError, LitlabError, first_line
+from litlab.errors import ConfigError, LitlabError, TrainingDiverged, first_line
 from litlab.metrics.fid import (
     ClassifierFeatures,
     InceptionFeatures,
@@ -179,24 +180,32 @@ class FID(Callback):
     def _feed_generated(
         self, trainer: L.Trainer, pl_module: L.LightningModule, total: int, ema: bool, stage: str
     ) -> torch.Tensor | None:
-        """This rank's share of ``total`` generated images, from its own "fid" noise stream:
-        the stage's latents (the same at every evaluation, for G_ema and G), distinct across ranks.
-        Returns the extractor's class logits of them where it is a classifier, else None."""
+        """This rank's share of ``total`` generated images, from the stage's latents (the same
+        at every evaluation, for G_ema and G; ``fid_latents``). Returns the extractor's class
+        logits of them where it is a classifier, else None. A generator whose images are not
+        finite ends the run on every rank (its FID crashed the process in torch's eigvals)."""
         rank, world = trainer.global_rank, trainer.world_size
-        n = total // world + (1 if rank < total % world else 0)
-        generator = pl_module.random_stream("fid", LATENT_SETS[stage])
+        latents = fid_latents(pl_module, total, stage, rank, world).to(pl_module.device)
         extractor = self.metric.inception
         classifies = isinstance(extractor, ClassifierFeatures)
         # (a rank with no images, where N < ranks, has an empty histogram to sum all the same)
         logits = (
             [torch.empty(0, extractor.num_classes, device=pl_module.device)] if classifies else []
         )
-        for start in range(0, n, self.batch_size):
-            noise = pl_module.random_noise(min(self.batch_size, n - start), generator)
-            images = pl_module.sample(noise, ema=ema)
+        broken = torch.zeros((), device=pl_module.device)
+        for start in range(0, len(latents), self.batch_size):
+            images = pl_module.sample(latents[start : start + self.batch_size], ema=ema)
+            broken += (~torch.isfinite(images)).sum()
             self.metric.update(images, real=False)
             if classifies:
                 logits.append(extractor.features_and_logits(images)[1])
+        if trainer.strategy.reduce(broken, reduce_op="sum") > 0:  # on every rank: a collective
+            which = "averaged generator" if ema else "generator"
+            raise TrainingDiverged(
+                f"training diverged: the {which}'s images became NaN or infinite by step "
+                f"{trainer.global_step} ({stage} FID); lower the learning rates, add "
+                "model.gradient_clip_val, or try another loss"
+            )
         return torch.cat(logits) if classifies else None
 
     @torch.no_grad()
@@ -208,7 +217,12 @@ class FID(Callback):
         if self._real_count == 0:  # the job's count, the same on every rank (a rank's own may be 0)
             self._real_count = self._feed_real(trainer, "train", self.num_real, real=True)
         values: dict[str, float] = {}
-        if self._floor is None:
+        # eval.py on another folder tests every image of it: the real statistics come from those
+        # images too, and a floor of them against themselves would read too low
+        test_all = getattr(getattr(trainer.datamodule, "source", None), "test_all", False)
+        if test_all and trainer.is_global_zero:
+            log.info("no %s/fid_floor: the real statistics hold the folder's test images", stage)
+        if self._floor is None and not test_all:
             if total < self.num_samples and trainer.is_global_zero:
                 log.info(
                     "FID compares %d generated images (callbacks.fid.num_samples=%d), the test "
@@ -219,7 +233,8 @@ class FID(Callback):
             self._feed_real(trainer, "test", total, real=False)
             self._floor = float(metric.compute())
             metric.reset()
-        values[f"{stage}/fid_floor"] = self._floor
+        if self._floor is not None:
+            values[f"{stage}/fid_floor"] = self._floor
         values[f"{stage}/fid_samples"] = float(total)  # N: FIDs compare only at the same N
         values[f"{stage}/fid_real_samples"] = float(self._real_count)  # and the same N_real
         has_ema = getattr(pl_module, "generator_ema", None) is not None
@@ -245,6 +260,19 @@ class FID(Callback):
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.evaluate(trainer, pl_module, "test")
+
+
+def fid_latents(
+    pl_module: L.LightningModule, total: int, stage: str, rank: int, world: int
+) -> torch.Tensor:
+    """This rank's consecutive share of the stage's ``total`` FID latents, drawn on the CPU
+    from one stream of the job: the same N latents on any number of ranks and any device (each
+    rank drew from a stream of its own, on its device, so eval.py on one process tested another
+    set than the run on several, and a resume on another number of ranks changed the set)."""
+    generator = rng.stream(pl_module.noise_seed, 0, "fid", LATENT_SETS[stage])
+    latents = torch.randn(total, pl_module.latent_dim, generator=generator)
+    first = rank * (total // world) + min(rank, total % world)
+    return latents[first : first + total // world + (1 if rank < total % world else 0)]
 
 
 class SampleGrid(Callback):

@@ -623,6 +623,26 @@ def test_a_generator_diverged_before_a_validation_ends_the_run_in_one_line(tmp_p
     assert summary_of(cfg)["status"] == "failed"
 
 
+def test_a_resumed_run_measures_fid_through_its_own_extractor(tmp_path):
+    """extractor=auto, its cached classifier replaced before the resume (a node without the
+    cache, where a GPU trains another): val/fid went on through the new one, against a best
+    chosen through the first. The checkpoint's weights are the extractor now."""
+    cache = tmp_path / "cache"
+    common = ["model=dcgan", *SMALL, f"callbacks.fid.cache_dir={cache}", *QUIET]
+    first = make_cfg(tmp_path / "first", [*common, "trainer.max_epochs=1"])
+    train_task(first)
+    (tag,) = [k for k in summary_of(first)["metrics"] if k.startswith("val/fid_domain-")]
+    (cached,) = cache.glob("fid-classifier-*.pt")
+    weights = torch.load(cached, weights_only=True)
+    name = next(k for k, v in weights.items() if v.is_floating_point())
+    weights[name] += 0.5  # another classifier
+    torch.save(weights, cached)
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    resumed = make_cfg(tmp_path / "resumed", [*common, "trainer.max_epochs=2", f"ckpt_path={last}"])
+    train_task(resumed)
+    assert [k for k in summary_of(resumed)["metrics"] if k.startswith("val/fid_domain-")] == [tag]
+
+
 def test_fid_latents_are_one_set_on_any_number_of_ranks():
     """Each rank drew its share from a stream of its own: one process (eval.py) and two (the
     run) tested other latents, so eval.py did not reproduce a DDP run's test/fid."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -158,6 +159,26 @@ class FID(Callback):
         self.tag = extractor.tag
         self.metric = FrechetInceptionDistance(feature=extractor, reset_real_features=False)
         log.info("FID extractor: %s", self.tag)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A classifier extractor's weights (a small net) travel with the checkpoint: a run
+        resumed where its cached classifier is gone (another node; ``extractor=auto``) trained
+        another (on a GPU its weights differ) and measured val/fid through it from then on,
+        against a best chosen through the first."""
+        extractor = self.metric.inception if self.metric is not None else None
+        if not isinstance(extractor, ClassifierFeatures):
+            return {}
+        return {"tag": self.tag, "weights": extractor.net.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        extractor = self.metric.inception if self.metric is not None else None
+        weights = state_dict.get("weights")
+        if weights is None or not isinstance(extractor, ClassifierFeatures):
+            return
+        if state_dict["tag"] != self.tag:
+            log.info("FID extractor: the run's own, %s, from its checkpoint", state_dict["tag"])
+            extractor.net.load_state_dict(weights)
+            self.tag = extractor.tag = state_dict["tag"]
 
     def sample_count(self, trainer: L.Trainer) -> int:
         """N, the number of images on the generated side (and the floor's test side)."""

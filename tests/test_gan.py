@@ -641,6 +641,13 @@ def test_a_resumed_run_measures_fid_through_its_own_extractor(tmp_path):
     resumed = make_cfg(tmp_path / "resumed", [*common, "trainer.max_epochs=2", f"ckpt_path={last}"])
     train_task(resumed)
     assert [k for k in summary_of(resumed)["metrics"] if k.startswith("val/fid_domain-")] == [tag]
+    # and eval.py (the run's cache_dir: the other classifier) tests through the run's own too
+    evaluated = make_cfg(
+        tmp_path / "eval", [f"ckpt_path={last}", "extras.print_config=false"], config_name="eval"
+    )
+    eval_task(evaluated)
+    tested = [k for k in summary_of(evaluated)["metrics"] if k.startswith("test/fid_domain-")]
+    assert tested == [tag.replace("val/", "test/")]
 
 
 def test_fid_latents_are_one_set_on_any_number_of_ranks():

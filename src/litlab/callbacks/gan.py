@@ -91,6 +91,7 @@ class FID(Callback):
         self.tag = ""
         self._floor: float | None = None
         self._real_count = 0  # images in the real statistics (num_real, or the smaller split)
+        self._restored: dict[str, Any] | None = None  # a checkpoint's state given before setup
 
     def _build_extractor(self, trainer: L.Trainer) -> torch.nn.Module:
         dm = trainer.datamodule
@@ -158,6 +159,9 @@ class FID(Callback):
             )
         self.tag = extractor.tag
         self.metric = FrechetInceptionDistance(feature=extractor, reset_real_features=False)
+        if self._restored is not None:
+            self.load_state_dict(self._restored)
+            self._restored = None
         log.info("FID extractor: %s", self.tag)
 
     def state_dict(self) -> dict[str, Any]:
@@ -171,7 +175,12 @@ class FID(Callback):
         return {"tag": self.tag, "weights": extractor.net.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        extractor = self.metric.inception if self.metric is not None else None
+        """The checkpoint's extractor weights into this run's extractor (built at setup: given
+        before, as eval.py gives them, they wait for it)."""
+        if self.metric is None:
+            self._restored = state_dict
+            return
+        extractor = self.metric.inception
         weights = state_dict.get("weights")
         if weights is None or not isinstance(extractor, ClassifierFeatures):
             return

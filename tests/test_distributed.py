@@ -329,7 +329,10 @@ def test_the_slurm_launcher_where_slurm_is_not_installed_is_one_line(tmp_path, m
     argv = ["train.py", "-m", "hydra/launcher=slurm", "seed=1,2"]
     with pytest.raises(ConfigError, match=r"which this machine does not have \(no srun on PATH\)"):
         check_slurm_launcher(argv)
+    with pytest.raises(ConfigError, match="no srun"):
+        check_slurm_launcher(["train.py", "--multirun", "+hydra/launcher=slurm", "seed=1,2"])
     check_slurm_launcher(["train.py", "-m", "seed=1,2"])  # no SLURM asked for: nothing to check
+    check_slurm_launcher(["train.py", "hydra/launcher=slurm"])  # no -m: Hydra runs it here
     (tmp_path / "srun").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "srun").chmod(0o755)
     check_slurm_launcher(argv)

@@ -294,7 +294,9 @@ def test_a_ranks_saved_random_state_is_its_own_gpus():
     first = torch.rand(4, device="cuda")
     _restore(state)
     assert torch.equal(torch.rand(4, device="cuda"), first)
-    older = [state["cuda"]] * (torch.cuda.device_count() + 1)  # more states than GPUs here
+    torch.rand(4, device="cuda")  # another state, for the other GPUs' entries
+    older = [torch.cuda.get_rng_state()] * (torch.cuda.device_count() + 1)  # more than GPUs here
+    older[torch.cuda.current_device()] = state["cuda"]  # this GPU's own
     _restore({**state, "cuda": older})
     assert torch.equal(torch.rand(4, device="cuda"), first)
 

@@ -190,6 +190,7 @@ def test_mfu_is_achieved_over_peak_flops():
     assert peak_flops("NVIDIA RTX A1000 6GB Laptop GPU", "bf16") is None  # not an A100
     assert peak_flops("NVIDIA A10G", "bf16") == peak_flops("NVIDIA A10", "bf16") == 125e12
     assert peak_flops("Tesla V100-SXM2-32GB", "fp16") == 125e12
+    assert peak_flops("Tesla V100-SXM3-32GB", "fp16") == 125e12
     assert peak_flops("Tesla V100-PCIE-16GB", "fp16") == 112e12
     assert peak_flops("NVIDIA L4", "bf16") == 121e12 and peak_flops("NVIDIA L40", "fp32") == 90.5e12
     # a MIG slice has a share of the GPU's peak, which the table does not know

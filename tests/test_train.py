@@ -347,19 +347,28 @@ def test_plateau_schedule_resumes_with_every_epochs_step(tmp_path):
 
 def test_a_plateau_schedule_waits_for_validations_run_every_n_steps(tmp_path, capsys):
     """Validation every 30 steps on digits (20 batches an epoch): the first epoch ends before
-    any validation. The plateau schedule steps at each later epoch end (it stopped the run,
-    saying val/acc was never logged). Without validation at all, that one line still."""
+    any validation (the run stopped, saying val/acc was never logged). The schedule steps at the
+    first epoch end after each validation (epochs 1, 2 and 4 of 5), and a run resumed from the
+    end of epoch 2 steps as the uninterrupted one (its mark is in the checkpoint, the last
+    validation's values are not). Without validation at all, the one line still."""
     every_30 = ["trainer.check_val_every_n_epoch=null", "+trainer.val_check_interval=30"]
-    small = ["model.net.width=8", "trainer.max_epochs=3", "test=false", "logger=csv", *FAST]
-    cfg = make_cfg(tmp_path, ["model/scheduler=plateau", *every_30, *small])
-    train_task(cfg)
-    assert summary_of(cfg)["status"] == "completed"
-    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-    (schedule,) = torch.load(last, weights_only=True)["lr_schedulers"]
-    assert schedule["last_epoch"] == 2  # epochs 1 and 2 (after validations at steps 30, 60)
-    never = make_cfg(
-        tmp_path / "never", ["model/scheduler=plateau", "+trainer.limit_val_batches=0", *small]
-    )
+    small = ["model/scheduler=plateau", *every_30, "model.net.width=8", "test=false"]
+    small += ["logger=csv", *FAST]
+
+    def schedule(name: str, *more: str) -> dict:
+        cfg = make_cfg(tmp_path / name, [*small, *more])
+        train_task(cfg)
+        assert summary_of(cfg)["status"] == "completed"
+        last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+        return torch.load(last, weights_only=True)["lr_schedulers"][0]
+
+    straight = schedule("straight", "trainer.max_epochs=5")
+    assert straight["last_epoch"] == 3
+    schedule("first", "trainer.max_epochs=3")
+    first = tmp_path / "first"
+    (last,) = first.rglob("last.ckpt")
+    assert schedule("resumed", "trainer.max_epochs=5", f"ckpt_path={last}") == straight
+    never = make_cfg(tmp_path / "never", [*small, "+trainer.limit_val_batches=0"])
     refused(capsys, train_task, never, "ReduceLROnPlateau watches val/acc, which this run does not")
 
 

@@ -45,6 +45,7 @@ PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("l4", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12}),
     ("v100s", {"fp16": 130e12, "fp32": 16.4e12}),
     ("v100-sxm2", {"fp16": 125e12, "fp32": 15.7e12}),
+    ("v100-sxm3", {"fp16": 125e12, "fp32": 15.7e12}),
     ("v100", {"fp16": 112e12, "fp32": 14e12}),
     ("t4", {"fp16": 65e12, "fp32": 8.1e12}),
     # GeForce: tensor cores with float32 accumulation (what autocast uses) run at half rate.

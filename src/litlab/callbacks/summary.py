@@ -63,8 +63,9 @@ class ModelSummary(RichModelSummary):
     on every row and "Total FLOPs: 0". Here the nets that a module names in
     ``example_input_shapes(image_shape)`` (a classifier's net: one image of the data's
     ``image_shape``; a GAN's generator and its average: one latent vector; its discriminator:
-    one image) are counted at setup, before a strategy wraps them, on meta-device copies. Each
-    row's FLOPs are one example's forward pass through that layer; "Total FLOPs" their sum.
+    one image) are counted at setup on rank 0, before a strategy wraps them, on meta-device
+    copies. Each row's FLOPs are one example's forward pass through that layer; "Total FLOPs"
+    their sum.
     (Training FLOPs per image, forward and backward: ``perf/flops_per_image``, Throughput.)
     A module with an ``example_input_array`` keeps Lightning's count; without a data module
     that has an ``image_shape``, or a module that names its inputs, Lightning's summary as is.
@@ -75,8 +76,14 @@ class ModelSummary(RichModelSummary):
         self.flops: dict[str, int] | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
         self.flops = None
         if stage != "fit" or not self._max_depth or pl_module.example_input_array is not None:
+            return
+        # rank 0 prints the summary (a copy of each net is made, in host memory, to count);
+        # DeepSpeed's ZeRO-3 summary is DeepSpeed's own table
+        if not trainer.is_global_zero or isinstance(trainer.strategy, DeepSpeedStrategy):
             return
         image_shape = getattr(trainer.datamodule, "image_shape", None)
         shapes = getattr(pl_module, "example_input_shapes", None)
@@ -95,10 +102,8 @@ class ModelSummary(RichModelSummary):
         self.flops = flops
 
     def _summary(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
-        from lightning.pytorch.strategies import DeepSpeedStrategy
-
-        if self.flops is None or isinstance(trainer.strategy, DeepSpeedStrategy):
-            return super()._summary(trainer, pl_module)  # DeepSpeed's own table (ZeRO-3)
+        if self.flops is None:
+            return super()._summary(trainer, pl_module)
         return _CountedLayerTable(pl_module, self._max_depth, self.flops)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

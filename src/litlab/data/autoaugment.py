@@ -89,9 +89,11 @@ def affine(x: Tensor, theta: Tensor) -> Tensor:
     base = torch.stack(
         [xs.expand(h, w), ys[:, None].expand(h, w), torch.ones_like(xs).expand(h, w)], -1
     )
-    # each column by a Python scalar: a tensor made on the device would be a copy (a sync) a batch
-    by = theta.transpose(1, 2)
-    scaled = torch.stack([by[..., 0] / (0.5 * w), by[..., 1] / (0.5 * h)], -1)
+    # the divisor filled from Python scalars on the device: a tensor made from host values
+    # there is a copy (a sync) a batch; a Python divisor is a product by its reciprocal on CUDA
+    half = torch.empty(2, device=x.device)
+    half[0], half[1] = 0.5 * w, 0.5 * h
+    scaled = theta.transpose(1, 2) / half
     grid = (base.view(1, h * w, 3) @ scaled).view(n, h, w, 2)
     return F.grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)
 

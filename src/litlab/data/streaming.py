@@ -118,7 +118,8 @@ def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
         if why := missing_credentials(input_dir, e):
             raise DataError(why) from e
         local = "://" not in input_dir and os.path.isdir(input_dir)
-        if local and not os.path.isdir(where) and class_names(Path(input_dir)):
+        converted = local and os.path.isfile(join(join(input_dir, "train"), "index.json"))
+        if local and not converted and not os.path.isdir(where) and class_names(Path(input_dir)):
             raise DataError(  # a folder of images, not a conversion of one
                 f"{input_dir} is a folder of images, not a litlab dataset; train on it with "
                 f"data=image_folder data.source.root={input_dir}, or convert it first: "

@@ -23,8 +23,10 @@ def check_slurm_launcher(argv: list[str]) -> None:
     traceback."""
     import shutil
 
-    slurm = any(re.fullmatch(r"hydra/launcher=(submitit_)?slurm", arg) for arg in argv[1:])
-    if slurm and shutil.which("srun") is None:
+    args = argv[1:]
+    multirun = "-m" in args or "--multirun" in args  # else Hydra runs here, no launcher
+    slurm = any(re.fullmatch(r"\+{0,2}hydra/launcher=(submitit_)?slurm", a) for a in args)
+    if multirun and slurm and shutil.which("srun") is None:
         raise ConfigError(
             "hydra/launcher=slurm submits the sweep's jobs to SLURM, which this machine does not "
             "have (no srun on PATH): run the command on the cluster's login node, or leave "

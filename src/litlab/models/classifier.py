@@ -61,16 +61,6 @@ def own_copy(tensor: Tensor) -> Tensor:
     return tensor.clone() if tensor.is_shared() else tensor
 
 
-def validation_still_to_come(trainer: L.Trainer, metric: str) -> bool:
-    """Whether a validation metric is missing only because no validation has run yet in this
-    fit (``trainer.val_check_interval`` steps beyond the first epochs' ends)."""
-    return (
-        metric.startswith("val/")
-        and trainer.enable_validation
-        and not any(key.startswith("val/") for key in trainer.callback_metrics)
-    )
-
-
 class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
     """Cross-entropy training of any net mapping images to class logits."""
 
@@ -132,6 +122,7 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         self.val_loss, self.test_loss = Mean(), Mean()
         self.val_acc_best = Max()
         self.val_acc_best.persistent(True)  # part of the checkpoint: a resumed run keeps its best
+        self._validated = False  # a validation since the last plateau step (checkpointed)
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -271,15 +262,20 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
                 continue
             if not epoch_ran_to_its_end(trainer) or (self.current_epoch + 1) % config.frequency:
                 continue
+            watches_validation = config.monitor.startswith("val/")
+            if watches_validation and not self._validated and trainer.enable_validation:
+                # validation every trainer.val_check_interval steps, none since the last step:
+                # the next epoch end after one steps (the same in a resumed run: the mark is
+                # in the checkpoint, the last validation's values are not)
+                continue
             value = logged.get(config.monitor, trainer.callback_metrics.get(config.monitor))
-            if value is None and validation_still_to_come(trainer, config.monitor):
-                continue  # validation every N steps, beyond this epoch: the first check after it
             if value is None:
                 raise ConfigError(
                     f"ReduceLROnPlateau watches {config.monitor}, which this run does not log "
                     f"(logged: {sorted(trainer.callback_metrics)}); set model.scheduler_monitor"
                 )
             config.scheduler.step(value)
+            self._validated = self._validated and not watches_validation
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         if isinstance(scheduler, ReduceLROnPlateau):
@@ -303,6 +299,7 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         if not self.trainer.sanity_checking:
             self.val_acc_best.update(self.val_metrics["acc"].compute())  # synced over ranks
             log_job_value(self, "val/acc_best", self.val_acc_best.compute())
+            self._validated = True  # a plateau schedule on val/* may step at the epoch's end
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._step(batch, self.test_metrics, self.test_loss)
@@ -314,9 +311,11 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         # resumed run hands them to its rank 0 alone, so that the epoch's reduce counts every
         # image once, on any number of ranks.
         total = self.trainer.strategy.reduce(self.epoch_sums(), reduce_op="sum")
-        checkpoint["classifier"] = {"train_sums": total.cpu()}
+        checkpoint["classifier"] = {"train_sums": total.cpu(), "validated": self._validated}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # (older checkpoints: at an epoch's end, where a plateau step had just used it)
+        self._validated = checkpoint.get("classifier", {}).get("validated", False)
         saved = checkpoint.get("classifier", {}).get("train_sums")
         if saved is not None:
             self._reset_sums(saved.to(torch.float64) if self.global_rank == 0 else None)

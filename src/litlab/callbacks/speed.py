@@ -14,6 +14,10 @@ from torchmetrics import Metric
 log = logging.getLogger(__name__)
 
 
+# torch's cap on the graphs compiled for one function, for the nets litlab compiles in place
+RECOMPILE_LIMIT = 64
+
+
 class Speed(Callback):
     """channels_last memory format, in-place torch.compile of the nets, float32 matmul precision.
 
@@ -37,6 +41,7 @@ class Speed(Callback):
         self.compile = compile
         self.matmul_precision = matmul_precision
         self._precision_before: str | None = None
+        self._limit_before: int | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.matmul_precision:
@@ -54,10 +59,14 @@ class Speed(Callback):
             if stage == "fit":
                 # torch keeps compiled graphs per function for the whole process and stops
                 # compiling one after torch._dynamo.config.recompile_limit (8) of them, running it
-                # eagerly: the jobs of a sweep share a process and each adds its own (training,
-                # validation, test), so from the third job on the nets ran uncompiled. Each fit
-                # compiles afresh.
+                # eagerly; every net compiled in place goes through one function of torch's, so
+                # the cap is on all of a process's nets together: a GAN's G, its average and D,
+                # in training and evaluation, took 6 of the 8, and the jobs of a sweep share a
+                # process. Each fit compiles afresh, under a cap of 64 (put back at teardown).
                 torch.compiler.reset()
+                if self._limit_before is None:
+                    self._limit_before = torch._dynamo.config.recompile_limit
+                torch._dynamo.config.recompile_limit = max(self._limit_before, RECOMPILE_LIMIT)
             # A module may name what can be compiled (a GAN with a gradient penalty keeps its
             # discriminator eager: torch.compile has no double backward); else every net.
             names = getattr(pl_module, "compile_targets", None)
@@ -80,3 +89,6 @@ class Speed(Callback):
         if self._precision_before is not None:
             torch.set_float32_matmul_precision(self._precision_before)
             self._precision_before = None
+        if self._limit_before is not None:
+            torch._dynamo.config.recompile_limit = self._limit_before
+            self._limit_before = None

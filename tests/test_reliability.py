@@ -115,8 +115,9 @@ def test_a_run_stopped_before_its_first_checkpoint_does_not_say_to_resume_it(tmp
     status, error = ended_as(SystemExit(1), tmp_path)
     assert status == "interrupted" and "nothing to resume" in error and "resume=" not in error
     (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
-    assert ended_as(SystemExit(1), tmp_path)[1].endswith(f"train.py resume={tmp_path}")
+    for name in ("step.ckpt", "last.ckpt"):  # every N steps (resume= takes it too), epoch end
+        (tmp_path / "checkpoints" / name).write_bytes(b"")
+        assert ended_as(SystemExit(1), tmp_path)[1].endswith(f"train.py resume={tmp_path}")
 
 
 def test_a_resumed_run_counts_the_unreadable_files_read_before_it_stopped(tmp_path):

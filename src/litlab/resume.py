@@ -27,7 +27,7 @@ import torch
 import yaml
 from omegaconf import DictConfig, open_dict
 
-from litlab.checkpoint import load_checkpoint, stored_config
+from litlab.checkpoint import CHECKPOINTS, load_checkpoint, resumable_checkpoints, stored_config
 from litlab.compat import forget_logged_after_checkpoint
 from litlab.config import config_dir, group_of_sweep
 from litlab.distributed import global_rank, rank0_dir
@@ -40,18 +40,11 @@ from litlab.tune import take_tuned_values
 
 log = logging.getLogger("litlab")
 
-CHECKPOINTS = ("last.ckpt", "step.ckpt")
-
 
 def newest_checkpoint(folder: Path) -> Path | None:
     """The most recently written of the run's resumable checkpoints: epoch end, periodic and
     signal (checkpoints/), and Lightning's SLURM auto-requeue saves (hpc_ckpt_<n>.ckpt)."""
-    found = [
-        folder / "checkpoints" / name
-        for name in CHECKPOINTS
-        if (folder / "checkpoints" / name).is_file()
-    ]
-    found += folder.glob("hpc_ckpt_*.ckpt")
+    found = resumable_checkpoints(folder)
     if not found:
         refuse_sharded(folder)
     return max(found, key=written_at) if found else None

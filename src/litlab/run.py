@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 import litlab
+from litlab.checkpoint import resumable_checkpoints
 from litlab.config import build
 from litlab.errors import AlreadyCompleted, ConfigError, LitlabError, Requeued, fail
 from litlab.files import atomic_file
@@ -180,7 +181,7 @@ def ended_as(exc: BaseException | None, folder: Path) -> tuple[str, str | None]:
             "preempted; the scheduler requeued the job, which continues in this folder",
         )
     if isinstance(exc, SystemExit):  # SIGTERMException is one; Lightning ends Ctrl-C with one
-        if (folder / "checkpoints" / "last.ckpt").is_file():
+        if resumable_checkpoints(folder):  # what resume= continues from
             return (
                 "interrupted",
                 f"stopped by a signal; continue with: python train.py resume={folder}",

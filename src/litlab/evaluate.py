@@ -94,10 +94,9 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     # Evaluation callbacks of the trained run (a GAN's FID and sample grids) test it the same
     # way; the others are not built (their classes may not be importable here).
     callbacks = build_list(eval_callbacks(stored.get("callbacks")), "callbacks")
-    for callback in callbacks:  # a GAN's FID through the run's own extractor (its weights)
-        saved = checkpoint.get("callbacks", {}).get(callback.state_key)
-        if isinstance(callback, FID) and saved:
-            callback.load_state_dict(saved)
+    for fid in (c for c in callbacks if isinstance(c, FID)):  # through the run's own extractor
+        if saved := checkpoint.get("callbacks", {}).get(fid.state_key):
+            fid.load_state_dict(saved)
     callbacks += [*trained_numerics(stored), OnePrecision()]
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
     failed = False

@@ -301,8 +301,7 @@ def fid_latents(
     set than the run on several, and a resume on another number of ranks changed the set)."""
     generator = rng.stream(pl_module.noise_seed, 0, "fid", LATENT_SETS[stage])
     latents = torch.randn(total, pl_module.latent_dim, generator=generator)
-    first = rank * (total // world) + min(rank, total % world)
-    return latents[first : first + total // world + (1 if rank < total % world else 0)]
+    return torch.tensor_split(latents, world)[rank]  # the first total % world one longer
 
 
 class SampleGrid(Callback):

@@ -55,11 +55,14 @@ def _restore(state: dict[str, Any]) -> None:
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     saved = state.get("cuda")
+    if saved is None or not torch.cuda.is_available():
+        return
     if isinstance(saved, list | tuple):  # written before 2026-12-05: one per visible GPU
-        here = torch.cuda.current_device() if torch.cuda.is_available() else len(saved)
-        saved = saved[here] if here < len(saved) else None
-    if saved is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(saved)
+        here = torch.cuda.current_device()
+        if here >= len(saved):
+            return
+        saved = saved[here]
+    torch.cuda.set_rng_state(saved)
 
 
 class RNGState(Callback):

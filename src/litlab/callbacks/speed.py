@@ -78,14 +78,14 @@ class Speed(Callback):
                     log.info("compiled %s in place", name)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore_precision()
+        self._put_back_process_settings()
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        self._restore_precision()  # a failed job of a sweep that goes on: no teardown call
+        self._put_back_process_settings()  # a failed job of a sweep that goes on: no teardown call
 
-    def _restore_precision(self) -> None:
+    def _put_back_process_settings(self) -> None:
         if self._precision_before is not None:
             torch.set_float32_matmul_precision(self._precision_before)
             self._precision_before = None

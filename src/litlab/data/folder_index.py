@@ -78,22 +78,25 @@ def check_same_classes(train: Path, test: Path) -> None:
     trained = {os.path.realpath(train / name): name for name in a}
     held = {os.path.realpath(test / name): name for name in b}
     # one a link to the other, or inside it: a folder's real path or one of its parents' is the
-    # other side's (linear in the classes: ImageNet-21k has 21,000)
-    for ours, theirs, flip in ((held, trained, False), (trained, held, True)):
-        for real, name in ours.items():
-            shared = next((theirs[p] for p in (real, *parents(real)) if p in theirs), None)
-            if shared is not None:
-                ours_name, theirs_name = (shared, name) if flip else (name, shared)
-                raise DataError(
-                    f"{test / ours_name} is {train / theirs_name}, or holds it or lies in it "
-                    f"(a link): the {test.name} split would measure images trained on; give "
-                    f"{test.name}/ images of its own"
-                )
+    # other side's (linear in the classes: ImageNet-21k has 21,000); as (test, train) names
+    shared = [
+        (name, trained[p]) for real, name in held.items() for p in lineage(real) if p in trained
+    ]
+    shared += [
+        (held[p], name) for real, name in trained.items() for p in lineage(real) if p in held
+    ]
+    if shared:
+        held_name, trained_name = shared[0]
+        raise DataError(
+            f"{test / held_name} is {train / trained_name}, or holds it or lies in it (a link): "
+            f"the {test.name} split would measure images trained on; give {test.name}/ images "
+            "of its own"
+        )
 
 
-def parents(path: str) -> list[str]:
-    """The folders above a real path, nearest first."""
-    return [str(p) for p in Path(path).parents]
+def lineage(path: str) -> list[str]:
+    """A real path and the folders above it, nearest first."""
+    return [path, *map(str, Path(path).parents)]
 
 
 def hashed_fraction(name: str, salt: str) -> float:
@@ -135,8 +138,8 @@ def scan(root: Path) -> FolderIndex:
     """``root/<class>/**/<image>``, classes and files sorted (torchvision's ImageFolder order).
 
     Hidden files and folders (``.ipynb_checkpoints``, macOS's ``._name`` files, ``__MACOSX``) are
-    left out;
-    links are followed, but a folder already read (a link back up the tree) is not read again.
+    left out; links are followed, but a folder already read (a link back up the tree) is not read
+    again, and one folder in two classes is refused.
     Files without an image suffix are listed in ``ignored``."""
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "does not exist"

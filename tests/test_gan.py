@@ -25,6 +25,8 @@ from conftest import (
 )
 from litlab import rng
 from litlab.callbacks import FID
+from litlab.callbacks.gan import save_generated_images
+from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.config import build, check_augmentation
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
@@ -710,9 +712,31 @@ def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
         assert torch.equal(rank0[name], rank1[name]), name
     summaries = list(tmp_path.rglob("summary.json"))
     assert len(summaries) == 1  # one run folder for both ranks
-    assert (
-        json.loads(summaries[0].read_text())["metrics"]["g/step"] == 7
-    )  # 460 images / 2 ranks / 32
+    summary = json.loads(summaries[0].read_text())
+    assert summary["metrics"]["g/step"] == 7  # 460 images / 2 ranks / 32
+    # eval.py on two processes writes generate=N images once: those of one process (each rank
+    # wrote its own images under the same names).
+    result = run_cli(
+        f"ckpt_path={summary['best_checkpoint']}",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "generate=6",
+        f"paths.log_dir={tmp_path / 'eval'}",
+        "extras.print_config=false",
+        "logger=csv",
+        script="eval.py",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (folder,) = (tmp_path / "eval").rglob("generated")
+    checkpoint = load_checkpoint(summary["best_checkpoint"])
+    model = build(stored_config(checkpoint, summary["best_checkpoint"]).model, "model")
+    model.load_state_dict(checkpoint["state_dict"])
+    save_generated_images(model.eval(), 6, tmp_path / "one")  # in one process
+    assert sorted(p.name for p in folder.iterdir()) == [f"{i:06d}.png" for i in range(6)]
+    for path in folder.iterdir():
+        assert np.array_equal(
+            np.asarray(Image.open(path)), np.asarray(Image.open(tmp_path / "one" / path.name))
+        )
 
 
 def test_sample_grids_reach_wandb_and_tensorboard(tmp_path):

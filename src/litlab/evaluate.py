@@ -110,7 +110,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
         raise
     finally:
         finish_loggers(trainer.loggers, failed)
-    if cfg.get("generate"):
+    if cfg.get("generate") and trainer.is_global_zero:  # once (every rank wrote all of them)
         folder = Path(cfg.paths.output_dir) / "generated"
         with run.phase("generate"):
             run.summary["generated"] = save_generated_images(model, int(cfg.generate), folder)

@@ -368,14 +368,19 @@ class SampleGrid(Callback):
 def save_generated_images(
     pl_module: L.LightningModule, count: int, folder: Path, batch_size: int = 256
 ) -> int:
-    """Write ``count`` images from the EMA generator as PNG files 000000.png, 000001.png, ..."""
+    """Write ``count`` images from the EMA generator as PNG files 000000.png, 000001.png, ...,
+    from the job's "generate" latents drawn on the CPU: the same images whichever rank and
+    device write them (eval.py writes them once, on rank 0; each rank drew from its own stream
+    on its device, and under DDP all wrote different images to the same names)."""
     _require_gan(pl_module, "generate")
     folder.mkdir(parents=True, exist_ok=True)
-    generator = pl_module.random_stream("generate")
+    generator = rng.stream(pl_module.noise_seed, 0, "generate")
     written = 0
     while written < count:
-        noise = pl_module.random_noise(min(batch_size, count - written), generator)
-        images = pl_module.sample(noise)
+        noise = torch.randn(
+            min(batch_size, count - written), pl_module.latent_dim, generator=generator
+        )
+        images = pl_module.sample(noise.to(pl_module.device))
         for image in images.cpu():
             save_image(image, folder / f"{written:06d}.png")
             written += 1

@@ -513,6 +513,19 @@ def test_the_cached_extractor_is_written_through_a_file_of_its_writers_own(tmp_p
     assert len(written) == 2 and torch.equal(nets[1].eval()(x), cached.eval()(x))
 
 
+def test_a_classifier_cached_by_another_recipe_is_not_read(tmp_path, monkeypatch):
+    """The cache key named the data and seed, not how the classifier trains: a litlab version
+    training it otherwise (another lr, more epochs) read the old classifier as its own."""
+    from litlab.metrics import fid
+
+    images = torch.randint(0, 256, (32, 1, 16, 16), dtype=torch.uint8)
+    labels = torch.arange(32) % 2
+    domain_classifier(images, labels, [0.5], [0.5], tmp_path)
+    monkeypatch.setitem(fid.RECIPE, "lr", 1e-3)
+    domain_classifier(images, labels, [0.5], [0.5], tmp_path)
+    assert len(list(tmp_path.glob("fid-classifier-*.pt"))) == 2
+
+
 def test_test_fid_draws_other_latents_than_val_fid_and_repeats(tmp_path):
     """test/fid of the selected checkpoint is a measurement of its own (other latents than the
     val/fid it was selected by), and eval.py measures it again exactly."""
@@ -643,13 +656,16 @@ def test_a_resumed_run_measures_fid_through_its_own_extractor(tmp_path):
     resumed = make_cfg(tmp_path / "resumed", [*common, "trainer.max_epochs=2", f"ckpt_path={last}"])
     train_task(resumed)
     assert [k for k in summary_of(resumed)["metrics"] if k.startswith("val/fid_domain-")] == [tag]
-    # and eval.py (the run's cache_dir: the other classifier) tests through the run's own too
+    # and eval.py where the cache is gone (another machine) tests through the run's own too,
+    # built from the checkpoint: no classifier trained (minutes on a CPU) to be replaced
+    cached.unlink()
     evaluated = make_cfg(
         tmp_path / "eval", [f"ckpt_path={last}", "extras.print_config=false"], config_name="eval"
     )
     eval_task(evaluated)
     tested = [k for k in summary_of(evaluated)["metrics"] if k.startswith("test/fid_domain-")]
     assert tested == [tag.replace("val/", "test/")]
+    assert not list(cache.iterdir())
 
 
 def test_fid_latents_are_one_set_on_any_number_of_ranks():

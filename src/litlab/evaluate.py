@@ -11,7 +11,7 @@ import lightning as L
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from litlab.callbacks.gan import FID, save_generated_images
+from litlab.callbacks.gan import give_checkpoint_state, save_generated_images
 from litlab.callbacks.speed import Speed
 from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.config import (
@@ -94,9 +94,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     # Evaluation callbacks of the trained run (a GAN's FID and sample grids) test it the same
     # way; the others are not built (their classes may not be importable here).
     callbacks = build_list(eval_callbacks(stored.get("callbacks")), "callbacks")
-    for fid in (c for c in callbacks if isinstance(c, FID)):  # through the run's own extractor
-        if saved := checkpoint.get("callbacks", {}).get(fid.state_key):
-            fid.load_state_dict(saved)
+    give_checkpoint_state(callbacks, checkpoint)  # FID through the run's own extractor
     callbacks += [*trained_numerics(stored), OnePrecision()]
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
     failed = False

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from litlab import compat
 from litlab.callbacks import PeakMemory, Throughput
+from litlab.callbacks.gan import give_checkpoint_state
 from litlab.callbacks.preemption import hand_over_preemption
 from litlab.checkpoint import load_checkpoint
 from litlab.config import (
@@ -92,12 +93,17 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
 
     datamodule = build(cfg.data, "data")
     model = build(cfg.model, "model")
+    checkpoint = None
     if cfg.get("ckpt_path"):  # one clear line for a missing, corrupt or foreign checkpoint
-        check_resumable(continued or load_checkpoint(cfg.ckpt_path), cfg)
+        checkpoint = continued or load_checkpoint(cfg.ckpt_path)
+        check_resumable(checkpoint, cfg)
         run.summary["resumed_from"] = str(cfg.ckpt_path)
     # The resolved config travels in every checkpoint and goes to every logger as hparams.
     model.save_hyperparameters(resolved_config(cfg))
     trainer = build_trainer(cfg, model, tuned)
+    if checkpoint is not None:
+        give_checkpoint_state(trainer.callbacks, checkpoint)
+    del checkpoint, continued  # Lightning reads the file again (its weights onto the device)
     run.summary["world_size"] = trainer.world_size
 
     ended: BaseException | None = None  # what ended the run early, if anything did

@@ -16,7 +16,7 @@ from torchvision.utils import make_grid, save_image
 from litlab import rng
 from litlab.compat import logging_step
 from litlab.distributed import log_job_value
-from litlab.errors import ConfigError, LitlabError, TrainingDiverged, first_line
+from litlab.errors import CheckpointError, ConfigError, LitlabError, TrainingDiverged, first_line
 from litlab.metrics.fid import (
     ClassifierFeatures,
     InceptionFeatures,
@@ -108,8 +108,10 @@ class FID(Callback):
                 "uses InceptionV3 when the data has one class)",
             )
         if spec == "auto":
-            device = trainer.strategy.root_device
             mean, std = dm.transform.mean.flatten().tolist(), dm.transform.std.flatten().tolist()
+            if restored := self._restored_classifier(dm, mean, std):
+                return restored
+            device = trainer.strategy.root_device
             # Rank 0 trains it on the training split (or reads its cache) and hands its weights
             # to every rank: ranks on other nodes may not share the cache folder, and a net
             # trained twice on a GPU differs (each rank would measure its shard through its own
@@ -146,6 +148,28 @@ class FID(Callback):
             )
         return classifier_from_checkpoint(spec)
 
+    def _restored_classifier(
+        self, dm: L.LightningDataModule, mean: list[float], std: list[float]
+    ) -> ClassifierFeatures | None:
+        """extractor=auto's classifier from the checkpoint's state given before setup (a
+        resumed run, eval.py, a test of a checkpoint): the run's own, neither trained again
+        (minutes on a CPU) nor read from a cache, only for the checkpoint's to replace it."""
+        weights = (self._restored or {}).get("weights")
+        if weights is None:
+            return None
+        shape = tuple(self._restored.get("image_shape", dm.image_shape))  # setup compares
+        net = domain_net(shape[0], self._restored.get("num_classes", dm.num_classes))
+        try:
+            net.load_state_dict(weights)
+        except RuntimeError as error:
+            raise CheckpointError(
+                f"the checkpoint's FID extractor does not fit this data's {list(shape)} images "
+                f"and {dm.num_classes} classes ({first_line(error)}): test a GAN on the images "
+                "it was trained on"
+            ) from None
+        log.info("FID extractor: the run's own, from its checkpoint")
+        return ClassifierFeatures(net, mean, std, shape)
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         _require_gan(pl_module, "FID")
         if self.metric is not None:
@@ -172,7 +196,12 @@ class FID(Callback):
         extractor = self.metric.inception if self.metric is not None else None
         if not isinstance(extractor, ClassifierFeatures):
             return {}
-        return {"tag": self.tag, "weights": extractor.net.state_dict()}
+        return {
+            "tag": self.tag,
+            "weights": extractor.net.state_dict(),
+            "num_classes": extractor.num_classes,
+            "image_shape": list(extractor.image_shape),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The checkpoint's extractor weights into this run's extractor (built at setup: given
@@ -290,6 +319,14 @@ class FID(Callback):
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.evaluate(trainer, pl_module, "test")
+
+
+def give_checkpoint_state(callbacks: list[Callback], checkpoint: dict[str, Any]) -> None:
+    """The checkpoint's state to its FID callbacks before the trainer sets them up (Lightning
+    restores callbacks after setup): they build the run's own extractor from it at setup."""
+    for fid in (c for c in callbacks if isinstance(c, FID)):
+        if saved := checkpoint.get("callbacks", {}).get(fid.state_key):
+            fid.load_state_dict(saved)
 
 
 def fid_latents(

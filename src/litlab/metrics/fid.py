@@ -107,14 +107,21 @@ def classifier_from_checkpoint(path: str | Path) -> ClassifierFeatures:
     return ClassifierFeatures(net, config.data.mean, config.data.std, config.data.image_shape)
 
 
+# How domain_classifier trains its SmallCNN: Adam at lr, batches of batch_size, for
+# min(max_epochs, max(min_epochs, ceil(images_seen / N))) epochs. In the cache key: a cached
+# classifier trained by another recipe (another litlab version) is another extractor.
+RECIPE = {"lr": 2e-3, "batch_size": 256, "min_epochs": 2, "max_epochs": 30, "images_seen": 20_000}
+
+
 def _training_hash(
     images: Tensor, labels: Tensor, mean: Sequence[float], std: Sequence[float], seed: int
 ) -> str:
-    """What the domain classifier is trained from: pixels, labels, normalization and seed (a
-    classifier trained under another normalization computes other features)."""
+    """What the domain classifier is trained from and how: pixels, labels, normalization, seed
+    and RECIPE (a classifier trained under another normalization computes other features)."""
     digest = hashlib.sha256(images.contiguous().numpy().tobytes())
     digest.update(labels.contiguous().numpy().tobytes())
     digest.update(repr(([float(m) for m in mean], [float(s) for s in std], seed)).encode())
+    digest.update(repr(sorted(RECIPE.items())).encode())
     return digest.hexdigest()[:16]
 
 
@@ -164,12 +171,14 @@ def domain_classifier(
     m, s = per_channel(mean, device), per_channel(std, device)
     net.to(device).train()
     images, labels = images.to(device), labels.to(device)
-    optimizer = torch.optim.Adam(net.parameters(), lr=2e-3)
-    epochs = min(30, max(2, math.ceil(20_000 / len(images))))
+    optimizer = torch.optim.Adam(net.parameters(), lr=RECIPE["lr"])
+    epochs = math.ceil(RECIPE["images_seen"] / len(images))
+    epochs = min(RECIPE["max_epochs"], max(RECIPE["min_epochs"], epochs))
+    batch = RECIPE["batch_size"]
     for _ in range(epochs):
         order = torch.randperm(len(images), generator=generator).to(device)
-        for start in range(0, len(images), 256):
-            idx = order[start : start + 256]
+        for start in range(0, len(images), batch):
+            idx = order[start : start + batch]
             x = (images[idx].float() / 255 - m) / s
             loss = F.cross_entropy(net(x), labels[idx])
             optimizer.zero_grad(set_to_none=True)

@@ -623,6 +623,13 @@ def test_links_are_read_once_hidden_files_left_out_and_a_broken_link_skipped(
     (root / "cat" / "again").symlink_to(".")
     write_png_folder(tmp_path / "elsewhere", classes=("dogs",), per_class=4)
     (root / "dog" / "more").symlink_to(tmp_path / "elsewhere" / "dogs")  # a folder linked in
+    # an image under a second name (split by its name: in train and test), an image outside
+    # linked in twice: each read once
+    (root / "cat" / "alias.png").symlink_to(root / "cat" / "0.png")
+    (root / "dog" / "x.png").symlink_to(tmp_path / "elsewhere" / "dogs" / "0.png")
+    shutil.copy(root / "cat" / "1.png", tmp_path / "outside.png")
+    (root / "cat" / "out1.png").symlink_to(tmp_path / "outside.png")
+    (root / "cat" / "out2.png").symlink_to(tmp_path / "outside.png")
     (root / "cat" / ".ipynb_checkpoints").mkdir()
     shutil.copy(root / "cat" / "0.png", root / "cat" / ".ipynb_checkpoints" / "0-checkpoint.png")
     (root / "cat" / "._0.png").write_bytes(b"\0\5\26\7 AppleDouble")
@@ -631,7 +638,12 @@ def test_links_are_read_once_hidden_files_left_out_and_a_broken_link_skipped(
     (root / "dog" / "notes.txt").write_text("not an image")
     shutil.copy(root / "cat" / "0.png", root / "loose.png")
     index = scan(root)
-    assert index.files.count("cat/0.png") == 1 and len(index.files) == 17
+    assert index.files.count("cat/0.png") == 1 and len(index.files) == 18
+    assert "cat/out1.png" in index.files and not {
+        "cat/alias.png",
+        "cat/out2.png",
+        "dog/x.png",
+    } & set(index.files)
     assert sorted(f for f in index.files if "/" in f[4:]) == [f"dog/more/{i}.png" for i in range(4)]
     assert index.ignored == ["dog/notes.txt"] and index.outside == ["loose.png"]
     source = ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
@@ -672,6 +684,10 @@ def test_a_folder_linked_into_two_classes_or_two_splits_is_refused(tmp_path, cap
     (classes / "kitty").unlink()
     (classes / "dog" / "cats").symlink_to(classes / "cat")  # linked inside another class
     with pytest.raises(DataError, match="of class 'cat' too"):
+        scan(classes)
+    (classes / "dog" / "cats").unlink()
+    (classes / "dog" / "puss.png").symlink_to(classes / "cat" / "0.png")  # an image, not a folder
+    with pytest.raises(DataError, match=r"puss\.png is an image of class 'cat' too"):
         scan(classes)
 
 

@@ -11,7 +11,7 @@ import hashlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,9 +138,9 @@ def scan(root: Path) -> FolderIndex:
     """``root/<class>/**/<image>``, classes and files sorted (torchvision's ImageFolder order).
 
     Hidden files and folders (``.ipynb_checkpoints``, macOS's ``._name`` files, ``__MACOSX``) are
-    left out; links are followed, but a folder already read (a link back up the tree) is not read
-    again, and one folder in two classes is refused.
-    Files without an image suffix are listed in ``ignored``."""
+    left out; links are followed, but a folder or image already read (a link back up the tree,
+    a second name for an image) is not read again, and one folder or image in two classes is
+    refused. Files without an image suffix are listed in ``ignored``."""
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "does not exist"
         raise DataError(f"image folder {root} {what}; put images in {root}/<class name>/")
@@ -149,31 +149,23 @@ def scan(root: Path) -> FolderIndex:
         raise DataError(f"{root} has no class folders; put images in {root}/<class name>/")
     index = FolderIndex(root, classes)
     read: dict[str, str] = {}  # every real folder read, and whose class it is
+    links: list[tuple[str, int]] = []  # image files that are links, with their labels
     for label, name in enumerate(classes):
         found = []
-        for folder, folders, names in os.walk(root / name, followlinks=True):
-            real = os.path.realpath(folder)
-            if read.get(real, name) != name:  # a folder of two classes: two labels an image
-                raise DataError(
-                    f"{folder} is a folder of class {read[real]!r} too (a link): its images "
-                    f"would carry two labels; keep each image in one class folder"
-                )
-            if real in read:  # each copy would be trained on, and land in test as well
-                folders.clear()
-                continue
-            read[real] = name
-            # sorted: of two links to one folder, the first name reads it on every machine
-            # (a file's name decides its split)
-            folders[:] = sorted(f for f in folders if not left_out(f))
+        for folder, names in _walk(root / name, read, name):
             where = os.path.relpath(folder, root)  # once a folder: a million files are common
-            for n in names:
-                if left_out(n):
-                    continue
+            for n, is_link in names:
                 path = os.path.join(where, n)
-                is_image = os.path.splitext(n)[1].lower() in IMAGE_SUFFIXES
-                (found if is_image else index.ignored).append(path)
+                if not _is_image_name(n):
+                    index.ignored.append(path)
+                    continue
+                found.append(path)
+                if is_link:
+                    links.append((path, label))
         index.files += sorted(found)
         index.labels += [label] * len(found)
+    if links:
+        _read_linked_images_once(index, links, read)
     index.outside = sorted(
         e.name
         for e in os.scandir(root)
@@ -182,6 +174,87 @@ def scan(root: Path) -> FolderIndex:
     if not index.files:
         raise DataError(f"{root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
     return index
+
+
+def _walk(
+    top: Path, read: dict[str, str], name: str
+) -> Iterator[tuple[str, list[tuple[str, bool]]]]:
+    """(folder, [(file name, is a link)]) of ``top`` and the folders below it,
+    as os.walk (top down, links followed, sub-folders in sorted order) but with whether each
+    file is a link (a file's directory entry says so: no call per file). A real folder read
+    before (recorded in ``read`` with its class) is not read again; in another class, refused."""
+    stack = [str(top)]
+    while stack:
+        folder = stack.pop()
+        real = os.path.realpath(folder)
+        if read.get(real, name) != name:  # a folder of two classes: two labels an image
+            raise DataError(
+                f"{folder} is a folder of class {read[real]!r} too (a link): its images "
+                f"would carry two labels; keep each image in one class folder"
+            )
+        if real in read:  # each copy would be trained on, and land in test as well
+            continue
+        read[real] = name
+        folders, files = [], []
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if left_out(entry.name):
+                        continue
+                    try:
+                        is_dir = entry.is_dir()  # through a link
+                    except OSError:
+                        is_dir = False
+                    if is_dir:
+                        folders.append(entry.name)
+                    else:
+                        files.append((entry.name, entry.is_symlink()))
+        except OSError as error:  # os.walk's default: an unlisted folder is passed over
+            log.warning("%s could not be listed (%s): its images are not read", folder, error)
+            continue
+        yield folder, files
+        # sorted: of two links to one folder, the first name reads it on every machine (a
+        # file's name decides its split); popped in that order
+        stack += [os.path.join(folder, f) for f in sorted(folders, reverse=True)]
+
+
+def _read_linked_images_once(
+    index: FolderIndex, links: list[tuple[str, int]], read: dict[str, str]
+) -> None:
+    """Image files that are links to an image read under another name (alias.jpg -> 1.jpg in a
+    folder read, or two links to one image) are read once: each name is split on its own, so
+    one picture could be trained on and tested. A link to an image of another class is
+    refused (two labels). A broken link stays, to be reported unreadable."""
+    labels = {name: label for label, name in enumerate(index.classes)}
+    first: dict[str, int] = {}  # an image outside the folder: the label of its first link
+    dropped = set()
+    for path, label in sorted(links):
+        target = os.path.realpath(os.path.join(index.root, path))
+        folder, name = os.path.split(target)
+        if folder in read and _is_image_name(name) and os.path.isfile(target):
+            other = labels[read[folder]]  # read under its own name there
+        elif target in first:
+            other = first[target]
+        else:
+            first[target] = label
+            continue
+        if other != label:
+            raise DataError(
+                f"{index.root / path} is an image of class {index.classes[other]!r} too (a "
+                "link): it would carry two labels; keep each image in one class folder"
+            )
+        dropped.add(path)
+    if dropped:
+        log.info(
+            "%s: %d link(s) to images read under another name, read once", index.root, len(dropped)
+        )
+        kept = [i for i, f in enumerate(index.files) if f not in dropped]
+        index.files = [index.files[i] for i in kept]
+        index.labels = [index.labels[i] for i in kept]
+
+
+def _is_image_name(name: str) -> bool:
+    return not left_out(name) and os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
 
 
 def unread(index: FolderIndex) -> str | None:

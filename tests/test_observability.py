@@ -123,6 +123,35 @@ def counted_forward(net: nn.Module, example: torch.Tensor) -> int:
     return counter.get_total_flops()
 
 
+class Uncopyable(nn.Parameter):
+    """A weight whose copy fails: what counts FLOPs must not copy weights."""
+
+    def __deepcopy__(self, memo):
+        raise AssertionError("a weight was copied")
+
+
+def test_flops_are_counted_on_a_copy_that_holds_no_weights():
+    """The meta copies were deepcopies of the net moved to meta: every weight copied once on
+    its device (a GPU's memory) for each callback counting FLOPs, and the count waited on it."""
+    from litlab.callbacks.summary import meta_copy
+
+    net = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 26 * 26, 10)
+    )
+    net[0].weight = Uncopyable(net[0].weight.detach())
+    net[3].weight.requires_grad_(False)
+    copied = meta_copy(net)
+    assert all(t.is_meta for t in [*copied.parameters(), *copied.buffers()])
+    assert [p.requires_grad for p in copied.parameters()] == [
+        p.requires_grad for p in net.parameters()
+    ]
+    assert not any(t.is_meta for t in [*net.parameters(), *net.buffers()])  # the net untouched
+    images = torch.zeros(2, 1, 28, 28)
+    with FlopCounterMode(display=False) as counter:
+        net(images).sum().backward()
+    assert training_flops_per_image(net, images) == counter.get_total_flops() / 2
+
+
 @pytest.mark.parametrize("family", ["classifier", "gan"])
 def test_the_model_summary_counts_each_nets_forward_pass(tmp_path, capsys, family):
     """Lightning's summary counts FLOPs only with an example_input_array (litlab's modules have

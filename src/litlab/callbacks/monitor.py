@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 import resource
@@ -17,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import nn
 
+from litlab.callbacks.summary import meta_copy
 from litlab.distributed import log_job_value
 from litlab.errors import ConfigError
 
@@ -91,7 +91,7 @@ def peak_flops(device_name: str, arithmetic: str | None) -> float | None:
 def training_flops_per_image(net: nn.Module, images: torch.Tensor) -> float:
     """FLOPs of one training step per image: forward plus backward, counted by
     torch.utils.flop_counter on a meta-device copy (no memory, no change to the real net)."""
-    meta = copy.deepcopy(net).to("meta")
+    meta = meta_copy(net)
     x = torch.empty_like(images, dtype=torch.float32, device="meta")
     # .forward, not __call__: a net compiled in place (Speed) would compile again for meta.
     flops = measure_flops(meta, lambda: meta.forward(x), loss_fn=lambda y: y.float().sum())
@@ -195,7 +195,7 @@ class Throughput(Callback):
         net = getattr(pl_module, "net", None)
         # Copied to meta before the strategy wraps or shards it (FSDP); counted at the first batch.
         if isinstance(net, nn.Module) and self.flops_per_image is None:
-            self._net = copy.deepcopy(net).to("meta")
+            self._net = meta_copy(net)
 
     def _begin(self, stage: str) -> None:
         _sync(self._device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 from typing import Any
 
@@ -25,7 +26,7 @@ def forward_flops(
     Counted by torch.utils.flop_counter on a meta-device copy, in eval mode: no memory, no
     arithmetic, no change to the real module (a copy is never compiled: torch drops an in-place
     compile's call when it copies a module)."""
-    meta = copy.deepcopy(module).to("meta").eval()
+    meta = meta_copy(module).eval()
     counter = FlopCounterMode(display=False, depth=depth)
     with torch.no_grad(), counter:
         meta(torch.empty(input_shape, device="meta"))
@@ -52,6 +53,19 @@ class _CountedLayerTable(LayerTable):
     @property
     def flop_counts(self) -> dict[str, dict[Any, int]]:
         return {name: {"forward": self._counted.get(name, 0)} for name in self.layer_names}
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` on the meta device (shapes, no memory), made without copying its
+    weights: a deepcopy moved to meta held a second copy of every weight on the module's device
+    for a moment (on a GPU: its memory), for each callback that counts FLOPs."""
+    memo: dict[int, Any] = {}
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        meta = torch.empty_like(tensor, device="meta")
+        if isinstance(tensor, nn.Parameter):
+            meta = nn.Parameter(meta, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = meta
+    return copy.deepcopy(module, memo)
 
 
 class ModelSummary(RichModelSummary):

@@ -34,15 +34,24 @@ class DumpWeights(Callback):
 
 class RecordEpochSums(Callback):
     """Rank 0 writes every rank's own training sums (the classifier's epoch_sums) at each
-    training epoch's end, before the model reduces them: rank{r}: [loss x n, top-1, top-k, n]."""
+    training epoch's end, before the model reduces them: rank{r}: [loss x n, top-1, top-k, n];
+    and every rank's loss of the epoch's last batch: last_losses."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
+        self.last_losses: list[float] = []
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, i: int
+    ) -> None:
+        if trainer.is_last_batch:
+            self.last_losses = pl_module.all_gather(outputs["loss"].detach()).tolist()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         sums = pl_module.all_gather(pl_module.epoch_sums()).reshape(-1, 4)
         if trainer.global_rank == 0:
-            self.path.write_text(json.dumps({f"rank{r}": s for r, s in enumerate(sums.tolist())}))
+            ranks = {f"rank{r}": s for r, s in enumerate(sums.tolist())}
+            self.path.write_text(json.dumps({**ranks, "last_losses": self.last_losses}))
 
 
 class RecordAverageDevice(Callback):

@@ -454,6 +454,10 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
     # its own shard (a rank's sums are not rank 0's: DDP copies buffers from rank 0).
     ranks = json.loads((tmp_path / "sums.json").read_text())
     assert ranks["rank0"] != ranks["rank1"] and ranks["rank0"][3] == ranks["rank1"][3] > 0
+    # and the step curve too (it was rank 0's batch alone): the last batch's, over both ranks
+    losses = ranks["last_losses"]
+    assert len(set(losses)) == 2
+    assert summary["metrics"]["train/loss_step"] == pytest.approx(sum(losses) / 2, rel=1e-6)
     total = [a + b for a, b in zip(ranks["rank0"], ranks["rank1"], strict=True)]
     assert summary["metrics"]["train/acc"] == pytest.approx(total[1] / total[3], abs=1e-6)
     assert summary["metrics"]["train/loss"] == pytest.approx(total[0] / total[3], rel=1e-6)

@@ -1,8 +1,11 @@
-"""Step curves (train/loss_step; a GAN's d/*, g/*) handed to Lightning on the steps it writes."""
+"""Step curves (train/loss_step; a GAN's d/*, g/*) handed to Lightning on the steps it writes,
+as means over the ranks."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from litlab.compat import logs_this_step
 
@@ -30,4 +33,18 @@ class StepCurves:
         values = self.__dict__.pop("_step_curves", None)
         trainer = self.trainer  # type: ignore[attr-defined]
         if values is not None and (logs_this_step(trainer) or trainer.is_last_batch):
+            if trainer.world_size > 1:  # every rank logs the same steps: a collective is safe
+                values = mean_over_ranks(trainer, values)
             self.log_dict(values, on_step=True, on_epoch=False)  # type: ignore[attr-defined]
+
+
+def mean_over_ranks(trainer: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The tensors of ``values`` as their means over the ranks, in one all-reduce on the device
+    (each rank's curve was its own batch's; the job's was rank 0's). Not Lightning's
+    ``sync_dist``: it reduces when a value is read, and rank 0's progress bar reads them alone."""
+    names = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    if not names:
+        return values
+    stacked = torch.stack([values[k].detach().float() for k in names])
+    means = trainer.strategy.reduce(stacked, reduce_op="mean")
+    return {**values, **dict(zip(names, means.unbind(), strict=True))}

@@ -255,6 +255,13 @@ def test_columns_say_which_weights_their_values_are_of(tmp_path, capsys):
     main([str(tmp_path)])
     md = (tmp_path / "report.md").read_text()
     assert "| test/acc (best checkpoint or last checkpoint) | val/acc (last epoch) |" in md
+    # eval.py's run: the checkpoint it was given (it read "final weights")
+    evaluated = {"task": "eval", "status": "completed", "metrics": {"test/acc": 0.85},
+                 "checkpoint": "/r/1/best.ckpt"}  # fmt: skip
+    (tmp_path / "2" / "summary.json").write_text(json.dumps(evaluated))
+    main([str(tmp_path)])
+    md = (tmp_path / "report.md").read_text()
+    assert "| test/acc (best checkpoint or given checkpoint) |" in md
 
 
 def test_curves_keep_one_point_per_step_after_a_resume(tmp_path):

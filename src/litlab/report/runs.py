@@ -120,9 +120,11 @@ class RunFolder:
     @property
     def tested(self) -> str:
         """Which weights the run's test/* metrics measure: its best checkpoint, its last (no
-        best kept), a checkpoint it was given (train=false), or the final (or untrained) weights."""
+        best kept), a checkpoint it was given (train=false; eval.py), or the final (or untrained)
+        weights."""
         best = self.summary.get("best_checkpoint")
         tested = self.summary.get("tested_checkpoint", best)  # older summaries: the best one
+        tested = tested or self.summary.get("checkpoint")  # eval.py's
         if tested and tested == best:
             return "best checkpoint"
         if tested and tested == self.summary.get("last_checkpoint"):

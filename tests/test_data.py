@@ -691,6 +691,21 @@ def test_a_folder_linked_into_two_classes_or_two_splits_is_refused(tmp_path, cap
         scan(classes)
 
 
+def test_class_names_that_differ_only_in_their_encoding_are_said_to(tmp_path):
+    """A class folder written on a Mac (NFD: "e" and an accent) beside one written elsewhere
+    (NFC: one letter) looks the same in the message that refuses them: it says why."""
+    import unicodedata
+
+    split = tmp_path / "split"
+    write_png_folder(split / "train", classes=("café", "dog"), per_class=4)
+    write_png_folder(
+        split / "test", classes=(unicodedata.normalize("NFD", "café"), "dog"), per_class=2
+    )
+    source = ImageFolder(str(split), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+    with pytest.raises(DataError, match="differ only in how accented letters are encoded"):
+        source.prepare()
+
+
 def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp_path, capsys):
     """The check's exit status was 0 ("every file is readable") for folders a run refuses, and
     rich's markup ate or choked on file names with brackets."""

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, Tenso
 from litlab.compat import epoch_to_train
 from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
 from litlab.data.folder import FileImages
+from litlab.data.folder_index import encoding_hint
 from litlab.data.loader import DeviceLoader, ResumableDataLoader, ShardSampler, reader_context
 from litlab.data.sources import Source, labels_of, stratified_indices
 from litlab.data.transforms import BatchTransform
@@ -335,7 +336,7 @@ class DataModule(L.LightningDataModule):
         raise DataError(
             f"the model was trained with the classes {trained}, this data has {now} (labels "
             f"{', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}); use class folders of "
-            "the same names"
+            f"the same names{encoding_hint(trained, now)}"
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -73,7 +74,7 @@ def check_same_classes(train: Path, test: Path) -> None:
         raise DataError(
             f"{train} and {test} have different class folders (only in {train.name}/: "
             f"{missing or 'none'}; only in {test.name}/: {extra or 'none'}); give both the same "
-            "class folders, with the same names"
+            f"class folders, with the same names{encoding_hint(a, b)}"
         )
     trained = {os.path.realpath(train / name): name for name in a}
     held = {os.path.realpath(test / name): name for name in b}
@@ -92,6 +93,23 @@ def check_same_classes(train: Path, test: Path) -> None:
             f"the {test.name} split would measure images trained on; give {test.name}/ images "
             "of its own"
         )
+
+
+def encoding_hint(a: Sequence[str], b: Sequence[str]) -> str:
+    """Where two lists of class names differ only in how their letters are encoded (macOS
+    writes "é" as e and an accent, NFD; most systems as one letter, NFC: the names look the
+    same but are not), a sentence saying so; else ""."""
+
+    def nfc(names: Sequence[str]) -> list[str]:
+        return sorted(unicodedata.normalize("NFC", n) for n in names)
+
+    if list(a) == list(b) or nfc(a) != nfc(b):
+        return ""
+    return (
+        " (they differ only in how accented letters are encoded, Unicode NFD as macOS writes "
+        "names against NFC: rename them in one form, e.g. `convmv -r -f utf8 -t utf8 --nfc "
+        "--notest <folder>`)"
+    )
 
 
 def lineage(path: str) -> list[str]:

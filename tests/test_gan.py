@@ -513,6 +513,20 @@ def test_the_cached_extractor_is_written_through_a_file_of_its_writers_own(tmp_p
     assert len(written) == 2 and torch.equal(nets[1].eval()(x), cached.eval()(x))
 
 
+def test_class_entropy_is_the_entropy_of_the_classes_the_extractor_predicts():
+    """val/class_entropy: 0 for a generator whose images are all one class (mode collapse),
+    ln K for images spread evenly over K classes; empty classes add nothing."""
+    from litlab.metrics.fid import class_histogram, entropy
+
+    logits = torch.eye(4)[[0, 1, 1, 3, 0, 3, 1, 0]] * 5 - 1  # classes 0 x3, 1 x3, 3 x2
+    counts = class_histogram(logits)
+    assert counts.tolist() == [3.0, 3.0, 0.0, 2.0]
+    p = torch.tensor([3, 3, 2]) / 8
+    assert entropy(counts) == pytest.approx(float(-(p * p.log()).sum()))
+    assert entropy(class_histogram(torch.eye(10))) == pytest.approx(np.log(10))
+    assert entropy(class_histogram(torch.eye(10)[[2] * 7])) == 0.0
+
+
 def test_a_classifier_cached_by_another_recipe_is_not_read(tmp_path, monkeypatch):
     """The cache key named the data and seed, not how the classifier trains: a litlab version
     training it otherwise (another lr, more epochs) read the old classifier as its own."""

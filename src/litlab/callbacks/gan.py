@@ -289,7 +289,16 @@ class FID(Callback):
                     total,
                     self.num_samples,
                 )
-            self._feed_real(trainer, "test", total, real=False)
+            fed = self._feed_real(trainer, "test", total, real=False)
+            if fed < total and trainer.is_global_zero:
+                log.warning(
+                    "%s/fid_floor compares %d real test images, not N=%d (%d did not decode): "
+                    "a floor at fewer images reads higher",
+                    stage,
+                    fed,
+                    total,
+                    total - fed,
+                )
             self._floor = float(metric.compute())
             metric.reset()
         if self._floor is not None:

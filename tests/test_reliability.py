@@ -19,7 +19,17 @@ import pytest
 import torch
 import yaml
 
-from conftest import CPU_DDP, QUIET, REPO, bare_trainer, make_cfg, refused, run_cli, summary_of
+from conftest import (
+    CPU_DDP,
+    QUIET,
+    REPO,
+    TINY_GAN,
+    bare_trainer,
+    make_cfg,
+    refused,
+    run_cli,
+    summary_of,
+)
 from helpers import fake_scontrol
 from litlab import rng
 from litlab.checkpoint import AtomicCheckpointIO, load_checkpoint
@@ -1224,6 +1234,18 @@ def test_a_resume_with_another_network_is_refused_in_one_line(tmp_path, capsys):
     assert "(model.net.width: 4 -> 8; model.net.depth: 1 -> 2)" in line
     assert "start a new run to train this network" in line
     assert summary.read_bytes() == summarized
+
+
+def test_a_gan_resumed_without_its_ema_or_with_other_fixed_noise_is_refused(tmp_path, capsys):
+    """A GAN's EMA generator switched off (model.ema_decay=null) or its grids' fixed noise
+    resized at a resume ended in Lightning's traceback (unexpected keys; size mismatch)."""
+    gan = [*TINY_GAN, "trainer.max_steps=2", "test=false", "callbacks.fid.num_samples=16", *QUIET]
+    train_task(make_cfg(tmp_path, gan))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    other = [*gan, f"ckpt_path={last}", "trainer.max_steps=4"]
+    other += ["model.ema_decay=null", "model.num_fixed_noise=16"]
+    line = refused(capsys, train_task, make_cfg(tmp_path, other), "holds another network")
+    assert "(model.ema_decay: 0.999 -> None; model.num_fixed_noise: 64 -> 16)" in line
 
 
 def test_a_resumes_run_control_keys_are_not_carried_to_the_next(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             f"{path} holds a {trained} but this run builds a {cfg.model._target_}; pick the "
             "matching model (e.g. model=dcgan for a GAN checkpoint) or another checkpoint"
         )
-    network = _changed_network(stored, cfg.model)
+    network = _changed_network(stored, cfg.model) + _changed_gan_state(stored, cfg.model)
     if network:  # its weights do not fit (Lightning's size-mismatch traceback) or mean another net
         raise CheckpointError(
             f"{path} holds another network than this run builds ({'; '.join(network)}); set "
@@ -220,6 +220,21 @@ def _changed_network(stored: DictConfig, now: DictConfig) -> list[str]:
             for name in {**then, **new}
             if name.rsplit(".", 1)[-1] not in _INITIAL_WEIGHTS and then.get(name) != new.get(name)
         ]
+    return changes
+
+
+def _changed_gan_state(stored: DictConfig, now: DictConfig) -> list[str]:
+    """A GAN's settings that shape its state beside its nets, as "model.<key>: <then> ->
+    <now>": its EMA generator there or not (model.ema_decay null or not) and the fixed noise of
+    its sample grids (model.num_fixed_noise). Either ended a resume in Lightning's traceback
+    (unexpected keys generator_ema.*; size mismatch for fixed_noise)."""
+    changes = []
+    if "ema_decay" in stored and (stored.ema_decay is None) != (now.get("ema_decay") is None):
+        changes.append(f"model.ema_decay: {stored.ema_decay} -> {now.get('ema_decay')}")
+    if "num_fixed_noise" in stored and stored.num_fixed_noise != now.get("num_fixed_noise"):
+        changes.append(
+            f"model.num_fixed_noise: {stored.num_fixed_noise} -> {now.get('num_fixed_noise')}"
+        )
     return changes
 
 

@@ -320,6 +320,9 @@ class FID(Callback):
                 values[f"{stage}/fid_g"] = fid
         for name, value in values.items():  # the same on every rank (statistics summed over ranks)
             log_job_value(pl_module, name, value)
+        # the generator-iteration axis in FID's rows too (W&B plots a metric against another
+        # logged in the same row: val/fid, the objective, against g/step)
+        log_job_value(pl_module, "g/step", float(pl_module.g_steps))
         return values
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -387,6 +387,10 @@ def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
     assert tag.replace("val/", "test/") in evaluated["metrics"]
     # eval returns the objective's test metric, and a GAN's FID from eval is reproducible.
     assert value == evaluated["metrics"]["test/fid"]
+    # its g/step is the checkpoint's (the generator steps it was trained)
+    assert (
+        evaluated["metrics"]["g/step"] == torch.load(best, weights_only=True)["gan"]["g_steps"] > 0
+    )
     out = Path(eval_cfg.paths.output_dir)
     assert (out / "samples" / "test.png").is_file() and len(
         list((out / "generated").glob("*.png"))

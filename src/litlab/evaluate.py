@@ -81,6 +81,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     datamodule.load_state_dict(data_state(checkpoint, stored))
     model = build(parts.model, "model")
     model.load_state_dict(checkpoint["state_dict"])
+    model.on_load_checkpoint(checkpoint)  # as Lightning's loads do: a GAN's step counts (g/step)
     # For the loggers, as a training run's (W&B's config, hparams.yaml): the config the model
     # was trained with, the data tested and the checkpoint (an eval's W&B run had no config).
     model.save_hyperparameters(

@@ -322,7 +322,8 @@ class FID(Callback):
             log_job_value(pl_module, name, value)
         # the generator-iteration axis in FID's rows too (W&B plots a metric against another
         # logged in the same row: val/fid, the objective, against g/step)
-        log_job_value(pl_module, "g/step", float(pl_module.g_steps))
+        if (g_steps := getattr(pl_module, "g_steps", None)) is not None:
+            log_job_value(pl_module, "g/step", float(g_steps))
         return values
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

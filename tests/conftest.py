@@ -134,9 +134,11 @@ def run_cli(
     cwd: Path = REPO,
     timeout: int = 600,
     wandb_online: bool = False,
+    new_session: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run a task exactly as a user does, from the repo root. W&B offline, or with
-    ``wandb_online`` online with credentials and no server reachable (NO_WANDB_SERVER)."""
+    ``wandb_online`` online with credentials and no server reachable (NO_WANDB_SERVER).
+    ``new_session``: in a process group of its own (as a cluster job), which it may signal."""
     # Not WANDB_SERVICE: a W&B run made in the test process would share its service with the
     # child, which then outlives the child (a killed child's run id stays "in use" there).
     skip = {"WANDB_SERVICE", "WANDB_MODE"}
@@ -159,6 +161,7 @@ def run_cli(
         text=True,
         timeout=timeout,
         env=env,
+        start_new_session=new_session,
     )
 
 

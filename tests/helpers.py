@@ -150,10 +150,14 @@ class PoisonBatch(Callback):
 class SignalAt(Callback):
     """Sends a real signal to this process (global rank 0) during a given training batch (a
     preemption); the run stops at the end of that batch. ``job``: to its child processes too
-    (W&B's service), as SLURM and ``docker stop`` signal a whole job."""
+    (W&B's service), as SLURM and ``docker stop`` signal a whole job; ``group``: to its whole
+    process group, as scancel and ``kill -- -PGID`` do (grandchildren too: loader workers and
+    their forkserver; run it in a session of its own: run_cli(new_session=True))."""
 
-    def __init__(self, batch: int, signum: str = "SIGTERM", job: bool = False) -> None:
-        self.batch, self.signum, self.job = batch, signum, job
+    def __init__(
+        self, batch: int, signum: str = "SIGTERM", job: bool = False, group: bool = False
+    ) -> None:
+        self.batch, self.signum, self.job, self.group = batch, signum, job, group
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         import os
@@ -162,6 +166,9 @@ class SignalAt(Callback):
 
         if trainer.fit_loop.total_batch_idx == self.batch and trainer.is_global_zero:
             signum = getattr(signal, self.signum)
+            if self.group:
+                os.killpg(os.getpgrp(), signum)
+                return
             if self.job:  # as the stand-in scontrol does (test_reliability.FAKE_SCONTROL)
                 subprocess.run(["pkill", f"-{signum.value}", "-P", str(os.getpid())], check=False)
             os.kill(os.getpid(), signum)

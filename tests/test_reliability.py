@@ -168,6 +168,43 @@ def test_a_resumed_run_counts_the_unreadable_files_read_before_it_stopped(tmp_pa
     assert skipped(folder) == skipped(straight) > 0
 
 
+@pytest.mark.parametrize("batch", [0, 5])  # mid-epoch; the epoch's last (validation next)
+def test_a_signal_to_the_whole_group_stops_with_a_checkpoint_when_workers_read(tmp_path, batch):
+    """scancel, SLURM's --signal and `kill -- -PGID` signal every process of the job: the
+    loader's workers died of it ("DataLoader worker exited unexpectedly" at a batch the stop
+    still needed: a validation, the next batch), the run failed without its checkpoint."""
+    from conftest import write_png_folder
+
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=12)
+    args = [
+        *QUIET,
+        "logger=csv",
+        "data=image_folder",
+        f"data.source.root={root}",
+        f"data.source.cache_dir={tmp_path / 'cache'}",
+        "data.source.cache=false",
+        "data.source.size=20",
+        "data.image_shape=[3,16,16]",
+        "data.num_classes=3",
+        "data.num_workers=2",
+        "data.batch_size=4",
+        "model.net.width=8",
+        "model.scheduler=null",
+        "trainer.max_epochs=2",
+        "test=false",
+        f"paths.log_dir={tmp_path / 'out'}",
+        "+callbacks.stop._target_=helpers.SignalAt",
+        f"+callbacks.stop.batch={batch}",
+        "+callbacks.stop.group=true",
+    ]
+    stopped = run_cli(*args, new_session=True)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    folder = run_folder(tmp_path / "out")
+    assert json.loads((folder / "summary.json").read_text())["status"] == "interrupted"
+    assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == batch + 1
+
+
 @pytest.mark.slow
 @pytest.mark.dist
 def test_gan_under_ddp_ranks_draw_their_own_noise_and_resume_bit_identically(tmp_path):

@@ -23,8 +23,13 @@ and trainer/connectors/data_connector.py):
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -308,6 +313,12 @@ class DeviceLoader(Resumable):
         self.sampler.set_epoch(epoch + 1)
 
 
+# The signals that stop a run at a batch boundary (litlab.callbacks.preemption: SIGTERM,
+# SIGUSR1, submitit's SIGUSR2). Sent to a whole process group (scancel, SLURM's --signal,
+# kill -- -PGID) they reach the loader's workers and their forkserver too.
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+
+
 def reader_context(num_workers: int, *preload: str) -> Any:
     """The multiprocessing context for loader workers that read files (their dataset is a list
     of files or chunks: cheap to send to a worker): "forkserver" where the default would fork.
@@ -335,7 +346,45 @@ def reader_context(num_workers: int, *preload: str) -> Any:
     context.set_forkserver_preload(
         ["litlab.evaluate", "litlab.train", "litlab.data.folder", "litlab.data.streaming", *preload]
     )
+    # Started here with the stop signals ignored, which the server keeps (an exec keeps ignored
+    # signals; not a blocked mask) and passes to what it forks: a worker ends when the process
+    # that forked it does (torch's watchdog), and a stop signal to the whole process group
+    # ended the server, then every worker with it. This process ignores them for the moment
+    # of the server's fork and exec (milliseconds, once a process: before training starts).
+    if threading.current_thread() is not threading.main_thread():
+        return context  # (signal handlers are set in the main thread only)
+    handlers = {s: signal.signal(s, signal.SIG_IGN) for s in map(signal_number, STOP_SIGNALS)}
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
     return context
+
+
+def signal_number(name: str) -> signal.Signals:
+    return getattr(signal, name)
+
+
+def init_worker(worker_id: int, rank: int, seed_workers: bool) -> None:
+    """A loader worker's start: the stop signals ignored, then Lightning's worker seeding where
+    ``seed_everything(workers=True)`` asked for it (Lightning adds its own only to a loader that
+    has none). A worker a stop signal ended took the run with it: "DataLoader worker exited
+    unexpectedly" at the next batch, which the stop still needs (ranks agree a batch later; a
+    validation), and no checkpoint. Ignoring, a worker still ends with the training process."""
+    for number in map(signal_number, STOP_SIGNALS):
+        signal.signal(number, signal.SIG_IGN)
+    if seed_workers:
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        pl_worker_init_function(worker_id, rank)
+
+
+def worker_init(rank: int) -> Callable[[int], None]:
+    """``worker_init_fn`` for loaders with workers (a partial: workers started by a forkserver
+    or spawned unpickle it)."""
+    seed_workers = bool(int(os.environ.get("PL_SEED_WORKERS", 0)))
+    return functools.partial(init_worker, rank=rank, seed_workers=seed_workers)
 
 
 class ResumableDataLoader(Resumable, DataLoader):
@@ -359,6 +408,8 @@ class ResumableDataLoader(Resumable, DataLoader):
         self.order = order  # Lightning rebuilds the loader from its arguments, read back
         # as attributes (trained: Resumable's)
         kwargs.setdefault("generator", rng.stream(order.seed, order.rank, "loader"))
+        if kwargs.get("num_workers", 0) > 0:
+            kwargs.setdefault("worker_init_fn", worker_init(order.rank))
         self._init_position(trained)
         if batch_sampler is not None:
             # trainer.predict: Lightning's batches (of this order's indices), nothing to resume

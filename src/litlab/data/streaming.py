@@ -33,6 +33,7 @@ from litlab import rng
 from litlab.compat import continue_item_shuffle_window, shuffle_as_on_a_local_disk
 from litlab.data.decode import skip_unreadable
 from litlab.data.folder_index import class_names
+from litlab.data.loader import worker_init
 from litlab.data.pixels import Unreadable, check_decode, check_decoded_shape, worker_item
 from litlab.data.sources import Source
 from litlab.distributed.agree import rank_and_world
@@ -295,6 +296,8 @@ def streaming_loader_class() -> type:
             # dropout draw would be shifted by one (litlab.data.loader.ResumableDataLoader).
             rank, _ = rank_and_world()
             kwargs.setdefault("generator", rng.stream(getattr(dataset, "seed", 0), rank, "loader"))
+            if kwargs.get("num_workers", 0) > 0:  # stop signals to the group: not the workers
+                kwargs.setdefault("worker_init_fn", worker_init(rank))
             super().__init__(dataset, *args, **kwargs)
             self._trained, self._epoch = trained, epoch
             self._continued = False  # a pass from a loaded state (load_state_dict) has begun

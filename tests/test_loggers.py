@@ -73,6 +73,16 @@ def test_an_identity_token_file_means_online(no_wandb_env, monkeypatch, tmp_path
     assert wandb_mode("auto") == "online"
 
 
+def test_wandb_project_env_names_the_project(no_wandb_env, monkeypatch, tmp_path):
+    """WANDB_PROJECT (W&B's own variable) was overridden by the config's project: litlab."""
+    from conftest import make_cfg
+
+    assert make_cfg(tmp_path).logger.wandb.project == "litlab"
+    monkeypatch.setenv("WANDB_PROJECT", "mine")
+    assert make_cfg(tmp_path).logger.wandb.project == "mine"
+    assert make_cfg(tmp_path, ["logger.wandb.project=given"]).logger.wandb.project == "given"
+
+
 def test_wandb_mode_env_wins(no_wandb_env, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert wandb_mode("auto") == "disabled"

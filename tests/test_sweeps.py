@@ -145,6 +145,7 @@ def test_grid_sweep_jobs_are_grouped_w_and_b_runs(tmp_path):
         "logger=wandb",
         *QUIET,
         f"paths.log_dir={tmp_path}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = [offline_run(p) for p in sorted(tmp_path.rglob("offline-run-*"))]
@@ -152,7 +153,8 @@ def test_grid_sweep_jobs_are_grouped_w_and_b_runs(tmp_path):
     (sweep,) = sweep_dirs(tmp_path)
     assert {r["group"] for r in records} == {f"train-{sweep.parent.name}_{sweep.name}"}
     assert {r["job_type"] for r in records} == {"train"}
-    # Named after the overrides (housekeeping keys such as paths.log_dir and logger left out).
+    # Named after the overrides (housekeeping keys such as paths.log_dir, paths.cache_dir and
+    # logger left out).
     names = sorted(r["name"] for r in records)
     assert names == [f"model.optimizer.lr={lr},trainer.max_epochs=1" for lr in ("0.001", "0.003")]
     for record in records:
@@ -167,6 +169,17 @@ def test_grid_sweep_jobs_are_grouped_w_and_b_runs(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     first, then = (offline_run(p) for p in sorted((job / "wandb").glob("offline-run-*")))
     assert (then["id"], then["name"], then["group"]) == (first["id"], first["name"], first["group"])
+
+
+def test_a_sweep_of_test_only_jobs_completes(tmp_path):
+    """`-m train=false seed=1,2` (untrained scores over seeds): every job tested, then failed
+    for want of an objective that nothing validates (the sweep exited 2)."""
+    args = ["-m", "train=false", "seed=1,2", "logger=csv", *QUIET, f"paths.log_dir={tmp_path}"]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("*/summary.json"))]
+    assert [s["status"] for s in summaries] == ["completed", "completed"]
+    assert all("test/acc" in s["metrics"] for s in summaries)
 
 
 def test_run_folders_never_collide(tmp_path):

@@ -138,7 +138,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
                 record_stage(trainer, datamodule, run, "test")
         # before the loggers close: a NaN or missing objective fails the W&B run too
-        objective_value(cfg, run, required=in_sweep())
+        # (a sweep of test-only jobs, train=false, validates nothing: no objective to require)
+        objective_value(cfg, run, required=in_sweep() and bool(cfg.get("train")))
     except BaseException as e:
         ended = e
         raise

@@ -295,6 +295,16 @@ def test_an_optuna_study_over_seeds_is_refused(tmp_path, seed):
     assert not list((tmp_path / "sweep").rglob("summary.json"))
 
 
+def test_an_optuna_study_of_untrained_trials_is_refused(tmp_path):
+    """train=false in a study: every trial tested, then failed without a validated value."""
+    args = ["-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=2", "train=false", *QUIET]
+    run = run_cli(*args, "logger=csv", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert run.returncode == 2
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("litlab: error: an Optuna study scores each trial by the objective")
+    assert not list((tmp_path / "sweep").rglob("summary.json"))
+
+
 def test_the_sweeps_best_is_the_reports_with_the_overrides_as_given(tmp_path):
     """sweep_summary.json's best job: of jobs tied on the objective (common on a small
     validation split), the first, as the report and Optuna name it (the folders were sorted

@@ -241,6 +241,17 @@ def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
         )
 
 
+def refuse_an_untrained_study(config: Any) -> None:
+    """One line where an Optuna study's trials would not train (train=false): a trial's value
+    is its validated objective, which nothing validates (every trial failed)."""
+    if not config.get("train", True):
+        fail(
+            "an Optuna study scores each trial by the objective its training validates, and "
+            "train=false trains none; test settings over a grid instead: python train.py -m "
+            "train=false <key>=<a>,<b>"
+        )
+
+
 def study_best(sweep_dir: Path) -> dict[str, Any] | None:
     """The Optuna study's best trial over all its launches (the sweeper's
     optimization_results.yaml): a study continued from its storage in a new folder holds trials

@@ -26,11 +26,13 @@ if optuna_sweeper is not None:
                 read_jobs,
                 refuse_a_tuned_seed,
                 refuse_an_unseeded_grid,
+                refuse_an_untrained_study,
             )
 
             impl = self.sweeper
             sweeper = impl.config.hydra.sweeper
             refuse_a_tuned_seed(arguments, sweeper.get("params"))
+            refuse_an_untrained_study(impl.config)
             refuse_an_unseeded_grid(sweeper.sampler)
             shared, impl.storage = impl.storage, rank_storage(impl.storage, impl.study_name)
             impl.sampler = continued_sampler(

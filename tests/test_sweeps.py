@@ -221,6 +221,28 @@ def test_a_multirun_of_jobs_without_an_objective_ends_without_an_error(tmp_path)
     assert summary["completed"] == 2 and summary["failed"] == [] and summary["best"] is None
 
 
+def test_a_study_storage_given_that_holds_no_study_is_said_to(tmp_path, caplog):
+    """hydra.sweeper.storage=sqlite:///<a mistyped folder>/optuna.db started a new study in
+    silence (Optuna's own line only), which repeated the first study's trials."""
+    from omegaconf import OmegaConf
+
+    from litlab.sweep import SweepSummary
+
+    def start(storage: Path) -> list[str]:
+        caplog.clear()
+        sweeper = {"storage": f"sqlite:///{storage}"}
+        hydra = {"sweep": {"dir": str(tmp_path / "sweep")}, "sweeper": sweeper}
+        SweepSummary().on_multirun_start(OmegaConf.create({"hydra": hydra}))
+        return [r.getMessage() for r in caplog.records if "holds no study" in r.getMessage()]
+
+    assert start(tmp_path / "sweep" / "optuna.db") == []  # the sweep's own: new, as it should
+    (tmp_path / "first").mkdir()
+    (tmp_path / "first" / "optuna.db").write_bytes(b"")
+    assert start(tmp_path / "first" / "optuna.db") == []  # a study to continue
+    (said,) = start(tmp_path / "frist" / "optuna.db")
+    assert said.startswith(f"hydra.sweeper.storage=sqlite:///{tmp_path / 'frist'}/optuna.db holds")
+
+
 def test_a_sweep_inside_a_slurm_job_leaves_no_stray_run_folders(tmp_path, monkeypatch):
     """Each job of a multirun in a SLURM allocation read hydra.run.dir, which claimed a run
     folder (slurm/<job>, slurm/<job>-1, ...) that it never used: empty folders beside the sweep."""

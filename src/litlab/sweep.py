@@ -275,7 +275,15 @@ class SweepSummary(Callback):
         Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         storage = str(config.hydra.sweeper.get("storage") or "")
         if storage.startswith("sqlite:///"):
-            Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            database = Path(storage.removeprefix("sqlite:///"))
+            elsewhere = database.parent.resolve() != Path(config.hydra.sweep.dir).resolve()
+            if elsewhere and not database.is_file():  # given to continue a study: a typo?
+                log.warning(
+                    "hydra.sweeper.storage=%s holds no study yet: a new study starts there (to "
+                    "continue one, give the optuna.db in its first sweep folder)",
+                    storage,
+                )
+            database.parent.mkdir(parents=True, exist_ok=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -169,6 +169,9 @@ def test_grid_sweep_jobs_are_grouped_w_and_b_runs(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     first, then = (offline_run(p) for p in sorted((job / "wandb").glob("offline-run-*")))
     assert (then["id"], then["name"], then["group"]) == (first["id"], first["name"], first["group"])
+    # the name stays the first command's; what the resume changed is tagged
+    assert "trainer.max_epochs=1" in then["tags"] and "resumed:trainer.max_epochs=2" in then["tags"]
+    assert not any(t.startswith("resumed:") for t in first["tags"])
 
 
 def test_a_sweep_of_test_only_jobs_completes(tmp_path):

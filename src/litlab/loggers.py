@@ -360,12 +360,15 @@ def wandb_logger(
     overrides: str = "",
     log_model: bool = False,
     best_metric: str | None = None,
+    resumed: str = "",
     **kwargs: Any,
 ) -> WandbLogger:
     """A W&B logger that writes under the run folder and never waits for a login.
 
     ``overrides`` (what this run changed, e.g. "model.optimizer.lr=0.001,seed=2") names the run
-    when ``name`` is not given and adds one tag per override, so sweep jobs are told apart.
+    when ``name`` is not given and adds one tag per override, so sweep jobs are told apart;
+    ``resumed`` (what ``resume=`` commands changed since) one tag each, "resumed:<override>"
+    (the name stays the first command's).
     ``log_model``: upload the checkpoint that ``best_metric`` (the objective's) ranks best, at
     the end of the fit, as artifact model-<run id>:best.
     """
@@ -382,7 +385,11 @@ def wandb_logger(
         mode=wandb_mode(mode),
         name=name or overrides or None,
         group=group,
-        tags=[*tags, *(tag[:64] for tag in changed)],
+        tags=[
+            *tags,
+            *(tag[:64] for tag in changed),
+            *(f"resumed:{tag}"[:64] for tag in split_overrides(resumed)),
+        ],
         **kwargs,
     )
     logger._best_metric = best_metric if log_model else None

@@ -203,7 +203,12 @@ def resume_argv(argv: list[str]) -> list[str]:
     overrides = _unchosen(chosen, [arg for arg in given if not arg.startswith("-")])
     os.environ[_PENDING] = yaml.safe_dump({"folder": str(folder), "overrides": _carried(overrides)})
     flags = [arg for arg in given if arg.startswith("-")]
-    return [argv[0], *args, *flags, *merged_overrides(_recorded_overrides(folder), overrides)]
+    changed = merged_overrides(_recorded_overrides(folder), overrides)
+    tags = ",".join(_carried(changed))
+    if (config.get("logger") or {}).get("wandb") and tags and "'" not in tags:
+        # the run keeps its name; what its resumes changed is tagged (resumed:trainer.max_epochs=2)
+        args.append(f"+logger.wandb.resumed='{tags}'")
+    return [argv[0], *args, *flags, *changed]
 
 
 def _config_groups() -> set[str]:

@@ -90,12 +90,15 @@ def test_a_failing_job_is_recorded_and_the_study_goes_on_and_resumes(tmp_path):
         "hydra.sweeper.n_trials=2",
         space,
         "trainer.max_epochs=1",
-        "logger=csv",
+        "logger=wandb",
         *QUIET,
         f"paths.log_dir={tmp_path / 'b'}",
         f"hydra.sweeper.storage=sqlite:///{sweep}/optuna.db",
     )
     assert second.returncode == 0, second.stderr[-3000:]
+    # its W&B runs in the study's group, the first launch's (its folder's)
+    records = [offline_run(p) for p in sorted((tmp_path / "b").rglob("offline-run-*"))]
+    assert {r["group"] for r in records} == {f"train-{sweep.parent.name}_{sweep.name}"}
     assert len(study_trials(sweep)) == 6
     assert {p: p.stat().st_mtime_ns for p in sweep.rglob("summary.json")} == before
     assert len(jobs(sweep_dirs(tmp_path / "b")[0])) == 2

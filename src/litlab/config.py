@@ -39,12 +39,24 @@ def in_sweep() -> bool:
 
 
 def sweep_group() -> str | None:
-    """W&B group of a sweep's jobs: "<task>-<sweep folder date>_<time>"; None outside a sweep."""
+    """W&B group of a sweep's jobs: "<task>-<sweep folder date>_<time>"; None outside a sweep.
+    A continued Optuna study's launches (each in a folder of its own) share the group of the
+    folder its SQLite storage is in, the study's first: one study, one group."""
     from hydra.core.hydra_config import HydraConfig
 
     if not in_sweep():
         return None
-    return group_of_sweep(HydraConfig.get().job.name, Path(HydraConfig.get().sweep.dir))
+    hydra = HydraConfig.get()
+    return group_of_sweep(hydra.job.name, study_folder(hydra.sweep.dir, hydra.sweeper))
+
+
+def study_folder(sweep_dir: str | Path, sweeper: Any) -> Path:
+    """The folder that names a sweep's W&B group: its own, or the one its study's SQLite
+    storage (``hydra.sweeper.storage``, resolved) lies in."""
+    storage = str((sweeper or {}).get("storage") or "")
+    if storage.startswith("sqlite:///") and "${" not in storage:
+        return Path(storage.removeprefix("sqlite:///")).absolute().parent
+    return Path(sweep_dir)
 
 
 def group_of_sweep(job_name: str, sweep_dir: Path) -> str:

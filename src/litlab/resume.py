@@ -29,7 +29,7 @@ from omegaconf import DictConfig, open_dict
 
 from litlab.checkpoint import CHECKPOINTS, load_checkpoint, resumable_checkpoints, stored_config
 from litlab.compat import forget_logged_after_checkpoint
-from litlab.config import config_dir, group_of_sweep
+from litlab.config import config_dir, group_of_sweep, study_folder
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, ConfigError, fail
@@ -195,7 +195,9 @@ def resume_argv(argv: list[str]) -> list[str]:
             # and a sweep job's group (its sweep folder holds the job's: hydra.sweep.subdir)
             grouped = config["logger"]["wandb"].get("group") == "${sweep_group:}"
             if grouped and hydra.get("mode") == "MULTIRUN":
-                group = group_of_sweep(hydra["job"]["name"], folder.parent)
+                group = group_of_sweep(
+                    hydra["job"]["name"], study_folder(folder.parent, hydra.get("sweeper"))
+                )
                 args.append(f"logger.wandb.group='{group}'")
     given = [arg for arg in argv[1:] if not arg.startswith("resume=")]
     # not Hydra's own flags, nor the run's own config group choices restated

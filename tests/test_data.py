@@ -1010,6 +1010,22 @@ def test_batches_whose_every_file_is_unreadable_are_skipped(tmp_path):
     assert summary["data"]["skipped_while_loading"] in (29, 30)
 
 
+def test_a_class_whose_every_file_is_unreadable_is_said_to(tmp_path, caplog):
+    """Read as it goes (cache=false), a class of files that do not decode (photos renamed from
+    .heic to .jpg) trained as if it were not there, in silence; cached, it is refused."""
+    write_png_folder(tmp_path / "images", per_class=6)
+    for png in (tmp_path / "images" / "fox").iterdir():
+        png.write_bytes(b"not an image")
+    with caplog.at_level(logging.WARNING, logger="litlab"):
+        summary = train_on_folder(
+            tmp_path, "data.source.cache=false", "data.batch_size=1", "trainer.max_epochs=1"
+        )
+    assert summary["data"]["classes_never_read"] == ["fox"]
+    assert any(
+        "['fox']: every training file was unreadable" in r.getMessage() for r in caplog.records
+    )
+
+
 def test_two_builders_with_the_same_pid_never_share_a_build_folder(tmp_path, monkeypatch):
     """Containers that share a cache volume all run as pid 1. Two builds of one cache at once:
     B starts after A has decoded its first rows, and A publishes while B still decodes. In one

@@ -598,7 +598,22 @@ class DataModule(L.LightningDataModule):
             report["splits"] = splits
         if self.unreadable:
             report["skipped_while_loading"] = len(self.unreadable)
+            if lost := self.classes_never_read():
+                report["classes_never_read"] = lost
         return report
+
+    def classes_never_read(self) -> list[str]:
+        """Classes of the training split whose every file was found unreadable as it was read
+        (an image folder with cache=false; a cached one refuses them as it decodes): the model
+        never saw them, and their test images count as errors."""
+        dataset = self.datasets.get("fit")
+        if not self.unreadable or dataset is None or not _reads_files(dataset):
+            return []
+        files = FileImages.paths(dataset)
+        labels = labels_of(dataset).tolist()
+        read = {label for label, f in zip(labels, files, strict=True) if f not in self.unreadable}
+        classes = self.class_names or []
+        return [classes[k] for k in sorted(set(labels) - read) if k < len(classes)]
 
     def gather_unreadable(self) -> None:
         """Every rank's unreadable files into this rank's (each rank reads its own share of

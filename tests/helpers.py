@@ -166,8 +166,8 @@ class SignalAt(Callback):
 
         if trainer.fit_loop.total_batch_idx == self.batch and trainer.is_global_zero:
             signum = getattr(signal, self.signum)
-            if self.group:
-                os.killpg(os.getpgrp(), signum)
+            if self.group:  # from another process, as slurmstepd's or a shell's kill
+                subprocess.run(["kill", f"-{signum.value}", "--", f"-{os.getpgrp()}"], check=False)
                 return
             if self.job:  # as the stand-in scontrol does (test_reliability.FAKE_SCONTROL)
                 subprocess.run(["pkill", f"-{signum.value}", "-P", str(os.getpid())], check=False)

@@ -445,3 +445,70 @@ def test_a_mid_epoch_position_is_refused_when_the_split_changed_size(kind):
     for _ in batches:  # the epoch's end: another split may start the next epoch
         pass
     loader_of(kind, 120, 8, seed=1).load_state_dict(loader.state_dict())
+
+
+READER = """
+import sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+from litlab.data.loader import reader_context, worker_init
+
+
+class Slow(Dataset):
+    def __len__(self):
+        return 10**6
+
+    def __getitem__(self, i):
+        if i >= {hang_from}:
+            time.sleep(600)  # a read that hangs (a stale network file system)
+        time.sleep(0.01)
+        return torch.tensor(i)
+
+
+if __name__ == "__main__":
+    loader = DataLoader(Slow(), batch_size=2, num_workers=2, multiprocessing_context=reader_context(2),
+                        worker_init_fn=worker_init(0))
+    batches = iter(loader)
+    next(batches)
+    print("reading", flush=True)
+    {then}
+"""
+
+
+def group_alive(pgid: int) -> list[str]:
+    import subprocess
+
+    found = subprocess.run(["ps", "-o", "pid=", "-g", str(pgid)], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+@pytest.mark.parametrize("end", ["sigkill", "exit"])
+def test_loader_workers_end_with_the_training_process(tmp_path, end):
+    """The workers ignore stop signals sent to the whole process group (from any process but
+    the training one): a SIGKILLed training process left its forkserver and workers running
+    (each worker held the server's "alive" pipe), and a worker hung in a read kept a training
+    process from exiting (torch ends such a worker with SIGTERM)."""
+    import subprocess
+    import sys
+    import time
+
+    then = "time.sleep(600)" if end == "sigkill" else "del batches; print('done', flush=True)"
+    script = tmp_path / "reader.py"
+    script.write_text(READER.format(hang_from=10**9 if end == "sigkill" else 6, then=then))
+    process = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert process.stdout.readline().strip() == "reading"
+        assert len(group_alive(process.pid)) >= 4  # itself, the forkserver, two workers
+        if end == "sigkill":
+            process.kill()
+        else:
+            assert process.stdout.readline().strip() == "done"
+        process.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert group_alive(process.pid) == []
+    finally:
+        subprocess.run(["kill", "-KILL", "--", f"-{process.pid}"], capture_output=True)

@@ -23,6 +23,7 @@ and trainer/connectors/data_connector.py):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import multiprocessing
@@ -351,6 +352,10 @@ def reader_context(num_workers: int, *preload: str) -> Any:
     # that forked it does (torch's watchdog), and a stop signal to the whole process group
     # ended the server, then every worker with it. This process ignores them for the moment
     # of the server's fork and exec (milliseconds, once a process: before training starts).
+    # The server still ends when this process does (its "alive" pipe closes).
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    if getattr(server, "_forkserver_pid", None) is not None:
+        return context  # started (by an earlier loader of this process)
     if threading.current_thread() is not threading.main_thread():
         return context  # (signal handlers are set in the main thread only)
     handlers = {s: signal.signal(s, signal.SIG_IGN) for s in map(signal_number, STOP_SIGNALS)}
@@ -366,25 +371,57 @@ def signal_number(name: str) -> signal.Signals:
     return getattr(signal, name)
 
 
-def init_worker(worker_id: int, rank: int, seed_workers: bool) -> None:
-    """A loader worker's start: the stop signals ignored, then Lightning's worker seeding where
+def init_worker(worker_id: int, rank: int, seed_workers: bool, trainer: int) -> None:
+    """A loader worker's start: stop signals from any process but the training one (pid
+    ``trainer``) ignored, the forkserver let go, then Lightning's worker seeding where
     ``seed_everything(workers=True)`` asked for it (Lightning adds its own only to a loader that
-    has none). A worker a stop signal ended took the run with it: "DataLoader worker exited
-    unexpectedly" at the next batch, which the stop still needs (ranks agree a batch later; a
-    validation), and no checkpoint. Ignoring, a worker still ends with the training process."""
-    for number in map(signal_number, STOP_SIGNALS):
-        signal.signal(number, signal.SIG_IGN)
+    has none). A worker a stop signal to the process group ended took the run with it:
+    "DataLoader worker exited unexpectedly" at the next batch, which the stop still needs (ranks
+    agree a batch later; a validation), and no checkpoint. The training process's own SIGTERM
+    (torch's and multiprocessing's way to end a worker that does not stop) still ends it."""
+    _let_go_of_the_forkserver()
+    _end_on_the_trainers_sigterm_only(trainer)
     if seed_workers:
         from lightning.fabric.utilities.seed import pl_worker_init_function
 
         pl_worker_init_function(worker_id, rank)
 
 
+def _let_go_of_the_forkserver() -> None:
+    """A forkserver's child holds the server's "alive" pipe, so the server, which ends when that
+    pipe closes, outlived a training process killed by SIGKILL, and its workers (which end when
+    their parent, the server, does) with it."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
+        server._forkserver_alive_fd = None
+
+
+def _end_on_the_trainers_sigterm_only(trainer: int) -> None:
+    """The stop signals blocked in this worker, and a thread that takes them: SIGTERM from the
+    training process ends the worker (as its default action would), any other is dropped.
+    Where signals cannot be waited for (macOS), a signal to the group ends the worker, as it did."""
+    if not hasattr(signal, "sigwaitinfo"):
+        return
+    numbers = set(map(signal_number, STOP_SIGNALS))
+    signal.pthread_sigmask(signal.SIG_BLOCK, numbers)  # threads started later inherit it
+
+    def wait() -> None:
+        while True:
+            received = signal.sigwaitinfo(numbers)
+            if received.si_signo == signal.SIGTERM and received.si_pid == trainer:
+                os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=wait, name="litlab-stop-signals", daemon=True).start()
+
+
 def worker_init(rank: int) -> Callable[[int], None]:
     """``worker_init_fn`` for loaders with workers (a partial: workers started by a forkserver
-    or spawned unpickle it)."""
+    or spawned unpickle it), built in the training process."""
     seed_workers = bool(int(os.environ.get("PL_SEED_WORKERS", 0)))
-    return functools.partial(init_worker, rank=rank, seed_workers=seed_workers)
+    return functools.partial(init_worker, rank=rank, seed_workers=seed_workers, trainer=os.getpid())
 
 
 class ResumableDataLoader(Resumable, DataLoader):

@@ -51,11 +51,14 @@ def sweep_group() -> str | None:
 
 
 def study_folder(sweep_dir: str | Path, sweeper: Any) -> Path:
-    """The folder that names a sweep's W&B group: its own, or the one its study's SQLite
-    storage (``hydra.sweeper.storage``, resolved) lies in."""
+    """The folder that names a sweep's W&B group: its own, or the sweep folder its study's
+    SQLite storage (``hydra.sweeper.storage``, resolved) lies in (a database elsewhere, which
+    may hold several studies, does not name a group)."""
     storage = str((sweeper or {}).get("storage") or "")
     if storage.startswith("sqlite:///") and "${" not in storage:
-        return Path(storage.removeprefix("sqlite:///")).absolute().parent
+        folder = Path(storage.removeprefix("sqlite:///")).absolute().parent
+        if (folder / "0").is_dir():  # a sweep's folder, its first job's (not a studies.db's)
+            return folder
     return Path(sweep_dir)
 
 

@@ -229,7 +229,8 @@ def _changed_gan_state(stored: DictConfig, now: DictConfig) -> list[str]:
     its sample grids (model.num_fixed_noise). Either ended a resume in Lightning's traceback
     (unexpected keys generator_ema.*; size mismatch for fixed_noise)."""
     changes = []
-    if "ema_decay" in stored and (stored.ema_decay is None) != (now.get("ema_decay") is None):
+    both = "ema_decay" in stored and "ema_decay" in now  # (one left to the model's default)
+    if both and (stored.ema_decay is None) != (now.ema_decay is None):
         changes.append(f"model.ema_decay: {stored.ema_decay} -> {now.get('ema_decay')}")
     if "num_fixed_noise" in stored and stored.num_fixed_noise != now.get("num_fixed_noise"):
         changes.append(

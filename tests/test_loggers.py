@@ -83,6 +83,23 @@ def test_wandb_project_env_names_the_project(no_wandb_env, monkeypatch, tmp_path
     assert make_cfg(tmp_path, ["logger.wandb.project=given"]).logger.wandb.project == "given"
 
 
+def test_a_run_resumed_without_its_wandb_project_env_logs_to_its_project(tmp_path, monkeypatch):
+    """The saved config reads WANDB_PROJECT again at resume=: under another (or none) the run's
+    id went to another project, a new run there."""
+    from conftest import QUIET, run_cli
+
+    monkeypatch.setenv("WANDB_PROJECT", "first")
+    args = [*QUIET, "+trainer.limit_train_batches=2", "model.scheduler=null", "test=false"]
+    args += [f"paths.log_dir={tmp_path}"]
+    assert run_cli(*args, "trainer.max_epochs=1").returncode == 0
+    (folder,) = (tmp_path / "train").glob("*/*")
+    monkeypatch.delenv("WANDB_PROJECT")
+    resumed = run_cli(f"resume={folder}", "trainer.max_epochs=2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    parts = [offline_run(p) for p in sorted((folder / "wandb").glob("offline-run-*"))]
+    assert [p["project"] for p in parts] == ["first", "first"]
+
+
 def test_wandb_mode_env_wins(no_wandb_env, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert wandb_mode("auto") == "disabled"

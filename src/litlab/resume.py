@@ -95,6 +95,19 @@ def wandb_run_id(folder: Path) -> str | None:
     return log_file.stem.removeprefix("run-") if log_file else newest.name.rsplit("-", 1)[-1]
 
 
+def _first_project(folder: Path) -> str | None:
+    """The W&B project the run's first part logged to, where its saved config reads it from the
+    environment (WANDB_PROJECT): the resolved config beside the CSV logs says which."""
+    saved = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text()) or {}
+    project = str(((saved.get("logger") or {}).get("wandb") or {}).get("project", ""))
+    resolved = folder / "csv" / "hparams.yaml"
+    if "${" not in project or not resolved.is_file():
+        return None
+    logged = yaml.safe_load(resolved.read_text()) or {}
+    value = ((logged.get("logger") or {}).get("wandb") or {}).get("project")
+    return str(value) if value and "'" not in str(value) else None
+
+
 # The saved config.yaml stays the first command's; a later resume= applies RESUME_OVERRIDES first.
 _PENDING = "LITLAB_RESUME_OVERRIDES"  # this process's resume: recorded with its first checkpoint
 # What one command does with the run, never carried to the next resume= (ckpt_path=<best.ckpt>
@@ -189,6 +202,8 @@ def resume_argv(argv: list[str]) -> list[str]:
         run_id = wandb_run_id(folder)
         if run_id:
             args.append(f"+logger.wandb.id={run_id}")
+        if project := _first_project(folder):  # not WANDB_PROJECT as it is now: the run's id
+            args.append(f"logger.wandb.project='{project}'")  # in another project: a new run
         if hydra:  # keep the run's name: what the original command changed
             original = hydra["job"].get("override_dirname", "")
             args.append(f"logger.wandb.overrides='{original}'")

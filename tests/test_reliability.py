@@ -130,6 +130,25 @@ def test_a_run_stopped_before_its_first_checkpoint_does_not_say_to_resume_it(tmp
         assert ended_as(SystemExit(1), tmp_path)[1].endswith(f"train.py resume={tmp_path}")
 
 
+def uncached_folder(root: Path, cache: Path, workers: int) -> list[str]:
+    """A small CNN on a folder of 3 classes of images read as they go (cache=false)."""
+    return [
+        *QUIET,
+        "logger=csv",
+        "data=image_folder",
+        f"data.source.root={root}",
+        f"data.source.cache_dir={cache}",
+        "data.source.cache=false",
+        "data.source.size=20",
+        "data.image_shape=[3,16,16]",
+        "data.num_classes=3",
+        f"data.num_workers={workers}",
+        "data.batch_size=4",
+        "model.net.width=8",
+        "model.scheduler=null",
+    ]
+
+
 def test_a_resumed_run_counts_the_unreadable_files_read_before_it_stopped(tmp_path):
     """Files read as they go (cache=false): a resumed epoch skips its trained batches without
     reading their files, so the unreadable ones found before the stop travel in the checkpoint;
@@ -140,22 +159,7 @@ def test_a_resumed_run_counts_the_unreadable_files_read_before_it_stopped(tmp_pa
     write_png_folder(root, per_class=12)
     for i in range(8):
         (root / "fox" / f"broken{i}.png").write_bytes(b"not an image")
-    args = [
-        *QUIET,
-        "logger=csv",
-        "data=image_folder",
-        f"data.source.root={root}",
-        f"data.source.cache_dir={tmp_path / 'cache'}",
-        "data.source.cache=false",
-        "data.source.size=20",
-        "data.image_shape=[3,16,16]",
-        "data.num_classes=3",
-        "data.num_workers=0",
-        "data.batch_size=4",
-        "model.net.width=8",
-        "model.scheduler=null",
-        "trainer.max_epochs=1",
-    ]
+    args = [*uncached_folder(root, tmp_path / "cache", workers=0), "trainer.max_epochs=1"]
     straight, folder = straight_and_stopped_at(tmp_path, 5, *args)
     resumed = run_cli(f"resume={folder}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -178,19 +182,7 @@ def test_a_signal_to_the_whole_group_stops_with_a_checkpoint_when_workers_read(t
     root = tmp_path / "images"
     write_png_folder(root, per_class=12)
     args = [
-        *QUIET,
-        "logger=csv",
-        "data=image_folder",
-        f"data.source.root={root}",
-        f"data.source.cache_dir={tmp_path / 'cache'}",
-        "data.source.cache=false",
-        "data.source.size=20",
-        "data.image_shape=[3,16,16]",
-        "data.num_classes=3",
-        "data.num_workers=2",
-        "data.batch_size=4",
-        "model.net.width=8",
-        "model.scheduler=null",
+        *uncached_folder(root, tmp_path / "cache", workers=2),
         "trainer.max_epochs=2",
         "test=false",
         f"paths.log_dir={tmp_path / 'out'}",

@@ -23,7 +23,7 @@ from litlab.metrics.fid import (
     class_histogram,
     classifier_from_checkpoint,
     domain_classifier,
-    domain_net,
+    domain_features,
     entropy,
 )
 
@@ -136,11 +136,8 @@ class FID(Callback):
                 if isinstance(trained, Exception):
                     raise failed if trainer.is_global_zero else trained
                 weights, classes = trained
-                if extractor is None:
-                    shape = tuple(dm.image_shape)  # the frames eval_arrays gives rank 0
-                    net = domain_net(shape[0], classes)
-                    net.load_state_dict(weights)
-                    extractor = ClassifierFeatures(net, mean, std, shape)
+                if extractor is None:  # (dm.image_shape: the frames eval_arrays gives rank 0)
+                    extractor = domain_features(weights, classes, mean, std, dm.image_shape)
                 return extractor
         if not Path(spec).is_file():
             raise ConfigError(
@@ -158,9 +155,9 @@ class FID(Callback):
         if weights is None:
             return None
         shape = tuple(self._restored.get("image_shape", dm.image_shape))  # setup compares
-        net = domain_net(shape[0], self._restored.get("num_classes", dm.num_classes))
+        classes = self._restored.get("num_classes", dm.num_classes)
         try:
-            net.load_state_dict(weights)
+            extractor = domain_features(weights, classes, mean, std, shape)
         except RuntimeError as error:
             raise CheckpointError(
                 f"the checkpoint's FID extractor does not fit this data's {list(shape)} images "
@@ -168,7 +165,7 @@ class FID(Callback):
                 "it was trained on"
             ) from None
         log.info("FID extractor: the run's own, from its checkpoint")
-        return ClassifierFeatures(net, mean, std, shape)
+        return extractor
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         _require_gan(pl_module, "FID")
@@ -349,9 +346,15 @@ def fid_latents(
     from one stream of the job: the same N latents on any number of ranks and any device (each
     rank drew from a stream of its own, on its device, so eval.py on one process tested another
     set than the run on several, and a resume on another number of ranks changed the set)."""
-    generator = rng.stream(pl_module.noise_seed, 0, "fid", LATENT_SETS[stage])
-    latents = torch.randn(total, pl_module.latent_dim, generator=generator)
+    latents = job_latents(pl_module, total, "fid", LATENT_SETS[stage])
     return torch.tensor_split(latents, world)[rank]  # the first total % world one longer
+
+
+def job_latents(pl_module: L.LightningModule, n: int, name: str, step: int = 0) -> torch.Tensor:
+    """``n`` latent vectors of the job's stream ``name`` at ``step``, drawn on the CPU: the same
+    whichever rank draws them, on any device."""
+    generator = rng.stream(pl_module.noise_seed, 0, name, step)
+    return torch.randn(n, pl_module.latent_dim, generator=generator)
 
 
 class SampleGrid(Callback):
@@ -424,13 +427,10 @@ def save_generated_images(
     on its device, and under DDP all wrote different images to the same names)."""
     _require_gan(pl_module, "generate")
     folder.mkdir(parents=True, exist_ok=True)
-    generator = rng.stream(pl_module.noise_seed, 0, "generate")
+    latents = job_latents(pl_module, count, "generate")
     written = 0
-    while written < count:
-        noise = torch.randn(
-            min(batch_size, count - written), pl_module.latent_dim, generator=generator
-        )
-        images = pl_module.sample(noise.to(pl_module.device))
+    for start in range(0, count, batch_size):
+        images = pl_module.sample(latents[start : start + batch_size].to(pl_module.device))
         for image in images.cpu():
             save_image(image, folder / f"{written:06d}.png")
             written += 1

@@ -136,6 +136,20 @@ def domain_net(channels: int, num_classes: int, width: int = 32, seed: int = 0) 
         return SmallCNN(channels, num_classes, width=width)
 
 
+def domain_features(
+    weights: dict[str, Tensor],
+    num_classes: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    image_shape: Sequence[int],
+    width: int = 32,
+) -> ClassifierFeatures:
+    """The domain classifier of these trained ``weights`` as FID extractor."""
+    net = domain_net(image_shape[0], num_classes, width)
+    net.load_state_dict(weights)
+    return ClassifierFeatures(net, mean, std, image_shape)
+
+
 def domain_classifier(
     images: Tensor,
     labels: Tensor,
@@ -154,13 +168,13 @@ def domain_classifier(
             "set data.num_classes=1 (auto then uses InceptionV3) or callbacks.fid.extractor=inception"
         )
     image_shape = tuple(images.shape[1:])
-    net = domain_net(image_shape[0], num_classes, width, seed)
     key = _training_hash(images, labels, mean, std, seed)
     path = Path(cache_dir) / f"fid-classifier-{key}-w{width}.pt"
     if path.is_file():
-        net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         log.info("FID extractor: cached domain classifier %s", path)
-        return ClassifierFeatures(net, mean, std, image_shape)
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+        return domain_features(weights, num_classes, mean, std, image_shape, width)
+    net = domain_net(image_shape[0], num_classes, width, seed)
     log.info(
         "FID extractor: no classifier configured, training a small one on the %d real training "
         "images (cached in %s)",

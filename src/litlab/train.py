@@ -317,13 +317,6 @@ def record_stage(
     collective), the evaluation limit settled, and the final logged values recorded."""
     if hasattr(datamodule, "gather_unreadable"):
         datamodule.gather_unreadable()
-        lost = datamodule.classes_never_read() if split == "val" else []
-        if lost and trainer.is_global_zero:
-            log.warning(
-                "class(es) %s: every training file was unreadable, the model never saw them "
-                "(list them: python -m litlab.data.check <root>)",
-                lost,
-            )
     settle_evaluation_limit(trainer, run, split)
     run.record_metrics(trainer.callback_metrics)
 

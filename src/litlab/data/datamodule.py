@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, Tenso
 from litlab.compat import epoch_to_train
 from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
 from litlab.data.folder import FileImages
-from litlab.data.folder_index import encoding_hint
+from litlab.data.folder_index import encoding_hint, file_names
 from litlab.data.loader import DeviceLoader, ResumableDataLoader, ShardSampler, reader_context
 from litlab.data.sources import Source, labels_of, stratified_indices
 from litlab.data.transforms import BatchTransform
@@ -32,10 +32,15 @@ def _in_memory(dataset: Dataset) -> bool:
     return isinstance(dataset, TensorDataset)
 
 
-def _reads_files(dataset: Dataset) -> bool:
+def _file_images(dataset: Dataset) -> FileImages | None:
+    """The FileImages under a dataset (or Subsets of one), else None."""
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
-    return isinstance(dataset, FileImages)
+    return dataset if isinstance(dataset, FileImages) else None
+
+
+def _reads_files(dataset: Dataset) -> bool:
+    return _file_images(dataset) is not None
 
 
 def part_of_a_split(limit: float | int | None) -> bool:
@@ -600,6 +605,12 @@ class DataModule(L.LightningDataModule):
             report["skipped_while_loading"] = len(self.unreadable)
             if lost := self.classes_never_read():
                 report["classes_never_read"] = lost
+                if self.trainer is None or self.trainer.is_global_zero:
+                    log.warning(
+                        "class(es) %s: every training file was unreadable, the model never saw "
+                        "them (list them: python -m litlab.data.check <root>)",
+                        lost,
+                    )
         return report
 
     def classes_never_read(self) -> list[str]:
@@ -607,9 +618,10 @@ class DataModule(L.LightningDataModule):
         (an image folder with cache=false; a cached one refuses them as it decodes): the model
         never saw them, and their test images count as errors."""
         dataset = self.datasets.get("fit")
-        if not self.unreadable or dataset is None or not _reads_files(dataset):
+        images = None if dataset is None else _file_images(dataset)
+        if not self.unreadable or images is None:
             return []
-        files = FileImages.paths(dataset)
+        files = [str(images.index.root / f) for f in file_names(dataset)]  # as unreadable ones
         labels = labels_of(dataset).tolist()
         read = {label for label, f in zip(labels, files, strict=True) if f not in self.unreadable}
         classes = self.class_names or []

@@ -82,15 +82,6 @@ class FileImages(Dataset):
     def sample_shape(self) -> tuple[int, int, int]:
         return (self.channels, self.size, self.size)
 
-    @staticmethod
-    def paths(dataset: Dataset) -> list[str]:
-        """The file behind each item of a FileImages (or a Subset of one), as an unreadable
-        item names it."""
-        if isinstance(dataset, Subset):
-            paths = FileImages.paths(dataset.dataset)
-            return [paths[i] for i in dataset.indices]
-        return [str(dataset.index.root / f) for f in dataset.files]  # type: ignore[attr-defined]
-
     def __getitem__(self, i: int) -> tuple | Unreadable:
         path = self.index.root / self.index.files[self.positions[i]]
         try:

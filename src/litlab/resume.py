@@ -95,13 +95,12 @@ def wandb_run_id(folder: Path) -> str | None:
     return log_file.stem.removeprefix("run-") if log_file else newest.name.rsplit("-", 1)[-1]
 
 
-def _first_project(folder: Path) -> str | None:
-    """The W&B project the run's first part logged to, where its saved config reads it from the
-    environment (WANDB_PROJECT): the resolved config beside the CSV logs says which."""
-    saved = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text()) or {}
-    project = str(((saved.get("logger") or {}).get("wandb") or {}).get("project", ""))
+def _first_project(folder: Path, saved: dict[str, Any]) -> str | None:
+    """The W&B project the run's first part logged to, where its saved W&B config (``saved``)
+    reads it from the environment (WANDB_PROJECT): the resolved config beside the CSV logs
+    says which."""
     resolved = folder / "csv" / "hparams.yaml"
-    if "${" not in project or not resolved.is_file():
+    if "${" not in str(saved.get("project", "")) or not resolved.is_file():
         return None
     logged = yaml.safe_load(resolved.read_text()) or {}
     value = ((logged.get("logger") or {}).get("wandb") or {}).get("project")
@@ -198,17 +197,18 @@ def resume_argv(argv: list[str]) -> list[str]:
     config = yaml.safe_load(saved.read_text())
     hydra_file = folder / ".hydra" / "hydra.yaml"
     hydra = yaml.safe_load(hydra_file.read_text())["hydra"] if hydra_file.is_file() else {}
-    if (config.get("logger") or {}).get("wandb"):
+    wandb = (config.get("logger") or {}).get("wandb")
+    if wandb:
         run_id = wandb_run_id(folder)
         if run_id:
             args.append(f"+logger.wandb.id={run_id}")
-        if project := _first_project(folder):  # not WANDB_PROJECT as it is now: the run's id
+        if project := _first_project(folder, wandb):  # not WANDB_PROJECT as it is now: the run's id
             args.append(f"logger.wandb.project='{project}'")  # in another project: a new run
         if hydra:  # keep the run's name: what the original command changed
             original = hydra["job"].get("override_dirname", "")
             args.append(f"logger.wandb.overrides='{original}'")
             # and a sweep job's group (its sweep folder holds the job's: hydra.sweep.subdir)
-            grouped = config["logger"]["wandb"].get("group") == "${sweep_group:}"
+            grouped = wandb.get("group") == "${sweep_group:}"
             if grouped and hydra.get("mode") == "MULTIRUN":
                 group = group_of_sweep(
                     hydra["job"]["name"], study_folder(folder.parent, hydra.get("sweeper"))
@@ -222,7 +222,7 @@ def resume_argv(argv: list[str]) -> list[str]:
     flags = [arg for arg in given if arg.startswith("-")]
     changed = merged_overrides(_recorded_overrides(folder), overrides)
     tags = ",".join(_carried(changed))
-    if (config.get("logger") or {}).get("wandb") and tags and "'" not in tags:
+    if wandb and tags and "'" not in tags:
         # the run keeps its name; what its resumes changed is tagged (resumed:trainer.max_epochs=2)
         args.append(f"+logger.wandb.resumed='{tags}'")
     return [argv[0], *args, *flags, *changed]

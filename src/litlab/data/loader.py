@@ -353,8 +353,7 @@ def reader_context(num_workers: int, *preload: str) -> Any:
     # ended the server, then every worker with it. This process ignores them for the moment
     # of the server's fork and exec (milliseconds, once a process: before training starts).
     # The server still ends when this process does (its "alive" pipe closes).
-    server = getattr(multiprocessing.forkserver, "_forkserver", None)
-    if getattr(server, "_forkserver_pid", None) is not None:
+    if getattr(_forkserver(), "_forkserver_pid", None) is not None:
         return context  # started (by an earlier loader of this process)
     if threading.current_thread() is not threading.main_thread():
         return context  # (signal handlers are set in the main thread only)
@@ -365,6 +364,12 @@ def reader_context(num_workers: int, *preload: str) -> Any:
         for number, handler in handlers.items():
             signal.signal(number, handler)
     return context
+
+
+def _forkserver() -> Any:
+    """multiprocessing's forkserver client of this process (private state: its pid, its "alive"
+    pipe), None where multiprocessing has none."""
+    return getattr(multiprocessing.forkserver, "_forkserver", None)
 
 
 def signal_number(name: str) -> signal.Signals:
@@ -391,7 +396,7 @@ def _let_go_of_the_forkserver() -> None:
     """A forkserver's child holds the server's "alive" pipe, so the server, which ends when that
     pipe closes, outlived a training process killed by SIGKILL, and its workers (which end when
     their parent, the server, does) with it."""
-    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    server = _forkserver()
     alive = getattr(server, "_forkserver_alive_fd", None)
     if alive is not None:
         with contextlib.suppress(OSError):

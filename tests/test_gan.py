@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -109,8 +111,8 @@ def make_gan(**kwargs) -> GAN:
     defaults = dict(
         generator=Generator(shape, latent_dim=8, width=8),
         discriminator=Discriminator(shape, width=8),
-        g_optimizer=lambda params: torch.optim.Adam(params, 1e-3),
-        d_optimizer=lambda params: torch.optim.Adam(params, 1e-3),
+        g_optimizer=functools.partial(torch.optim.Adam, lr=1e-3),  # as Hydra's _partial_
+        d_optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
         data_mean=[0.5],
         data_std=[0.5],
     )
@@ -166,7 +168,9 @@ def test_fixed_noise_depends_only_on_the_noise_seed():
 
 
 def test_ema_follows_the_generator_with_warmup():
-    gan = make_gan(ema_decay=0.999)
+    # as ddp_spawn sends the module to its processes: pickled (the update was a closure: a GAN
+    # under trainer=ddp_spawn failed to start)
+    gan = pickle.loads(pickle.dumps(make_gan(ema_decay=0.999)))
     ema = gan.generator_ema
     ema.update_parameters(gan.generator)  # first update copies
     with torch.no_grad():

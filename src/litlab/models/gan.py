@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -68,19 +69,20 @@ def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tenso
     """EMA update for AveragedModel whose decay ramps up as min(decay, (1 + n) / (10 + n)).
 
     Early averages are then not dominated by the random initial weights (a fixed 0.999 would
-    need thousands of steps to forget them). Runs on the device: no host sync per step.
+    need thousands of steps to forget them). Runs on the device: no host sync per step. A
+    partial of a module-level function, not a closure: ddp_spawn pickles the model.
     """
+    return functools.partial(_ema_with_warmup, decay)
 
-    @torch.no_grad()
-    def update(ema: list[Tensor], current: list[Tensor], n_averaged: Tensor) -> None:
-        if not ema[0].is_floating_point():  # BN's num_batches_tracked: just follow the model
-            for e, c in zip(ema, current, strict=True):
-                e.copy_(c)
-            return
-        d = torch.clamp((1.0 + n_averaged) / (10.0 + n_averaged), max=decay).to(ema[0].dtype)
-        ema_update(ema, current, d)
 
-    return update
+@torch.no_grad()
+def _ema_with_warmup(decay: float, ema: list[Tensor], current: list[Tensor], n: Tensor) -> None:
+    if not ema[0].is_floating_point():  # BN's num_batches_tracked: just follow the model
+        for e, c in zip(ema, current, strict=True):
+            e.copy_(c)
+        return
+    d = torch.clamp((1.0 + n) / (10.0 + n), max=decay).to(ema[0].dtype)
+    ema_update(ema, current, d)
 
 
 class AveragedCopy(AveragedModel):

@@ -497,3 +497,55 @@ def raw_accuracy(
             logits = net(inputs.contiguous(memory_format=memory_format))
         correct += (logits.argmax(1) == labels[i : i + size]).sum()
     return correct.item() / len(labels)
+
+
+def count_all_reduced(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int]:
+    """Count the gradient elements that each DDP wrapper of this fit all-reduces from now on:
+    Lightning's one around the whole module ("module"), or litlab's one per net of a GAN (by
+    the net's name, litlab.distributed.ddp_net), through a communication hook that then
+    all-reduces as DDP's own does (torch's allreduce_hook). The returned dict fills as the fit
+    runs."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    from litlab.distributed import ddp_net
+
+    elements: dict[str, int] = {}
+    wrappers = {"module": trainer.strategy.model}
+    wrappers |= {name: ddp_net(pl_module, name) for name in getattr(pl_module, "ddp_nets", ())}
+    for name, wrapper in wrappers.items():
+        if isinstance(wrapper, DistributedDataParallel):
+            elements[name] = 0
+
+            def hook(state, bucket, name=name):  # type: ignore[no-untyped-def]
+                # (no annotations: DDP checks them, and this module's are strings)
+                elements[name] += bucket.buffer().numel()
+                return allreduce_hook(None, bucket)
+
+            wrapper.register_comm_hook(None, hook)
+    return elements
+
+
+class DDPProbe(LoopTimer):
+    """LoopTimer in a run of several processes (train.py started as a subprocess): global rank
+    0 writes its reading to the JSON file ``out``, with ``count=True`` also the number of
+    gradient elements that each DDP wrapper all-reduced (count_all_reduced)."""
+
+    def __init__(self, out: str, skip: int = 0, count: bool = False) -> None:
+        super().__init__(skip)
+        self.out, self.count = Path(out), count
+        self.elements: dict[str, int] = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if self.count:
+            self.elements = count_all_reduced(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        import json
+
+        super().on_train_end(trainer, pl_module)
+        if trainer.global_rank == 0:
+            reading = {**LoopTimer.last, "elements": self.elements}
+            reading["g_steps"] = getattr(pl_module, "g_steps", 0)
+            self.out.write_text(json.dumps(reading))

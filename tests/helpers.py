@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,6 +31,35 @@ class DumpWeights(Callback):
             for name, tensor in fid.metric.inception.state_dict().items():
                 parameters[f"fid_extractor.{name}"] = tensor.detach().cpu()
         torch.save(parameters, self.folder / f"rank{trainer.global_rank}.pt")
+
+
+class CountAllReduced(Callback):
+    """Each rank writes, at the fit's end, how many gradient elements each DDP wrapper
+    all-reduced (the benchmarks' count, scripts/benchlib.count_all_reduced), its final state
+    dict (parameters and buffers), the nets' sizes and the GAN's step counts: rank{r}.pt."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.elements: dict[str, int] = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+        from benchlib import count_all_reduced  # scripts/ is not a package
+
+        self.elements = count_all_reduced(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        record = {
+            "elements": self.elements,
+            "state": {k: v.detach().cpu() for k, v in pl_module.state_dict().items()},
+            "sizes": {
+                name: sum(p.numel() for p in getattr(pl_module, name).parameters())
+                for name in pl_module.ddp_nets
+            },
+            "steps": {"generator": pl_module.g_steps, "discriminator": pl_module.d_steps},
+        }
+        torch.save(record, self.folder / f"rank{trainer.global_rank}.pt")
 
 
 class RecordEpochSums(Callback):

@@ -557,3 +557,20 @@ def test_batch_hooks_left_to_the_base_class_are_skipped_and_the_others_called():
     assert counts.batch_ends == 8
     assert set(spy.called) == set(compat.BATCH_HOOKS)
     assert spy.called.count("on_before_backward") == 8
+
+
+def test_ddp_wrapper_settings_are_what_the_strategy_was_given():
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    import litlab.distributed  # noqa: F401  (registers litlab's strategy names)
+
+    plain = DDPStrategy(find_unused_parameters=True, bucket_cap_mb=5)
+    assert compat.ddp_wrapper_settings(plain) == (
+        {"find_unused_parameters": True, "bucket_cap_mb": 5},
+        False,
+    )
+    hooked = DDPStrategy(ddp_comm_hook=default_hooks.fp16_compress_hook)
+    assert compat.ddp_wrapper_settings(hooked) == ({}, True)
+    registered = bare_trainer(accelerator="cpu", devices=2, strategy="ddp_separate_nets").strategy
+    assert compat.ddp_wrapper_settings(registered) == ({}, False)

@@ -19,6 +19,7 @@ from conftest import (
     QUIET,
     QUIET_CSV,
     REPO,
+    bare_trainer,
     make_cfg,
     run_cli,
     summary_of,
@@ -27,7 +28,7 @@ from conftest import (
 )
 from helpers import fake_scontrol
 from litlab.config import build
-from litlab.distributed import launcher_layout, rank0_dir, strategy_for
+from litlab.distributed import SeparateNetsDDPStrategy, launcher_layout, rank0_dir, strategy_for
 from litlab.distributed.slurm import check_slurm_sweep, slurm_gpus, slurm_tasks
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
@@ -47,20 +48,26 @@ SYNTH = [
 ]
 
 
-def test_gans_get_a_ddp_that_finds_unused_parameters():
+def test_gans_get_a_ddp_wrapper_per_net():
     gan, clf = GAN.__new__(GAN), ImageClassifier.__new__(ImageClassifier)
     gan._automatic_optimization, clf._automatic_optimization = False, True
-    assert strategy_for(gan, "ddp", 2, 1) == "ddp_find_unused_parameters_true"
-    assert strategy_for(gan, "auto", 4, 1) == "ddp_find_unused_parameters_true"
-    assert strategy_for(gan, "auto", 1, 2) == "ddp_find_unused_parameters_true"
+    assert strategy_for(gan, "ddp", 2, 1) == "ddp_separate_nets"
+    assert strategy_for(gan, "auto", 4, 1) == "ddp_separate_nets"
+    assert strategy_for(gan, "auto", 1, 2) == "ddp_separate_nets"
     assert strategy_for(gan, "auto", 1, 1) == "auto"
-    # devices=auto (every GPU) on a machine with several: DDP too, the GAN-safe one
-    assert strategy_for(gan, "auto", "auto", 1, "auto", cuda_devices=4).endswith("_true")
-    assert strategy_for(gan, "auto", -1, 1, "gpu", cuda_devices=2).endswith("_true")
+    # devices=auto (every GPU) on a machine with several: DDP too, the GAN's
+    assert strategy_for(gan, "auto", "auto", 1, "auto", cuda_devices=4) == "ddp_separate_nets"
+    assert strategy_for(gan, "auto", -1, 1, "gpu", cuda_devices=2) == "ddp_separate_nets"
     assert strategy_for(gan, "auto", "auto", 1, "auto", cuda_devices=1) == "auto"
     assert strategy_for(gan, "auto", "auto", 1, "cpu", cuda_devices=4) == "auto"
-    assert strategy_for(gan, "auto", "0,1", 1, "gpu", cuda_devices=2).endswith("_true")
-    assert strategy_for(gan, "ddp_spawn", 2, 1) == "ddp_spawn_find_unused_parameters_true"
+    assert strategy_for(gan, "auto", "0,1", 1, "gpu", cuda_devices=2) == "ddp_separate_nets"
+    assert strategy_for(gan, "ddp_spawn", 2, 1) == "ddp_spawn_separate_nets"
+    # Lightning's one wrapper, chosen by name, stays
+    one = "ddp_find_unused_parameters_true"
+    assert strategy_for(gan, one, 2, 1) == one
+    for name, start in (("ddp_separate_nets", "popen"), ("ddp_spawn_separate_nets", "spawn")):
+        strategy = bare_trainer(accelerator="cpu", devices=2, strategy=name).strategy
+        assert type(strategy) is SeparateNetsDDPStrategy and strategy._start_method == start
     assert strategy_for(clf, "ddp", 2, 1) == "ddp"
     with pytest.raises(ConfigError, match="does not support GANs"):
         strategy_for(gan, "fsdp", 2, 1)

@@ -14,8 +14,8 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import QUIET_CSV as QUIET
 from conftest import (
+    CPU_DDP,
     TINY_GAN,
     TINY_GAN_DATA,
     bare_trainer,
@@ -25,6 +25,7 @@ from conftest import (
     summary_of,
     write_png_folder,
 )
+from conftest import QUIET_CSV as QUIET
 from litlab import rng
 from litlab.callbacks import FID
 from litlab.callbacks.gan import save_generated_images
@@ -775,6 +776,46 @@ def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
         assert np.array_equal(
             np.asarray(Image.open(path)), np.asarray(Image.open(tmp_path / "one" / path.name))
         )
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_under_ddp_each_backward_all_reduces_the_stepping_nets_gradients_alone(tmp_path):
+    """WGAN-GP, five critic steps a generator step (a double backward through D): litlab's
+    wrapper per net (trainer.strategy=ddp) all-reduces D's gradients in D's backward and G's in
+    G's, where Lightning's one wrapper all-reduces both nets' in every backward, and the two end
+    on the same weights and buffers, to the bit, on every rank."""
+    records = {}
+    for strategy in ("ddp", "ddp_find_unused_parameters_true"):
+        result = run_cli(
+            "model=dcgan_wgangp",
+            *TINY_GAN_DATA,
+            "data.source.train_size=640",
+            "trainer.max_epochs=1",
+            *CPU_DDP[:2],
+            f"trainer.strategy={strategy}",
+            "callbacks.fid=null",
+            "callbacks.model_checkpoint=null",
+            "test=false",
+            f"paths.log_dir={tmp_path / strategy}",
+            "+callbacks.count._target_=helpers.CountAllReduced",
+            f"+callbacks.count.folder={tmp_path / strategy / 'count'}",
+            *QUIET,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        records[strategy] = [
+            torch.load(tmp_path / strategy / "count" / f"rank{r}.pt", weights_only=True)
+            for r in (0, 1)
+        ]
+    per_net, one = records["ddp"][0], records["ddp_find_unused_parameters_true"][0]
+    sizes, steps = per_net["sizes"], per_net["steps"]
+    assert steps == {"generator": 1, "discriminator": 9}  # 576 images / 2 ranks / 32 = 9
+    assert per_net["elements"] == {net: steps[net] * sizes[net] for net in sizes}
+    assert one["elements"] == {"module": 10 * (sizes["generator"] + sizes["discriminator"])}
+    for record in (*records["ddp"], *records["ddp_find_unused_parameters_true"]):
+        assert record["state"].keys() == per_net["state"].keys()
+        for name, tensor in per_net["state"].items():
+            assert torch.equal(record["state"][name], tensor), name
 
 
 def test_sample_grids_reach_wandb_and_tensorboard(tmp_path):

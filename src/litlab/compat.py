@@ -591,3 +591,16 @@ def ema_update(ema: Sequence[torch.Tensor], current: Sequence[torch.Tensor], dec
     torch's own swa_utils EMA uses; there is no public multi-tensor op."""
     torch._foreach_mul_(list(ema), decay)
     torch._foreach_add_(list(ema), torch._foreach_mul(list(current), 1.0 - decay))
+
+
+def ddp_wrapper_settings(strategy: Any) -> tuple[dict[str, Any], bool]:
+    """A Lightning DDPStrategy's keyword arguments for DistributedDataParallel (its
+    ``_ddp_kwargs``: find_unused_parameters, bucket_cap_mb, ...), and whether it was given a
+    communication hook, its state or model averaging (``_ddp_comm_hook``, ``_ddp_comm_state``,
+    ``_model_averaging_period``), which it applies to its one wrapper. Private: the strategy
+    keeps them as given, with no public accessor."""
+    hooked = any(
+        getattr(strategy, name, None) is not None
+        for name in ("_ddp_comm_hook", "_ddp_comm_state", "_model_averaging_period")
+    )
+    return dict(strategy._ddp_kwargs), hooked

@@ -15,7 +15,9 @@ from litlab.distributed.launchers import (
 )
 from litlab.distributed.multirun import ranks_run_this_job
 from litlab.distributed.strategy import (
+    SeparateNetsDDPStrategy,
     broadcast_buffers,
+    ddp_net,
     fsdp_strategy,
     log_job_value,
     strategy_for,
@@ -23,8 +25,10 @@ from litlab.distributed.strategy import (
 )
 
 __all__ = [
+    "SeparateNetsDDPStrategy",
     "adopt_launcher_layout",
     "broadcast_buffers",
+    "ddp_net",
     "fsdp_strategy",
     "global_rank",
     "launched_processes",

@@ -20,7 +20,7 @@ from litlab import rng
 from litlab.compat import CheapHookName, ema_update
 from litlab.data.decode import all_unreadable
 from litlab.data.transforms import per_channel
-from litlab.distributed import broadcast_buffers
+from litlab.distributed import broadcast_buffers, ddp_net
 from litlab.errors import ConfigError
 from litlab.metrics.aggregation import Mean
 from litlab.models.curves import StepCurves
@@ -172,6 +172,9 @@ class GAN(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
     # The EMA copy of G needs float32 weights (a decay of 0.999 rounds to 1.0 in bfloat16), and
     # FID's and the gradient penalty's inputs are float32: no bf16-true or 16-true.
     needs_float32_weights = True
+    # Under DDP each in a wrapper of its own (litlab.distributed.SeparateNetsDDPStrategy): a
+    # backward all-reduces the gradients of the net it trains alone.
+    ddp_nets = ("generator", "discriminator")
 
     def __init__(
         self,
@@ -297,7 +300,9 @@ class GAN(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
             with torch.no_grad():
                 fake = self.generator(self.random_noise(n, generator))
             real, fake = self.augment(real, generator), self.augment(fake, generator)
-            real_logits, fake_logits = self.discriminator(real), self.discriminator(fake)
+            # D through its DDP wrapper, if any: this backward averages D's gradients over ranks
+            discriminator = ddp_net(self, "discriminator")
+            real_logits, fake_logits = discriminator(real), discriminator(fake)
             d_loss = d_loss_fn(self.loss, real_logits, fake_logits)
             logs = {
                 "d/loss": d_loss,
@@ -315,7 +320,9 @@ class GAN(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
 
         if self.d_steps % self.n_critic == 0:
             with self.toggled_optimizer(g_opt):
-                fake = self.augment(self.generator(self.random_noise(n, generator)), generator)
+                # G's gradients averaged over ranks; D (frozen here) called as itself
+                fake = ddp_net(self, "generator")(self.random_noise(n, generator))
+                fake = self.augment(fake, generator)
                 g_loss = g_loss_fn(self.loss, self.discriminator(fake))
                 g_opt.zero_grad(set_to_none=True)
                 self.manual_backward(g_loss)

@@ -227,26 +227,35 @@ def test_a_multirun_of_jobs_without_an_objective_ends_without_an_error(tmp_path)
     assert summary["completed"] == 2 and summary["failed"] == [] and summary["best"] is None
 
 
-def test_a_study_storage_given_that_holds_no_study_is_said_to(tmp_path, caplog):
+def test_a_study_storage_given_that_does_not_hold_the_study_is_said_to(tmp_path, caplog):
     """hydra.sweeper.storage=sqlite:///<a mistyped folder>/optuna.db started a new study in
     silence (Optuna's own line only), which repeated the first study's trials."""
+    import optuna
     from omegaconf import OmegaConf
 
     from litlab.sweep import SweepSummary
 
-    def start(storage: Path) -> list[str]:
+    def start(storage: Path, study: str = "cnn_optuna") -> list[str]:
         caplog.clear()
-        sweeper = {"storage": f"sqlite:///{storage}"}
+        sweeper = {"storage": f"sqlite:///{storage}", "study_name": study}
         hydra = {"sweep": {"dir": str(tmp_path / "sweep")}, "sweeper": sweeper}
         SweepSummary().on_multirun_start(OmegaConf.create({"hydra": hydra}))
-        return [r.getMessage() for r in caplog.records if "holds no study" in r.getMessage()]
+        return [r.getMessage() for r in caplog.records if "starts there" in r.getMessage()]
 
     assert start(tmp_path / "sweep" / "optuna.db") == []  # the sweep's own: new, as it should
     (tmp_path / "first").mkdir()
-    (tmp_path / "first" / "optuna.db").write_bytes(b"")
+    first = f"sqlite:///{tmp_path / 'first'}/optuna.db"
+    optuna.create_study(study_name="cnn_optuna", storage=first)
     assert start(tmp_path / "first" / "optuna.db") == []  # a study to continue
     (said,) = start(tmp_path / "frist" / "optuna.db")
     assert said.startswith(f"hydra.sweeper.storage=sqlite:///{tmp_path / 'frist'}/optuna.db holds")
+    assert "holds no study yet" in said
+    (said,) = start(tmp_path / "first" / "optuna.db", study="cnn_optuan")  # a study name mistyped
+    assert said == (
+        f"hydra.sweeper.storage={first} holds the studies cnn_optuna, not cnn_optuan: a new "
+        "study cnn_optuan starts there (to continue one, give its name: "
+        "hydra.sweeper.study_name=...)"
+    )
 
 
 def test_a_sweep_inside_a_slurm_job_leaves_no_stray_run_folders(tmp_path, monkeypatch):

@@ -265,6 +265,30 @@ def study_best(sweep_dir: Path) -> dict[str, Any] | None:
     return {"value": results["best_value"], "params": results.get("best_params") or {}}
 
 
+def warn_of_a_new_study(storage: str, database: Path, study: str | None) -> None:
+    """Say so where a storage given to continue a study does not hold it: Optuna would start a
+    new study there without a word (a mistyped folder, or hydra.sweeper.study_name)."""
+    if not database.is_file():
+        log.warning(
+            "hydra.sweeper.storage=%s holds no study yet: a new study starts there (to "
+            "continue one, give the optuna.db in its first sweep folder)",
+            storage,
+        )
+        return
+    import optuna
+
+    held = [summary.study_name for summary in optuna.get_all_study_summaries(storage=storage)]
+    if study not in held:
+        log.warning(
+            "hydra.sweeper.storage=%s holds the studies %s, not %s: a new study %s starts there "
+            "(to continue one, give its name: hydra.sweeper.study_name=...)",
+            storage,
+            ", ".join(held) or "(none)",
+            study,
+            study,
+        )
+
+
 class SweepSummary(Callback):
     """Around a multirun: make room for an SQLite study, then log the best job and write
     <sweep dir>/sweep_summary.json."""
@@ -277,12 +301,8 @@ class SweepSummary(Callback):
         if storage.startswith("sqlite:///"):
             database = Path(storage.removeprefix("sqlite:///"))
             elsewhere = database.parent.resolve() != Path(config.hydra.sweep.dir).resolve()
-            if elsewhere and not database.is_file():  # given to continue a study: a typo?
-                log.warning(
-                    "hydra.sweeper.storage=%s holds no study yet: a new study starts there (to "
-                    "continue one, give the optuna.db in its first sweep folder)",
-                    storage,
-                )
+            if elsewhere:  # given to continue a study: a typo in the path or the study's name?
+                warn_of_a_new_study(storage, database, config.hydra.sweeper.get("study_name"))
             database.parent.mkdir(parents=True, exist_ok=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

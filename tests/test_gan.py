@@ -610,6 +610,32 @@ def test_generated_images_reach_the_domain_classifier_rounded_and_real_ones_exac
         torch.testing.assert_close(logits[0], net((real - 0.3) / 0.3)[0])
 
 
+def test_a_classifier_extractor_computes_in_full_float32_whatever_the_runs_matmul_precision():
+    """callbacks.speed.matmul_precision=medium computes float32 matmuls in bfloat16 on CPUs with
+    AMX (TF32 on GPUs with "high"): a classifier extractor's logits (val/class_entropy), and
+    the features of one with Linear layers before its head (the FID), depended on it. Inside its
+    forward the precision is "highest", and the run's again after it."""
+    from litlab.metrics.fid import ClassifierFeatures
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 10))
+    extractor = ClassifierFeatures(net, [0.3], [0.3], [1, 16, 16])
+    seen = []
+    net[1].register_forward_hook(lambda *_: seen.append(torch.get_float32_matmul_precision()))
+    images = torch.rand(4, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    before = torch.get_float32_matmul_precision()
+    try:
+        reference = extractor.features_and_logits(images)
+        torch.set_float32_matmul_precision("medium")
+        computed = extractor.features_and_logits(images)
+        assert torch.get_float32_matmul_precision() == "medium"  # the run's, after the forward
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen == ["highest", "highest"]
+    for ours, theirs in zip(computed, reference, strict=True):  # bfloat16 differs on AMX CPUs
+        assert torch.equal(ours, theirs)
+
+
 def test_divergence_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     cfg = make_cfg(
         tmp_path,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -21,6 +22,24 @@ from litlab.errors import CheckpointError, ConfigError, first_line
 from litlab.files import atomic_file
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def full_precision_matmuls() -> Iterator[None]:
+    """float32 matmuls at full precision inside, whatever callbacks.speed.matmul_precision set
+    for training: "high" and "medium" compute them in TF32 on GPUs, and "medium" in bfloat16 on
+    CPUs with AVX512-BF16/AMX (0.5 off on values of 45), so a classifier extractor's logits (the
+    class entropy) and the features of one with Linear layers before its head (the FID) would
+    depend on a speed setting. (InceptionV3's pool features have no matmul.)"""
+    before = torch.get_float32_matmul_precision()
+    if before == "highest":
+        yield
+        return
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def weights_hash(module: nn.Module) -> str:
@@ -64,6 +83,7 @@ class ClassifierFeatures(nn.Module):
         return super().train(False)  # frozen: BN keeps its running statistics
 
     @torch.no_grad()
+    @full_precision_matmuls()
     def features_and_logits(self, images: Tensor) -> tuple[Tensor, Tensor]:
         # On the grey levels of real images' uint8 pixels (which round-trip exactly), as for
         # InceptionV3: a generator's continuous outputs are measured as the images it would

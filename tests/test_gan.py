@@ -374,7 +374,7 @@ def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
         metrics["val/fid_floor"] < metrics["val/fid"]
     )  # real vs real beats an untrained generator
     # The extractor stays out of the GAN's checkpoint.
-    best = summary_of(cfg)["best_checkpoint"]
+    best, last = summary_of(cfg)["best_checkpoint"], summary_of(cfg)["last_checkpoint"]
     ckpt = torch.load(best, weights_only=True)
     assert not any("inception" in k or "extractor" in k for k in ckpt["state_dict"])
     # eval.py recomputes FID with the same extractor and writes a grid and N images.
@@ -392,10 +392,13 @@ def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
     assert tag.replace("val/", "test/") in evaluated["metrics"]
     # eval returns the objective's test metric, and a GAN's FID from eval is reproducible.
     assert value == evaluated["metrics"]["test/fid"]
-    # its g/step is the checkpoint's (the generator steps it was trained)
-    assert (
-        evaluated["metrics"]["g/step"] == torch.load(best, weights_only=True)["gan"]["g_steps"] > 0
-    )
+    # its test/g_step is the checkpoint's (the generator steps it was trained), as the training
+    # run's test/g_step is the tested checkpoint's, and the run's g/step where training ended
+    g_steps = torch.load(best, weights_only=True)["gan"]["g_steps"]
+    assert evaluated["metrics"]["test/g_step"] == g_steps > 0
+    assert "g/step" not in evaluated["metrics"]
+    last = torch.load(last, weights_only=True)["gan"]["g_steps"]
+    assert metrics["test/g_step"] == g_steps and metrics["g/step"] == last
     out = Path(eval_cfg.paths.output_dir)
     assert (out / "samples" / "test.png").is_file() and len(
         list((out / "generated").glob("*.png"))

@@ -527,25 +527,45 @@ def test_a_checkpoint_refuses_class_folders_renamed_since(tmp_path, capsys):
     assert 0.0 <= eval_task(tested) <= 1.0
 
 
-def test_eval_on_data_of_another_image_size_is_refused(tmp_path, capsys):
+def test_eval_of_a_classifier_refuses_before_testing_and_takes_a_data_setting(tmp_path, capsys):
     train = make_cfg(
         tmp_path / "t", ["model.net.width=8", "trainer.max_epochs=1", "test=false", *QUIET]
     )
     train_task(train)
-    cfg = make_cfg(
-        tmp_path / "e",
-        [
-            f"ckpt_path={json.loads((Path(train.paths.output_dir) / 'summary.json').read_text())['best_checkpoint']}",
-            "data=synthetic",
-            "extras.print_config=false",
-        ],
-        config_name="eval",
+    best = json.loads((Path(train.paths.output_dir) / "summary.json").read_text())
+    best = best["best_checkpoint"]
+
+    def evaluated(name: str, *overrides: str):
+        args = [f"ckpt_path={best}", *overrides, "extras.print_config=false"]
+        return make_cfg(tmp_path / name, args, config_name="eval")
+
+    summary = fails_with(
+        capsys,
+        eval_task,
+        evaluated("e", "data=synthetic"),
+        "trained on data.image_shape=[1, 28, 28]",
     )
-    summary = fails_with(capsys, eval_task, cfg, "trained on data.image_shape=[1, 28, 28]")
     assert (
         "(set data.image_shape=[1, 28, 28], and data.source.channels to match)"
         in (summary["error"])
     )
+    # generate=N is for GANs, and a count: refused before the test (it ran, then failed, with
+    # a key that does not exist in the message, or a traceback for a negative count)
+    summary = fails_with(
+        capsys,
+        eval_task,
+        evaluated("g", "generate=5"),
+        "generate=N works with GAN models only; set generate=0 for this model",
+    )
+    assert "test/acc" not in summary["metrics"]
+    fails_with(
+        capsys,
+        eval_task,
+        evaluated("n", "generate=-3"),
+        "generate=-3: give the number of images to write (0: none)",
+    )
+    # one setting of the run's own data (it was a KeyError traceback): the same test as without
+    assert eval_task(evaluated("b", "+data.eval_batch_size=7")) == eval_task(evaluated("a"))
 
 
 def test_a_logger_whose_package_is_missing_is_one_line(tmp_path, capsys, monkeypatch):

@@ -9,9 +9,9 @@ from typing import Any
 import hydra
 import lightning as L
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from litlab.callbacks.gan import give_checkpoint_state, save_generated_images
+from litlab.callbacks.gan import give_checkpoint_state, require_gan, save_generated_images
 from litlab.callbacks.speed import Speed
 from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.config import (
@@ -49,6 +49,10 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     stored = stored_config(checkpoint, path)
     # The stored config is resolved; a data=... choice made here is resolved against this run.
     trained_files = data_state(checkpoint, stored).get("trained_files")
+    if cfg.get("data") and "_target_" not in cfg.data:  # +data.eval_batch_size=... alone: the
+        with open_dict(cfg):  # run's data with that changed
+            cfg.data = OmegaConf.merge(stored.data, cfg.data)
+    count = generate_count(cfg.get("generate"))
     for key in ("image_shape", "num_classes"):
         if cfg.get("data") and OmegaConf.is_missing(cfg.data, key):  # data=image_folder's
             cfg.data[key] = stored.data[key]  # classes: the model's (the data set up checks them)
@@ -82,6 +86,8 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     model = build(parts.model, "model")
     model.load_state_dict(checkpoint["state_dict"])
     model.on_load_checkpoint(checkpoint)  # as Lightning's loads do: a GAN's step counts (g/step)
+    if count:
+        require_gan(model, "generate=N", "generate=0")  # before the test, not after it
     # For the loggers, as a training run's (W&B's config, hparams.yaml): the config the model
     # was trained with, the data tested and the checkpoint (an eval's W&B run had no config).
     model.save_hyperparameters(
@@ -109,12 +115,21 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
         raise
     finally:
         finish_loggers(trainer.loggers, failed)
-    if cfg.get("generate") and trainer.is_global_zero:  # once (every rank wrote all of them)
+    if count and trainer.is_global_zero:  # once (every rank wrote all of them)
         folder = Path(cfg.paths.output_dir) / "generated"
         with run.phase("generate"):
-            run.summary["generated"] = save_generated_images(model, int(cfg.generate), folder)
+            run.summary["generated"] = save_generated_images(model, count, folder)
         run.summary["generated_dir"] = str(folder)
     return run.summary["metrics"]
+
+
+def generate_count(value: Any) -> int:
+    """generate=N: a whole number of images to write, 0 for none."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"generate={value}: give the number of images to write (0: none)")
+    return value
 
 
 def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:

@@ -35,11 +35,10 @@ log = logging.getLogger(__name__)
 LATENT_SETS = {"val": 0, "test": 1}
 
 
-def _require_gan(pl_module: L.LightningModule, what: str) -> None:
+def require_gan(pl_module: L.LightningModule, what: str, instead: str) -> None:
+    """Refuse ``what`` for a model that is not a GAN, saying the setting that leaves it out."""
     if not hasattr(pl_module, "sample") or not hasattr(pl_module, "fixed_noise"):
-        raise ConfigError(
-            f"{what} works with GAN models only; remove callbacks.{what.lower()} for this model"
-        )
+        raise ConfigError(f"{what} works with GAN models only; set {instead} for this model")
 
 
 class FID(Callback):
@@ -168,7 +167,7 @@ class FID(Callback):
         return extractor
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        _require_gan(pl_module, "FID")
+        require_gan(pl_module, "FID", "callbacks.fid=null")
         if self.metric is not None:
             return
         extractor = self._build_extractor(trainer)
@@ -370,7 +369,7 @@ class SampleGrid(Callback):
         self._last_saved = -1
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        _require_gan(pl_module, "SampleGrid")
+        require_gan(pl_module, "a sample grid", "callbacks.samples=null")
 
     def save(
         self, trainer: L.Trainer, pl_module: L.LightningModule, name: str, ema: bool = True
@@ -425,7 +424,7 @@ def save_generated_images(
     from the job's "generate" latents drawn on the CPU: the same images whichever rank and
     device write them (eval.py writes them once, on rank 0; each rank drew from its own stream
     on its device, and under DDP all wrote different images to the same names)."""
-    _require_gan(pl_module, "generate")
+    require_gan(pl_module, "generate=N", "generate=0")
     folder.mkdir(parents=True, exist_ok=True)
     latents = job_latents(pl_module, count, "generate")
     written = 0

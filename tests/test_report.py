@@ -262,6 +262,7 @@ def test_columns_say_which_weights_their_values_are_of(tmp_path, capsys):
     main([str(tmp_path)])
     md = (tmp_path / "report.md").read_text()
     assert "| test/acc (best checkpoint or given checkpoint) |" in md
+    assert "`2 (eval)`" in md  # a test of a checkpoint, not a third training run
 
 
 def test_curves_keep_one_point_per_step_after_a_resume(tmp_path):
@@ -376,7 +377,11 @@ def test_fids_rank_only_against_fids_of_the_same_extractor_and_n(tmp_path, capsy
     assert [row.split(" | ")[1].split("`")[1] for row in md_rows(md)][:3] == ["1", "0", "2"]
     assert "- **Best run:** 1: val/fid = 500;" in md
     scale = "domain-7cca31a5, N=2048, N_real=10000"
-    assert f"| objective (val/fid [{scale}], min) | test/fid (" in md
+    assert f"| objective (val/fid [{scale}], min) | test/fid [{scale}] (" in md
+    # the other columns too: a value on another scale than its column's names its own
+    other_n = next(row for row in md_rows(md) if "`3`" in row.split(" | ")[1])
+    assert "| 101 [domain-7cca31a5, N=256, N_real=10000] |" in other_n
+    assert "| 3 [domain-7cca31a5, N=256, N_real=10000] |" in other_n  # its floor
     assert "val/fid [domain-6c73f971, N=2048, N_real=10000]=228" in md
     assert "val/fid [domain-7cca31a5, N=256, N_real=10000]=100" in md
     assert "val/fid [domain-7cca31a5, N=2048, N_real=5000]=90" in md
@@ -493,7 +498,10 @@ def test_over_seeds_groups_settings_not_override_order_and_ranks_repeats_first(t
     lines = dict(facts(compare(find_runs([tmp_path]))))
     assert lines["Over seeds"].startswith(
         "model.net.width=32 model.optimizer.lr=0.01: mean 0.905 ± 0.007071 (n=2); "
-        "model.net.width=64 model.optimizer.lr=0.1: 0.97 (n=1)"
+        "model.net.width=64 model.optimizer.lr=0.1: 0.97 (n=1 of 2: 1 failed or without a value)"
+    )  # its failed seed said (it read n=1, as a setting run once)
+    assert lines["Best run"].endswith(
+        "(one seed's; its setting has 1 seed(s) that failed or have no value)"
     )
     for name in "abcd":
         shutil.rmtree(tmp_path / name)

@@ -35,6 +35,8 @@ class Comparison:
     best: RunFolder | None
     metric_columns: list[str]
     varied: list[str]
+    # each metric column's scale: the most common among the runs with a value there
+    column_scales: dict[str, str]
 
     @property
     def columns(self) -> list[str]:
@@ -60,11 +62,12 @@ class Comparison:
         the run tested (the objective column is the best epoch's)."""
         titles = []
         for name in self.metric_columns:
+            title = scaled(name, self.column_scales[name])
             if name.startswith("test/"):
                 kinds = sorted({run.tested for run in self.runs if run.metric(name) is not None})
-                titles.append(f"{name} ({' or '.join(kinds)})")
+                titles.append(f"{title} ({' or '.join(kinds)})")
             else:
-                titles.append(f"{name} (last epoch)")
+                titles.append(f"{title} (last epoch)")
         return titles
 
     @property
@@ -80,14 +83,23 @@ class Comparison:
         """The plain-text table cells of one run, in column order."""
         return [
             str(rank),
-            run.name,
+            f"{run.name} (eval)" if run.evaluation else run.name,
             " ".join(run.overrides),
             status_text(run),
             self.objective_text(run),
-            *(fmt(run.metric(m)) for m in self.metric_columns),
+            *(self.metric_text(run, m) for m in self.metric_columns),
             human_duration(run.duration_s),
             run.best_checkpoint or "",
         ]
+
+    def metric_text(self, run: RunFolder, metric: str) -> str:
+        """A metric column's value; one on another scale than the column's (another FID N,
+        extractor, data or split) names its own, as the objective column does."""
+        value = run.metric(metric)
+        scale = run.scale(metric)
+        if value is None or scale == self.column_scales[metric]:
+            return fmt(value)
+        return f"{fmt(value)} [{scale or 'scale not recorded'}]"
 
     def objective_text(self, run: RunFolder) -> str:
         """The objective value; runs judged by another metric (or the same one on another scale:
@@ -135,7 +147,12 @@ def compare(runs: list[RunFolder]) -> Comparison:
     ranked = sorted(runs, key=order)
     best = ranked[0] if comparable(ranked[0], metric, scale) else None
     metric_columns = [m for m in KEY_METRICS if any(r.metric(m) is not None for r in runs)]
-    return Comparison(ranked, metric, mode, scale, best, metric_columns, varied_params(runs))
+    column_scales = {
+        m: Counter(r.scale(m) for r in ranked if r.metric(m) is not None).most_common(1)[0][0]
+        for m in metric_columns
+    }
+    varied = varied_params(runs)
+    return Comparison(ranked, metric, mode, scale, best, metric_columns, varied, column_scales)
 
 
 def scaled(metric: str, scale: str) -> str:
@@ -157,38 +174,56 @@ def varied_params(runs: list[RunFolder]) -> list[str]:
     return [k for k in keys if len({run.params.get(k) for run in runs}) > 1]
 
 
-def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int]]:
+def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int]]:
     """Where settings were repeated over seeds: each setting (the varied overrides but the
     seeds, in key order) with the mean, standard deviation and count of its ranked runs'
-    objective values; settings with two or more runs first, by mean, then the single runs.
-    [] where no setting has two ranked runs (nothing was repeated). The best single run of
-    repeats is a lucky draw."""
+    objective values, and the count of its runs without one (failed, interrupted); settings
+    with two or more ranked runs first, by mean, then the others. [] where no setting has two
+    ranked runs (nothing was repeated). The best single run of repeats is a lucky draw."""
     if not any(key in SEEDS for key in comparison.varied):
         return []
-    values: dict[tuple, list[float]] = {}
+    values: dict[str, list[float]] = {}
+    missing: Counter = Counter()
     for run in comparison.runs:
+        if run.evaluation:
+            continue
+        setting = seeds_setting(comparison, run)
         if comparison.comparable(run):
-            setting = tuple(
-                sorted(
-                    (key, run.params.get(key))
-                    for key in comparison.varied
-                    if key not in SEEDS and key in run.params
-                )
-            )
             values.setdefault(setting, []).append(run.objective[2])
+        else:
+            missing[setting] += 1
     if all(len(v) < 2 for v in values.values()):
         return []
     sign = -1.0 if comparison.mode == "max" else 1.0
     rows = [
         (
-            " ".join(f"{key}={value}" for key, value in setting) or "(the same settings)",
+            setting,
             statistics.fmean(v),
             statistics.stdev(v) if len(v) > 1 else math.nan,
             len(v),
+            missing[setting],
         )
         for setting, v in values.items()
     ]
     return sorted(rows, key=lambda row: (row[3] < 2, sign * row[1]))
+
+
+def seeds_setting(comparison: Comparison, run: RunFolder) -> str:
+    """A run's setting apart from its seed: the varied overrides but the seeds, in key order."""
+    setting = sorted(
+        (key, run.params.get(key))
+        for key in comparison.varied
+        if key not in SEEDS and key in run.params
+    )
+    return " ".join(f"{key}={value}" for key, value in setting) or "(the same settings)"
+
+
+def seeds_text(config: str, mean: float, std: float, n: int, missing: int) -> str:
+    """One setting's line of "Over seeds": mean ± std (n=...), and its seeds without a value."""
+    text = f"{config}: mean {fmt(mean)} ± {fmt(std)}" if n > 1 else f"{config}: {fmt(mean)}"
+    if missing:
+        return f"{text} (n={n} of {n + missing}: {missing} failed or without a value)"
+    return f"{text} (n={n})"
 
 
 def numeric_params(runs: list[RunFolder], varied: list[str]) -> list[str]:
@@ -255,16 +290,17 @@ def facts(comparison: Comparison) -> list[tuple[str, str]]:
         lines.append(("Best run", "none: no run that did not fail has an objective value"))
     groups = over_seeds(comparison)
     if best and groups:
-        lines[-1] = (lines[-1][0], f"{lines[-1][1]} (one seed's)")
+        best_setting = next(
+            (row for row in groups if row[0] == seeds_setting(comparison, best)), None
+        )
+        lucky = " (one seed's"
+        if best_setting is not None and best_setting[4]:
+            lucky += f"; its setting has {best_setting[4]} seed(s) that failed or have no value"
+        lines[-1] = (lines[-1][0], f"{lines[-1][1]}{lucky})")
         lines.append(
             (
                 "Over seeds",
-                "; ".join(
-                    f"{config}: mean {fmt(mean)} ± {fmt(std)} (n={n})"
-                    if n > 1
-                    else f"{config}: {fmt(mean)} (n=1)"
-                    for config, mean, std, n in groups
-                )
+                "; ".join(seeds_text(*row) for row in groups)
                 + " (settings run over seeds first, best mean first; ± one standard deviation)",
             )
         )

@@ -36,22 +36,26 @@ def number(value: object) -> float | None:
 
 
 def objective_scale(summary: dict) -> str:
-    """What a summary's objective value compares under besides its name: the data it was
+    """What a summary's objective value compares under besides its name (metric_scale)."""
+    objective = summary.get("objective")
+    metric = objective.get("metric") if isinstance(objective, dict) else None
+    return metric_scale(summary, metric) if isinstance(metric, str) else ""
+
+
+def metric_scale(summary: dict, metric: str) -> str:
+    """What a summary's value of ``metric`` compares under besides its name: the data it was
     measured on (the source, and the images of the split: val=144, and the part of it measured
     where trainer.limit_val_batches limited it; an accuracy on digits and one on Fashion-MNIST,
-    or on another validation share, are other numbers), and for an FID
+    or on another validation share, are other numbers), and for an FID (and its floor)
     its extractor, its sample count N and the real statistics' count N_real (the same
     generator has another FID through another extractor or at other counts). "" where the
     summary says none of it (summaries of runs before 2026-12-04 name no source)."""
-    objective, metrics = summary.get("objective"), summary.get("metrics")
-    metric = objective.get("metric") if isinstance(objective, dict) else None
+    metrics = summary.get("metrics")
     metrics = metrics if isinstance(metrics, dict) else {}
-    if not isinstance(metric, str):
-        return ""
     data = summary.get("data") if isinstance(summary.get("data"), dict) else {}
-    fid = metric.rsplit("/", 1)[-1] == "fid"
+    split, _, name = metric.partition("/")
+    fid = name in ("fid", "fid_floor")
     tags = [data["source"]] if isinstance(data.get("source"), str) else []
-    split = metric.split("/", 1)[0]
     if tags and not fid:  # an FID measures no split's images: its N and N_real below
         images = (data.get("splits") or {}).get(split)
         tags += [f"{split}={images}"] if images is not None else []
@@ -60,9 +64,10 @@ def objective_scale(summary: dict) -> str:
         tags += [f"limit_{split}_batches={limit}"] if limit is not None else []
     if not fid:
         return ", ".join(tags)
-    kinds = [k[len(metric) + 1 :] for k in metrics if k.startswith(f"{metric}_")]
+    fid_metric = f"{split}/fid"
+    kinds = [k[len(fid_metric) + 1 :] for k in metrics if k.startswith(f"{fid_metric}_")]
     tags += sorted(k for k in kinds if k not in ("g", "floor", "samples", "real_samples"))
-    counts = {"N": f"{metric}_samples", "N_real": f"{metric}_real_samples"}
+    counts = {"N": f"{fid_metric}_samples", "N_real": f"{fid_metric}_real_samples"}
     counts = {name: number(metrics.get(key)) for name, key in counts.items()}
     return ", ".join(tags + [f"{name}={n:g}" for name, n in counts.items() if n is not None])
 
@@ -116,6 +121,15 @@ class RunFolder:
     def objective_scale(self) -> str:
         """What the objective's value compares under besides its name (objective_scale)."""
         return objective_scale(self.summary)
+
+    def scale(self, metric: str) -> str:
+        """What the run's value of ``metric`` compares under besides its name (metric_scale)."""
+        return metric_scale(self.summary, metric)
+
+    @property
+    def evaluation(self) -> bool:
+        """An eval.py run: a test of a checkpoint, not a training run."""
+        return self.summary.get("task") == "eval"
 
     @property
     def tested(self) -> str:

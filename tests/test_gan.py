@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchvision.utils import save_image
 
 from conftest import (
     CPU_DDP,
@@ -28,7 +29,7 @@ from conftest import (
 from conftest import QUIET_CSV as QUIET
 from litlab import rng
 from litlab.callbacks import FID
-from litlab.callbacks.gan import save_generated_images
+from litlab.callbacks.gan import job_latents, save_generated_images
 from litlab.checkpoint import load_checkpoint, stored_config
 from litlab.config import build, check_augmentation
 from litlab.errors import ConfigError
@@ -403,6 +404,16 @@ def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
     assert (out / "samples" / "test.png").is_file() and len(
         list((out / "generated").glob("*.png"))
     ) == 10
+    # in the data's one channel (they were RGB), rounded as torchvision's save_image rounds
+    image = Image.open(out / "generated" / "000003.png")
+    assert image.mode == "L" and image.size == (16, 16)
+    model = build(stored_config(ckpt, best).model, "model")
+    model.load_state_dict(ckpt["state_dict"])
+    images = model.sample(job_latents(model, 10, "generate"))
+    save_image(images[3], tmp_path / "reference.png")
+    assert np.array_equal(
+        np.asarray(image), np.asarray(Image.open(tmp_path / "reference.png"))[..., 0]
+    )
     again = make_cfg(
         tmp_path / "again",
         [f"ckpt_path={best}", "extras.print_config=false"],

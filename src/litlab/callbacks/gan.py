@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from torchmetrics.image.fid import FrechetInceptionDistance
+from torchvision.io import write_png
 from torchvision.utils import make_grid, save_image
 
 from litlab import rng
@@ -430,7 +431,10 @@ def save_generated_images(
     written = 0
     for start in range(0, count, batch_size):
         images = pl_module.sample(latents[start : start + batch_size].to(pl_module.device))
-        for image in images.cpu():
-            save_image(image, folder / f"{written:06d}.png")
+        # uint8 as save_image rounds, in the images' own channels (save_image makes a grid,
+        # which turns one channel into three: grey digits were written as RGB files)
+        pixels = images.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8).cpu()
+        for image in pixels:
+            write_png(image, str(folder / f"{written:06d}.png"))
             written += 1
     return written

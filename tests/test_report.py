@@ -160,7 +160,8 @@ def test_the_objective_ranked_by_is_the_one_most_runs_have_a_value_for(tmp_path,
 def gan_summary(fid: float, **metrics: float) -> dict:
     """A GAN run's summary: FID (lower is better) is its objective."""
     objective = {"metric": "val/fid", "mode": "min", "value": fid}
-    return {"status": "completed", "metrics": {"val/fid": fid, **metrics}, "objective": objective}
+    return {"status": "completed", "metrics": {"val/fid": fid, **metrics}, "objective": objective,
+            "durations_s": {"fit": 1.0}}  # fmt: skip
 
 
 def test_gan_runs_show_their_sample_grids(tmp_path, capsys):
@@ -241,7 +242,7 @@ def test_columns_say_which_weights_their_values_are_of(tmp_path, capsys):
         metrics = {"val/acc": 0.8, "test/acc": 0.85}
         return {"status": "completed", "metrics": metrics, "objective": objective,
                 "best_checkpoint": best, "tested_checkpoint": tested,
-                "last_checkpoint": last}  # fmt: skip
+                "last_checkpoint": last, "durations_s": {"fit": 1.0}}  # fmt: skip
 
     write_run(tmp_path / "1", summary("/r/1/best.ckpt", "/r/1/best.ckpt"))
     write_run(tmp_path / "2", summary(None, None), ["test=false"])
@@ -263,6 +264,12 @@ def test_columns_say_which_weights_their_values_are_of(tmp_path, capsys):
     md = (tmp_path / "report.md").read_text()
     assert "| test/acc (best checkpoint or given checkpoint) |" in md
     assert "`2 (eval)`" in md  # a test of a checkpoint, not a third training run
+    # train=false without a checkpoint (a GAN's FID floor): untrained, not "final", weights
+    untrained = {**summary(None, None), "durations_s": {"test": 1.0}}
+    (tmp_path / "2" / "summary.json").write_text(json.dumps(untrained))
+    main([str(tmp_path)])
+    md = (tmp_path / "report.md").read_text()
+    assert "| test/acc (best checkpoint or untrained weights) |" in md
 
 
 def test_curves_keep_one_point_per_step_after_a_resume(tmp_path):

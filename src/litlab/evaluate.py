@@ -75,7 +75,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     setup_extras(cfg)
     show_config(cfg)
     L.seed_everything(cfg.seed, workers=True)
-    run.summary["checkpoint"] = str(path)
+    run.summary["checkpoint"] = str(Path(path).resolve())  # not relative to where eval ran
     # the training run's config_digest (of the config a tuned run continued with, if tuned)
     run.summary["trained_config_digest"] = config_digest(stored)
     run.summary["metric"] = eval_metric(stored)

@@ -134,8 +134,8 @@ class RunFolder:
     @property
     def tested(self) -> str:
         """Which weights the run's test/* metrics measure: its best checkpoint, its last (no
-        best kept), a checkpoint it was given (train=false; eval.py), or the final (or untrained)
-        weights."""
+        best kept), a checkpoint it was given (train=false; eval.py), the final weights, or the
+        untrained ones (train=false without a checkpoint: no fit in its durations)."""
         best = self.summary.get("best_checkpoint")
         tested = self.summary.get("tested_checkpoint", best)  # older summaries: the best one
         tested = tested or self.summary.get("checkpoint")  # eval.py's
@@ -143,7 +143,11 @@ class RunFolder:
             return "best checkpoint"
         if tested and tested == self.summary.get("last_checkpoint"):
             return "last checkpoint"
-        return "given checkpoint" if tested else "final weights"
+        if tested:
+            return "given checkpoint"
+        durations = self.summary.get("durations_s")
+        trained = isinstance(durations, dict) and "fit" in durations
+        return "final weights" if trained else "untrained weights"  # train=false: an FID floor
 
     @property
     def duration_s(self) -> float | None:

@@ -76,6 +76,36 @@ def test_gans_get_a_ddp_wrapper_per_net():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_blocking_the_backward_sync_blocks_it_on_every_nets_wrapper(tmp_path):
+    """Lightning's block_backward_sync (toggle_model(sync_grad=False), manual accumulation)
+    enters no_sync on its one wrapper alone: under a wrapper per net it blocked nothing."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from litlab.distributed.strategy import _WRAPPERS
+    from litlab.nets import Discriminator, Generator
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        gan = GAN(
+            Generator((1, 16, 16), latent_dim=8, width=8),
+            Discriminator((1, 16, 16), width=8),
+            torch.optim.Adam,
+            torch.optim.Adam,
+            [0.5],
+            [0.5],
+        )
+        wrappers = {name: DistributedDataParallel(getattr(gan, name)) for name in gan.ddp_nets}
+        gan.__dict__[_WRAPPERS] = wrappers
+        strategy = SeparateNetsDDPStrategy()
+        strategy.connect(gan)
+        with strategy.block_backward_sync():
+            assert [w.require_backward_grad_sync for w in wrappers.values()] == [False, False]
+        assert [w.require_backward_grad_sync for w in wrappers.values()] == [True, True]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_devices_on_a_machine_without_a_gpu_say_they_are_cpu_processes(tmp_path, caplog):
     """trainer.devices=4, written for a GPU machine, ran as 4 CPU processes without a word."""
     with caplog.at_level("WARNING", logger="litlab"):

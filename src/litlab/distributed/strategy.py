@@ -8,7 +8,8 @@ import inspect
 import itertools
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import lightning as L
@@ -49,8 +50,8 @@ def strategy_for(
     A GAN steps G and D separately (manual optimization): D's backward has no gradient for G,
     G's none for D. One DDP wrapper around the whole module (Lightning's
     "ddp_find_unused_parameters_true", still there to choose) all-reduces both nets' gradients
-    in every backward, zeros for the net not stepping: 2x the traffic a DCGAN needs, 3.7x with
-    WGAN-GP's five critic steps. "ddp" and "ddp_spawn" give a GAN SeparateNetsDDPStrategy
+    in every backward, zeros for the net not stepping: 2x the traffic a DCGAN needs, 2.2x to
+    4.3x (by the nets' sizes) with WGAN-GP's five critic steps. "ddp" and "ddp_spawn" give a GAN SeparateNetsDDPStrategy
     instead: a DDP wrapper per net, each backward all-reduces the stepping net's gradients
     alone. GANs are refused under FSDP: their EMA generator (AveragedModel) and its samples for
     FID and grids take whole parameters, which FSDP shards.
@@ -153,9 +154,14 @@ class SeparateNetsDDPStrategy(ClosingDDPStrategy):
     forward with gradients on prepares its reducer for a backward, and a net whose parameters
     are frozen in that step (D in G's step) has no gradient to give it. The module's state,
     checkpoint keys included, is the module's: the wrappers are kept outside it and dropped at
-    teardown. As with one wrapper: every parameter and buffer starts from rank 0's (once, for
-    the whole module: the EMA copy too), and buffers are not broadcast in the forward passes
-    (litlab.distributed.broadcast_buffers gives every rank rank 0's before each evaluation).
+    teardown. Every parameter and buffer starts from rank 0's (the EMA copy's too), as with one
+    wrapper. Unlike Lightning's one wrapper, buffers are not broadcast in every training step:
+    between evaluations the other ranks' BatchNorm statistics (and their EMA copies) are their
+    own, which nothing reads there (training runs on batch statistics, only rank 0 saves grids
+    and checkpoints); litlab.distributed.broadcast_buffers gives every rank rank 0's before each
+    evaluation. The nets' parameters must all be used in their step (find_unused_parameters
+    off): a net of one's own that leaves some unused needs
+    trainer.strategy=ddp_find_unused_parameters_true.
     """
 
     def configure_ddp(self) -> None:
@@ -177,18 +183,31 @@ class SeparateNetsDDPStrategy(ClosingDDPStrategy):
                 "around the whole module: use trainer.strategy=ddp_find_unused_parameters_true "
                 "(a GAN then all-reduces both nets' gradients in every backward)"
             )
-        broadcast_state(module)
         device_ids = self.determine_ddp_device_ids()
-        settings = {"init_sync": False, **_NO_BUFFER_BROADCASTS, **settings}
+        settings = {**_NO_BUFFER_BROADCASTS, **settings}
         # as Lightning builds its one wrapper: https://pytorch.org/docs/stable/notes/cuda.html#id5
         ctx = torch.cuda.stream(torch.cuda.Stream()) if device_ids is not None else nullcontext()
-        with ctx:
+        with ctx:  # each checks its net's shapes on every rank and takes rank 0's parameters
             module.__dict__[_WRAPPERS] = {
                 name: DistributedDataParallel(
                     getattr(module, name), device_ids=device_ids, **settings
                 )
                 for name in module.ddp_nets
             }
+        # and the rest, as one wrapper around the module did: the other parameters (the EMA
+        # copy's), and every buffer (not all torch versions sync a wrapped net's at build)
+        wrapped = {id(p) for name in module.ddp_nets for p in getattr(module, name).parameters()}
+        others = (p for p in module.parameters() if id(p) not in wrapped)
+        _from_rank0(itertools.chain(others, module.buffers()))
+
+    @contextmanager
+    def block_backward_sync(self) -> Iterator[None]:
+        """Lightning's no_sync for manual gradient accumulation (``toggle_model(sync_grad=
+        False)``), on every net's wrapper: Lightning's enters it on its one wrapper alone."""
+        with ExitStack() as stack:
+            for wrapper in self.lightning_module.__dict__.get(_WRAPPERS, {}).values():
+                stack.enter_context(wrapper.no_sync())
+            yield
 
     def teardown(self) -> None:
         if isinstance(self.model, L.LightningModule):
@@ -232,12 +251,6 @@ def broadcast_buffers(module: L.LightningModule) -> None:
     model that is saved, and a resumed run evaluates as an uninterrupted one.
     """
     _from_rank0(module.buffers())
-
-
-def broadcast_state(module: torch.nn.Module) -> None:
-    """Give every rank global rank 0's parameters and buffers, as DistributedDataParallel does
-    for the module it wraps when it is built."""
-    _from_rank0(itertools.chain(module.parameters(), module.buffers()))
 
 
 def _from_rank0(tensors: Iterable[torch.Tensor]) -> None:

@@ -393,6 +393,8 @@ def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
     assert tag.replace("val/", "test/") in evaluated["metrics"]
     # eval returns the objective's test metric, and a GAN's FID from eval is reproducible.
     assert value == evaluated["metrics"]["test/fid"]
+    # and records it as its objective, in the run's direction (eval -m over checkpoints ranks)
+    assert evaluated["objective"] == {"metric": "test/fid", "mode": "min", "value": value}
     # its test/g_step is the checkpoint's (the generator steps it was trained), as the training
     # run's test/g_step is the tested checkpoint's, and the run's g/step where training ended
     g_steps = torch.load(best, weights_only=True)["gan"]["g_steps"]

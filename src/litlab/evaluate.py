@@ -115,6 +115,15 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
         raise
     finally:
         finish_loggers(trainer.loggers, failed)
+    # What eval -m over checkpoints ranks by (the report, sweep_summary.json): the test value of
+    # the trained run's objective, in its direction
+    mode = str((stored.get("objective") or {}).get("mode", "max"))
+    metric = run.summary["metric"]
+    run.summary["objective"] = {
+        "metric": metric,
+        "mode": mode,
+        "value": run.summary["metrics"].get(metric),
+    }
     if count and trainer.is_global_zero:  # once (every rank wrote all of them)
         folder = Path(cfg.paths.output_dir) / "generated"
         with run.phase("generate"):
@@ -295,8 +304,8 @@ def eval_metric(stored: DictConfig) -> str:
 def eval_task(cfg: DictConfig) -> float | None:
     """Everything `python eval.py` does once Hydra has composed the config."""
     with Run(cfg, "eval") as run:
-        metrics = evaluate(cfg, run)
-        return metrics.get(run.summary["metric"])
+        evaluate(cfg, run)
+        return run.summary["objective"]["value"]
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="eval")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import pickle
@@ -369,6 +370,12 @@ def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
     )
     train_task(cfg)
     metrics = summary_of(cfg)["metrics"]
+    # the loggers too: the test's FID row carries test/g_step, not g/step (the W&B summary's
+    # g/step was the tested checkpoint's, not where training ended)
+    (history,) = Path(cfg.paths.output_dir).rglob("metrics.csv")
+    rows = list(csv.DictReader(history.open()))
+    (test_row,) = [row for row in rows if row.get("test/fid")]
+    assert test_row["test/g_step"] and not test_row["g/step"]
     (tag,) = [k for k in metrics if k.startswith("val/fid_domain-")]
     assert metrics[tag] == metrics["val/fid"]
     assert (

@@ -318,10 +318,7 @@ def record_stage(
     if hasattr(datamodule, "gather_unreadable"):
         datamodule.gather_unreadable()
     settle_evaluation_limit(trainer, run, split)
-    metrics = dict(trainer.callback_metrics)
-    if split == "test" and "g/step" in metrics:  # the tested checkpoint's G step (FID's rows),
-        metrics["test/g_step"] = metrics.pop("g/step")  # not where the run's training ended
-    run.record_metrics(metrics)
+    run.record_metrics(trainer.callback_metrics)
 
 
 def record_performance(trainer: L.Trainer, datamodule: L.LightningDataModule, run: Run) -> None:

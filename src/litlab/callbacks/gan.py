@@ -11,8 +11,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from torchmetrics.image.fid import FrechetInceptionDistance
-from torchvision.io import write_png
-from torchvision.utils import make_grid, save_image
+from torchvision.transforms.functional import to_pil_image
+from torchvision.utils import make_grid
 
 from litlab import rng
 from litlab.compat import logging_step
@@ -318,9 +318,10 @@ class FID(Callback):
         for name, value in values.items():  # the same on every rank (statistics summed over ranks)
             log_job_value(pl_module, name, value)
         # the generator-iteration axis in FID's rows too (W&B plots a metric against another
-        # logged in the same row: val/fid, the objective, against g/step)
+        # logged in the same row: val/fid, the objective, against g/step); a test's is the
+        # tested checkpoint's, test/g_step, not the run's g/step (where training ended)
         if (g_steps := getattr(pl_module, "g_steps", None)) is not None:
-            log_job_value(pl_module, "g/step", float(g_steps))
+            log_job_value(pl_module, "g/step" if stage == "val" else "test/g_step", float(g_steps))
         return values
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -381,10 +382,10 @@ class SampleGrid(Callback):
         grid = make_grid(images.cpu(), nrow=self.nrow, padding=2, pad_value=1.0)
         path = Path(trainer.default_root_dir) / self.dirname / f"{name}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        # The PNG's very pixels (save_image's rounding) for every logger: W&B casts float
-        # images to uint8 as they are, which made a [0, 1] grid black and white padding.
-        pixels = grid.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)
-        save_image(grid, path)
+        # The PNG's very pixels for every logger: W&B casts float images to uint8 as they
+        # are, which made a [0, 1] grid black and white padding.
+        pixels = png_pixels(grid)
+        to_pil_image(pixels).save(path)
         # The EMA generator's grids in one panel, the raw generator's in another, at the step
         # the scalars are logged at (without one, W&B took its previous row's step).
         key = "samples" if ema else "samples_raw_g"
@@ -431,10 +432,15 @@ def save_generated_images(
     written = 0
     for start in range(0, count, batch_size):
         images = pl_module.sample(latents[start : start + batch_size].to(pl_module.device))
-        # uint8 as save_image rounds, in the images' own channels (save_image makes a grid,
-        # which turns one channel into three: grey digits were written as RGB files)
-        pixels = images.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8).cpu()
-        for image in pixels:
-            write_png(image, str(folder / f"{written:06d}.png"))
+        # in the images' own channels (save_image makes a grid, which turns one channel into
+        # three: grey digits were written as RGB files)
+        for image in png_pixels(images).cpu():
+            to_pil_image(image).save(folder / f"{written:06d}.png")
             written += 1
     return written
+
+
+def png_pixels(images: torch.Tensor) -> torch.Tensor:
+    """Images in [0, 1] as the uint8 pixels their PNG files hold, rounded as torchvision's
+    save_image rounds."""
+    return images.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)

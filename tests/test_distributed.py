@@ -62,9 +62,15 @@ def test_gans_get_a_ddp_wrapper_per_net():
     assert strategy_for(gan, "auto", "auto", 1, "cpu", cuda_devices=4) == "auto"
     assert strategy_for(gan, "auto", "0,1", 1, "gpu", cuda_devices=2) == "ddp_separate_nets"
     assert strategy_for(gan, "ddp_spawn", 2, 1) == "ddp_spawn_separate_nets"
-    # Lightning's one wrapper, chosen by name, stays
+    # Lightning's one wrapper, chosen by name, stays; and a manual-optimization module that
+    # names no nets gets it
     one = "ddp_find_unused_parameters_true"
     assert strategy_for(gan, one, 2, 1) == one
+    unnamed = type("UnnamedNets", (GAN,), {"ddp_nets": ()})
+    unnamed = unnamed.__new__(unnamed)
+    unnamed._automatic_optimization = False
+    assert strategy_for(unnamed, "ddp", 2, 1) == one
+    assert strategy_for(unnamed, "ddp_spawn", 2, 1) == "ddp_spawn_find_unused_parameters_true"
     for name, start in (("ddp_separate_nets", "popen"), ("ddp_spawn_separate_nets", "spawn")):
         strategy = bare_trainer(accelerator="cpu", devices=2, strategy=name).strategy
         assert type(strategy) is SeparateNetsDDPStrategy and strategy._start_method == start

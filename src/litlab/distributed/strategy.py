@@ -51,9 +51,10 @@ def strategy_for(
     G's none for D. One DDP wrapper around the whole module (Lightning's
     "ddp_find_unused_parameters_true", still there to choose) all-reduces both nets' gradients
     in every backward, zeros for the net not stepping: 2x the traffic a DCGAN needs, 2.2x to
-    4.3x (by the nets' sizes) with WGAN-GP's five critic steps. "ddp" and "ddp_spawn" give a GAN SeparateNetsDDPStrategy
-    instead: a DDP wrapper per net, each backward all-reduces the stepping net's gradients
-    alone. GANs are refused under FSDP: their EMA generator (AveragedModel) and its samples for
+    4.3x (by the nets' sizes) with WGAN-GP's five critic steps. "ddp" and "ddp_spawn" give a
+    GAN SeparateNetsDDPStrategy instead: a DDP wrapper per net, each backward all-reduces the
+    stepping net's gradients alone (a manual-optimization module that names no ``ddp_nets``
+    gets Lightning's one wrapper). GANs are refused under FSDP: their EMA generator (AveragedModel) and its samples for
     FID and grids take whole parameters, which FSDP shards.
     """
     name = strategy_name(strategy)
@@ -68,10 +69,13 @@ def strategy_for(
     if cuda_devices is None:
         cuda_devices = torch.cuda.device_count()
     many = _many_processes(devices, num_nodes, str(accelerator), cuda_devices)
+    # a module that names its nets gets a wrapper per net, another one Lightning's one wrapper
+    # that finds the parameters each backward leaves unused
+    separate = bool(getattr(model, "ddp_nets", None))
     if strategy == "ddp" or (strategy == "auto" and many):
-        return "ddp_separate_nets"
+        return "ddp_separate_nets" if separate else "ddp_find_unused_parameters_true"
     if strategy == "ddp_spawn":
-        return "ddp_spawn_separate_nets"
+        return "ddp_spawn_separate_nets" if separate else "ddp_spawn_find_unused_parameters_true"
     return strategy
 
 
@@ -204,8 +208,11 @@ class SeparateNetsDDPStrategy(ClosingDDPStrategy):
     def block_backward_sync(self) -> Iterator[None]:
         """Lightning's no_sync for manual gradient accumulation (``toggle_model(sync_grad=
         False)``), on every net's wrapper: Lightning's enters it on its one wrapper alone."""
+        wrappers = self.lightning_module.__dict__.get(_WRAPPERS, {}).values()
         with ExitStack() as stack:
-            for wrapper in self.lightning_module.__dict__.get(_WRAPPERS, {}).values():
+            if not wrappers:  # a module of one net, in Lightning's one wrapper
+                stack.enter_context(super().block_backward_sync())
+            for wrapper in wrappers:
                 stack.enter_context(wrapper.no_sync())
             yield
 

@@ -510,6 +510,19 @@ def test_over_seeds_groups_settings_not_override_order_and_ranks_repeats_first(t
     assert lines["Best run"].endswith(
         "(one seed's; its setting has 1 seed(s) that failed or have no value)"
     )
+    # a run ranked on another scale is not a failed seed; a setting whose every seed failed
+    # is said, last
+    other = {"status": "completed", "objective": {**acc, "value": 0.5}, "data": {"source": "x"}}
+    write_run(tmp_path / "h", other, ["model.optimizer.lr=0.1", "model.net.width=64", "seed=3"])
+    run("i", None, "model.optimizer.lr=0.2", "model.net.width=64", "seed=1")
+    lines = dict(facts(compare(find_runs([tmp_path]))))
+    assert lines["Over seeds"].startswith(
+        "model.net.width=32 model.optimizer.lr=0.01: mean 0.905 ± 0.007071 (n=2); "
+        "model.net.width=64 model.optimizer.lr=0.1: 0.97 (n=1 of 2: 1 failed or without a value); "
+        "model.net.width=64 model.optimizer.lr=0.2: no value (its 1 seed(s) failed or have none)"
+    )
+    shutil.rmtree(tmp_path / "h")
+    shutil.rmtree(tmp_path / "i")
     for name in "abcd":
         shutil.rmtree(tmp_path / name)
     run("e", 0.90, "model.optimizer.lr=0.1", "seed=1")

@@ -177,9 +177,10 @@ def varied_params(runs: list[RunFolder]) -> list[str]:
 def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int]]:
     """Where settings were repeated over seeds: each setting (the varied overrides but the
     seeds, in key order) with the mean, standard deviation and count of its ranked runs'
-    objective values, and the count of its runs without one (failed, interrupted); settings
-    with two or more ranked runs first, by mean, then the others. [] where no setting has two
-    ranked runs (nothing was repeated). The best single run of repeats is a lucky draw."""
+    objective values, and the count of its runs without one (failed, interrupted; not those
+    with a value on another scale, which are not ranked here); settings with two or more
+    ranked runs first, by mean, then the others, then those without any value. [] where no
+    setting has two ranked runs (nothing was repeated). The best single run of repeats is a lucky draw."""
     if not any(key in SEEDS for key in comparison.varied):
         return []
     values: dict[str, list[float]] = {}
@@ -190,7 +191,7 @@ def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int
         setting = seeds_setting(comparison, run)
         if comparison.comparable(run):
             values.setdefault(setting, []).append(run.objective[2])
-        else:
+        elif run.failed or run.objective[2] is None:  # not one on another scale: not ranked
             missing[setting] += 1
     if all(len(v) < 2 for v in values.values()):
         return []
@@ -198,14 +199,15 @@ def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int
     rows = [
         (
             setting,
-            statistics.fmean(v),
+            statistics.fmean(v) if v else math.nan,
             statistics.stdev(v) if len(v) > 1 else math.nan,
             len(v),
             missing[setting],
         )
-        for setting, v in values.items()
+        for setting in {**values, **missing}
+        for v in [values.get(setting, [])]
     ]
-    return sorted(rows, key=lambda row: (row[3] < 2, sign * row[1]))
+    return sorted(rows, key=lambda row: (row[3] < 2, row[3] == 0, sign * row[1] if row[3] else 0))
 
 
 def seeds_setting(comparison: Comparison, run: RunFolder) -> str:
@@ -220,6 +222,8 @@ def seeds_setting(comparison: Comparison, run: RunFolder) -> str:
 
 def seeds_text(config: str, mean: float, std: float, n: int, missing: int) -> str:
     """One setting's line of "Over seeds": mean ± std (n=...), and its seeds without a value."""
+    if n == 0:
+        return f"{config}: no value (its {missing} seed(s) failed or have none)"
     text = f"{config}: mean {fmt(mean)} ± {fmt(std)}" if n > 1 else f"{config}: {fmt(mean)}"
     if missing:
         return f"{text} (n={n} of {n + missing}: {missing} failed or without a value)"

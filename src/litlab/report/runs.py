@@ -135,7 +135,7 @@ class RunFolder:
     def tested(self) -> str:
         """Which weights the run's test/* metrics measure: its best checkpoint, its last (no
         best kept), a checkpoint it was given (train=false; eval.py), the final weights, or the
-        untrained ones (train=false without a checkpoint: no fit in its durations)."""
+        untrained ones (train=false without a checkpoint: a test and no fit in its durations)."""
         best = self.summary.get("best_checkpoint")
         tested = self.summary.get("tested_checkpoint", best)  # older summaries: the best one
         tested = tested or self.summary.get("checkpoint")  # eval.py's
@@ -146,8 +146,8 @@ class RunFolder:
         if tested:
             return "given checkpoint"
         durations = self.summary.get("durations_s")
-        trained = isinstance(durations, dict) and "fit" in durations
-        return "final weights" if trained else "untrained weights"  # train=false: an FID floor
+        untrained = isinstance(durations, dict) and "test" in durations and "fit" not in durations
+        return "untrained weights" if untrained else "final weights"  # train=false, no ckpt
 
     @property
     def duration_s(self) -> float | None:

@@ -240,7 +240,7 @@ def test_a_study_storage_given_that_does_not_hold_the_study_is_said_to(tmp_path,
         sweeper = {"storage": f"sqlite:///{storage}", "study_name": study}
         hydra = {"sweep": {"dir": str(tmp_path / "sweep")}, "sweeper": sweeper}
         SweepSummary().on_multirun_start(OmegaConf.create({"hydra": hydra}))
-        return [r.getMessage() for r in caplog.records if "starts there" in r.getMessage()]
+        return [r.getMessage() for r in caplog.records if "hydra.sweeper.storage" in r.getMessage()]
 
     assert start(tmp_path / "sweep" / "optuna.db") == []  # the sweep's own: new, as it should
     (tmp_path / "first").mkdir()
@@ -256,6 +256,12 @@ def test_a_study_storage_given_that_does_not_hold_the_study_is_said_to(tmp_path,
         "study cnn_optuan starts there (to continue one, give its name: "
         "hydra.sweeper.study_name=...)"
     )
+    (said,) = start(tmp_path / "first" / "optuna.db", study=None)
+    assert "and no study_name is given: a new study starts there" in said
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "optuna.db").write_bytes(b"not a database at all, " * 100)
+    (said,) = start(tmp_path / "junk" / "optuna.db")  # one line, not a traceback
+    assert said.startswith(f"hydra.sweeper.storage=sqlite:///{tmp_path / 'junk'}/optuna.db could")
 
 
 def test_a_sweep_inside_a_slurm_job_leaves_no_stray_run_folders(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from litlab.distributed.launchers import (
     launched_processes,
     rank_scratch,
 )
-from litlab.errors import fail
+from litlab.errors import fail, first_line
 from litlab.overrides import SEEDS, override_key
 from litlab.report.runs import natural_key, objective_scale, run_overrides
 from litlab.run import write_json
@@ -267,7 +267,11 @@ def study_best(sweep_dir: Path) -> dict[str, Any] | None:
 
 def warn_of_a_new_study(storage: str, database: Path, study: str | None) -> None:
     """Say so where a storage given to continue a study does not hold it: Optuna would start a
-    new study there without a word (a mistyped folder, or hydra.sweeper.study_name)."""
+    new study there without a word (a mistyped folder, or hydra.sweeper.study_name). Global rank
+    0 alone looks (every rank of torchrun or srun runs the sweep); a storage it cannot read is
+    said so too (Optuna then says why, or reads it)."""
+    if global_rank() != 0:
+        return
     if not database.is_file():
         log.warning(
             "hydra.sweeper.storage=%s holds no study yet: a new study starts there (to "
@@ -277,15 +281,23 @@ def warn_of_a_new_study(storage: str, database: Path, study: str | None) -> None
         return
     import optuna
 
-    held = [summary.study_name for summary in optuna.get_all_study_summaries(storage=storage)]
+    try:
+        held = [s.study_name for s in optuna.get_all_study_summaries(storage=storage)]
+    except Exception as e:  # not an Optuna database, another schema, locked
+        log.warning("hydra.sweeper.storage=%s could not be read (%s)", storage, first_line(e))
+        return
     if study not in held:
+        named = (
+            f"not {study}: a new study {study}"
+            if study
+            else "and no study_name is given: a new study"
+        )
         log.warning(
-            "hydra.sweeper.storage=%s holds the studies %s, not %s: a new study %s starts there "
-            "(to continue one, give its name: hydra.sweeper.study_name=...)",
+            "hydra.sweeper.storage=%s holds the studies %s, %s starts there (to continue one, "
+            "give its name: hydra.sweeper.study_name=...)",
             storage,
             ", ".join(held) or "(none)",
-            study,
-            study,
+            named,
         )
 
 

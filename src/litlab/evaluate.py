@@ -75,10 +75,11 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     setup_extras(cfg)
     show_config(cfg)
     L.seed_everything(cfg.seed, workers=True)
-    run.summary["checkpoint"] = str(Path(path).resolve())  # not relative to where eval ran
+    path = str(Path(path).resolve())  # not relative to where eval ran
+    run.summary["checkpoint"] = path
     # the training run's config_digest (of the config a tuned run continued with, if tuned)
     run.summary["trained_config_digest"] = config_digest(stored)
-    run.summary["metric"] = eval_metric(stored)
+    run.summary["metric"], mode = eval_objective(stored)
 
     datamodule = build(parts.data, "data")
     # the class names the model learned (image folders), checked when the data is set up
@@ -117,7 +118,6 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
         finish_loggers(trainer.loggers, failed)
     # What eval -m over checkpoints ranks by (the report, sweep_summary.json): the test value of
     # the trained run's objective, in its direction
-    mode = str((stored.get("objective") or {}).get("mode", "max"))
     metric = run.summary["metric"]
     run.summary["objective"] = {
         "metric": metric,
@@ -295,10 +295,12 @@ def eval_callbacks(callbacks: DictConfig | None) -> DictConfig:
     return OmegaConf.create(kept)
 
 
-def eval_metric(stored: DictConfig) -> str:
-    """The test counterpart of the metric the trained run optimized (objective group)."""
-    metric = str((stored.get("objective") or {}).get("metric", "val/acc"))
-    return "test/" + metric.split("/", 1)[-1]
+def eval_objective(stored: DictConfig) -> tuple[str, str]:
+    """The test counterpart of the metric the trained run optimized (objective group), and its
+    direction."""
+    objective = stored.get("objective") or {}
+    metric = str(objective.get("metric", "val/acc"))
+    return "test/" + metric.split("/", 1)[-1], str(objective.get("mode", "max"))
 
 
 def eval_task(cfg: DictConfig) -> float | None:

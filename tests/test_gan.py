@@ -894,9 +894,13 @@ def test_sample_grids_reach_wandb_and_tensorboard(tmp_path):
         for key in ("samples", "samples_raw_g")
     }
     assert list(logged["samples"]) == ["g_step_0000003", "g_step_0000006", "final", "test"]
-    # FID's rows carry the generator-iteration axis (W&B plots val/fid against g/step)
-    fid_rows = [row for row in history if "val/fid" in row or "test/fid" in row]
-    assert fid_rows and all(row.get("g/step") == 7 for row in fid_rows), fid_rows
+    # FID's rows carry the generator-iteration axis (W&B plots val/fid against g/step); the
+    # test's, the tested checkpoint's as test/g_step: the run's g/step stays where it ended
+    val_rows = [row for row in history if "val/fid" in row]
+    assert val_rows and all(row.get("g/step") == 7 for row in val_rows), val_rows
+    (test_row,) = [row for row in history if "test/fid" in row]
+    assert test_row["test/g_step"] == 7 and "g/step" not in test_row
+    assert offline_run(run)["summary"]["g/step"] == 7
     assert list(logged["samples_raw_g"]) == ["final_raw_g"]
     # W&B shows the very pixels of the PNGs in samples/ (a float grid reached it black)
     for name, media in {**logged["samples"], **logged["samples_raw_g"]}.items():

@@ -127,7 +127,25 @@ def test_a_run_stopped_before_its_first_checkpoint_does_not_say_to_resume_it(tmp
     (tmp_path / "checkpoints").mkdir()
     for name in ("step.ckpt", "last.ckpt"):  # every N steps (resume= takes it too), epoch end
         (tmp_path / "checkpoints" / name).write_bytes(b"")
-        assert ended_as(SystemExit(1), tmp_path)[1].endswith(f"train.py resume={tmp_path}")
+        for exc in (SystemExit(1), KeyboardInterrupt()):  # it said "interrupted by the user"
+            assert ended_as(exc, tmp_path)[1] == (
+                "stopped by a signal; continue from its last checkpoint with: "
+                f"python train.py resume={tmp_path}"
+            )
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_on_the_console_how_to_continue(tmp_path):
+    """Ctrl-C (SIGINT) ended a run with Lightning's "Detected KeyboardInterrupt" alone: how to
+    continue was in summary.json only."""
+    result = run_cli(
+        *CLF, "trainer.max_epochs=3", "+callbacks.stop._target_=helpers.SignalAt",
+        "+callbacks.stop.batch=12", "+callbacks.stop.signum=SIGINT", f"paths.log_dir={tmp_path}",
+    )  # fmt: skip
+    assert result.returncode != 0
+    (folder,) = {p.parent for p in tmp_path.rglob("summary.json")}
+    said = f"litlab: stopped by a signal; continue from its last checkpoint with: python train.py resume={folder}"
+    assert said in result.stdout + result.stderr, result.stdout[-2000:]
 
 
 def uncached_folder(root: Path, cache: Path, workers: int) -> list[str]:

@@ -173,18 +173,19 @@ def ended_as(exc: BaseException | None, folder: Path) -> tuple[str, str | None]:
     summary.json and the loggers' run summaries say it."""
     if exc is None:
         return "completed", None
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted", "interrupted by the user"
     if isinstance(exc, Requeued):
         return (
             "requeued",
             "preempted; the scheduler requeued the job, which continues in this folder",
         )
-    if isinstance(exc, SystemExit):  # SIGTERMException is one; Lightning ends Ctrl-C with one
+    # SIGTERMException is a SystemExit; Lightning ends Ctrl-C with one (a KeyboardInterrupt
+    # outside its fit reaches here as it is)
+    if isinstance(exc, SystemExit | KeyboardInterrupt):
         if resumable_checkpoints(folder):  # what resume= continues from
+            since = "" if isinstance(exc, SIGTERMException) else " from its last checkpoint"
             return (
                 "interrupted",
-                f"stopped by a signal; continue with: python train.py resume={folder}",
+                f"stopped by a signal; continue{since} with: python train.py resume={folder}",
             )
         return "interrupted", (
             "stopped by a signal before its first checkpoint (each epoch's end; SIGTERM and "
@@ -386,6 +387,8 @@ class Run:
         if isinstance(exc, SIGTERMException):
             log.warning("litlab: %s", self.summary["error"])
             sys.exit(143)  # 128 + SIGTERM: the run did not finish
+        if status == "interrupted":  # Ctrl-C: how to go on (it was in summary.json alone)
+            log.warning("litlab: %s", self.summary["error"])
         # A sweep goes on after a failed job, not after an exit (a scheduler's requeue, Ctrl-C).
         if isinstance(exc, Exception) and self._keep_going:
             log.error("litlab: job failed (the sweep goes on): %s", self.summary["error"])

@@ -274,7 +274,7 @@ class Preemption(Callback):
             and self._validated_at == trainer.fit_loop.epoch_loop.total_batch_idx
         )
         try:
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)  # a whole one, to resume from
         finally:
             self._saving_after_validation = False
         log.warning("stopped by a signal; saved %s to resume from", self.path)

@@ -24,9 +24,11 @@ def no_wandb_env(monkeypatch, tmp_path):
     return tmp_path / "netrc"
 
 
-def test_no_credentials_means_offline(no_wandb_env):
+def test_no_credentials_means_offline(no_wandb_env, caplog):
     assert not wandb_credentials()
-    assert wandb_mode("auto") == "offline"
+    with caplog.at_level("INFO", logger="litlab"):
+        assert wandb_mode("auto") == "offline"
+    assert any("no credentials" in r.getMessage() for r in caplog.records)  # said why
     assert (
         wandb_mode("online") == "offline"
     )  # asked for online, but it would prompt: offline instead

@@ -119,6 +119,11 @@ def wandb_mode(requested: Mode) -> str:
             log.warning(
                 "W&B online mode was asked for but no credentials were found: logging offline"
             )
+        else:  # W&B's own line then says "run `wandb online`", which needs a login first
+            log.info(
+                "W&B: no credentials (WANDB_API_KEY or `wandb login`): logging offline into the "
+                "run folder; `wandb sync <run>/wandb/offline-run-*` uploads it later"
+            )
         mode = "offline"
     mode = "online" if mode == "auto" else mode
     if env is not None:

@@ -366,3 +366,14 @@ def test_readme_concepts_table_names_every_config_group_and_option():
             if f"`{option.stem}`" not in rows[group]:
                 missing.append(f"{group}={option.stem}")
     assert not missing, f"README's Concepts table lacks: {missing}"
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "16", "16-true"])
+def test_float16_on_a_cpu_is_warned_of_only_where_it_runs(precision, caplog):
+    """16-mixed on a CPU was warned of as emulated (naming bf16's slowdown), then refused: two
+    contradicting lines. Refused precisions (float16 autocast) get the refusal alone."""
+    trainer = OmegaConf.create({"precision": precision, "accelerator": "cpu"})
+    with caplog.at_level("WARNING", logger="litlab"):
+        resolve_precision(trainer)
+    warned = any("torch emulates it" in r.getMessage() for r in caplog.records)
+    assert warned == (precision == "16-true")  # it runs there, emulated

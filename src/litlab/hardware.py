@@ -93,7 +93,8 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
         "16",
         "16-mixed",
     )
-    if emulated and not on_gpu(accelerator):
+    # (float16 autocast on a CPU is refused by check_hardware: no warning before the refusal)
+    if emulated and not on_gpu(accelerator) and requested not in GPU_ONLY_PRECISIONS:
         log.warning(
             "trainer.precision=%s on a CPU without native %s: torch emulates it, bf16 measured "
             "10-20x slower than 32-true on such a CPU; trainer.precision=auto picks the fastest",

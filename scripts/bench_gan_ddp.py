@@ -22,7 +22,6 @@ Results: docs/benchmarks.md, "A GAN under DDP".
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import tempfile
 from pathlib import Path
 
 import benchlib
+import torch
+from bench_throughput import common
 from benchlib import Measure
 
 VARIANTS = {
@@ -39,29 +40,18 @@ VARIANTS = {
 
 
 def overrides(args, strategy: str, steps: int, out: Path, count: bool) -> list[str]:
-    """The run: P5's DCGAN on --devices processes, one epoch of ``steps`` batches per process."""
-    accelerator = "gpu" if args.device == "cuda" else "cpu"
-    per_process = math.ceil(args.gan_batch * steps * args.devices / 0.9)  # after the 10% split
+    """The run: P5's settings (bench_throughput.common: no evaluation, logging or checkpoints,
+    synthetic images drawn once) for the GAN on --devices processes, one epoch of ``steps``
+    batches per process."""
     return [
         f"model={args.model}",
         f"data.image_shape=[{args.gan_channels},{args.gan_size},{args.gan_size}]",
         f"model.generator.width={args.gan_width}",
         f"model.discriminator.width={args.gan_width}",
-        f"trainer={'gpu' if accelerator == 'gpu' else 'cpu'}",
-        f"trainer.accelerator={accelerator}",
+        *common(torch.device(args.device), args.gan_batch, steps * args.devices),
         f"trainer.devices={args.devices}",
         f"trainer.strategy={strategy}",
-        "trainer.precision=auto",
-        "data=synthetic",
-        f"data.batch_size={args.gan_batch}",
-        f"data.source.train_size={per_process}",
-        "data.source.test_size=16",
-        "logger=none",
-        "extras.print_config=false",
         "callbacks.progress_bar=null",
-        "+trainer.limit_val_batches=0",
-        "test=false",
-        "callbacks.last_checkpoint=null",
         "callbacks.fid=null",
         "callbacks.samples=null",
         # Lightning counts every D and G step: one G step every n_critic batches

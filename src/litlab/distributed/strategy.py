@@ -54,8 +54,8 @@ def strategy_for(
     4.3x (by the nets' sizes) with WGAN-GP's five critic steps. "ddp" and "ddp_spawn" give a
     GAN SeparateNetsDDPStrategy instead: a DDP wrapper per net, each backward all-reduces the
     stepping net's gradients alone (a manual-optimization module that names no ``ddp_nets``
-    gets Lightning's one wrapper). GANs are refused under FSDP: their EMA generator (AveragedModel) and its samples for
-    FID and grids take whole parameters, which FSDP shards.
+    gets Lightning's one wrapper). GANs are refused under FSDP: their EMA generator
+    (AveragedModel) and its samples for FID and grids take whole parameters, which FSDP shards.
     """
     name = strategy_name(strategy)
     if model.automatic_optimization:

@@ -180,7 +180,8 @@ def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int
     objective values, and the count of its runs without one (failed, interrupted; not those
     with a value on another scale, which are not ranked here); settings with two or more
     ranked runs first, by mean, then the others, then those without any value. [] where no
-    setting has two ranked runs (nothing was repeated). The best single run of repeats is a lucky draw."""
+    setting has two ranked runs (nothing was repeated). The best single run of repeats is a
+    lucky draw."""
     if not any(key in SEEDS for key in comparison.varied):
         return []
     values: dict[str, list[float]] = {}
@@ -196,17 +197,12 @@ def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int
     if all(len(v) < 2 for v in values.values()):
         return []
     sign = -1.0 if comparison.mode == "max" else 1.0
-    rows = [
-        (
-            setting,
-            statistics.fmean(v) if v else math.nan,
-            statistics.stdev(v) if len(v) > 1 else math.nan,
-            len(v),
-            missing[setting],
-        )
-        for setting in {**values, **missing}
-        for v in [values.get(setting, [])]
-    ]
+    rows = []
+    for setting in {**values, **missing}:  # settings with values first, as the runs ranked
+        v = values.get(setting, [])
+        mean = statistics.fmean(v) if v else math.nan
+        std = statistics.stdev(v) if len(v) > 1 else math.nan
+        rows.append((setting, mean, std, len(v), missing[setting]))
     return sorted(rows, key=lambda row: (row[3] < 2, row[3] == 0, sign * row[1] if row[3] else 0))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -396,6 +397,25 @@ def test_the_batch_size_finder_stops_at_the_training_split(tmp_path, extra, foun
     summary = summary_of(cfg)
     assert summary["status"] == "completed" and summary["tuned"]["batch_size"] == found
     assert not list(Path(cfg.paths.output_dir).glob(".scale_batch_size_*.ckpt"))
+
+
+def test_lightnings_batch_size_line_gives_way_to_litlabs():
+    """Lightning's "will continue with full run using batch size 2048" beside litlab's "found
+    data.batch_size=1294" (the cap at the digits' training split) told a user two sizes."""
+    import inspect
+
+    import lightning.pytorch.tuner.batch_size_scaling as scaling
+
+    import litlab.tune  # noqa: F401  (installs the filter)
+
+    line = "Finished batch size finder, will continue with full run using batch size"
+    assert line in inspect.getsource(scaling)  # what Lightning says, where it says it
+    logger = logging.getLogger(scaling.__name__)
+    said = logging.LogRecord(scaling.__name__, logging.INFO, "", 0, f"{line} 2048", None, None)
+    other = logging.LogRecord(
+        scaling.__name__, logging.INFO, "", 0, "Batch size 4 succeeded", None, None
+    )
+    assert not logger.filter(said) and logger.filter(other)
 
 
 def test_the_lr_finder_suggests_a_rate_that_trains(tmp_path):

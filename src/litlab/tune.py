@@ -32,6 +32,19 @@ from litlab.profiler import NoProfiler
 
 log = logging.getLogger("litlab")
 
+
+class _NotLightningsSize(logging.Filter):
+    """Lightning's "will continue with full run using batch size N" is its search's answer
+    before litlab's own checks (the cap at the training split, binsearch's margin): on digits
+    it said 2048 beside litlab's 1294. litlab's "tune.batch_size found" line says the size the
+    run trains with."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Finished batch size finder")
+
+
+logging.getLogger("lightning.pytorch.tuner.batch_size_scaling").addFilter(_NotLightningsSize())
+
 LR_PLOT = "lr_find.png"
 # Arguments of the Tuner methods that the task supplies, not the config.
 _SUPPLIED = {

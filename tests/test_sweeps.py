@@ -227,6 +227,34 @@ def test_a_multirun_of_jobs_without_an_objective_ends_without_an_error(tmp_path)
     assert summary["completed"] == 2 and summary["failed"] == [] and summary["best"] is None
 
 
+def test_an_interrupted_job_is_listed_apart_from_the_failed_ones(tmp_path, caplog):
+    """A job stopped by a signal (a preempted SLURM job) continues with resume=: the sweep's
+    summary listed it under "failed" and counted it in the "(N failed)" of the best's line."""
+    from omegaconf import OmegaConf
+
+    from litlab.sweep import SweepSummary
+
+    objective = {"metric": "val/acc", "mode": "max", "value": 0.9}
+    jobs = {
+        "0": {"status": "completed", "objective": objective, "metrics": {"val/acc": 0.9}},
+        "1": {"status": "failed", "error": "ConfigError: batch_size 5000 exceeds"},
+        "2": {"status": "interrupted", "error": "stopped by a signal; continue with: resume=x"},
+    }
+    for job, summary in jobs.items():
+        (tmp_path / job).mkdir()
+        (tmp_path / job / "summary.json").write_text(json.dumps(summary))
+    with caplog.at_level("INFO", logger="litlab"):
+        SweepSummary().on_multirun_end(
+            OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+        )
+    written = json.loads((tmp_path / "sweep_summary.json").read_text())
+    assert written["completed"] == 1
+    assert [j["job_dir"] for j in written["failed"]] == [str(tmp_path / "1")]
+    assert written["interrupted"] == [{"job_dir": str(tmp_path / "2"), "error": jobs["2"]["error"]}]
+    assert "best of 3 jobs (1 failed, 1 interrupted)" in caplog.text
+    assert f"interrupted job {tmp_path / '2'}: stopped by a signal" in caplog.text
+
+
 def test_a_study_storage_given_that_does_not_hold_the_study_is_said_to(tmp_path, caplog):
     """hydra.sweeper.storage=sqlite:///<a mistyped folder>/optuna.db started a new study in
     silence (Optuna's own line only), which repeated the first study's trials."""

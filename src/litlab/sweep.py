@@ -322,10 +322,17 @@ class SweepSummary(Callback):
         jobs = read_jobs(sweep_dir)
         best = best_job(jobs)
         failed = [j for j in jobs if j.get("status") != "completed"]
+        # a job stopped by a signal continues with resume= (its error says how): apart
+        stopped = [j for j in failed if j.get("status") == "interrupted"]
         summary = {
             "jobs": len(jobs),
             "completed": len(jobs) - len(failed),
-            "failed": [{"job_dir": j["job_dir"], "error": j.get("error")} for j in failed],
+            "failed": [
+                {"job_dir": j["job_dir"], "error": j.get("error")}
+                for j in failed
+                if j not in stopped
+            ],
+            "interrupted": [{"job_dir": j["job_dir"], "error": j.get("error")} for j in stopped],
             "best": None
             if best is None
             else {
@@ -349,7 +356,9 @@ class SweepSummary(Callback):
             summary["study_best"] = study
         write_json(sweep_dir / "sweep_summary.json", summary)
         for job in failed:
-            log.warning("failed job %s: %s", job["job_dir"], job.get("error"))
+            log.warning(
+                "%s job %s: %s", job.get("status", "failed"), job["job_dir"], job.get("error")
+            )
         this_launch = None if best is None else best["objective"]["value"]
         if study is not None and study["value"] != this_launch:
             log.info(
@@ -360,7 +369,8 @@ class SweepSummary(Callback):
         if best is None and failed:
             fail(
                 f"no job of the sweep in {sweep_dir} completed with an objective value "
-                f"({len(failed)} failed; their errors: {sweep_dir / 'sweep_summary.json'})"
+                f"({len(failed)} failed or interrupted; their errors: "
+                f"{sweep_dir / 'sweep_summary.json'})"
             )
         if best is None:  # e.g. a multirun of eval.py: its jobs have no objective
             log.warning("no job of the sweep in %s has an objective value", sweep_dir)
@@ -376,9 +386,10 @@ class SweepSummary(Callback):
                 other[0]["job_dir"],
             )
         log.info(
-            "best of %d jobs (%d failed): %s=%s in %s with %s",
+            "best of %d jobs (%d failed%s): %s=%s in %s with %s",
             len(jobs),
-            len(failed),
+            len(failed) - len(stopped),
+            f", {len(stopped)} interrupted" if stopped else "",
             objective["metric"],
             objective["value"],
             best["job_dir"],

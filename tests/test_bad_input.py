@@ -114,12 +114,12 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "set trainer.gradient_clip_algorithm=value, or use trainer.strategy=ddp",
         ),
         (
-            ["callbacks.model_checkpoint.monitor=val/loss", "callbacks.model_checkpoint.mode=min"],
-            "set objective.metric=val/loss objective.mode=min",
+            ["callbacks.model_checkpoint.monitor=val/acc", "callbacks.model_checkpoint.mode=max"],
+            "set objective.metric=val/acc objective.mode=max",
         ),
         (["data.train_fraction=0"], "train_fraction must lie in (0, 1]"),
         (  # accuracy's max kept: the worst checkpoint was tested and scored
-            ["objective.metric=val/loss"],
+            ["objective=accuracy", "objective.metric=val/loss"],
             "objective.metric=val/loss is better when lower, but objective.mode=max",
         ),
         (["model=dcgan", "objective.mode=max"], "set objective.mode=min"),
@@ -140,7 +140,8 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "a one-cycle warm-up of exactly one step",
         ),
         (
-            ["model/scheduler=plateau", "model.scheduler_monitor=val/loss"],  # in max's direction
+            # in the objective's direction (digits': val/loss, min)
+            ["model/scheduler=plateau", "model.scheduler_monitor=val/acc"],
             "set model.scheduler_mode=min or max for it too",
         ),
         (
@@ -176,15 +177,15 @@ def test_train_mistakes_in_process(tmp_path, capsys, overrides, needle):
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["model.scheduler_mode=min"],
-        ["+model.scheduler.mode=min"],
-        ["model.scheduler_monitor=val/acc"],  # the objective itself
+        ["model.scheduler_mode=max"],
+        ["+model.scheduler.mode=max"],
+        ["model.scheduler_monitor=val/loss"],  # the objective itself (digits')
     ],
 )
 def test_a_plateau_schedule_on_another_metric_with_its_direction_is_accepted(tmp_path, overrides):
     from litlab.config import check_plateau_mode
 
-    base = ["model/scheduler=plateau", "model.scheduler_monitor=val/loss"]
+    base = ["model/scheduler=plateau", "model.scheduler_monitor=val/acc"]
     check_plateau_mode(make_cfg(tmp_path, [*base, *overrides]))
 
 
@@ -419,9 +420,9 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
     )
     refused(capsys, train_task, flips, "model.tta_flip: False -> True would change what val/*")
     # another objective: Lightning's best (kept per metric and direction) would start over
-    objective = ["objective.metric=val/loss", "objective.mode=min"]
+    objective = ["objective=accuracy"]  # digits' is val/loss
     rejudged = make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", *objective])
-    refused(capsys, train_task, rejudged, "objective.metric: val/acc -> val/loss, objective.mode:")
+    refused(capsys, train_task, rejudged, "objective.metric: val/loss -> val/acc, objective.mode:")
     other_groups = make_cfg(
         tmp_path,
         [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.decay_norm_and_bias=false"],

@@ -119,8 +119,36 @@ def test_model_option_instantiates_and_runs(option, tmp_path):
         assert cfg.objective.metric == "val/fid" and "fid" in cfg.callbacks  # the model picks both
         assert model.sample(model.fixed_noise[:2]).shape == (2, 3, 32, 32)
     else:
-        assert isinstance(model, ImageClassifier) and cfg.objective.metric == "val/acc"
+        assert isinstance(model, ImageClassifier) and cfg.objective.metric == "val/acc"  # data's
         assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize(
+    "overrides, metric, mode",
+    [
+        ([], "val/loss", "min"),  # digits: 144 validation images, val/acc saturates at 1.0
+        (["objective=accuracy"], "val/acc", "max"),  # the command line wins over the data's
+        (["data=fashion_mnist"], "val/acc", "max"),
+        (["data=synthetic"], "val/acc", "max"),
+        (["model=dcgan"], "val/fid", "min"),  # a GAN's, on digits too
+        (["experiment=digits_dcgan"], "val/fid", "min"),
+        (["model=resnet"], "val/loss", "min"),
+    ],
+)
+def test_the_objective_comes_from_the_model_then_the_data(tmp_path, overrides, metric, mode):
+    """What checkpoints, early stopping and sweeps go by, and what every part reading it sees."""
+    cfg = make_cfg(tmp_path, overrides)
+    assert (cfg.objective.metric, cfg.objective.mode) == (metric, mode)
+    assert cfg.callbacks.model_checkpoint.monitor == metric
+    assert cfg.callbacks.model_checkpoint.mode == mode
+
+
+def test_eval_composes_with_a_data_option_that_chooses_an_objective(tmp_path):
+    """eval.py data=digits: the digits config overrides the objective group, which eval's
+    defaults must hold (Hydra: "Could not override 'objective'") though eval records the
+    trained run's objective."""
+    cfg = make_cfg(tmp_path, ["ckpt_path=x.ckpt", "data=digits"], config_name="eval")
+    assert cfg.data.source._target_ == "litlab.data.Digits"
 
 
 @pytest.mark.parametrize(

@@ -1368,7 +1368,8 @@ def test_a_run_folder_moved_elsewhere_resumes_with_its_best_checkpoint_and_score
     saved in the same folder: a run folder copied elsewhere and continued with resume= started
     with no best, and its next, worse validation overwrote best.ckpt and became the run's
     objective (reviewer: 0.840 for the run's 0.965)."""
-    args = ["trainer.max_epochs=2", "logger=csv", *QUIET]  # digits: val/acc about 0.76, 0.96
+    # digits: val/acc about 0.76, 0.96 (val_rows reads val/acc: the objective here)
+    args = ["trainer.max_epochs=2", "objective=accuracy", "logger=csv", *QUIET]
     trained = run_cli(*args, f"paths.log_dir={tmp_path / 'a'}")
     assert trained.returncode == 0, trained.stderr[-3000:]
     moved = tmp_path / "b" / "run"

@@ -86,7 +86,7 @@ def test_sweep_report_ranks_runs_and_embeds_plots(sweep):
     html, md = html_path.read_text(), md_path.read_text()
 
     values = {job: objective(sweep / job) for job in ("0", "1")}
-    ranked = sorted(values, key=lambda job: -values[job])  # val/acc: higher is better
+    ranked = sorted(values, key=lambda job: values[job])  # val/loss (digits'): lower is better
     rows = table_rows(html)
     assert [name for _, name, _ in rows] == ranked
     assert ["best" in css.split() for css, _, _ in rows] == [True, False]
@@ -99,7 +99,7 @@ def test_sweep_report_ranks_runs_and_embeds_plots(sweep):
     assert [line.split(" | ")[1] for line in lines] == [f"`{ranked[0]}` ★ best", f"`{ranked[1]}`"]
     assert "`model.optimizer.lr=0.001`" in "".join(lines) and "`model.optimizer.lr=0.01`" in md
     assert (
-        "val/acc [digits, val=144], max (higher is better)" in md
+        "val/loss [digits, val=144], min (lower is better)" in md
         and f"**Best run:** {ranked[0]}:" in md
     )
 
@@ -108,7 +108,7 @@ def test_sweep_report_ranks_runs_and_embeds_plots(sweep):
         "val/acc against epochs trained",
         "train/loss_step against epochs trained",
     } <= images.keys()
-    assert "val/acc vs model.optimizer.lr" in images  # the sweep plot
+    assert "val/loss vs model.optimizer.lr" in images  # the sweep plot, of the objective
     assert all(png.startswith(b"\x89PNG\r\n\x1a\n") for png in images.values())
     assert "http://" not in html and "https://" not in html
     assert "<script" not in html and "<link" not in html

@@ -77,7 +77,8 @@ def test_a_failing_job_is_recorded_and_the_study_goes_on_and_resumes(tmp_path):
     assert failed and len(failed) < 4
     assert all("batch_size 5000 exceeds" in j["error"] for j in failed)
     summary = json.loads((sweep / "sweep_summary.json").read_text())
-    assert len(summary["failed"]) == len(failed) and summary["best"]["objective"]["value"] > 0.5
+    assert len(summary["failed"]) == len(failed)
+    assert summary["best"]["objective"]["value"] < 1.0  # val/loss of a trained net (untrained: 2.3)
     study = optuna.load_study(study_name="cnn_optuna", storage=f"sqlite:///{sweep}/optuna.db")
     states = [t.state for t in study.trials]
     assert states.count(optuna.trial.TrialState.FAIL) == len(failed) and len(states) == 4
@@ -108,7 +109,7 @@ def test_a_failing_job_is_recorded_and_the_study_goes_on_and_resumes(tmp_path):
     # The continued launch's summary names the study's best, over the first launch's trials too
     # ("best of 2 jobs" is this launch's own; found by review).
     done = [t for t in study_trials(sweep) if t.value is not None]
-    best = max(done, key=lambda t: t.value)
+    best = min(done, key=lambda t: t.value)  # val/loss (digits')
     (later,) = sweep_dirs(tmp_path / "b")
     study = json.loads((later / "sweep_summary.json").read_text())["study_best"]
     assert study == {"value": pytest.approx(best.value), "params": best.params}

@@ -56,7 +56,8 @@ def test_training_run_leaves_a_self_describing_folder(tmp_path):
     assert summary["status"] == "completed" and summary["error"] is None
     assert summary["metrics"]["test/acc"] > 0.85
     assert objective == summary["objective"]["value"] == summary["best_score"]
-    assert summary["objective"]["metric"] == "val/acc"
+    # data=digits chooses val/loss (its 144 validation images saturate val/acc)
+    assert summary["objective"] == {"metric": "val/loss", "mode": "min", "value": objective}
     assert Path(summary["best_checkpoint"]) == run_dir / "checkpoints" / "best.ckpt"
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert set(summary["durations_s"]) == {"fit", "test", "total"}
@@ -174,8 +175,8 @@ def test_eval_reproduces_the_test_figures_of_the_best_checkpoint(tmp_path, preci
     value = eval_task(eval_cfg)
     evaluated = summary_of(eval_cfg)
     assert evaluated["status"] == "completed" and evaluated["precision"]["chosen"] == precision
-    assert value == trained["metrics"]["test/acc"]
-    assert evaluated["metrics"]["test/loss"] == trained["metrics"]["test/loss"]
+    assert value == trained["metrics"]["test/loss"]  # the objective's (val/loss) counterpart
+    assert evaluated["metrics"]["test/acc"] == trained["metrics"]["test/acc"]
     assert evaluated["trained_config_digest"] == trained["config_digest"]
 
 
@@ -286,7 +287,7 @@ def test_without_a_best_checkpoint_the_last_is_tested_and_named_so(tmp_path):
     last = str(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
     assert summary["best_checkpoint"] is None and "best_score" not in summary
     assert summary["tested_checkpoint"] == summary["last_checkpoint"] == last
-    assert summary["objective"]["value"] == summary["metrics"]["val/acc"]
+    assert summary["objective"]["value"] == summary["metrics"]["val/loss"]
 
 
 def test_resume_from_a_checkpoint_continues_training(tmp_path):
@@ -325,7 +326,9 @@ def test_plateau_schedule_resumes_with_every_epochs_step(tmp_path):
         "model.scheduler.patience=0",
         "model.scheduler.factor=0.5",
     ]
-    plateau += ["+model.scheduler.threshold=10", "test=false", "logger=csv", *FAST]
+    # accuracy's direction (max): the first epoch sets the best, no later one beats it by 10x
+    plateau += ["+model.scheduler.threshold=10", "objective=accuracy", "test=false"]
+    plateau += ["logger=csv", *FAST]
     plateau += ["model.net.width=8", "+trainer.limit_train_batches=4"]
 
     def run(name: str, *more: str) -> Path:
@@ -347,7 +350,7 @@ def test_plateau_schedule_resumes_with_every_epochs_step(tmp_path):
 
 def test_a_plateau_schedule_waits_for_validations_run_every_n_steps(tmp_path, capsys):
     """Validation every 30 steps on digits (20 batches an epoch): the first epoch ends before
-    any validation (the run stopped, saying val/acc was never logged). The schedule steps at the
+    any validation (the run stopped, saying val/loss was never logged). The schedule steps at the
     first epoch end after each validation (epochs 1, 2 and 4 of 5), and a run resumed from the
     end of epoch 2 steps as the uninterrupted one (its mark is in the checkpoint, the last
     validation's values are not). Without validation at all, the one line still."""
@@ -369,7 +372,9 @@ def test_a_plateau_schedule_waits_for_validations_run_every_n_steps(tmp_path, ca
     (last,) = first.rglob("last.ckpt")
     assert schedule("resumed", "trainer.max_epochs=5", f"ckpt_path={last}") == straight
     never = make_cfg(tmp_path / "never", [*small, "+trainer.limit_val_batches=0"])
-    refused(capsys, train_task, never, "ReduceLROnPlateau watches val/acc, which this run does not")
+    refused(
+        capsys, train_task, never, "ReduceLROnPlateau watches val/loss, which this run does not"
+    )
 
 
 def test_train_false_with_a_checkpoint_tests_that_checkpoint(tmp_path, capsys, caplog):
@@ -864,7 +869,7 @@ def test_an_objective_never_logged_because_nothing_validated_says_so(tmp_path, c
     )
     with caplog.at_level("WARNING", logger="litlab"):
         train_task(cfg)
-    assert "the objective val/acc was never logged: no val step ran" in caplog.text
+    assert "the objective val/loss was never logged: no val step ran" in caplog.text
 
 
 def test_make_image_folder_refuses_a_folder_that_is_not_empty(tmp_path):

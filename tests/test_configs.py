@@ -151,6 +151,15 @@ def test_eval_composes_with_a_data_option_that_chooses_an_objective(tmp_path):
     assert cfg.data.source._target_ == "litlab.data.Digits"
 
 
+def test_logger_none_is_a_setting_of_either_task(tmp_path):
+    """logger=none set callbacks.lr_monitor=null, which eval.py refused ("callbacks is not a
+    setting of the eval task"); the LR monitor is left out of a run without loggers instead."""
+    from litlab.config import check_top_level
+
+    for task in ("train", "eval"):
+        check_top_level(make_cfg(tmp_path, ["ckpt_path=x.ckpt", "logger=none"], task), task)
+
+
 @pytest.mark.parametrize(
     "group", ["trainer", "callbacks", "logger", "paths", "extras", "objective", "hydra"]
 )

@@ -13,6 +13,7 @@ from typing import Any
 
 import hydra
 import lightning as L
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
@@ -260,6 +261,8 @@ def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, An
     check_manual_optimization(cfg, model)
     callbacks = [*build_list(cfg.get("callbacks"), "callbacks"), OnePrecision()]
     loggers = build_list(cfg.get("logger"), "logger")
+    if not loggers:  # the LR monitor has nowhere to log (Lightning refuses it without a logger)
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     log_lr_plot(loggers, tuned)
     devices, num_nodes = cfg.trainer.devices, cfg.trainer.num_nodes
     accelerator = cfg.trainer.get("accelerator", "auto")

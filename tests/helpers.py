@@ -687,3 +687,15 @@ class StopAfterBatch(Callback):
         self.path.write_text(json.dumps(self.losses))
         if batch_idx == self.at and trainer.current_epoch == 0:
             trainer.should_stop = True
+
+
+class RaiseOnRank(Callback):
+    """One rank raises at a given training batch (an error of that rank alone: a bad file it
+    read, its device): the others wait for it in the next collective."""
+
+    def __init__(self, at_batch: int, rank: int) -> None:
+        self.at_batch, self.rank = at_batch, rank
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.fit_loop.total_batch_idx == self.at_batch and trainer.global_rank == self.rank:
+            raise RuntimeError(f"an error on rank {self.rank} alone")

@@ -676,6 +676,38 @@ def test_a_ddp_job_failing_on_every_rank_does_not_end_the_sweep(tmp_path):
     assert leftover == []
 
 
+@pytest.mark.slow
+@pytest.mark.dist
+def test_an_error_on_rank_0_alone_stops_the_other_ranks_soon(tmp_path):
+    """Rank 0 raises in a training step; rank 1 waits in the backward's all-reduce for it, and
+    Lightning does not stop it (its launcher kills the ranks on Ctrl-C only): the run took the
+    whole 120 s that litlab gave a rank to end once the job was over, then killed it."""
+    result = run_cli(
+        "+callbacks.boom._target_=helpers.RaiseOnRank",
+        "+callbacks.boom.at_batch=2",
+        "+callbacks.boom.rank=0",
+        *SYNTH,
+        *QUIET,
+        "logger=csv",
+        "trainer.max_epochs=1",
+        *CPU_DDP,
+        f"paths.log_dir={tmp_path}",
+        timeout=400,
+    )
+    assert result.returncode == 1 and "an error on rank 0 alone" in result.stderr
+    (summary,) = tmp_path.rglob("summary.json")
+    record = json.loads(summary.read_text())
+    assert record["status"] == "failed" and "an error on rank 0 alone" in record["error"]
+    # the grace (10 s) and the start, not the 120 s a finished job's ranks get
+    assert record["durations_s"]["total"] < 90
+    stopped = "still ran 10 s after this rank's job ended (waiting on this rank in a collective)"
+    assert stopped in result.stdout + result.stderr
+    leftover = subprocess.run(
+        ["pgrep", "-f", str(tmp_path)], capture_output=True, text=True
+    ).stdout.split()
+    assert leftover == []
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +19,34 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from litlab.compat import config_node, rank_watchers_with_grace
 from litlab.distributed.launchers import launched_processes
 
+log = logging.getLogger("litlab")
+
 _LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+# How long the other ranks (children of Lightning's script launcher) get to end on their own
+# once this rank's job is over: a job that ended here ends there at the same collective; one
+# that failed here (an error on this rank alone) leaves them waiting in a collective for it,
+# until the process group's timeout (30 minutes): they are stopped after a short grace.
+DONE_GRACE_S = 120.0
+FAILED_GRACE_S = 10.0
+
+
+def end_the_other_ranks(children: list[subprocess.Popen], grace_s: float) -> None:
+    """Wait up to ``grace_s`` seconds in all for the rank processes to exit; kill the rest."""
+    deadline = time.monotonic() + grace_s
+    for proc in children:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning(
+                "rank process %d still ran %.0f s after this rank's job ended (waiting on this "
+                "rank in a collective): stopped",
+                proc.pid,
+                grace_s,
+            )
+            proc.kill()
+            proc.wait()
 
 
 @contextmanager
@@ -49,21 +78,20 @@ def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
     sys.argv = [argv[0], f"--config-path={saved.parent}", "--config-name=ranks"]
     with read_write(hydra_cfg):
         hydra_cfg.run.dir = str(folder)
+    failed = False
     try:
         with rank_watchers_with_grace():
             yield
+    except Exception:
+        failed = True
+        raise
     finally:
         sys.argv = argv
         with read_write(hydra_cfg):
             hydra_cfg.run.dir = run_dir
         launcher = getattr(trainer.strategy, "launcher", None)
-        for proc in getattr(launcher, "procs", []):  # children of the subprocess-script launcher
-            if not isinstance(proc, subprocess.Popen):
-                continue
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        children = [p for p in getattr(launcher, "procs", []) if isinstance(p, subprocess.Popen)]
+        end_the_other_ranks(children, FAILED_GRACE_S if failed else DONE_GRACE_S)
         # Lightning's own ranks end with the job: the next job makes a new group on its own
         # port. Processes an external launcher started (torchrun, srun) run every job in step
         # and keep theirs: a new group on the launcher's store would read the last group's

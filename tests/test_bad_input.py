@@ -41,6 +41,11 @@ def assert_one_clear_line(result, *needles: str) -> None:
 def test_cli_config_mistakes(tmp_path, args, needles):
     result = run_cli(*args, f"paths.log_dir={tmp_path}", "logger=csv")
     assert_one_clear_line(result, *needles)
+    # refused inside the task: its run folder's log ends with the line too (it ended without)
+    said = [needle for needle in needles if needle.startswith("litlab: error:")]
+    logs = list(tmp_path.rglob("train.log"))
+    assert len(logs) == (1 if said else 0)
+    assert all(said[0] in log.read_text().splitlines()[-1] for log in logs)
 
 
 def test_cli_eval_without_checkpoint(tmp_path):

@@ -702,6 +702,8 @@ def test_an_error_on_rank_0_alone_stops_the_other_ranks_soon(tmp_path):
     assert record["durations_s"]["total"] < 90
     stopped = "still ran 10 s after this rank's job ended (waiting on this rank in a collective)"
     assert stopped in result.stdout + result.stderr
+    log = (summary.parent / "train.log").read_text()  # the error, with its traceback
+    assert "the run failed: an error on rank 0 alone" in log and "Traceback" in log
     leftover = subprocess.run(
         ["pgrep", "-f", str(tmp_path)], capture_output=True, text=True
     ).stdout.split()

@@ -27,7 +27,14 @@ from omegaconf import DictConfig, OmegaConf
 import litlab
 from litlab.checkpoint import resumable_checkpoints
 from litlab.config import build
-from litlab.errors import AlreadyCompleted, ConfigError, LitlabError, Requeued, fail
+from litlab.errors import (
+    AlreadyCompleted,
+    ConfigError,
+    LitlabError,
+    Requeued,
+    fail,
+    first_line,
+)
 from litlab.files import atomic_file
 from litlab.folders import restore_saved_config
 
@@ -84,6 +91,22 @@ def freeze_the_imports() -> None:
     collected and finalized as before, at exit too. For the command-line entry points, first
     thing: a library user's interpreter keeps Python's default."""
     gc.freeze()
+
+
+def into_log_files(exc: Exception) -> None:
+    """The error that ended a run, into its log file (train.log) alone, which ended without
+    it: the console shows it as fail()'s `litlab: error:` line or as Python's traceback."""
+    if isinstance(exc, LitlabError):
+        message, exc_info = f"litlab: error: {exc}", None
+    else:
+        message, exc_info = (
+            f"the run failed: {first_line(exc)}",
+            (type(exc), exc, exc.__traceback__),
+        )
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, exc_info)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def build_list(node: DictConfig | None, path: str) -> list[Any]:
@@ -393,6 +416,8 @@ class Run:
         if isinstance(exc, Exception) and self._keep_going:
             log.error("litlab: job failed (the sweep goes on): %s", self.summary["error"])
             return True
+        if isinstance(exc, Exception) and rank_zero_only.rank == 0:  # the console has it from
+            into_log_files(exc)  # fail() or Python; the log file is rank 0's, as the summary
         if isinstance(exc, LitlabError):
             fail(str(exc))
         return False

@@ -127,6 +127,8 @@ def test_devices_on_a_machine_without_a_gpu_say_they_are_cpu_processes(tmp_path,
     "overrides, message, engine",
     [
         (["trainer=fsdp", "trainer.accelerator=cpu"], "on CPU use trainer.strategy=ddp", None),
+        # one line for both (it said the accelerator's alone, then FSDP's once that was changed)
+        (["trainer=fsdp"], "has none; on CPU use trainer=ddp trainer.accelerator=cpu", None),
         (["trainer.accelerator=cpu", "trainer.devices=-1"], "means every GPU", None),
         (["trainer.devices=0"], "trainer.devices must be a positive count", None),
         (["trainer.num_nodes=0"], "trainer.num_nodes at least 1", None),

@@ -132,6 +132,12 @@ def check_hardware(trainer: DictConfig) -> bool:
             "over sharded gradients); set trainer.gradient_clip_algorithm=value, or use "
             "trainer.strategy=ddp"
         )
+    # trainer=fsdp on a machine without CUDA: this line, not the accelerator's and then this
+    if "fsdp" in name.lower() and not cuda and accelerator != "cpu":
+        raise ConfigError(
+            "FSDP shards models across CUDA GPUs, and this machine has none; on CPU use "
+            "trainer=ddp trainer.accelerator=cpu (or trainer=cpu for one process)"
+        )
     if accelerator in ("gpu", "cuda") and not cuda and not (accelerator == "gpu" and mps):
         raise ConfigError(
             f"trainer.accelerator={accelerator} but this machine has no CUDA GPU; "
@@ -147,7 +153,7 @@ def check_hardware(trainer: DictConfig) -> bool:
             f"trainer.precision={precision} (float16 autocast) needs a GPU; on CPU use "
             "trainer.precision=auto (the fastest this CPU runs natively), 32-true or bf16-mixed"
         )
-    if on_cpu and "fsdp" in name.lower():
+    if on_cpu and "fsdp" in name.lower():  # trainer.accelerator=cpu on a machine with GPUs
         raise ConfigError("FSDP shards models across CUDA GPUs; on CPU use trainer.strategy=ddp")
     if on_cpu and devices == -1:
         raise ConfigError(

@@ -119,6 +119,35 @@ def study_trials(sweep: Path) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name="cnn_optuna", storage=f"sqlite:///{sweep}/optuna.db").trials
 
 
+def test_a_study_made_in_the_other_direction_is_refused_before_any_trial(tmp_path):
+    """A digits study from before data=digits chose val/loss maximized val/acc; continued as the
+    README says, Optuna's "Cannot overwrite study direction" was taken for a sweep whose
+    trials all failed: no trial ran, and the sweep ended with status 0."""
+    storage = f"sqlite:///{tmp_path / 'old' / 'optuna.db'}"
+    (tmp_path / "old").mkdir()
+    optuna.create_study(study_name="cnn_optuna", storage=storage, direction="maximize")
+    result = run_cli(
+        "-m",
+        "hparams_search=cnn_optuna",
+        "hydra.sweeper.n_trials=1",
+        f"hydra.sweeper.storage={storage}",
+        "logger=csv",
+        *QUIET,
+        f"paths.log_dir={tmp_path / 'new'}",
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert (
+        line.startswith("litlab: error: the Optuna study cnn_optuna in ")
+        and (
+            "was made to maximize its objective, but this sweep's objective, val/loss (min), would "
+            "minimize: continue it with the objective it was made with (e.g. objective=accuracy"
+        )
+        in line
+    )
+    assert not list((tmp_path / "new").rglob("summary.json"))  # no trial ran
+
+
 def test_a_sweep_with_no_completed_job_keeps_its_summary_and_says_so(tmp_path):
     result = run_cli(
         "-m",

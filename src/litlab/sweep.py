@@ -252,6 +252,34 @@ def refuse_an_untrained_study(config: Any) -> None:
         )
 
 
+def refuse_another_direction(config: Any, storage: str | None, study: str | None) -> None:
+    """One line where a study continued from its storage was made in the other direction (its
+    objective another metric: before data=digits chose val/loss, its studies maximized
+    val/acc). Optuna refuses it with a ValueError, which the sweeper took for a sweep whose
+    trials all failed: no trial ran, and the sweep ended with status 0."""
+    direction = config.hydra.sweeper.get("direction")
+    if storage is None or direction is None:
+        return
+    import optuna
+
+    try:
+        held = optuna.load_study(study_name=study, storage=storage)
+    except (KeyError, ValueError):  # a new study
+        return
+    wanted = [str(d).lower() for d in (direction if OmegaConf.is_list(direction) else [direction])]
+    have = [d.name.lower() for d in held.directions]
+    if wanted != have:
+        objective = config.get("objective") or {}
+        fail(
+            f"the Optuna study {study} in {storage} was made to {' and '.join(have)} its "
+            f"objective, but this sweep's objective, {objective.get('metric')} "
+            f"({objective.get('mode')}), would {' and '.join(wanted)}: continue it with the "
+            "objective it was made with (e.g. objective=accuracy for val/acc, which data=digits "
+            "studies had before it chose val/loss), or start another study "
+            "(hydra.sweeper.study_name=...)"
+        )
+
+
 def study_best(sweep_dir: Path) -> dict[str, Any] | None:
     """The Optuna study's best trial over all its launches (the sweeper's
     optimization_results.yaml): a study continued from its storage in a new folder holds trials

@@ -27,6 +27,7 @@ if optuna_sweeper is not None:
                 refuse_a_tuned_seed,
                 refuse_an_unseeded_grid,
                 refuse_an_untrained_study,
+                refuse_another_direction,
             )
 
             impl = self.sweeper
@@ -34,6 +35,7 @@ if optuna_sweeper is not None:
             refuse_a_tuned_seed(arguments, sweeper.get("params"))
             refuse_an_untrained_study(impl.config)
             refuse_an_unseeded_grid(sweeper.sampler)
+            refuse_another_direction(impl.config, impl.storage, impl.study_name)
             shared, impl.storage = impl.storage, rank_storage(impl.storage, impl.study_name)
             impl.sampler = continued_sampler(
                 impl.sampler, sweeper.sampler, impl.storage, impl.study_name

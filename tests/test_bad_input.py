@@ -427,7 +427,10 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
     # another objective: Lightning's best (kept per metric and direction) would start over
     objective = ["objective=accuracy"]  # digits' is val/loss
     rejudged = make_cfg(tmp_path, [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", *objective])
-    refused(capsys, train_task, rejudged, "objective.metric: val/loss -> val/acc, objective.mode:")
+    line = refused(
+        capsys, train_task, rejudged, "objective.metric: val/loss -> val/acc, objective.mode:"
+    )
+    assert "resume with the run's objective (objective.metric=val/loss objective.mode=min;" in line
     other_groups = make_cfg(
         tmp_path,
         [*tiny, f"ckpt_path={last}", "trainer.max_epochs=3", "model.decay_norm_and_bias=false"],

@@ -75,11 +75,15 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
         )
     objective = _changes(config, cfg, ["objective.metric", "objective.mode"])
     if objective:
+        stored = config.get("objective") or {}
+        given = f"objective.metric={stored.get('metric')} objective.mode={stored.get('mode')}"
+        if (stored.get("metric"), stored.get("mode")) == ("val/acc", "max"):
+            given = "objective=accuracy"  # e.g. a digits run from before digits chose val/loss
         raise CheckpointError(
             f"{', '.join(objective)}: {path}'s best checkpoint so far was chosen by the run's "
             "objective, and another would choose anew from the resumed epochs only (Lightning "
-            "keeps the best per metric and direction); resume with the run's objective, or "
-            "start a new run"
+            f"keeps the best per metric and direction); resume with the run's objective "
+            f"({given}; resume=<its run folder> takes it from there), or start a new run"
         )
     if measured:
         raise CheckpointError(

@@ -1185,8 +1185,10 @@ def test_a_resume_that_fails_before_training_leaves_the_finished_run_as_it_was(t
     first = run_cli(*CLF, "trainer.max_epochs=1", f"hydra.run.dir={folder}")
     assert first.returncode == 0, first.stderr[-3000:]
     summarized = (folder / "summary.json").read_bytes()
+    logged = (folder / "train.log").read_bytes()
     failed = run_cli(f"resume={folder}", "trainer.max_epochs=2", "+trainer.val_check_interval=1000")
     assert failed.returncode == 1 and "val_check_interval" in failed.stderr
+    assert (folder / "train.log").read_bytes() == logged  # its last line: not this error (review)
     assert (folder / ".completed").is_file() and (folder / ".trained").is_file()
     assert not (folder / ".hydra" / "resume_overrides.yaml").exists()
     assert (folder / "summary.json").read_bytes() == summarized
@@ -1438,6 +1440,7 @@ def test_a_finished_run_started_again_in_its_folder_trains_nothing(tmp_path, cap
     args = [
         "callbacks=early_stopping",
         "callbacks.early_stopping.patience=0",
+        "objective=accuracy",  # (digits' own, val/loss, can fall by more than 1 in an epoch)
         "callbacks.early_stopping.min_delta=1.0",  # no epoch improves val/acc by 1: stops at 2
         "trainer.max_epochs=10",
         "model.net.width=4",

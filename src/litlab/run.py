@@ -392,8 +392,8 @@ class Run:
             self.summary["error"] = error
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        untouched = isinstance(exc, Exception) and not self._began and not self._trained_here()
         if rank_zero_only.rank == 0:
-            untouched = isinstance(exc, Exception) and not self._began and not self._trained_here()
             if untouched:  # Hydra's files of an earlier run in the folder, as they were
                 restore_saved_config(self.dir)
             if untouched and self._previous is not None:
@@ -416,8 +416,11 @@ class Run:
         if isinstance(exc, Exception) and self._keep_going:
             log.error("litlab: job failed (the sweep goes on): %s", self.summary["error"])
             return True
-        if isinstance(exc, Exception) and rank_zero_only.rank == 0:  # the console has it from
-            into_log_files(exc)  # fail() or Python; the log file is rank 0's, as the summary
+        # the console has it from fail() or Python; the log file is rank 0's, as the summary,
+        # and a run refused before it touched a folder's earlier run leaves that run's log be
+        kept = untouched and self._previous is not None
+        if isinstance(exc, Exception) and rank_zero_only.rank == 0 and not kept:
+            into_log_files(exc)
         if isinstance(exc, LitlabError):
             fail(str(exc))
         return False

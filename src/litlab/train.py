@@ -261,7 +261,9 @@ def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, An
     check_manual_optimization(cfg, model)
     callbacks = [*build_list(cfg.get("callbacks"), "callbacks"), OnePrecision()]
     loggers = build_list(cfg.get("logger"), "logger")
-    if not loggers:  # the LR monitor has nowhere to log (Lightning refuses it without a logger)
+    if not loggers and any(isinstance(c, LearningRateMonitor) for c in callbacks):
+        # it has nowhere to log (Lightning refuses it without a logger)
+        log.info("no logger: callbacks.lr_monitor is left out")
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     log_lr_plot(loggers, tuned)
     devices, num_nodes = cfg.trainer.devices, cfg.trainer.num_nodes

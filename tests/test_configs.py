@@ -13,6 +13,7 @@ from conftest import (
     QUIET_CSV,
     REPO,
     make_cfg,
+    refused,
     run_cli,
     summary_of,
     write_cifar_batches,
@@ -149,6 +150,16 @@ def test_eval_composes_with_a_data_option_that_chooses_an_objective(tmp_path):
     trained run's objective."""
     cfg = make_cfg(tmp_path, ["ckpt_path=x.ckpt", "data=digits"], config_name="eval")
     assert cfg.data.source._target_ == "litlab.data.Digits"
+
+
+@pytest.mark.parametrize("given", ["objective=accuracy", "objective=loss"])
+def test_eval_refuses_an_objective_it_would_ignore(tmp_path, capsys, given):
+    """The slot took objective=... on eval's command line without a word (it records the
+    trained run's objective); before the slot, Hydra refused it."""
+    from litlab.evaluate import eval_task
+
+    cfg = make_cfg(tmp_path, ["ckpt_path=x.ckpt", given], config_name="eval")
+    refused(capsys, eval_task, cfg, f"{given}: eval.py records the objective the run trained")
 
 
 def test_logger_none_is_a_setting_of_either_task(tmp_path):

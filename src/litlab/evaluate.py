@@ -44,6 +44,7 @@ USAGE = "python eval.py ckpt_path=outputs/train/<date>/<time>/checkpoints/best.c
 def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     """Test the checkpoint on the stored data config (or data=... given here)."""
     check_top_level(cfg, "eval")
+    refuse_an_objective_given()
     path = require(cfg, "ckpt_path", USAGE)
     checkpoint = load_checkpoint(path)
     stored = stored_config(checkpoint, path)
@@ -293,6 +294,22 @@ def eval_callbacks(callbacks: DictConfig | None) -> DictConfig:
         if getattr(cls, "used_in_eval", False):
             kept[name] = node
     return OmegaConf.create(kept)
+
+
+def refuse_an_objective_given() -> None:
+    """eval.yaml's objective slot holds what a data option chooses for training (data=digits);
+    one given on the command line would be taken and ignored: eval records the objective the
+    run trained with (its test value), read from the checkpoint."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    for override in HydraConfig.get().overrides.task:
+        if override.lstrip("+~").split("=")[0].split(".")[0] == "objective":
+            raise ConfigError(
+                f"{override}: eval.py records the objective the run trained with (the test "
+                "value of its metric, read from the checkpoint); leave objective out"
+            )
 
 
 def eval_objective(stored: DictConfig) -> tuple[str, str]:

@@ -293,7 +293,7 @@ def test_curves_are_drawn_against_the_epochs_trained(tmp_path):
     run stopped part-way through its last epoch ends part-way."""
     from litlab.report.runs import read_curves
 
-    def curves(batches: int, epochs: float) -> dict:
+    def curves(batches: int, epochs: float, steps_per_epoch: int | None = None) -> dict:
         rows, total = ["step,epoch,train/loss_step,val/acc,test/acc"], int(batches * epochs)
         for step in range(total):  # as Lightning logs them: the k-th batch at step k - 1
             epoch = step // batches
@@ -303,7 +303,7 @@ def test_curves_are_drawn_against_the_epochs_trained(tmp_path):
         rows.append(f"{total},{epochs:.0f},,,0.9")  # the test: at the next epoch, one step on
         path = tmp_path / f"{batches}-{epochs}.csv"
         path.write_text("\n".join(rows) + "\n")
-        return read_curves(path)
+        return read_curves(path, steps_per_epoch)
 
     small, large = curves(40, 2), curves(10, 2)  # batch 32 and batch 128: 40 and 10 steps
     # the first epoch's 20th of 40 batches half way (it was one step short: 19/39)
@@ -314,6 +314,11 @@ def test_curves_are_drawn_against_the_epochs_trained(tmp_path):
     stopped = curves(10, 1.5)  # stopped half-way through its second epoch
     assert stopped["val/acc"][0] == [1.0]
     assert stopped["train/loss_step"][0][-1] == 1.5
+    # stopped in its first epoch: it ended at 1.0 (nothing told the epoch's length) unless
+    # summary.json's steps_per_epoch does
+    for known, end in ((None, 1.0), (10, 0.4)):
+        assert curves(10, 0.4, known)["train/loss_step"][0][-1] == pytest.approx(end)
+    assert curves(10, 1.5, 10)["train/loss_step"][0][-1] == 1.5  # the same when it was known
 
 
 def test_accuracies_rank_only_against_accuracies_on_the_same_data(tmp_path, capsys):

@@ -59,6 +59,9 @@ def test_training_run_leaves_a_self_describing_folder(tmp_path):
     # data=digits chooses val/loss (its 144 validation images saturate val/acc)
     assert summary["objective"] == {"metric": "val/loss", "mode": "min", "value": objective}
     assert Path(summary["best_checkpoint"]) == run_dir / "checkpoints" / "best.ckpt"
+    # the report's epoch axis: an epoch's logging steps (its validation row is at its last)
+    first_val = next(r for r in metrics_csv(run_dir) if r.get("val/loss") and r["epoch"] == "0")
+    assert summary["steps_per_epoch"] == int(first_val["step"]) + 1
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert set(summary["durations_s"]) == {"fit", "test", "total"}
     assert summary["versions"]["torch"] == torch.__version__ and summary["config_digest"]

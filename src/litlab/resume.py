@@ -17,6 +17,7 @@ the signals that write one are litlab.callbacks.preemption's.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -139,6 +140,16 @@ def record_resume_overrides(run_dir: str | Path) -> None:
     (folder / ".hydra" / RESUME_OVERRIDES).write_text(yaml.safe_dump(overrides))
 
 
+def logged_steps_per_epoch(trainer: L.Trainer) -> int | None:
+    """How many logging steps an epoch of this fit takes: Lightning's logging step counts the
+    batches that stepped the optimizers (one in accumulate_grad_batches, and the last), per
+    rank; None for an epoch of unknown length."""
+    batches = trainer.num_training_batches
+    if not math.isfinite(batches):
+        return None
+    return math.ceil(int(batches) / trainer.accumulate_grad_batches)
+
+
 class FitMilestones(L.Callback):
     """Tells the run when its fit begins to train (its setup passed: Lightning's checks of the
     trainer's settings, the checkpoint restored): a finished run in the folder is no longer
@@ -154,6 +165,8 @@ class FitMilestones(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.run.training_began()
+        # the report's epoch axis for a run stopped in its first epoch (its CSV holds no end)
+        self.run.summary["steps_per_epoch"] = logged_steps_per_epoch(trainer)
         if trainer.ckpt_path is not None:  # resumed: the steps logged after the checkpoint go
             forget_logged_after_checkpoint(trainer)
 

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -183,7 +184,7 @@ class RunFolder:
     @cached_property
     def curves(self) -> dict[str, Curve]:
         """Logged metrics against the epochs trained, read from csv/metrics.csv."""
-        return read_curves(self.path / "csv" / "metrics.csv")
+        return read_curves(self.path / "csv" / "metrics.csv", self.summary.get("steps_per_epoch"))
 
     @property
     def sample_grid(self) -> Path | None:
@@ -228,7 +229,7 @@ def run_overrides(run_dir: Path) -> list[str]:
     )
 
 
-def read_curves(path: Path) -> dict[str, Curve]:
+def read_curves(path: Path, steps_per_epoch: Any = None) -> dict[str, Curve]:
     """Per metric, its (epochs, values) from a sparse CSVLogger file, in step order; {} when
     there is none. The x axis is the epochs trained (``epoch_axis``), so that runs of other
     batch sizes, process counts or GAN step counts (D's and G's steps) line up. A step logged
@@ -259,15 +260,19 @@ def read_curves(path: Path) -> dict[str, Curve]:
     curves: dict[str, Curve] = {}
     for name, by_step in points.items():
         steps = sorted(by_step)
-        curves[name] = (epoch_axis(steps, ends), [by_step[s] for s in steps])
+        curves[name] = (epoch_axis(steps, ends, steps_per_epoch), [by_step[s] for s in steps])
     return curves
 
 
-def epoch_axis(steps: list[float], ends: dict[int, float]) -> list[float]:
+def epoch_axis(
+    steps: list[float], ends: dict[int, float], steps_per_epoch: Any = None
+) -> list[float]:
     """Each step as epochs trained: the k-th of an epoch's n steps at e + k/n, the values
     logged at its end (validation, epoch means) at e + 1. An epoch's steps are counted from the
-    last step logged in it; the last epoch's as the one before (a run stopped part-way through
-    its last epoch logged only part of it). Without epochs logged: the steps."""
+    last step logged in it; the last epoch's (a run stopped part-way through its last epoch
+    logged only part of it) are the run's steps_per_epoch (summary.json), else as many as the
+    one before's (a run stopped in its first epoch, of unknown length, ends at 1). Without
+    epochs logged: the steps."""
     if not ends:
         return list(steps)
     # (epoch, the step before its first, steps in it): Lightning logs the k-th batch of a run
@@ -276,8 +281,10 @@ def epoch_axis(steps: list[float], ends: dict[int, float]) -> list[float]:
     for epoch, end in sorted(ends.items()):
         bounds.append((epoch, previous, end - previous))
         previous = end
-    if len(bounds) > 1:  # the last epoch: at least as long as the one before
-        epoch, first, length = bounds[-1]
+    epoch, first, length = bounds[-1]
+    if isinstance(steps_per_epoch, int) and steps_per_epoch >= length:  # the last epoch's
+        bounds[-1] = (epoch, first, float(steps_per_epoch))
+    elif len(bounds) > 1:  # at least as long as the one before
         bounds[-1] = (epoch, first, max(length, bounds[-2][2]))
     axis = []
     last, last_first, last_length = bounds[-1]

@@ -151,6 +151,20 @@ def test_a_failed_run_ends_its_wandb_run_as_failed(tmp_path, capsys):
     assert offline_run(run)["exit_code"] == 1
 
 
+def test_an_accuracy_objective_on_few_validation_images_is_said_to_be_coarse(tmp_path, caplog):
+    """digits' 144 validation images: val/acc at 1.0 from epoch 7 of 20, best.ckpt the first
+    epoch there; data=digits chooses val/loss, and an accuracy asked for is warned of (a
+    user's small image folder likewise)."""
+    coarse = "the objective val/acc on 144 validation images moves in steps of 0.69%"
+    for objective, said in (["objective=accuracy"], True), ([], False):
+        caplog.clear()
+        more = ["trainer.max_epochs=1", "+trainer.limit_train_batches=2", "test=false", *FAST]
+        cfg = make_cfg(tmp_path / str(said), [*objective, *more])
+        with caplog.at_level("WARNING", logger="litlab"):
+            train_task(cfg)
+        assert (coarse in caplog.text) == said
+
+
 def test_tensorboard_and_no_logger(tmp_path):
     cfg = make_cfg(tmp_path / "tb", ["logger=tensorboard", "trainer.max_epochs=1", *FAST])
     train_task(cfg)

@@ -113,6 +113,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
             if cfg.get("train"):
                 # the folder's marks and resume overrides change with its first checkpoint
                 trainer.callbacks.append(FitMilestones(run))
+                trainer.callbacks.append(CoarseAccuracy(cfg.objective.metric))
                 with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 record_stage(trainer, datamodule, run, "val")
@@ -151,6 +152,35 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         if isinstance(ended, SIGTERMException):  # checkpoint saved, loggers closed: a cluster
             hand_over_preemption(trainer)  # scheduler may requeue now
     return run.summary["metrics"]
+
+
+# Fewer validation images than this: an accuracy objective moves in steps of 0.2% or more.
+COARSE_ACCURACY_IMAGES = 500
+
+
+class CoarseAccuracy(L.Callback):
+    """Says, once the splits are set up, where the objective is an accuracy on so few
+    validation images that epochs and sweep jobs tie (digits' 144 reached 1.0 within a few
+    epochs: data=digits chooses val/loss; a user's small folder may do the same): the best
+    checkpoint is then the first epoch of a tie, and a sweep cannot rank its jobs."""
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        datamodule = trainer.datamodule
+        if not self.metric.startswith("val/acc") or not hasattr(datamodule, "split_size"):
+            return
+        images = datamodule.split_size("val")
+        if trainer.is_global_zero and 0 < images < COARSE_ACCURACY_IMAGES:
+            log.warning(
+                "the objective %s on %d validation images moves in steps of %.2g%%: epochs and "
+                "sweep jobs tie, and the best checkpoint is the first epoch of a tie; "
+                "objective=loss ranks by val/loss instead (or raise data.val_fraction)",
+                self.metric,
+                images,
+                100 / images,
+            )
 
 
 def run_facts(cfg: DictConfig, run: Run, status: str) -> dict[str, Any]:

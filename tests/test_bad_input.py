@@ -502,6 +502,48 @@ def test_image_folder_whose_classes_disagree_with_num_classes(tmp_path, capsys):
     fails_with(capsys, train_task, cfg, "has 3 classes but data.num_classes is 5")
 
 
+def test_a_resume_on_another_folder_of_other_images_is_refused(tmp_path, capsys):
+    """data.source.root is where the images are (a run folder resumed on another machine): it
+    was never compared, so resume= with another folder of the same classes trained on and
+    tested other images without a word (review). A copy of the folder resumes."""
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    from litlab.checkpoint import load_checkpoint
+    from litlab.resumable import check_resumable
+
+    root, other, copy = (tmp_path / name for name in ("images", "other", "copy"))
+    write_png_folder(root, per_class=8)
+    shutil.copytree(root, copy)
+    shutil.copytree(root, other)
+    for path in other.rglob("*.png"):  # the same names and classes, other pixels
+        Image.fromarray(255 - np.asarray(Image.open(path))).save(path)
+    folder = [
+        "data=image_folder",
+        f"data.source.cache_dir={tmp_path / 'cache'}",
+        "data.source.size=16",
+        "data.image_shape=[3,16,16]",
+        "data.num_classes=3",
+        "data.batch_size=8",
+        "data.num_workers=0",
+        "model.net.width=4",
+        "model.scheduler=null",
+        *QUIET,
+    ]
+    trained = make_cfg(
+        tmp_path / "t", [*folder, f"data.source.root={root}", "trainer.max_epochs=1"]
+    )
+    train_task(trained)
+    last = Path(trained.paths.output_dir) / "checkpoints" / "last.ckpt"
+    more = [*folder, "trainer.max_epochs=2", f"ckpt_path={last}"]
+    elsewhere = make_cfg(tmp_path / "t", [*more, f"data.source.root={other}"])
+    refused(capsys, train_task, elsewhere, f"data.source.root: {root} -> {other} holds none of")
+    moved = make_cfg(tmp_path / "t", [*more, f"data.source.root={copy}"])
+    check_resumable(load_checkpoint(last), moved)  # its files, elsewhere: accepted
+
+
 def test_a_checkpoint_refuses_class_folders_renamed_since(tmp_path, capsys):
     """Labels are the positions of the class folders' sorted names: a folder renamed after
     training (dog -> wolf: cat, fox, wolf) would give other images each label, silently, on

@@ -180,7 +180,9 @@ def test_plumbing_options_instantiate(group, tmp_path):
         resolve_precision(cfg.trainer)  # as the tasks do: trainer.precision=auto -> this machine's
         check_all(cfg)
         if group == "trainer" and option in ("gpu", "fsdp") and not torch.cuda.is_available():
-            with pytest.raises(ConfigError, match="has none; on CPU use trainer=|no CUDA GPU; use"):
+            with pytest.raises(
+                ConfigError, match=r"has none; on CPU use trainer=|no CUDA GPU; use"
+            ):
                 check_hardware(cfg.trainer)
             continue
         check_hardware(cfg.trainer)

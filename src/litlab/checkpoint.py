@@ -105,3 +105,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         with atomic_file(path) as f:
             torch.save(checkpoint, f)
+
+
+def data_state(checkpoint: dict[str, Any], stored: DictConfig) -> dict[str, Any]:
+    """The training DataModule's state in the checkpoint (Lightning keys it by class name)."""
+    target = str(OmegaConf.select(stored, "data._target_") or "")
+    return checkpoint.get(target.rsplit(".", 1)[-1], {})

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litlab.callbacks.gan import give_checkpoint_state, require_gan, save_generated_images
 from litlab.callbacks.speed import Speed
-from litlab.checkpoint import load_checkpoint, stored_config
+from litlab.checkpoint import data_state, load_checkpoint, stored_config
 from litlab.config import (
     build,
     check_all,
@@ -154,12 +154,6 @@ def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
         log.info("trainer.precision=32-true: the run trained in %s, which needs a GPU", precision)
         precision = "32-true"
     trainer.precision = precision
-
-
-def data_state(checkpoint: dict[str, Any], stored: DictConfig) -> dict[str, Any]:
-    """The training DataModule's state in the checkpoint (Lightning keys it by class name)."""
-    target = str(OmegaConf.select(stored, "data._target_") or "")
-    return checkpoint.get(target.rsplit(".", 1)[-1], {})
 
 
 def other_data(

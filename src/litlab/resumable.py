@@ -6,12 +6,14 @@ train.py for ``ckpt_path=``."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from litlab.checkpoint import stored_config
+from litlab.checkpoint import data_state, stored_config
 from litlab.compat import epochs_trained
+from litlab.data.fingerprint import files_found
 from litlab.errors import CheckpointError
 
 log = logging.getLogger("litlab")
@@ -65,6 +67,13 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             f"{path} trained on other data ({'; '.join(data)}): a resumed run continues the "
             "same training (its optimizer state, LR schedule and epoch count); resume with the "
             "run's data, or start a new run"
+        )
+    moved = _other_images(checkpoint, config, cfg)
+    if moved:
+        raise CheckpointError(
+            f"{moved}: {path} trained on other images, and a resumed run trains on and tests "
+            "the same ones (a copy of its folder, or the folder moved, holds them); resume on "
+            "those, or start a new run"
         )
     seeds = _changed_seeds(config, cfg)
     if seeds:
@@ -150,6 +159,26 @@ def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:
         named = sorted({str(k) for node in sources for k in node} - _LOADING_ONLY - {"_target_"})
         keys += [f"source.{key}" for key in named]
     return _changes(stored, now, [*keys, *_DATA_KEYS], "data.")
+
+
+def _other_images(checkpoint: dict[str, Any], stored: DictConfig, now: DictConfig) -> str | None:
+    """An image folder at another path than the run's (data.source.root, a loading setting: a
+    run folder resumed on another machine) that holds none of the files sampled from the run's
+    training split (the checkpoint's, by name and bytes): other images. None where there is no
+    sample to compare (split folders, streamed chunks) or no such folder."""
+    then, new = (OmegaConf.select(c, "data.source.root") for c in (stored, now))
+    if not then or not new or str(then) == str(new):
+        return None
+    folder = Path(str(new)).expanduser()
+    sample = data_state(checkpoint, stored).get("trained_files")
+    if not sample or not folder.is_dir() or folder.resolve() == Path(str(then)).resolve():
+        return None
+    if files_found(folder, sample):
+        return None
+    return (
+        f"data.source.root: {then} -> {new} holds none of the {len(sample)} files sampled from "
+        "the run's training split"
+    )
 
 
 def _changes(stored: DictConfig, now: DictConfig, keys: list[str], prefix: str = "") -> list[str]:

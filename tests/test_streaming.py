@@ -116,6 +116,31 @@ def test_optimize_keeps_the_image_folders_splits_and_bytes_and_skips_bad_files(c
     assert {p: p.stat().st_mtime_ns for p in dst.rglob("*.bin")} == chunks
 
 
+def test_eval_on_the_folder_a_streamed_run_was_converted_from_tests_its_held_out_share(
+    converted, tmp_path, caplog
+):
+    """eval.py data=image_folder data.source.root=<the folder the chunks came from> on a
+    streamed run's checkpoint tested every image of it, most of them trained on (review: 0.935
+    against the run's own 0.914): the conversion's meta names the folder and its test fraction."""
+    import shutil
+
+    from litlab.evaluate import other_folder
+
+    root, dst, _ = converted
+    trained = {"_target_": "litlab.data.Streaming", "input_dir": str(dst)}
+    source = {"_target_": "litlab.data.ImageFolder", "root": str(root), "test_fraction": 0.5}
+    with caplog.at_level("WARNING", logger="litlab"):
+        other_folder(source, trained)
+    assert source["test_fraction"] == 0.2 and not source.get("test_all")  # the conversion's
+    assert f"{root} is the folder the run's chunks ({dst}) were converted from" in caplog.text
+    other = tmp_path / "other"
+    shutil.copytree(root, other)  # not known for a copy: every image, said as a warning
+    source = {"_target_": "litlab.data.ImageFolder", "root": str(other), "test_fraction": 0.2}
+    with caplog.at_level("WARNING", logger="litlab"):
+        other_folder(source, trained)
+    assert source["test_all"] and f"converted from {root}" in caplog.text
+
+
 def test_a_conversion_records_each_splits_labels_in_stream_order(converted, tmp_path):
     """FID's class-stratified samples of a stream need each split's labels in the order the
     stream indexes its items, known without reading the chunks: the conversion records them

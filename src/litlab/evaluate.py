@@ -238,6 +238,18 @@ def other_folder(
         return
     if source.get("test_all"):
         return
+    converted = converted_from(trained)
+    if converted is not None and folder == converted[0]:  # the run streamed this folder's chunks
+        log.warning(
+            "%s is the folder the run's chunks (%s) were converted from: testing the share its "
+            "file names hold out, as the run did (test_fraction %s; +data.source.test_all=true "
+            "tests every image)",
+            folder,
+            trained.get("input_dir"),
+            converted[1],
+        )
+        source["test_fraction"] = converted[1]
+        return
     found = files_found(folder, trained_files or [])
     if found:
         as_trained(source, trained, ("test_fraction",), "holding out the run's test images")
@@ -252,7 +264,35 @@ def other_folder(
         )
         return
     source["test_all"] = True
-    log.info("testing every image of %s (the model was trained on %s)", folder, trained.get("root"))
+    if converted is not None:  # said louder: litlab cannot tell a copy of that folder from others
+        log.warning(
+            "testing every image of %s: the model was trained on chunks (%s) converted from %s, "
+            "and a copy of that folder holds its training images",
+            folder,
+            trained.get("input_dir"),
+            converted[0],
+        )
+        return
+    trained_on = trained.get("root") or trained.get("input_dir") or trained.get("_target_")
+    log.info("testing every image of %s (the model was trained on %s)", folder, trained_on)
+
+
+def converted_from(trained: dict[str, Any]) -> tuple[Path, float] | None:
+    """The folder a streamed run's chunks were converted from, and the conversion's test
+    fraction (DST/meta, litlab.data.optimize); None for other sources, or where the chunks
+    cannot be read here (moved, a bucket without credentials)."""
+    if not trained.get("input_dir"):
+        return None
+    from litlab.data.streaming import read_meta
+
+    try:
+        meta = read_meta(str(trained["input_dir"]), trained.get("cache_dir"))
+    except Exception:
+        return None
+    source, test = meta.get("source"), (meta.get("fractions") or {}).get("test")
+    if not source or test is None:
+        return None
+    return folder_of(source), float(test)
 
 
 def trained_numerics(stored: DictConfig) -> list[Speed]:

@@ -309,6 +309,17 @@ def test_files_of_yours_that_litdata_would_delete_in_the_destination_are_refused
     assert sorted(p for p in dst.rglob("*")) == before
 
 
+def test_a_destination_inside_the_image_folder_is_refused(tmp_path, capsys):
+    """python -m litlab.data.optimize images images/chunks converted, then chunks/ counted as a
+    class folder of images: the check, the next run and the next conversion refused it (review)."""
+    write_png_folder(tmp_path / "images", per_class=4)
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "images"), str(tmp_path / "images" / "chunks")])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and "lies inside" in err and "write the chunks outside" in err
+    assert not (tmp_path / "images" / "chunks").exists()
+
+
 @pytest.mark.parametrize(
     ("dst", "needle"),
     [

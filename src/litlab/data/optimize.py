@@ -291,6 +291,15 @@ def convert(
     litdata = _litdata()
     check_scheme(dst)
     src = src.resolve()  # the meta's advice (convert it again: SRC DST) works from any folder
+    if "://" not in dst and src in (
+        Path(dst).expanduser().resolve(),
+        *Path(dst).expanduser().resolve().parents,
+    ):
+        raise DataError(  # its folder would be one more class folder of SRC (with no images)
+            f"{dst} lies inside {src}: there it would be taken for a class folder of the images "
+            "(the next run or conversion of the folder refuses it); write the chunks outside "
+            f"{src}"
+        )
     classes, splits, key = source_splits(src, test_fraction, val_fraction)
     options = {"max_side": max_side, "quality": quality if max_side else None}
     try:

@@ -502,6 +502,22 @@ def test_image_folder_whose_classes_disagree_with_num_classes(tmp_path, capsys):
     fails_with(capsys, train_task, cfg, "has 3 classes but data.num_classes is 5")
 
 
+def small_folder_run(tmp_path: Path) -> list[str]:
+    """A classifier on a small image folder of three classes (its root given beside)."""
+    return [
+        "data=image_folder",
+        f"data.source.cache_dir={tmp_path / 'cache'}",
+        "data.source.size=16",
+        "data.image_shape=[3,16,16]",
+        "data.num_classes=3",
+        "data.batch_size=8",
+        "data.num_workers=0",
+        "model.net.width=4",
+        "model.scheduler=null",
+        *QUIET,
+    ]
+
+
 def test_a_resume_on_another_folder_of_other_images_is_refused(tmp_path, capsys):
     """data.source.root is where the images are (a run folder resumed on another machine): it
     was never compared, so resume= with another folder of the same classes trained on and
@@ -520,18 +536,7 @@ def test_a_resume_on_another_folder_of_other_images_is_refused(tmp_path, capsys)
     shutil.copytree(root, other)
     for path in other.rglob("*.png"):  # the same names and classes, other pixels
         Image.fromarray(255 - np.asarray(Image.open(path))).save(path)
-    folder = [
-        "data=image_folder",
-        f"data.source.cache_dir={tmp_path / 'cache'}",
-        "data.source.size=16",
-        "data.image_shape=[3,16,16]",
-        "data.num_classes=3",
-        "data.batch_size=8",
-        "data.num_workers=0",
-        "model.net.width=4",
-        "model.scheduler=null",
-        *QUIET,
-    ]
+    folder = small_folder_run(tmp_path)
     trained = make_cfg(
         tmp_path / "t", [*folder, f"data.source.root={root}", "trainer.max_epochs=1"]
     )
@@ -550,19 +555,7 @@ def test_a_checkpoint_refuses_class_folders_renamed_since(tmp_path, capsys):
     resume= and in eval.py. Both refuse, naming the labels that moved."""
     root = tmp_path / "images"
     write_png_folder(root, per_class=12)
-    folder = [
-        "data=image_folder",
-        f"data.source.root={root}",
-        f"data.source.cache_dir={tmp_path / 'cache'}",
-        "data.source.size=16",
-        "data.image_shape=[3,16,16]",
-        "data.num_classes=3",
-        "data.batch_size=8",
-        "data.num_workers=0",
-        "model.net.width=4",
-        "model.scheduler=null",
-        *QUIET,
-    ]
+    folder = [*small_folder_run(tmp_path), f"data.source.root={root}"]
     trained = make_cfg(tmp_path / "t", [*folder, "trainer.max_epochs=1"])
     train_task(trained)
     last = Path(trained.paths.output_dir) / "checkpoints" / "last.ckpt"

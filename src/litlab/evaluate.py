@@ -21,7 +21,7 @@ from litlab.config import (
     config_dir,
     require,
 )
-from litlab.data.fingerprint import files_found
+from litlab.data.fingerprint import files_found, folder_of
 from litlab.data.folder_index import split_folders
 from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
@@ -208,10 +208,6 @@ def decoded_as_trained(source: dict[str, Any], trained: dict[str, Any]) -> None:
     if source.get("decode") == "device" and source.get("cache"):
         log.info("reading the files as decoded on the device, as in training: cache false")
         source["cache"] = False
-
-
-def folder_of(root: Any) -> Path | None:
-    return Path(root).expanduser().resolve() if root else None
 
 
 def same_source(source: dict[str, Any], trained: dict[str, Any]) -> bool:

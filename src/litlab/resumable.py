@@ -6,14 +6,13 @@ train.py for ``ckpt_path=``."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from litlab.checkpoint import data_state, stored_config
 from litlab.compat import epochs_trained
-from litlab.data.fingerprint import files_found
+from litlab.data.fingerprint import files_found, folder_of
 from litlab.errors import CheckpointError
 
 log = logging.getLogger("litlab")
@@ -167,11 +166,11 @@ def _other_images(checkpoint: dict[str, Any], stored: DictConfig, now: DictConfi
     training split (the checkpoint's, by name and bytes): other images. None where there is no
     sample to compare (split folders, streamed chunks) or no such folder."""
     then, new = (OmegaConf.select(c, "data.source.root") for c in (stored, now))
-    if not then or not new or str(then) == str(new):
+    folder = folder_of(new)
+    if folder is None or then is None or folder == folder_of(then) or not folder.is_dir():
         return None
-    folder = Path(str(new)).expanduser()
     sample = data_state(checkpoint, stored).get("trained_files")
-    if not sample or not folder.is_dir() or folder.resolve() == Path(str(then)).resolve():
+    if not sample:
         return None
     if files_found(folder, sample):
         return None

@@ -392,11 +392,13 @@ class Run:
             self.summary["error"] = error
         self.summary["durations_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        untouched = isinstance(exc, Exception) and not self._began and not self._trained_here()
+        kept = False  # the folder's earlier run left as it was (rank 0 decides: it writes)
         if rank_zero_only.rank == 0:
+            untouched = isinstance(exc, Exception) and not self._began and not self._trained_here()
+            kept = untouched and self._previous is not None
             if untouched:  # Hydra's files of an earlier run in the folder, as they were
                 restore_saved_config(self.dir)
-            if untouched and self._previous is not None:
+            if kept:
                 # refused or failed before it touched the run (a resume past the run's end, a
                 # config the checkpoints do not match, a fit that failed in its setup): the
                 # folder's summary stays what it was
@@ -418,7 +420,6 @@ class Run:
             return True
         # the console has it from fail() or Python; the log file is rank 0's, as the summary,
         # and a run refused before it touched a folder's earlier run leaves that run's log be
-        kept = untouched and self._previous is not None
         if isinstance(exc, Exception) and rank_zero_only.rank == 0 and not kept:
             into_log_files(exc)
         if isinstance(exc, LitlabError):

@@ -351,16 +351,14 @@ class SweepSummary(Callback):
         best = best_job(jobs)
         failed = [j for j in jobs if j.get("status") != "completed"]
         # a job stopped by a signal continues with resume= (its error says how): apart
-        stopped = [j for j in failed if j.get("status") == "interrupted"]
+        listed: dict[str, list[dict[str, Any]]] = {"failed": [], "interrupted": []}
+        for j in failed:
+            kind = "interrupted" if j.get("status") == "interrupted" else "failed"
+            listed[kind].append({"job_dir": j["job_dir"], "error": j.get("error")})
         summary = {
             "jobs": len(jobs),
             "completed": len(jobs) - len(failed),
-            "failed": [
-                {"job_dir": j["job_dir"], "error": j.get("error")}
-                for j in failed
-                if j not in stopped
-            ],
-            "interrupted": [{"job_dir": j["job_dir"], "error": j.get("error")} for j in stopped],
+            **listed,
             "best": None
             if best is None
             else {
@@ -416,8 +414,8 @@ class SweepSummary(Callback):
         log.info(
             "best of %d jobs (%d failed%s): %s=%s in %s with %s",
             len(jobs),
-            len(failed) - len(stopped),
-            f", {len(stopped)} interrupted" if stopped else "",
+            len(listed["failed"]),
+            f", {len(listed['interrupted'])} interrupted" if listed["interrupted"] else "",
             objective["metric"],
             objective["value"],
             best["job_dir"],

@@ -9,10 +9,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 SAMPLED = 256  # files: reading them costs little, and a copy holds every one
+
+
+def folder_of(root: Any) -> Path | None:
+    """A data root as the folder it names (~ expanded, absolute, links resolved); None unset."""
+    return Path(root).expanduser().resolve() if root else None
 
 
 def file_digest(path: Path) -> str:

@@ -291,10 +291,7 @@ def convert(
     litdata = _litdata()
     check_scheme(dst)
     src = src.resolve()  # the meta's advice (convert it again: SRC DST) works from any folder
-    if "://" not in dst and src in (
-        Path(dst).expanduser().resolve(),
-        *Path(dst).expanduser().resolve().parents,
-    ):
+    if "://" not in dst and Path(dst).expanduser().resolve().is_relative_to(src):
         raise DataError(  # its folder would be one more class folder of SRC (with no images)
             f"{dst} lies inside {src}: there it would be taken for a class folder of the images "
             "(the next run or conversion of the folder refuses it); write the chunks outside "

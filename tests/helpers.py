@@ -699,3 +699,19 @@ class RaiseOnRank(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.fit_loop.total_batch_idx == self.at_batch and trainer.global_rank == self.rank:
             raise RuntimeError(f"an error on rank {self.rank} alone")
+
+
+class SignalInSetup(Callback):
+    """Sends SIGTERM to this process as the fit sets up (before Lightning's signal handling
+    and litlab's Preemption: a first decode of a large folder, a job ended while it waits).
+    ``mark``: unused (a run resumed from one with SignalInTest keeps its setting)."""
+
+    def __init__(self, mark: str | None = None) -> None:
+        self.mark = mark
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        import os
+        import signal
+
+        if stage == "fit":
+            os.kill(os.getpid(), signal.SIGTERM)

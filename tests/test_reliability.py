@@ -403,6 +403,43 @@ def test_preemption_signal_from_outside_saves_and_resume_finishes(tmp_path, sign
     assert run.duration_s == pytest.approx(durations["total"] + first["total"])
 
 
+def test_sigterm_outside_the_fit_ends_the_run_as_interrupted(tmp_path):
+    """SIGTERM before the fit trains (a first decode of a large folder; scancel, docker stop)
+    killed the process with the default disposition: exit -15 and a summary "running" forever.
+    Now the run ends as a SIGTERM in the fit ends it: exit 143, "interrupted", and how to go on
+    in the summary and the log; in the test after the fit, how to test it (resume= said
+    before, which has nothing to train: refused). A signal as a continued run sets up leaves
+    the folder's earlier run as it was: its summary, and the last.ckpt that resume= continues
+    from (a stop's save of the model not yet restored would have overwritten it)."""
+    args = [*CLF, "trainer.max_epochs=1", f"paths.log_dir={tmp_path}"]
+    in_setup = "+callbacks.stop._target_=helpers.SignalInSetup"
+    folder = tmp_path / "run"
+    first = run_cli(*args, f"hydra.run.dir={folder}", in_setup)
+    assert first.returncode == 143, first.stderr[-2000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "before its first checkpoint" in summary["error"]
+    assert "before its first checkpoint" in (folder / "train.log").read_text()
+
+    tested = tmp_path / "tested"
+    in_test = [
+        "+callbacks.stop._target_=helpers.SignalInTest",
+        f"+callbacks.stop.mark={tmp_path}/m",
+    ]
+    second = run_cli(*args, f"hydra.run.dir={tested}", *in_test)
+    assert second.returncode == 143, second.stderr[-2000:]
+    before = (tested / "summary.json").read_text()
+    summary = json.loads(before)
+    assert summary["status"] == "interrupted"
+    command = summary["error"].split("test it with: ")[1].split(",")[0]
+    assert command == f"python eval.py ckpt_path={summary['best_checkpoint']}"
+
+    saved = (tested / "checkpoints" / "last.ckpt").read_bytes()
+    again = run_cli(f"resume={tested}", "trainer.max_epochs=2", f"+{in_setup}")
+    assert again.returncode == 143, again.stderr[-2000:]
+    assert (tested / "summary.json").read_text() == before
+    assert (tested / "checkpoints" / "last.ckpt").read_bytes() == saved
+
+
 @pytest.mark.slow
 def test_sigkill_leaves_a_loadable_checkpoint(tmp_path):
     proc = start(LONG, tmp_path)

@@ -10,8 +10,10 @@ import logging
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from datetime import datetime, timezone
@@ -204,6 +206,14 @@ def ended_as(exc: BaseException | None, folder: Path) -> tuple[str, str | None]:
     # SIGTERMException is a SystemExit; Lightning ends Ctrl-C with one (a KeyboardInterrupt
     # outside its fit reaches here as it is)
     if isinstance(exc, SystemExit | KeyboardInterrupt):
+        trained = read_summary(folder / TRAINED)
+        if trained is not None:  # the fit had trained to its end (stopped while testing)
+            tested = trained.get("best_checkpoint") or trained.get("last_checkpoint")
+            return "interrupted", (
+                f"stopped by a signal after its fit trained to its end; test it with: python "
+                f"eval.py ckpt_path={tested}, or train it further with: python train.py "
+                f"resume={folder} trainer.max_epochs=<more>"
+            )
         if resumable_checkpoints(folder):  # what resume= continues from
             since = "" if isinstance(exc, SIGTERMException) else " from its last checkpoint"
             return (
@@ -256,6 +266,11 @@ def killed_part_s(folder: Path, started_at: str | None) -> float | None:
     return last - start
 
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM outside the fit: end the run as Lightning's fit ends on it (see Run)."""
+    raise SIGTERMException
+
+
 class Run:
     """One task run in one folder. Use as a context manager around the task's work.
 
@@ -272,6 +287,13 @@ class Run:
     checkpoints do not match, a setting the fit's setup rejects) leaves the folder's
     summary.json, and the Hydra files that its start wrote over (litlab.folders), as they were;
     other failures are recorded as usual.
+
+    SIGTERM (``kill``, ``scancel``, ``docker stop``, a pod's eviction) ends the run as
+    Lightning's SIGTERM handling ends a fit: SIGTERMException, the summary "interrupted", exit
+    status 143, outside the fit too (a folder's first decode, an FID extractor's training, the
+    test), where it killed the process and left the summary "running". Only where SIGTERM had
+    no handler (a submitit job's own is left be); inside the fit the Preemption callback's
+    handler takes it (a checkpoint to resume from).
     """
 
     def __init__(self, cfg: DictConfig, task: str, keep_going: bool = False) -> None:
@@ -291,9 +313,13 @@ class Run:
         self._began = False  # training or a test began: the folder may have changed
         self._entered_ns = time.time_ns()
         self._completed = False  # the folder held a completed run as this one began (rank 0)
+        self._sigterm: Any = None  # the SIGTERM handler this run replaced (SIG_DFL), if it did
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self._sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
         from litlab.callbacks.monitor import reset_cuda_peaks, reset_rss_peak
 
         reset_rss_peak()  # mem/rss_gb: this run's peak (data, finders, fit, test)
@@ -374,6 +400,9 @@ class Run:
         )
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
+        if self._sigterm is not None:  # a second SIGTERM while the summary is written: default
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         if isinstance(exc, AlreadyCompleted):  # every rank: nothing ran, the folder as it was
             if rank_zero_only.rank == 0:
                 restore_saved_config(self.dir)
@@ -394,7 +423,9 @@ class Run:
         self.summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         kept = False  # the folder's earlier run left as it was (rank 0 decides: it writes)
         if rank_zero_only.rank == 0:
-            untouched = isinstance(exc, Exception) and not self._began and not self._trained_here()
+            # a refusal, a failure or a signal (Ctrl-C, SIGTERM) before anything was trained or
+            # tested: the folder's earlier run is as it was
+            untouched = exc is not None and not self._began and not self._trained_here()
             kept = untouched and self._previous is not None
             if untouched:  # Hydra's files of an earlier run in the folder, as they were
                 restore_saved_config(self.dir)

@@ -201,10 +201,12 @@ class Preemption(Callback):
         self._agreed: AnyRank | None = None  # under DDP: whether any rank was signalled
         self._validated_at: int | None = None  # the training batch a validation last followed
         self._saving_after_validation = False  # the stop's checkpoint, after one inside an epoch
+        self._armed = False  # training started: a stop saves where the fit is
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._received = self._scheduler = self._agreed = self._validated_at = None
         self._requeue = False
+        self._armed = True
         signals = {signal.SIGTERM, signal.SIGUSR1, _submitit_signal()}
         for signum in signals - {None}:
             with contextlib.suppress(ValueError):  # not in the main thread: leave signals alone
@@ -254,6 +256,7 @@ class Preemption(Callback):
         if self._agreed is not None:  # a fit that ended within an epoch (max_steps)
             self._agreed.settle()
         self._agreed = None
+        self._armed = False
         self._restore()
 
     def _restore(self) -> dict[signal.Signals, Any]:
@@ -267,7 +270,11 @@ class Preemption(Callback):
     ) -> None:
         previous = self._restore().get(self._received)
         self._agreed = None  # a flag still being handed over is left (a rank may be gone)
-        if not (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit"):
+        armed, self._armed = self._armed, False
+        # a SIGTERM before training started (the fit's setup: litlab.run's handler) saves
+        # nothing: the model is not yet the checkpoint it continues, whose last.ckpt it would
+        # overwrite, and nothing was trained
+        if not (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and armed):
             return
         self._saving_after_validation = (
             not trainer.is_last_batch

@@ -653,7 +653,7 @@ def test_links_are_read_once_hidden_files_left_out_and_a_broken_link_skipped(
     assert "1 .txt (no image suffix" in said and "1 image(s) beside the class folders" in said
     assert source.report["all"]["skipped"] == 1
     assert source.report["all"]["skipped_files"][0]["file"] == "cat/gone.png"
-    assert main([str(root), "--workers", "1", "--size", "16"]) == 1
+    assert main([str(root), "--workers", "1", "--size", "16", "--batch-size", "2"]) == 1
     out = capsys.readouterr().out
     assert f"unreadable\t{root / 'cat' / 'gone.png'}\tFileNotFoundError" in out
     assert "not read: 1 .txt (no image suffix" in out and "(e.g. loose.png)" in out
@@ -673,7 +673,7 @@ def test_a_folder_linked_into_two_classes_or_two_splits_is_refused(tmp_path, cap
     source = ImageFolder(str(split), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
     with pytest.raises(DataError, match="would measure images trained on"):
         source.prepare()
-    assert main([str(split), "--workers", "1", "--size", "16"]) == 2
+    assert main([str(split), "--workers", "1", "--size", "16", "--batch-size", "2"]) == 2
     assert "would measure images trained on" in capsys.readouterr().out
 
     classes = tmp_path / "classes"
@@ -712,13 +712,22 @@ def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp
     from litlab.data.check import main
 
     def check(root: Path, *options: str) -> tuple[int, str]:
-        status = main([str(root), "--workers", "1", "--size", "16", *options])
+        status = main([str(root), "--workers", "1", "--size", "16", "--batch-size", "2", *options])
         return status, capsys.readouterr().out
 
     good = tmp_path / "good"
     write_png_folder(good, per_class=6)
     status, out = check(good)
     assert status == 0 and out.endswith("every file is readable\n")
+    # the images each split holds, as a run splits them: 18 = train + val + test
+    (line,) = [x for x in out.splitlines() if x.startswith("readable images a run holds: ")]
+    sizes = dict(part.split() for part in line.split(": ")[1].split(", "))
+    assert list(sizes) == ["train", "val", "test"] and sum(map(int, sizes.values())) == 18
+    source = ImageFolder(str(good), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+    assert int(sizes["test"]) == len(source.load("test"))
+    # a training split smaller than a batch: the run refuses it (drop_last leaves no batch)
+    status, out = main([str(good), "--workers", "1", "--size", "16"]), capsys.readouterr().out
+    assert status == 2 and f"batch_size 128 exceeds the {sizes['train']} training images" in out
     status, out = check(good, "--num-classes", "10")
     assert status == 2 and "refused: 3 class folders but --num-classes 10" in out
     mismatched = tmp_path / "mismatched"
@@ -739,7 +748,7 @@ def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp
     assert status == 1
     assert f"unreadable\t{brackets / 'b[' / 'photo [edited].png'}\t" in out
     assert f"unreadable\t{brackets / 'b[' / 'x].png'}\t" in out
-    for bad in (["--size", "0"], ["--workers", "0"], ["--channels", "2"]):
+    for bad in (["--size", "0"], ["--workers", "0"], ["--channels", "2"], ["--batch-size", "0"]):
         with pytest.raises(SystemExit) as stop:
             main([str(good), *bad])
         assert stop.value.code == 2, bad

@@ -2,13 +2,14 @@
 whether a run would accept the folder at all.
 
     python -m litlab.data.check /path/to/images            # root/<class>/ or root/train|test/ (val/...)
-    python -m litlab.data.check /path/to/images --size 64 --num-classes 10
+    python -m litlab.data.check /path/to/images --size 64 --num-classes 10 --batch-size 256
 
 Every image file is opened and decoded (at reduced scale where the format allows) by every core,
 as the first run's cache would (about as long as that first decode); the rate is printed. The
 run's rules are applied to the readable files: the same classes in every split folder, every
 class with training images once the test and validation files (held out by name, as a run
-holds them out) are set aside, and --num-classes when given.
+holds them out) are set aside, a training split of at least --batch-size images (one process),
+and --num-classes when given. The images each split would hold are printed.
 
 Output: plain lines; each unreadable file on a line of its own, tab-separated:
 "unreadable<TAB><path><TAB><reason>". Files without an image suffix (.heic, .txt, ...) and hidden
@@ -70,16 +71,21 @@ def splits(root: Path) -> dict[str, FolderIndex]:
     return {"all": scan(root)}
 
 
+SPLIT_ORDER = ("train", "val", "test")
+
+
 def refusals(
     root: Path,
     found: dict[str, FolderIndex],
     readable: dict[str, list[int]],
     args: argparse.Namespace,
-) -> tuple[list[str], list[str]]:
-    """(why a run would refuse the folder, warnings) with only the ``readable`` files (positions
-    in each split's index), as ImageFolder.load and its validation split decide."""
+) -> tuple[list[str], list[str], dict[str, int]]:
+    """(why a run would refuse the folder, warnings, the images of each split) with only the
+    ``readable`` files (positions in each split's index), as ImageFolder.load and its
+    validation split decide."""
     refused: list[str] = []
     notes: list[str] = []
+    sizes: dict[str, int] = {}
 
     def files_and_labels(split: str, keep: list[int]) -> tuple[list[str], torch.Tensor]:
         index = found[split]
@@ -101,22 +107,32 @@ def refusals(
             names, labels = files_and_labels("all", readable["all"])
             keep, test = test_split(names, args.test_fraction)
             held_out("test", labels[test], classes)
+            sizes["test"] = len(test)
             where = root
         else:
             for split, index in found.items():
                 if split != "train":
                     check_same_classes(found["train"].root, index.root)
-                    held_out(split, files_and_labels(split, readable[split])[1], classes)
+                    held = files_and_labels(split, readable[split])[1]
+                    held_out(split, held, classes)
+                    sizes[split] = len(held)
             names, labels = files_and_labels("train", readable["train"])
             keep, where = torch.arange(len(names)), found["train"].root
         if "val" not in found:  # validation is carved out of the training files
             train, val = validation_split([names[i] for i in keep], args.val_fraction, args.seed)
             held_out("validation", labels[keep][val], classes)
+            sizes["val"] = len(val)
             keep = keep[train]
+        sizes["train"] = len(keep)
         check_classes_present(labels[keep], classes, where, "train")
+        if len(keep) < args.batch_size:  # as the run refuses it (drop_last: no batch at all)
+            refused.append(
+                f"batch_size {args.batch_size} exceeds the {len(keep)} training images; lower "
+                "data.batch_size (and --batch-size)"
+            )
     except LitlabError as e:
         refused.append(str(e))
-    return refused, notes
+    return refused, notes, dict(sorted(sizes.items(), key=lambda kv: SPLIT_ORDER.index(kv[0])))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -134,6 +150,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--val-fraction", type=float, default=0.1, help="data.val_fraction")
     parser.add_argument("--seed", type=int, default=0, help="data.split_seed")
+    parser.add_argument("--batch-size", type=int, default=128, help="data.batch_size (per process)")
     parser.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="decoding processes (all cores)"
     )
@@ -142,8 +159,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         check_decoded_shape(args.size, args.channels)
     except LitlabError as e:
         parser.error(str(e))
-    if args.workers < 1:
-        parser.error(f"--workers must be at least 1, got {args.workers}")
+    for option in ("workers", "batch_size"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')} must be at least 1")
     for option in ("test_fraction", "val_fraction"):
         if not 0.0 < getattr(args, option) < 1.0:
             parser.error(f"--{option.replace('_', '-')} must lie strictly between 0 and 1")
@@ -167,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         bad = [i for i, (_, _, why) in enumerate(results) if why]
         readable[split] = [i for i, (_, _, why) in enumerate(results) if not why]
         bad_total += len(bad)
-        print(f"{index.root} ({split}): {len(paths)} image files, {len(index.classes)} classes")
+        classes = len(index.classes)
+        print(f"{index.root} ({split}): {len(paths)} image files, {classes} class(es)")
         images, unreadable = Counter(index.labels), Counter(index.labels[i] for i in bad)
         width = max(len(name) for name in [*index.classes, "class"])
         print(f"  {'class':<{width}}  {'images':>8}  {'unreadable':>10}")
@@ -183,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             print(note)
         for i in bad:
             print(f"unreadable\t{paths[i]}\t{results[i][2]}")
-    refused, notes = refusals(args.root, found, readable, args)
+    refused, notes, sizes = refusals(args.root, found, readable, args)
+    if sizes:
+        print("readable images a run holds: " + ", ".join(f"{k} {v}" for k, v in sizes.items()))
     for note in notes:
         print(f"warning: {note}")
     for reason in refused:

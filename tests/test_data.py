@@ -24,6 +24,7 @@ from conftest import (
     REPO,
     make_cfg,
     needs_fashion,
+    refused,
     summary_of,
     write_cifar_batches,
     write_folder_losing_a_class_to_validation,
@@ -48,6 +49,7 @@ from litlab.data.pixels import load_image
 from litlab.data.sources import (
     FASHION_MNIST_COUNTS,
     MNIST_COUNTS,
+    labels_of,
     read_idx,
     stratified_indices,
 )
@@ -1021,18 +1023,35 @@ def test_batches_whose_every_file_is_unreadable_are_skipped(tmp_path):
 
 def test_a_class_whose_every_file_is_unreadable_is_said_to(tmp_path, caplog):
     """Read as it goes (cache=false), a class of files that do not decode (photos renamed from
-    .heic to .jpg) trained as if it were not there, in silence; cached, it is refused."""
+    .heic to .jpg) trained as if it were not there, in silence; cached, it is refused. Each
+    unreadable file is said once a run, with its path and PIL's reason (the loader's worker
+    processes, new every epoch, said it at every read, the reason naming a BytesIO)."""
     write_png_folder(tmp_path / "images", per_class=6)
     for png in (tmp_path / "images" / "fox").iterdir():
         png.write_bytes(b"not an image")
     with caplog.at_level(logging.WARNING, logger="litlab"):
         summary = train_on_folder(
-            tmp_path, "data.source.cache=false", "data.batch_size=1", "trainer.max_epochs=1"
+            tmp_path,
+            "data.source.cache=false",
+            "data.batch_size=1",
+            "trainer.max_epochs=2",
+            "data.num_workers=1",
         )
     assert summary["data"]["classes_never_read"] == ["fox"]
     assert any(
         "['fox']: every training file was unreadable" in r.getMessage() for r in caplog.records
     )
+    said = Counter(
+        r.getMessage().split()[3]
+        for r in caplog.records
+        if r.getMessage().startswith("skipped unreadable image")
+    )
+    fox = tmp_path / "images" / "fox"
+    assert sorted(said) == sorted(str(fox / f"{i}.png") for i in range(6))  # train, val, test
+    assert set(said.values()) == {1}
+    reasons = [r.getMessage() for r in caplog.records if "skipped unreadable" in r.getMessage()]
+    assert all("UnidentifiedImageError: cannot identify image file" in m for m in reasons)
+    assert not any("BytesIO" in m for m in reasons)
 
 
 def test_two_builders_with_the_same_pid_never_share_a_build_folder(tmp_path, monkeypatch):
@@ -1323,6 +1342,69 @@ def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
         assert eval_task(eval_cfg) is not None
     assert f"testing every image of {tmp_path / 'other'}" in caplog.text
     assert summary_of(eval_cfg)["data"]["test_all"] is True
+
+
+def write_coloured_folder(root: Path, classes: tuple[str, ...], per_class: int, seed: int):
+    """PNGs whose class is their colour (cat red, dog green, fox blue, with noise): a small
+    net learns them in a few epochs, so a test accuracy says whether labels were right."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    colours = {"cat": (200, 30, 30), "dog": (30, 200, 30), "fox": (30, 30, 200), "emu": (0, 0, 0)}
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            noise = rng.integers(-30, 30, (24, 24, 3))
+            pixels = np.clip(np.array(colours[c]) + noise, 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / c / f"{seed}-{i}.png")
+
+
+def test_eval_on_a_folder_of_some_of_the_models_classes_labels_them_as_the_model(
+    tmp_path, caplog, capsys
+):
+    """eval.py on a folder holding 2 of the model's 3 class folders was refused with advice
+    that contradicted itself ("set data.num_classes=2", then "the model was trained on 3: set
+    data.num_classes=3"), and an empty folder for the third class was refused as a class
+    without training images. Labels are positions among the class folders, so dog/ and fox/
+    alone would be labels 0 and 1 (cat and dog to the model): they are labelled by the
+    model's class names. A class folder the model does not know is refused in one line."""
+    from litlab.evaluate import eval_task
+
+    write_coloured_folder(tmp_path / "images", ("cat", "dog", "fox"), 12, seed=0)
+    summary = train_on_folder(tmp_path, "trainer.max_epochs=4", "data.batch_size=6", "test=false")
+    write_coloured_folder(tmp_path / "some", ("dog", "fox"), 5, seed=1)
+    (tmp_path / "empty" / "cat").mkdir(parents=True)  # an empty folder for the missing class
+    write_coloured_folder(tmp_path / "empty", ("dog", "fox"), 5, seed=1)
+    for name, cache in (("some", "true"), ("some", "false"), ("empty", "true")):
+        eval_cfg = eval_on_folder(
+            tmp_path / f"{name}-{cache}",
+            summary,
+            tmp_path / name,
+            "data.source.size=20",
+            f"data.source.cache={cache}",
+        )
+        with caplog.at_level("INFO", logger="litlab"):
+            assert eval_task(eval_cfg) is not None, (name, cache)
+        tested = summary_of(eval_cfg)
+        assert tested["data"]["splits"]["test"] == 10
+        assert tested["metrics"]["test/acc"] >= 0.9, (name, cache)  # 0 with the folder's labels
+    assert "labelling " + str(tmp_path / "some") + " by the model's 3 classes" in caplog.text
+
+    labelled = ImageFolder(
+        str(tmp_path / "some"),
+        size=20,
+        cache_dir=str(tmp_path / "cache"),
+        classes=["cat", "dog", "fox"],
+    ).load("test")
+    assert sorted(set(labels_of(labelled).tolist())) == [1, 2]
+    write_coloured_folder(tmp_path / "more", ("dog", "emu"), 1, seed=2)
+    eval_cfg = eval_on_folder(tmp_path / "more-eval", summary, tmp_path / "more")
+    refused(capsys, eval_task, eval_cfg, "class folder(s) ['emu'] of ")
+    # a model trained on a source whose checkpoint holds no class names (digits): all of them
+    from litlab.evaluate import label_as_trained
+
+    with pytest.raises(ConfigError, match="has 2 class folders but the model has 10 classes"):
+        label_as_trained({"root": str(tmp_path / "some"), "test_fraction": 0.2}, {}, None, 10)
 
 
 def test_eval_on_other_images_decodes_them_where_the_run_decoded_its_own(tmp_path):

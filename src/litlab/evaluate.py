@@ -22,7 +22,7 @@ from litlab.config import (
     require,
 )
 from litlab.data.fingerprint import files_found, folder_of
-from litlab.data.folder_index import split_folders
+from litlab.data.folder_index import class_names, encoding_hint, split_folders
 from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
@@ -49,7 +49,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     checkpoint = load_checkpoint(path)
     stored = stored_config(checkpoint, path)
     # The stored config is resolved; a data=... choice made here is resolved against this run.
-    trained_files = data_state(checkpoint, stored).get("trained_files")
+    trained_state = data_state(checkpoint, stored)
     if cfg.get("data") and "_target_" not in cfg.data:  # +data.eval_batch_size=... alone: the
         with open_dict(cfg):  # run's data with that changed
             cfg.data = OmegaConf.merge(stored.data, cfg.data)
@@ -59,7 +59,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
             cfg.data[key] = stored.data[key]  # classes: the model's (the data set up checks them)
     parts = OmegaConf.create(
         {
-            "data": other_data(cfg.data, stored.data, trained_files)
+            "data": other_data(cfg.data, stored.data, trained_state)
             if cfg.get("data")
             else stored.data
         }
@@ -157,13 +157,14 @@ def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
 
 
 def other_data(
-    chosen: DictConfig, trained: DictConfig, trained_files: list[list[str]] | None = None
+    chosen: DictConfig, trained: DictConfig, trained_state: dict[str, Any] | None = None
 ) -> DictConfig:
     """The data chosen for testing, prepared as the model was trained (the network only knows
     the inputs it was trained on): normalized, stored and framed as in training, and, where it
     is the training data itself, split as in training (a larger test share of a folder or of
     digits would take in images the model trained on); refused when its images or classes
-    differ."""
+    differ. ``trained_state``: the training DataModule's state in the checkpoint (its class
+    names, a sample of the files trained on)."""
     data = OmegaConf.to_container(chosen, resolve=True)
     before = OmegaConf.to_container(trained, resolve=True)
     for key in ("image_shape", "num_classes"):
@@ -182,7 +183,9 @@ def other_data(
     decoded_as_trained(source, trained_source)
     if same_source(source, trained_source):
         as_trained(source, trained_source, ("test_fraction",), "holding out the run's test images")
-    other_folder(source, trained_source, trained_files)
+    state = trained_state or {}
+    label_as_trained(source, trained_source, state.get("classes"), before["num_classes"])
+    other_folder(source, trained_source, state.get("trained_files"))
     return OmegaConf.create(data)
 
 
@@ -226,11 +229,8 @@ def other_folder(
     on), and so does one that holds files the run trained on (``trained_files``, a sample in
     the checkpoint: a copy of the training folder, or the folder moved); a folder with a test/
     (or val/) folder is tested on that. +data.source.test_all=true: every image, as asked."""
-    root = source.get("root")
-    if "test_fraction" not in source or not root or not Path(root).expanduser().is_dir():
-        return
-    folder = folder_of(root)
-    if folder == folder_of(trained.get("root")) or split_folders(folder) is not None:
+    folder = another_folder(source, trained)
+    if folder is None or split_folders(folder) is not None:
         return
     if source.get("test_all"):
         return
@@ -271,6 +271,56 @@ def other_folder(
         return
     trained_on = trained.get("root") or trained.get("input_dir") or trained.get("_target_")
     log.info("testing every image of %s (the model was trained on %s)", folder, trained_on)
+
+
+def another_folder(source: dict[str, Any], trained: dict[str, Any]) -> Path | None:
+    """The image folder ``source`` reads where it is not the training source's folder."""
+    root = source.get("root")
+    if "test_fraction" not in source or not root or not Path(root).expanduser().is_dir():
+        return None
+    folder = folder_of(root)
+    return None if folder == folder_of(trained.get("root")) else folder
+
+
+def label_as_trained(
+    source: dict[str, Any],
+    trained: dict[str, Any],
+    trained_classes: list[str] | None,
+    count: int,
+) -> None:
+    """Label the images of a folder other than the training one by the model's class names
+    (``source.classes``): a label is a class's position among the class folders, so a folder
+    with some of the model's ``count`` classes would otherwise give images the wrong labels.
+    Refused where it has a class the model does not know, or fewer classes and the checkpoint
+    holds no class names (a model trained on another source)."""
+    folder = another_folder(source, trained)
+    if folder is None:
+        return
+    folders = split_folders(folder)
+    here = class_names(folders["train"] if folders else folder)
+    if trained_classes is None or here == list(trained_classes):
+        if trained_classes is None and len(here) < count:
+            trained_on = trained.get("root") or trained.get("input_dir") or trained.get("_target_")
+            raise ConfigError(
+                f"{folder} has {len(here)} class folders but the model has {count} classes, "
+                f"whose names its checkpoint does not hold (trained on {trained_on}): labels are "
+                f"positions among the sorted class folders, so test it on a folder of all {count}"
+            )
+        return
+    known = [str(name) for name in trained_classes]
+    unknown = [name for name in here if name not in known]
+    if unknown:
+        raise ConfigError(
+            f"class folder(s) {unknown} of {folder} are not classes the model knows ({known}); "
+            f"test it on folders named as its classes{encoding_hint(here, known)}"
+        )
+    source["classes"] = known
+    log.info(
+        "labelling %s by the model's %d classes (no folder here for %s)",
+        folder,
+        len(known),
+        [name for name in known if name not in here],
+    )
 
 
 def converted_from(trained: dict[str, Any]) -> tuple[Path, float] | None:

@@ -16,6 +16,7 @@ from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_sam
 from litlab.data.folder import FileImages
 from litlab.data.folder_index import encoding_hint, file_names
 from litlab.data.loader import DeviceLoader, ResumableDataLoader, ShardSampler, reader_context
+from litlab.data.pixels import Unreadable
 from litlab.data.sources import Source, labels_of, stratified_indices
 from litlab.data.transforms import BatchTransform
 from litlab.distributed.agree import largest_on_any_rank
@@ -649,12 +650,20 @@ class DataModule(L.LightningDataModule):
             _reads_files(d) or _streams(d) for d in self.datasets.values()
         )
 
+    def _skipped(self, skipped: list[Unreadable]) -> None:
+        """Files a loader's workers found unreadable: counted, and each said once a run (the
+        workers, new processes every epoch, would say it every time they read it)."""
+        for item in skipped:
+            if item.file not in self.unreadable:
+                log.warning("skipped unreadable image %s (%s)", item.file, item.reason or "?")
+                self.unreadable.add(item.file)
+
     def ready(self, batch: Any, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A loader's batch, already on its device, as models see it: decoded where it came
         encoded, cropped (and augmented when ``train``) and normalized; skipped files counted."""
         if len(batch) == 3:  # from the file-reading loader: (images, labels, files skipped)
             images, labels, skipped = batch
-            self.unreadable.update(skipped)
+            self._skipped(skipped)
             if not len(labels):  # every file unreadable: an empty batch of the stored shape
                 images = torch.empty(
                     (0, *self.stored_shape), dtype=torch.uint8, device=labels.device

@@ -148,12 +148,12 @@ def kept(labels: Tensor, keep: Tensor) -> Tensor:
     return labels.index_select(0, _to(keep.nonzero().squeeze(1), labels.device))
 
 
-def skip_unreadable(batch: list) -> tuple[Tensor | Encoded, Tensor, list[str]]:
+def skip_unreadable(batch: list) -> tuple[Tensor | Encoded, Tensor, list[Unreadable]]:
     """Collate a file-reading loader's batch: the readable samples, and the files skipped
     (third; ``Unreadable`` items). Pixels become one uint8 tensor; a batch with encoded JPEGs
     (samples of (image, label, file)) stays ``Encoded``, naming its files."""
     good = [b for b in batch if not isinstance(b, Unreadable)]
-    skipped = [b.file for b in batch if isinstance(b, Unreadable)]
+    skipped = [b for b in batch if isinstance(b, Unreadable)]
     if not good:
         return torch.empty(0), torch.empty(0, dtype=torch.long), skipped
     if any(b[0].dim() == 1 for b in good):

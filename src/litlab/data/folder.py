@@ -22,8 +22,8 @@ between runs, for a resumed run, or for ``eval.py`` of an older checkpoint.
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,6 +35,7 @@ from litlab.data.folder_index import (
     FolderIndex,
     check_classes_present,
     check_same_classes,
+    class_names,
     file_names,
     scan,
     split_folders,
@@ -46,6 +47,7 @@ from litlab.data.pixels import (
     Unreadable,
     check_decode,
     check_decoded_shape,
+    why_unreadable,
     worker_item,
 )
 from litlab.data.sources import Source, Split, labels_of
@@ -86,9 +88,8 @@ class FileImages(Dataset):
         path = self.index.root / self.index.files[self.positions[i]]
         try:
             image = worker_item(path.read_bytes(), self.size, self.channels, self.encoded)
-        except Exception as e:
-            warnings.warn(f"skipped unreadable image {path}: {e}", stacklevel=1)
-            return Unreadable(str(path))
+        except Exception as e:  # said once by the run (DataModule.ready), not every epoch
+            return Unreadable(str(path), why_unreadable(e))
         return (image, self.targets[i], str(path)) if self.encoded else (image, self.targets[i])
 
 
@@ -109,7 +110,9 @@ class ImageFolder(Source):
     about ``test_fraction`` of the images is held out for testing, file by file (by name);
     ``test_all``: every image is a test image (eval.py on a folder other than the training
     one sets it; training splits, which evaluation reads only for FID's real statistics, are
-    then the whole folder too).
+    then the whole folder too). ``classes``: label by these class names (the model's, which
+    eval.py gives for a folder other than the training one), so a folder holding some of them
+    is labelled as the model was; a class folder not among them is refused.
     """
 
     name = "image_folder"
@@ -129,6 +132,7 @@ class ImageFolder(Source):
         workers: int | None = None,
         decode: str = "workers",
         test_all: bool = False,
+        classes: Sequence[str] | None = None,
     ) -> None:
         check_decoded_shape(size, channels)
         check_decode(decode, cache)
@@ -137,6 +141,7 @@ class ImageFolder(Source):
         self.test_fraction = test_fraction
         self.cache, self.cache_dir, self.workers = cache, Path(cache_dir), workers
         self.decode, self.test_all = decode, test_all
+        self.classes = None if classes is None else [str(c) for c in classes]
         self._opened: dict[Path, CachedFolder | FolderIndex] = {}
         self.report: dict[str, object] = {"test_all": True} if test_all else {}
 
@@ -201,12 +206,15 @@ class ImageFolder(Source):
         memory-mapped array) or as files."""
         opened = self._opened_folder(folder)
         if isinstance(opened, FolderIndex):
+            labels, classes = self._labels(torch.as_tensor(opened.labels), opened.classes, folder)
+            index = replace(opened, labels=labels.tolist(), classes=classes)
             return FileImages(
-                opened, range(len(opened.files)), self.size, self.channels, self.decode == "device"
+                index, range(len(index.files)), self.size, self.channels, self.decode == "device"
             )
         cached = opened
-        dataset = TensorDataset(cached.images, cached.labels)
-        dataset.classes = cached.classes  # type: ignore[attr-defined]
+        labels, classes = self._labels(cached.labels, cached.classes, folder)
+        dataset = TensorDataset(cached.images, labels)
+        dataset.classes = classes  # type: ignore[attr-defined]
         dataset.files = cached.files  # type: ignore[attr-defined]
         if split not in self.report:
             self.report[split] = {"images": len(cached.labels), "skipped": len(cached.skipped)}
@@ -222,12 +230,38 @@ class ImageFolder(Source):
                 )
         return dataset
 
+    def _labels(
+        self, labels: torch.Tensor, classes: list[str], folder: Path
+    ) -> tuple[torch.Tensor, list[str]]:
+        """(labels, class names): the folder's own, or, given ``classes``, each image labelled by
+        its class's position among them."""
+        if self.classes is None or self.classes == classes:
+            return labels, classes
+        unknown = [name for name in classes if name not in self.classes]
+        if unknown:
+            raise DataError(
+                f"class folder(s) {unknown} of {folder} are not among the model's classes "
+                f"{self.classes}; test it on folders named as its classes (remove or rename "
+                "these)"
+            )
+        position = torch.tensor([self.classes.index(name) for name in classes], dtype=torch.long)
+        return position[labels.long()], self.classes
+
+    def _check_present(self, labels: torch.Tensor, classes: list[str], where: Path, split: str):
+        """``check_classes_present``, but for given ``classes`` only over those with a class
+        folder here (a folder of some of the model's classes is what it was given for). With
+        ``test_all`` (every image tested) the training split is not trained on: not checked."""
+        if self.test_all and split == "train":
+            return
+        own = None if self.classes is None else class_names(where)
+        check_classes_present(labels, classes, where, split, own)
+
     def load(self, split: Split) -> Dataset:
         self.prepare(test=split == "test")
         folders = self._split_folders()
         if folders is not None:
             whole = self._whole(folders[split], split)
-            check_classes_present(labels_of(whole), whole.classes, folders[split], split)
+            self._check_present(labels_of(whole), whole.classes, folders[split], split)
             return whole
         whole = self._whole(self.root, "all")
         if self.test_all:
@@ -237,7 +271,7 @@ class ImageFolder(Source):
         chosen = test if split == "test" else keep
         subset = Subset(whole, chosen.tolist())
         subset.classes = whole.classes  # type: ignore[attr-defined]
-        check_classes_present(labels_of(subset), whole.classes, self.root, split)
+        self._check_present(labels_of(subset), whole.classes, self.root, split)
         return subset
 
     def validation_split(
@@ -249,7 +283,7 @@ class ImageFolder(Source):
         folders = self._split_folders()
         where = folders["train"] if folders is not None else self.root
         classes = train.classes  # type: ignore[attr-defined]
-        check_classes_present(labels_of(train)[keep], classes, where, "train")
+        self._check_present(labels_of(train)[keep], classes, where, "train")
         return keep, val
 
     def fingerprints(self, trained: Dataset) -> list[list[str]] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import warnings
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -113,12 +114,16 @@ def worker_item(data: bytes, size: int, channels: int, encoded: bool = True) -> 
 def why_unreadable(error: Exception) -> str:
     """A damaged file's decoding error in one line, as the cache and the check list it."""
     kind = type(error).__name__
-    return f"{kind}: {first_line(error)}" if str(error).strip() else kind
+    # PIL names the buffer it read ("cannot identify image file <_io.BytesIO object at 0x...>"),
+    # not the file: dropped (the file is named beside the reason)
+    text = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", first_line(error))
+    return f"{kind}: {text}" if str(error).strip() else kind
 
 
 class Unreadable(NamedTuple):
     """What a dataset read as it goes yields for a file that does not decode (``skip_unreadable``
     drops it): the file, so that a run counts each unreadable file once, however many passes
-    and ranks read it."""
+    and ranks read it, and says why once, in the run's process (``why_unreadable``)."""
 
     file: str
+    reason: str = ""

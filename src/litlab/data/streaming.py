@@ -34,7 +34,13 @@ from litlab.compat import continue_item_shuffle_window, shuffle_as_on_a_local_di
 from litlab.data.decode import skip_unreadable
 from litlab.data.folder_index import class_names
 from litlab.data.loader import worker_init
-from litlab.data.pixels import Unreadable, check_decode, check_decoded_shape, worker_item
+from litlab.data.pixels import (
+    Unreadable,
+    check_decode,
+    check_decoded_shape,
+    why_unreadable,
+    worker_item,
+)
 from litlab.data.sources import Source
 from litlab.distributed.agree import rank_and_world
 from litlab.errors import ConfigError, DataError
@@ -80,8 +86,7 @@ class DecodeImage:
         try:
             image = worker_item(item["image"], self.size, self.channels, self.encoded)
         except Exception as e:  # a damaged item is a skip, whatever PIL raises
-            warnings.warn(f"skipped unreadable image {name}: {e}", stacklevel=1)
-            return Unreadable(name)
+            return Unreadable(name, why_unreadable(e))  # said once by the run, not every epoch
         return (image, int(item["label"]), name) if self.encoded else (image, int(item["label"]))
 
 

@@ -518,10 +518,12 @@ def small_folder_run(tmp_path: Path) -> list[str]:
     ]
 
 
-def test_a_resume_on_another_folder_of_other_images_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("layout", ["classes", "splits"])
+def test_a_resume_on_another_folder_of_other_images_is_refused(tmp_path, capsys, layout):
     """data.source.root is where the images are (a run folder resumed on another machine): it
     was never compared, so resume= with another folder of the same classes trained on and
-    tested other images without a word (review). A copy of the folder resumes."""
+    tested other images without a word (review). A copy of the folder resumes. The same for
+    a folder with train/ and test/ (its checkpoints kept no sample of files: not compared)."""
     import shutil
 
     import numpy as np
@@ -531,7 +533,11 @@ def test_a_resume_on_another_folder_of_other_images_is_refused(tmp_path, capsys)
     from litlab.resumable import check_resumable
 
     root, other, copy = (tmp_path / name for name in ("images", "other", "copy"))
-    write_png_folder(root, per_class=8)
+    if layout == "classes":
+        write_png_folder(root, per_class=8)
+    else:
+        write_png_folder(root / "train", per_class=8)
+        write_png_folder(root / "test", per_class=2)
     shutil.copytree(root, copy)
     shutil.copytree(root, other)
     for path in other.rglob("*.png"):  # the same names and classes, other pixels

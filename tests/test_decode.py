@@ -236,7 +236,11 @@ def test_a_batch_of_pixels_only_is_collated_as_before():
         (torch.ones(3, 8, 8).byte(), 0),
     ]
     images, labels, skipped = skip_unreadable(pixels)
-    assert images.shape == (2, 3, 8, 8) and labels.tolist() == [1, 0] and [u.file for u in skipped] == ["a/b.png"]
+    assert (
+        images.shape == (2, 3, 8, 8)
+        and labels.tolist() == [1, 0]
+        and [u.file for u in skipped] == ["a/b.png"]
+    )
 
 
 @pytest.mark.gpu

@@ -25,6 +25,7 @@ from conftest import (
     CPU_DDP,
     QUIET,
     make_cfg,
+    refused,
     run_cli,
     write_digits_folder,
     write_folder_losing_a_class_to_validation,
@@ -139,6 +140,50 @@ def test_eval_on_the_folder_a_streamed_run_was_converted_from_tests_its_held_out
     with caplog.at_level("WARNING", logger="litlab"):
         other_folder(source, trained)
     assert source["test_all"] and f"converted from {root}" in caplog.text
+
+
+def test_a_streamed_run_resumed_on_another_conversion_is_refused(converted, tmp_path, capsys):
+    """data.source.input_dir is where the chunks are (a loading setting: chunks copied to a
+    bucket or another machine), so resume= with the chunks of another folder trained on and
+    tested other images without a word. The checkpoint keeps which conversion it streamed
+    (DST/meta's key of the source's files): another is refused, a copy of the chunks resumes."""
+    from litlab.checkpoint import load_checkpoint
+    from litlab.resumable import check_resumable
+
+    _, dst, _ = converted
+    run = [
+        "data=streaming",
+        "data.num_classes=3",
+        "data.source.size=16",
+        "data.image_shape=[3,16,16]",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "model.net.width=4",
+        "model.scheduler=null",
+        "test=false",
+        *QUIET,
+    ]
+    trained = make_cfg(
+        tmp_path / "t", [*run, f"data.source.input_dir={dst}", "trainer.max_epochs=1"]
+    )
+    train_task(trained)
+    last = Path(trained.paths.output_dir) / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(last)["DataModule"]["conversion"] == read_meta(str(dst))["source_key"]
+    copy, other = tmp_path / "copy", tmp_path / "other"
+    shutil.copytree(dst, copy)
+    write_png_folder(tmp_path / "images", per_class=4)
+    convert(tmp_path / "images", str(other), workers=1)
+    more = [*run, "trainer.max_epochs=2", f"ckpt_path={last}"]
+    check_resumable(
+        load_checkpoint(last), make_cfg(tmp_path / "t", [*more, f"data.source.input_dir={copy}"])
+    )
+    elsewhere = make_cfg(tmp_path / "t", [*more, f"data.source.input_dir={other}"])
+    refused(
+        capsys,
+        train_task,
+        elsewhere,
+        f"data.source.input_dir: {dst} -> {other} holds another conversion",
+    )
 
 
 def test_a_conversion_records_each_splits_labels_in_stream_order(converted, tmp_path):

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from litlab.checkpoint import data_state, stored_config
 from litlab.compat import epochs_trained
 from litlab.data.fingerprint import files_found, folder_of
-from litlab.errors import CheckpointError
+from litlab.errors import CheckpointError, LitlabError
 
 log = logging.getLogger("litlab")
 
@@ -163,8 +163,12 @@ def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:
 def _other_images(checkpoint: dict[str, Any], stored: DictConfig, now: DictConfig) -> str | None:
     """An image folder at another path than the run's (data.source.root, a loading setting: a
     run folder resumed on another machine) that holds none of the files sampled from the run's
-    training split (the checkpoint's, by name and bytes): other images. None where there is no
-    sample to compare (split folders, streamed chunks) or no such folder."""
+    training split (the checkpoint's, by name and bytes), or streamed chunks at another place
+    (data.source.input_dir) of another conversion: other images. None where there is nothing
+    to compare (a checkpoint from before these were kept) or no such folder."""
+    then, new = (OmegaConf.select(c, "data.source.input_dir") for c in (stored, now))
+    if then and new and then != new:
+        return _other_conversion(checkpoint, stored, now)
     then, new = (OmegaConf.select(c, "data.source.root") for c in (stored, now))
     folder = folder_of(new)
     if folder is None or then is None or folder == folder_of(then) or not folder.is_dir():
@@ -177,6 +181,29 @@ def _other_images(checkpoint: dict[str, Any], stored: DictConfig, now: DictConfi
     return (
         f"data.source.root: {then} -> {new} holds none of the {len(sample)} files sampled from "
         "the run's training split"
+    )
+
+
+def _other_conversion(
+    checkpoint: dict[str, Any], stored: DictConfig, now: DictConfig
+) -> str | None:
+    """Streamed chunks at another data.source.input_dir that are another conversion than the
+    run's (DST/meta's key of its source's files: a copy of the chunks has the run's)."""
+    from litlab.data.streaming import read_meta
+
+    key = data_state(checkpoint, stored).get("conversion")
+    if not key:
+        return None
+    new = now.data.source.input_dir
+    try:
+        meta = read_meta(new, OmegaConf.select(now, "data.source.cache_dir"))
+    except LitlabError:  # not there, not a conversion: the run's setup says so
+        return None
+    if meta.get("source_key") == key:
+        return None
+    return (
+        f"data.source.input_dir: {stored.data.source.input_dir} -> {new} holds another "
+        f"conversion (of {meta.get('source')}: other files, or files changed since)"
     )
 
 

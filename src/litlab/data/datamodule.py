@@ -347,7 +347,8 @@ class DataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         """Kept in checkpoints by Lightning: the class names the labels stand for, a sample of
-        the files trained on (an image folder split by file name: eval.py), and the unreadable
+        the files trained on (an image folder: eval.py, resume=), which conversion streamed
+        chunks are (resume=), and the unreadable
         files found so far (this rank's: rank 0's in the file), which a resumed epoch does not
         read again."""
         state: dict[str, Any] = {}
@@ -358,6 +359,9 @@ class DataModule(L.LightningDataModule):
             self._fingerprints = (sample and sample(self.datasets["fit"])) or []
         if self._fingerprints:  # files trained on (litlab.data.fingerprint: eval.py)
             state["trained_files"] = self._fingerprints
+        conversion = getattr(self.source, "conversion", None)  # streamed chunks
+        if conversion is not None and conversion():
+            state["conversion"] = conversion()
         if self.unreadable:
             state["unreadable"] = sorted(self.unreadable)
         return state

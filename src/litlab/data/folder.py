@@ -288,11 +288,17 @@ class ImageFolder(Source):
 
     def fingerprints(self, trained: Dataset) -> list[list[str]] | None:
         """A seeded sample of the files of ``trained`` (a split of this folder) with digests of
-        their bytes, where test images are held out by file name (no split folders): eval.py
-        recognises a copy of this folder by them (litlab.data.fingerprint)."""
-        if self._split_folders() is not None or self.test_all:
+        their bytes: eval.py recognises a copy of this folder by them (where test images are
+        held out by file name), resume= one moved (litlab.data.fingerprint);
+        in a split layout, of the training folder (named under the root: train/<class>/...)."""
+        if self.test_all:
             return None
-        return fingerprints(self.root, file_names(trained))
+        names = file_names(trained)
+        folders = self._split_folders()
+        if folders is not None:
+            below = folders["train"].relative_to(self.root).as_posix()
+            names = [f"{below}/{name}" for name in names]
+        return fingerprints(self.root, names)
 
     def given_validation(self) -> Dataset | None:
         """root/val/ (or valid/, validation/) when it lies beside train/ and test/."""

@@ -230,6 +230,11 @@ class Streaming(Source):
             self._meta = read_meta(self.input_dir, self.cache_dir)
         return self._meta
 
+    def conversion(self) -> str | None:
+        """Which conversion this is: the key of its source's files (names, sizes, times) and
+        fractions, the same in a copy of the chunks (kept in checkpoints: resume= elsewhere)."""
+        return self.meta.get("source_key")
+
     @property
     def report(self) -> dict[str, Any]:
         """For summary.json: images per split and the files the conversion skipped."""

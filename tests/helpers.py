@@ -402,16 +402,22 @@ def agree_on_flags(rank: int, world: int, init_file: str, out: str) -> None:
 FAKE_SCONTROL = """#!/bin/sh
 echo "$@" >> "$FAKE_SLURM_LOG"
 if [ "$1" = requeue ]; then
-  for pid in $(pgrep -P "$PPID"); do [ "$pid" != "$$" ] && kill -"$FAKE_SLURM_KILL" "$pid"; done
-  kill -"$FAKE_SLURM_KILL" "$PPID"
+  P=$PPID
+  (
+    sleep "${FAKE_SLURM_DELAY:-0}"
+    for pid in $(pgrep -P "$P"); do [ "$pid" != "$$" ] && kill -"$FAKE_SLURM_KILL" "$pid"; done
+    kill -"$FAKE_SLURM_KILL" "$P"
+  ) >/dev/null 2>&1 &
+  [ "${FAKE_SLURM_DELAY:-0}" = 0 ] && wait
 fi
 exit 0
 """
 
 
-def fake_scontrol(folder: Path, kill: str = "TERM") -> dict[str, str]:
+def fake_scontrol(folder: Path, kill: str = "TERM", delay: float = 0) -> dict[str, str]:
     """Put FAKE_SCONTROL in ``folder``/bin; the environment that finds it first (its calls are
-    recorded in ``folder``/scontrol.log)."""
+    recorded in ``folder``/scontrol.log). It ends the job with ``kill`` before it returns, or
+    ``delay`` seconds after (SLURM signals the job a moment after the requeue call returns)."""
     import os
 
     bin_dir = folder / "bin"
@@ -422,6 +428,7 @@ def fake_scontrol(folder: Path, kill: str = "TERM") -> dict[str, str]:
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "FAKE_SLURM_LOG": str(folder / "scontrol.log"),
         "FAKE_SLURM_KILL": kill,
+        "FAKE_SLURM_DELAY": str(delay),
     }
 
 
@@ -704,10 +711,10 @@ class RaiseOnRank(Callback):
 class SignalInSetup(Callback):
     """Sends SIGTERM to this process as the fit sets up (before Lightning's signal handling
     and litlab's Preemption: a first decode of a large folder, a job ended while it waits).
-    ``mark``: unused (a run resumed from one with SignalInTest keeps its setting)."""
+    ``mark``, ``signum``: unused (a run resumed from one with SignalInTest keeps its settings)."""
 
-    def __init__(self, mark: str | None = None) -> None:
-        self.mark = mark
+    def __init__(self, mark: str | None = None, signum: str | None = None) -> None:
+        self.mark, self.signum = mark, signum
 
     def setup(self, trainer, pl_module, stage) -> None:
         import os
@@ -715,3 +722,28 @@ class SignalInSetup(Callback):
 
         if stage == "fit":
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalInSave(Callback):
+    """A second SIGTERM while the stop's checkpoint is written (Preemption.on_exception)."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        import os
+        import signal
+
+        if trainer.received_sigterm and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalAtTrainEnd(Callback):
+    """SIGTERM as the fit ends (another callback's on_train_end: EMA's swap, final samples)."""
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)

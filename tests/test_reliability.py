@@ -407,10 +407,9 @@ def test_sigterm_outside_the_fit_ends_the_run_as_interrupted(tmp_path):
     """SIGTERM before the fit trains (a first decode of a large folder; scancel, docker stop)
     killed the process with the default disposition: exit -15 and a summary "running" forever.
     Now the run ends as a SIGTERM in the fit ends it: exit 143, "interrupted", and how to go on
-    in the summary and the log; in the test after the fit, how to test it (resume= said
-    before, which has nothing to train: refused). A signal as a continued run sets up leaves
-    the folder's earlier run as it was: its summary, and the last.ckpt that resume= continues
-    from (a stop's save of the model not yet restored would have overwritten it)."""
+    in the summary and the log. A signal as a continued run sets up leaves the folder's
+    earlier run as it was: its summary, and the last.ckpt that resume= continues from (a
+    stop's save of the model not yet restored would have overwritten it)."""
     args = [*CLF, "trainer.max_epochs=1", f"paths.log_dir={tmp_path}"]
     in_setup = "+callbacks.stop._target_=helpers.SignalInSetup"
     folder = tmp_path / "run"
@@ -420,13 +419,17 @@ def test_sigterm_outside_the_fit_ends_the_run_as_interrupted(tmp_path):
     assert summary["status"] == "interrupted" and "before its first checkpoint" in summary["error"]
     assert "before its first checkpoint" in (folder / "train.log").read_text()
 
+    # Ctrl-C in the test after the fit: resume= (what the summary said) has nothing to train
+    # and is refused; the summary says how to test it. (SIGTERM in the test: Lightning's
+    # handling, the test goes on to the end.)
     tested = tmp_path / "tested"
     in_test = [
         "+callbacks.stop._target_=helpers.SignalInTest",
         f"+callbacks.stop.mark={tmp_path}/m",
+        "+callbacks.stop.signum=SIGINT",
     ]
     second = run_cli(*args, f"hydra.run.dir={tested}", *in_test)
-    assert second.returncode == 143, second.stderr[-2000:]
+    assert second.returncode == 1, second.stderr[-2000:]
     before = (tested / "summary.json").read_text()
     summary = json.loads(before)
     assert summary["status"] == "interrupted"
@@ -438,6 +441,27 @@ def test_sigterm_outside_the_fit_ends_the_run_as_interrupted(tmp_path):
     assert again.returncode == 143, again.stderr[-2000:]
     assert (tested / "summary.json").read_text() == before
     assert (tested / "checkpoints" / "last.ckpt").read_bytes() == saved
+
+
+def test_a_second_sigterm_or_one_as_the_fit_ends_is_lightnings_to_handle(tmp_path):
+    """Inside the trainer SIGTERM is Lightning's (a flag; litlab's Preemption in training):
+    litlab's handler for outside it, which Lightning's calls, does nothing there. Before it
+    did (review): a second SIGTERM during the stop's save ended the save (last.ckpt the epoch
+    before's, the steps since lost), and one as the fit ended left a run neither completed nor
+    resumable (resume= refused: nothing to train; no .trained mark for a requeued job)."""
+    args = [*CLF, "trainer.max_epochs=3"]
+    folder = tmp_path / "second"
+    twice = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=20"]
+    twice += ["+callbacks.again._target_=helpers.SignalInSave"]
+    first = run_cli(*args, f"hydra.run.dir={folder}", *twice)
+    assert first.returncode == 143, first.stderr[-2000:]
+    assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == 21
+    assert "saved" in (folder / "train.log").read_text()
+    ended = tmp_path / "ended"
+    at_end = "+callbacks.stop._target_=helpers.SignalAtTrainEnd"
+    second = run_cli(*args, "trainer.max_epochs=1", f"hydra.run.dir={ended}", at_end)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert summary_status(ended) == "completed"
 
 
 @pytest.mark.slow
@@ -767,7 +791,10 @@ def test_slurm_requeue_continues_in_the_job_folder(
     requeue`; SLURM ends the process (SIGTERM, ignored by then: the summary says requeued; or
     SIGKILL at once) and starts the same command again, which continues in the job's folder
     from last.ckpt to the weights of an uninterrupted run."""
-    for key, value in {**fake_scontrol(tmp_path, kill), **SLURM_JOB}.items():
+    # SIGTERM a moment after `scontrol requeue` returns, as SLURM sends it (the run had put
+    # back SIGTERM's default by then, and died at it: review); SIGKILL at once
+    delay = 0.2 if kill == "TERM" else 0
+    for key, value in {**fake_scontrol(tmp_path, kill, delay), **SLURM_JOB}.items():
         monkeypatch.setenv(key, value)
     args = [*CLF, "logger=wandb", f"paths.log_dir={tmp_path / 'out'}"]
     signal_at = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=19"]

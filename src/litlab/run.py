@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import math
+import multiprocessing
 import os
 import platform
 import signal
@@ -209,6 +210,11 @@ def ended_as(exc: BaseException | None, folder: Path) -> tuple[str, str | None]:
         trained = read_summary(folder / TRAINED)
         if trained is not None:  # the fit had trained to its end (stopped while testing)
             tested = trained.get("best_checkpoint") or trained.get("last_checkpoint")
+            if not tested:
+                return "interrupted", (
+                    "stopped by a signal after its fit trained to its end; it kept no "
+                    "checkpoint to test (checkpoints were off)"
+                )
             return "interrupted", (
                 f"stopped by a signal after its fit trained to its end; test it with: python "
                 f"eval.py ckpt_path={tested}, or train it further with: python train.py "
@@ -266,8 +272,25 @@ def killed_part_s(folder: Path, started_at: str | None) -> float | None:
     return last - start
 
 
+_SIGTERM_OWNER: list[int] = []  # the process that set _stop_on_sigterm (forked children inherit it)
+
+
 def _stop_on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM outside the fit: end the run as Lightning's fit ends on it (see Run)."""
+    """SIGTERM outside Lightning's trainer: end the run as Lightning's fit ends on it (see
+    Run). In a forked child (an image folder's decoding workers): SIGTERM's default. Called by
+    Lightning's own handler (which calls the one it found: inside trainer.fit/test), nothing:
+    Lightning's handling applies there (a flag the training loop stops on; a test goes on).
+    The run's multiprocessing children (ddp_spawn's ranks, decoding workers) are sent SIGTERM
+    too: they would otherwise go on, and the run wait for them."""
+    if os.getpid() not in _SIGTERM_OWNER:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    if signal.getsignal(signal.SIGTERM) is not _stop_on_sigterm:
+        return
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(OSError):
+            os.kill(child.pid, signal.SIGTERM)
     raise SIGTERMException
 
 
@@ -288,12 +311,12 @@ class Run:
     summary.json, and the Hydra files that its start wrote over (litlab.folders), as they were;
     other failures are recorded as usual.
 
-    SIGTERM (``kill``, ``scancel``, ``docker stop``, a pod's eviction) ends the run as
-    Lightning's SIGTERM handling ends a fit: SIGTERMException, the summary "interrupted", exit
-    status 143, outside the fit too (a folder's first decode, an FID extractor's training, the
-    test), where it killed the process and left the summary "running". Only where SIGTERM had
-    no handler (a submitit job's own is left be); inside the fit the Preemption callback's
-    handler takes it (a checkpoint to resume from).
+    SIGTERM (``kill``, ``scancel``, ``docker stop``, a pod's eviction) outside Lightning's
+    trainer (the data's setup: a folder's first decode; an FID extractor's training) ends the
+    run as Lightning ends a fit on it: SIGTERMException, the summary "interrupted", exit status
+    143 (it killed the process, the summary left "running"). Only where SIGTERM had no handler
+    (a submitit job's own is left be); inside trainer.fit/test Lightning's handling applies
+    (the Preemption callback's in training: a checkpoint to resume from).
     """
 
     def __init__(self, cfg: DictConfig, task: str, keep_going: bool = False) -> None:
@@ -319,6 +342,7 @@ class Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         main = threading.current_thread() is threading.main_thread()
         if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            _SIGTERM_OWNER[:] = [os.getpid()]
             self._sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
         from litlab.callbacks.monitor import reset_cuda_peaks, reset_rss_peak
 
@@ -400,9 +424,11 @@ class Run:
         )
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
-        if self._sigterm is not None:  # a second SIGTERM while the summary is written: default
+        # a second SIGTERM while the summary is written: the default; not where the run set
+        # another since (Preemption's hand-over ignores it: SLURM's SIGTERM after a requeue)
+        if self._sigterm is not None and signal.getsignal(signal.SIGTERM) is _stop_on_sigterm:
             signal.signal(signal.SIGTERM, self._sigterm)
-            self._sigterm = None
+        self._sigterm = None
         if isinstance(exc, AlreadyCompleted):  # every rank: nothing ran, the folder as it was
             if rank_zero_only.rank == 0:
                 restore_saved_config(self.dir)

@@ -268,7 +268,15 @@ class Preemption(Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        previous = self._restore().get(self._received)
+        # the handlers stay this callback's until the stop's checkpoint is written: a second
+        # signal during the save only marks (Lightning's would end the save half way)
+        try:
+            self._save_on_stop(trainer, exception)
+        finally:
+            self._restore()
+
+    def _save_on_stop(self, trainer: L.Trainer, exception: BaseException) -> None:
+        previous = self._taken.get(self._received)
         self._agreed = None  # a flag still being handed over is left (a rank may be gone)
         armed, self._armed = self._armed, False
         # a SIGTERM before training started (the fit's setup: litlab.run's handler) saves

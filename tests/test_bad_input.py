@@ -502,6 +502,21 @@ def test_image_folder_whose_classes_disagree_with_num_classes(tmp_path, capsys):
     fails_with(capsys, train_task, cfg, "has 3 classes but data.num_classes is 5")
 
 
+@pytest.mark.parametrize(
+    "given", ["+data.source.classes=[cat,dog,fox,emu]", "+data.source.test_all=true"]
+)
+def test_evals_settings_of_another_folder_are_refused_in_training(tmp_path, capsys, given):
+    """eval.py labels another folder by the model's classes and tests all of it; given to
+    train.py, classes= let a class without training images pass (review) and test_all would
+    test the images trained on."""
+    write_png_folder(tmp_path / "images", per_class=4)
+    cfg = make_cfg(
+        tmp_path, [*small_folder_run(tmp_path), f"data.source.root={tmp_path / 'images'}", given]
+    )
+    key = given.split("=")[0][1:]
+    refused(capsys, train_task, cfg, f"{key} is for eval.py (testing another folder)")
+
+
 def small_folder_run(tmp_path: Path) -> list[str]:
     """A classifier on a small image folder of three classes (its root given beside)."""
     return [

@@ -730,6 +730,9 @@ def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp
     # a training split smaller than a batch: the run refuses it (drop_last leaves no batch)
     status, out = main([str(good), "--workers", "1", "--size", "16"]), capsys.readouterr().out
     assert status == 2 and f"batch_size 128 exceeds the {sizes['train']} training images" in out
+    half = int(sizes["train"]) // 2  # each process's share, as the run counts it
+    status, out = check(good, "--batch-size", str(half + 1), "--processes", "2")
+    assert status == 2 and f"exceeds the {half} training images of each of the 2 processes" in out
     status, out = check(good, "--num-classes", "10")
     assert status == 2 and "refused: 3 class folders but --num-classes 10" in out
     mismatched = tmp_path / "mismatched"

@@ -160,7 +160,7 @@ def test_a_jpeg_the_device_cannot_decode_is_counted_once_by_its_file(tmp_path):
     assert seen == 2 * (8 + 3 + 2)  # fit: 2 whole batches of its 10; val 3; test 3 less 1
 
 
-def test_split_samples_for_metrics_decode_jpegs_and_drop_what_does_not_decode(tmp_path):
+def test_split_samples_for_metrics_decode_jpegs_and_drop_what_does_not_decode(tmp_path, caplog):
     paths = write_jpeg_folder(tmp_path, per_class=3)
     # as a dataset read as it goes hands them on: (JPEG bytes, label, file)
     samples = [(worker_item(p.read_bytes(), 16, 3), i, str(p)) for i, p in enumerate(paths)]
@@ -171,9 +171,13 @@ def test_split_samples_for_metrics_decode_jpegs_and_drop_what_does_not_decode(tm
         2,
         str(paths[2]),
     )
-    samples[4] = Unreadable(str(paths[4]))  # unreadable in the worker
-    with pytest.warns(UserWarning, match="does not decode"):
+    samples[4] = Unreadable(str(paths[4]), "OSError: truncated")  # unreadable in the worker
+    with pytest.warns(UserWarning, match="does not decode"), caplog.at_level("WARNING"):
         images, labels = stack_samples(samples, (3, 16, 16), chunk=2)
+    # the worker's unreadable file said (workers no longer warn: the run says each once)
+    assert (
+        f"skipped 1 unreadable image(s) of 6, e.g. {paths[4]} (OSError: truncated)" in caplog.text
+    )
     assert images.shape == (4, 3, 16, 16) and labels.tolist() == [0, 1, 3, 5]
     for image, label in zip(images, labels.tolist(), strict=True):
         assert torch.equal(image, decode(Encoded([samples[label][0]]), 16, 3, "cpu")[0][0])

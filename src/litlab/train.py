@@ -207,6 +207,7 @@ def check(cfg: DictConfig, run: Run) -> None:
             "keeps its own BatchNorm statistics"
         )
         cfg.trainer.sync_batchnorm = False
+    check_eval_only_data(cfg)
     check_objective(cfg)
     check_plateau_mode(cfg)
     check_augmentation(cfg)
@@ -214,6 +215,22 @@ def check(cfg: DictConfig, run: Run) -> None:
     limits = evaluation_limits(cfg)
     if limits:
         run.summary["evaluation_limits"] = limits
+
+
+# An image folder's settings that eval.py gives another folder it tests; a run trains on its
+# class folders and splits, and would leave checks out (every class's training images).
+EVAL_ONLY_SOURCE = ("classes", "test_all")
+
+
+def check_eval_only_data(cfg: DictConfig) -> None:
+    """Refuse eval.py's settings of a source (EVAL_ONLY_SOURCE) in a training run."""
+    source = OmegaConf.select(cfg, "data.source") or {}
+    given = [key for key in EVAL_ONLY_SOURCE if source.get(key) not in (None, False)]
+    if given:
+        raise ConfigError(
+            f"data.source.{given[0]} is for eval.py (testing another folder); a training run "
+            "learns from its class folders and splits as they are: remove it"
+        )
 
 
 def evaluation_limits(cfg: DictConfig, splits: Sequence[str] = ("val", "test")) -> dict[str, Any]:

@@ -8,8 +8,8 @@ Every image file is opened and decoded (at reduced scale where the format allows
 as the first run's cache would (about as long as that first decode); the rate is printed. The
 run's rules are applied to the readable files: the same classes in every split folder, every
 class with training images once the test and validation files (held out by name, as a run
-holds them out) are set aside, a training split of at least --batch-size images (one process),
-and --num-classes when given. The images each split would hold are printed.
+holds them out) are set aside, at least --batch-size training images for each of --processes
+(of the --train-fraction trained on), and --num-classes when given. The images each split would hold are printed.
 
 Output: plain lines; each unreadable file on a line of its own, tab-separated:
 "unreadable<TAB><path><TAB><reason>". Files without an image suffix (.heic, .txt, ...) and hidden
@@ -125,10 +125,13 @@ def refusals(
             keep = keep[train]
         sizes["train"] = len(keep)
         check_classes_present(labels[keep], classes, where, "train")
-        if len(keep) < args.batch_size:  # as the run refuses it (drop_last: no batch at all)
+        fit = max(1, round(len(keep) * args.train_fraction))  # data.train_fraction's share
+        share = fit // args.processes
+        if share < args.batch_size:  # as the run refuses it (drop_last: no batch at all)
+            each = f" of each of the {args.processes} processes" if args.processes > 1 else ""
             refused.append(
-                f"batch_size {args.batch_size} exceeds the {len(keep)} training images; lower "
-                "data.batch_size (and --batch-size)"
+                f"batch_size {args.batch_size} exceeds the {share} training images{each}; "
+                "lower data.batch_size (and --batch-size)"
             )
     except LitlabError as e:
         refused.append(str(e))
@@ -152,6 +155,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="data.split_seed")
     parser.add_argument("--batch-size", type=int, default=128, help="data.batch_size (per process)")
     parser.add_argument(
+        "--processes", type=int, default=1, help="trainer.devices x trainer.num_nodes"
+    )
+    parser.add_argument("--train-fraction", type=float, default=1.0, help="data.train_fraction")
+    parser.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="decoding processes (all cores)"
     )
     args = parser.parse_args(argv)
@@ -159,7 +166,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         check_decoded_shape(args.size, args.channels)
     except LitlabError as e:
         parser.error(str(e))
-    for option in ("workers", "batch_size"):
+    if not 0.0 < args.train_fraction <= 1.0:
+        parser.error("--train-fraction must lie in (0, 1]")
+    for option in ("workers", "batch_size", "processes"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1")
     for option in ("test_fraction", "val_fraction"):

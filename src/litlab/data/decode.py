@@ -21,6 +21,7 @@ torchvision's is used because it ships with every torch install, the GPU machine
 from __future__ import annotations
 
 import io
+import logging
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +32,8 @@ from torch import Tensor
 
 from litlab.data.pixels import Unreadable, load_image
 from litlab.errors import DataError
+
+log = logging.getLogger(__name__)
 
 RESIZE_BYTES = 1 << 30  # float pixels resized in one call at most (huge images: fewer a call)
 
@@ -183,14 +186,25 @@ def all_unreadable(labels: Tensor, trainer: Any) -> bool:
 def stack_samples(items: Sequence, shape: Sequence[int], chunk: int = 256) -> tuple[Tensor, Tensor]:
     """A dataset's items read one at a time (metrics such as FID's real statistics), as uint8
     [n, *shape] on the CPU and their labels: JPEGs left encoded are decoded here, ``chunk`` at a
-    time; unreadable ones dropped."""
+    time; unreadable ones dropped, and said (the loaders' workers no longer say them)."""
     images, labels = [torch.empty((0, *shape), dtype=torch.uint8)], [torch.empty(0).long()]
+    dropped: list[Unreadable] = []
     for start in range(0, len(items), chunk):
-        pixels, these, _ = skip_unreadable(list(items[start : start + chunk]))
+        pixels, these, skipped = skip_unreadable(list(items[start : start + chunk]))
+        dropped += skipped
         if isinstance(pixels, Encoded):
             pixels, keep = decode(pixels, shape[1], shape[0], "cpu")
             these = kept(these, keep)
         if len(these):
             images.append(pixels)
             labels.append(these)
+    if dropped:
+        first = dropped[0]
+        log.warning(
+            "skipped %d unreadable image(s) of %d, e.g. %s (%s)",
+            len(dropped),
+            len(items),
+            first.file,
+            first.reason or "?",
+        )
     return torch.cat(images), torch.cat(labels)

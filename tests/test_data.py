@@ -1216,6 +1216,19 @@ def test_a_class_without_training_images_is_refused_and_one_missing_from_the_tes
     assert "no image of class(es) ['fox']" in caplog.text
 
 
+def test_a_class_without_validation_images_is_said_as_the_check_says_it(tmp_path, caplog):
+    """The check warned that the validation share holds no image of a class; the run said
+    nothing (val/* then measure the other classes alone). Eval.py validates nothing: silent."""
+    write_png_folder(tmp_path / "images", per_class=12)  # cat/'s 12 names: none in validation
+    options = {"size": 16, "cache_dir": str(tmp_path / "cache"), "workers": 1}
+    for test_all, said in ((False, True), (True, False)):
+        source = ImageFolder(str(tmp_path / "images"), test_all=test_all, **options)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="litlab"):
+            source.validation_split(source.load("train"), 0.1, 0)
+        assert ("validation split of" in caplog.text and "['cat']" in caplog.text) is said
+
+
 @pytest.mark.parametrize("cache", [True, False])
 def test_a_class_whose_training_files_all_fall_in_validation_is_refused(tmp_path, cache):
     """The validation share is carved from train/ file by file: a class of few files can lose

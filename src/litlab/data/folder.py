@@ -278,12 +278,17 @@ class ImageFolder(Source):
         self, train: Dataset, fraction: float, seed: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decided file by file from the file's name and ``seed`` (``split_by_name``); every
-        class keeps training images (a class's few files can all fall in validation)."""
+        class keeps training images (a class's few files can all fall in validation); a class
+        without validation images is said (val/* then measure the other classes alone), as the
+        check says it."""
         keep, val = validation_split(file_names(train), fraction, seed)
         folders = self._split_folders()
         where = folders["train"] if folders is not None else self.root
         classes = train.classes  # type: ignore[attr-defined]
-        self._check_present(labels_of(train)[keep], classes, where, "train")
+        labels = labels_of(train)
+        self._check_present(labels[keep], classes, where, "train")
+        if not self.test_all:  # eval.py: nothing is validated
+            self._check_present(labels[val], classes, where, "validation")
         return keep, val
 
     def fingerprints(self, trained: Dataset) -> list[list[str]] | None:

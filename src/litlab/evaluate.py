@@ -11,7 +11,12 @@ import lightning as L
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from litlab.callbacks.gan import give_checkpoint_state, require_gan, save_generated_images
+from litlab.callbacks.gan import (
+    FID,
+    give_checkpoint_state,
+    require_gan,
+    save_generated_images,
+)
 from litlab.callbacks.speed import Speed
 from litlab.checkpoint import data_state, load_checkpoint, stored_config
 from litlab.config import (
@@ -111,7 +116,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
         with run.phase("test"):
             trainer.test(model, datamodule=datamodule)
         record_stage(trainer, datamodule, run, "test")
-        run.summary["data"] = datamodule.report()  # the images tested, the files skipped
+        run.summary["data"] = tested_data(datamodule.report(), callbacks)
     except Exception:
         failed = True
         raise
@@ -154,6 +159,16 @@ def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
         log.info("trainer.precision=32-true: the run trained in %s, which needs a GPU", precision)
         precision = "32-true"
     trainer.precision = precision
+
+
+def tested_data(report: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:
+    """The DataModule's report of what an evaluation read: the test split (the images tested,
+    the files skipped), and the training split where an FID's real statistics come from it;
+    not the training and validation sizes a classifier's test never read."""
+    splits = report.get("splits")
+    if splits and not any(isinstance(c, FID) for c in callbacks):
+        report["splits"] = {k: v for k, v in splits.items() if k == "test"}
+    return report
 
 
 def other_data(

@@ -3,6 +3,8 @@
 import sys
 from typing import NoReturn
 
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
 
 def first_line(error: BaseException, limit: int = 200) -> str:
     """A library's exception in one short line (its message's first line, or its type)."""
@@ -51,3 +53,9 @@ class Requeued(SystemExit):
     A SystemExit, so that the scheduler's exit status is kept and no sweep swallows it; the
     requeued job starts in the same run folder and continues from that checkpoint.
     """
+
+
+class Terminated(SIGTERMException):
+    """SIGTERM outside Lightning's trainer (litlab.run's handler): the run ends as Lightning
+    ends a fit on SIGTERM. Under DDP this rank alone may have been signalled (``kill <pid>``):
+    rank 0 passes it on to the ranks it started (litlab.distributed.multirun)."""

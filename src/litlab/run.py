@@ -35,6 +35,7 @@ from litlab.errors import (
     ConfigError,
     LitlabError,
     Requeued,
+    Terminated,
     fail,
     first_line,
 )
@@ -291,7 +292,7 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
     for child in multiprocessing.active_children():
         with contextlib.suppress(OSError):
             os.kill(child.pid, signal.SIGTERM)
-    raise SIGTERMException
+    raise Terminated
 
 
 class Run:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 
 from litlab.compat import config_node, rank_watchers_with_grace
 from litlab.distributed.launchers import launched_processes
+from litlab.errors import Terminated
 
 log = logging.getLogger("litlab")
 
@@ -78,12 +80,15 @@ def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
     sys.argv = [argv[0], f"--config-path={saved.parent}", "--config-name=ranks"]
     with read_write(hydra_cfg):
         hydra_cfg.run.dir = str(folder)
-    failed = False
+    failed = stopped = False
     try:
         with rank_watchers_with_grace():
             yield
     except Exception:
         failed = True
+        raise
+    except Terminated:  # litlab.run's handler (outside the trainer): this rank alone may
+        stopped = True  # have been signalled (`kill <pid>`): the others are told
         raise
     finally:
         sys.argv = argv
@@ -91,7 +96,11 @@ def ranks_run_this_job(cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
             hydra_cfg.run.dir = run_dir
         launcher = getattr(trainer.strategy, "launcher", None)
         children = [p for p in getattr(launcher, "procs", []) if isinstance(p, subprocess.Popen)]
-        end_the_other_ranks(children, FAILED_GRACE_S if failed else DONE_GRACE_S)
+        if stopped:
+            for proc in children:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+        end_the_other_ranks(children, FAILED_GRACE_S if failed or stopped else DONE_GRACE_S)
         # Lightning's own ranks end with the job: the next job makes a new group on its own
         # port. Processes an external launcher started (torchrun, srun) run every job in step
         # and keep theirs: a new group on the launcher's store would read the last group's

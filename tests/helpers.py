@@ -739,6 +739,20 @@ class SignalInSave(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class SignalAtFitEnd(Callback):
+    """SIGTERM in on_fit_end: after Lightning's signal handling ended, before the run records
+    that it trained to its end. ``mark``, ``signum``: unused (SignalInSetup's, on resume)."""
+
+    def __init__(self, mark: str | None = None, signum: str | None = None) -> None:
+        self.mark, self.signum = mark, signum
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class SignalAtTrainEnd(Callback):
     """SIGTERM as the fit ends (another callback's on_train_end: EMA's swap, final samples)."""
 

@@ -419,17 +419,14 @@ def test_sigterm_outside_the_fit_ends_the_run_as_interrupted(tmp_path):
     assert summary["status"] == "interrupted" and "before its first checkpoint" in summary["error"]
     assert "before its first checkpoint" in (folder / "train.log").read_text()
 
-    # Ctrl-C in the test after the fit: resume= (what the summary said) has nothing to train
-    # and is refused; the summary says how to test it. (SIGTERM in the test: Lightning's
-    # handling, the test goes on to the end.)
+    # as the fit ends (Lightning's teardown, before the run records it trained): held until
+    # the .trained mark is written, then the run stops; resume= (what the summary said) had
+    # nothing to train and no mark for a requeued job to test again: how to test it
     tested = tmp_path / "tested"
-    in_test = [
-        "+callbacks.stop._target_=helpers.SignalInTest",
-        f"+callbacks.stop.mark={tmp_path}/m",
-        "+callbacks.stop.signum=SIGINT",
-    ]
-    second = run_cli(*args, f"hydra.run.dir={tested}", *in_test)
-    assert second.returncode == 1, second.stderr[-2000:]
+    at_fit_end = "+callbacks.stop._target_=helpers.SignalAtFitEnd"
+    second = run_cli(*args, f"hydra.run.dir={tested}", at_fit_end)
+    assert second.returncode == 143, second.stderr[-2000:]
+    assert (tested / ".trained").is_file()
     before = (tested / "summary.json").read_text()
     summary = json.loads(before)
     assert summary["status"] == "interrupted"

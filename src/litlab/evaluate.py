@@ -32,7 +32,7 @@ from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
 from litlab.loggers import finish_loggers
-from litlab.run import Run, build_list, config_digest, freeze_the_imports
+from litlab.run import HoldStopAfterTest, Run, build_list, config_digest, freeze_the_imports
 from litlab.train import (
     evaluation_limits,
     record_stage,
@@ -109,7 +109,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     # way; the others are not built (their classes may not be importable here).
     callbacks = build_list(eval_callbacks(stored.get("callbacks")), "callbacks")
     give_checkpoint_state(callbacks, checkpoint)  # FID through the run's own extractor
-    callbacks += [*trained_numerics(stored), OnePrecision()]
+    callbacks += [*trained_numerics(stored), OnePrecision(), HoldStopAfterTest(run)]
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
     failed = False
     try:

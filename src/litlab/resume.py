@@ -170,6 +170,9 @@ class FitMilestones(L.Callback):
         if trainer.ckpt_path is not None:  # resumed: the steps logged after the checkpoint go
             forget_logged_after_checkpoint(trainer)
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.run.defer_stop()  # a SIGTERM until .trained is written: held (train.py)
+
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:

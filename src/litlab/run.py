@@ -195,7 +195,9 @@ def _paths_named(node: Any, folders: list[tuple[str, str]]) -> Any:
     return node
 
 
-def ended_as(exc: BaseException | None, folder: Path) -> tuple[str, str | None]:
+def ended_as(
+    exc: BaseException | None, folder: Path, task: str = "train"
+) -> tuple[str, str | None]:
     """(status, error) of a run in ``folder`` that ended with ``exc`` (None: it completed), as
     summary.json and the loggers' run summaries say it."""
     if exc is None:
@@ -221,8 +223,13 @@ def ended_as(exc: BaseException | None, folder: Path) -> tuple[str, str | None]:
                 f"eval.py ckpt_path={tested}, or train it further with: python train.py "
                 f"resume={folder} trainer.max_epochs=<more>"
             )
+        if task == "eval":
+            return "interrupted", "stopped by a signal while testing; run eval.py again"
         if resumable_checkpoints(folder):  # what resume= continues from
-            since = "" if isinstance(exc, SIGTERMException) else " from its last checkpoint"
+            # Lightning's SIGTERMException in a fit: a checkpoint at the stop (not litlab.run's
+            # outside the trainer, nor a spawned rank's stop, which Lightning saves nothing for)
+            exact = isinstance(exc, SIGTERMException) and not isinstance(exc, Terminated)
+            since = "" if exact else " from its last checkpoint"
             return (
                 "interrupted",
                 f"stopped by a signal; continue{since} with: python train.py resume={folder}",
@@ -274,6 +281,8 @@ def killed_part_s(folder: Path, started_at: str | None) -> float | None:
 
 
 _SIGTERM_OWNER: list[int] = []  # the process that set _stop_on_sigterm (forked children inherit it)
+# A stop deferred while the run records what it finished (Run.defer_stop): "on", "pending".
+_DEFERRED = {"on": False, "pending": False}
 
 
 def _stop_on_sigterm(signum: int, frame: Any) -> None:
@@ -289,10 +298,28 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
         return
     if signal.getsignal(signal.SIGTERM) is not _stop_on_sigterm:
         return
+    if _DEFERRED["on"]:
+        _DEFERRED["pending"] = True
+        return
+    _stop_now()
+
+
+def _stop_now() -> None:
     for child in multiprocessing.active_children():
         with contextlib.suppress(OSError):
             os.kill(child.pid, signal.SIGTERM)
     raise Terminated
+
+
+class HoldStopAfterTest(lightning.pytorch.Callback):
+    """Holds a SIGTERM from the test's end to the run's (Run.defer_stop): the test's metrics
+    and the loggers' close are recorded, and the run completes."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self.run.defer_stop()
 
 
 class Run:
@@ -341,10 +368,6 @@ class Run:
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
-        main = threading.current_thread() is threading.main_thread()
-        if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            _SIGTERM_OWNER[:] = [os.getpid()]
-            self._sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
         from litlab.callbacks.monitor import reset_cuda_peaks, reset_rss_peak
 
         reset_rss_peak()  # mem/rss_gb: this run's peak (data, finders, fit, test)
@@ -369,7 +392,26 @@ class Run:
                 self.summary["durations_s"]["earlier"] = round(spent, 3)
             self.summary.update(pid=os.getpid(), host=platform.node())
             write_json(self.dir / "summary.json", self.summary)
+        # last: a SIGTERMException raised inside __enter__ would leave the `with` unrecorded
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            _SIGTERM_OWNER[:] = [os.getpid()]
+            _DEFERRED.update(on=False, pending=False)
+            self._sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
         return self
+
+    def defer_stop(self) -> None:
+        """From here a SIGTERM outside the trainer is held (see ``stop_if_asked``): the fit or
+        test has finished, and what records it (the .trained mark, the test's metrics, the
+        loggers' close) must not be cut off part way."""
+        _DEFERRED["on"] = True
+
+    def stop_if_asked(self) -> None:
+        """End holding SIGTERM; one that came meanwhile stops the run now (Terminated)."""
+        pending = _DEFERRED["pending"]
+        _DEFERRED.update(on=False, pending=False)
+        if pending:
+            _stop_now()
 
     def phase(self, name: str) -> _Phase:
         """Time a phase; a fit begins when it trains (``training_began``), after its setup."""
@@ -430,6 +472,9 @@ class Run:
         if self._sigterm is not None and signal.getsignal(signal.SIGTERM) is _stop_on_sigterm:
             signal.signal(signal.SIGTERM, self._sigterm)
         self._sigterm = None
+        if _DEFERRED["pending"] and exc is None:  # a SIGTERM as the finished run was recorded
+            log.warning("a SIGTERM came as the run ended; it had completed")
+        _DEFERRED.update(on=False, pending=False)
         if isinstance(exc, AlreadyCompleted):  # every rank: nothing ran, the folder as it was
             if rank_zero_only.rank == 0:
                 restore_saved_config(self.dir)
@@ -439,7 +484,7 @@ class Run:
                     write_json(self.dir / "summary.json", self._previous)
             log.warning("litlab: %s", exc)
             return True
-        status, error = ended_as(exc, self.dir)
+        status, error = ended_as(exc, self.dir, self.summary["task"])
         self.summary["status"] = status
         last = self.dir / "checkpoints" / "last.ckpt"
         if exc is not None and not self.summary.get("last_checkpoint") and last.is_file():

@@ -51,6 +51,7 @@ from litlab.loggers import finish_loggers
 from litlab.resumable import check_resumable
 from litlab.resume import FitMilestones, continue_in_place, resume_argv
 from litlab.run import (
+    HoldStopAfterTest,
     Run,
     build_list,
     config_digest,
@@ -119,6 +120,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 record_stage(trainer, datamodule, run, "val")
                 record_checkpoints(trainer, run, cfg.objective.metric)
                 run.mark_trained()
+                run.stop_if_asked()  # a SIGTERM held since the fit's end stops the run now
             if cfg.get("test"):
                 # The best checkpoint of this fit (none kept: the last); without a fit, the
                 # checkpoint given (none: the untrained model, e.g. a GAN's untrained FID)
@@ -136,6 +138,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                     model = build(cfg.model, "model")  # wrapped afresh for the test
                     model.save_hyperparameters(resolved_config(cfg))
                 run.summary["tested_checkpoint"] = tested
+                trainer.callbacks.append(HoldStopAfterTest(run))
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
                 record_stage(trainer, datamodule, run, "test")

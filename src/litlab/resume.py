@@ -170,8 +170,10 @@ class FitMilestones(L.Callback):
         if trainer.ckpt_path is not None:  # resumed: the steps logged after the checkpoint go
             forget_logged_after_checkpoint(trainer)
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.run.defer_stop()  # a SIGTERM until .trained is written: held (train.py)
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # a SIGTERM until .trained is written: held (train.py). Not on_train_end: the LR and
+        # batch-size finders run the fit loop (its on_train_end) before training
+        self.run.defer_stop()
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]

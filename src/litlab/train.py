@@ -113,7 +113,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         with ranks_run_this_job(cfg, trainer):
             if cfg.get("train"):
                 # the folder's marks and resume overrides change with its first checkpoint
-                trainer.callbacks.append(FitMilestones(run))
+                # first: its on_fit_end holds a SIGTERM before the other callbacks' run
+                trainer.callbacks.insert(0, FitMilestones(run))
                 trainer.callbacks.append(CoarseAccuracy(cfg.objective.metric))
                 with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))

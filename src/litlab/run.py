@@ -289,7 +289,7 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM outside Lightning's trainer: end the run as Lightning's fit ends on it (see
     Run). In a forked child (an image folder's decoding workers): SIGTERM's default. Called by
     Lightning's own handler (which calls the one it found: inside trainer.fit/test), nothing:
-    Lightning's handling applies there (a flag the training loop stops on; a test goes on).
+    Lightning's handling applies there (a flag the training and test loops stop on).
     The run's multiprocessing children (ddp_spawn's ranks, decoding workers) are sent SIGTERM
     too: they would otherwise go on, and the run wait for them."""
     if os.getpid() not in _SIGTERM_OWNER:

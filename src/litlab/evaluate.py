@@ -130,6 +130,8 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
         "mode": mode,
         "value": run.summary["metrics"].get(metric),
     }
+    if count:  # generating may take long: a SIGTERM held since the test's end stops it here,
+        run.stop_if_asked()  # and one during it stops it (as outside any trainer)
     if count and trainer.is_global_zero:  # once (every rank wrote all of them)
         folder = Path(cfg.paths.output_dir) / "generated"
         with run.phase("generate"):

@@ -27,7 +27,7 @@ from litlab.config import (
     require,
 )
 from litlab.data.fingerprint import files_found, folder_of
-from litlab.data.folder_index import class_names, encoding_hint, split_folders
+from litlab.data.folder_index import class_names, split_folders
 from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
@@ -286,8 +286,12 @@ def other_folder(
             converted[0],
         )
         return
-    trained_on = trained.get("root") or trained.get("input_dir") or trained.get("_target_")
-    log.info("testing every image of %s (the model was trained on %s)", folder, trained_on)
+    log.info("testing every image of %s (the model was trained on %s)", folder, trained_on(trained))
+
+
+def trained_on(trained: dict[str, Any]) -> Any:
+    """What the run trained on, in words: its folder, its chunks, or its source's class."""
+    return trained.get("root") or trained.get("input_dir") or trained.get("_target_")
 
 
 def another_folder(source: dict[str, Any], trained: dict[str, Any]) -> Path | None:
@@ -307,9 +311,9 @@ def label_as_trained(
 ) -> None:
     """Label the images of a folder other than the training one by the model's class names
     (``source.classes``): a label is a class's position among the class folders, so a folder
-    with some of the model's ``count`` classes would otherwise give images the wrong labels.
-    Refused where it has a class the model does not know, or fewer classes and the checkpoint
-    holds no class names (a model trained on another source)."""
+    with some of the model's ``count`` classes would otherwise give images the wrong labels
+    (a class the model does not know: ImageFolder refuses it). Refused where it has fewer
+    classes and the checkpoint holds no class names (a model trained on another source)."""
     folder = another_folder(source, trained)
     if folder is None:
         return
@@ -317,21 +321,15 @@ def label_as_trained(
     here = class_names(folders["train"] if folders else folder)
     if trained_classes is None or here == list(trained_classes):
         if trained_classes is None and len(here) < count:
-            trained_on = trained.get("root") or trained.get("input_dir") or trained.get("_target_")
             raise ConfigError(
                 f"{folder} has {len(here)} class folders but the model has {count} classes, "
-                f"whose names its checkpoint does not hold (trained on {trained_on}): labels are "
-                f"positions among the sorted class folders, so test it on a folder of all {count}"
+                f"whose names its checkpoint does not hold (trained on {trained_on(trained)}): "
+                "labels are positions among the sorted class folders, so test it on a folder of "
+                f"all {count}"
             )
         return
     known = [str(name) for name in trained_classes]
-    unknown = [name for name in here if name not in known]
-    if unknown:
-        raise ConfigError(
-            f"class folder(s) {unknown} of {folder} are not classes the model knows ({known}); "
-            f"test it on folders named as its classes{encoding_hint(here, known)}"
-        )
-    source["classes"] = known
+    source["classes"] = known  # a class folder the model does not know: refused where labelled
     log.info(
         "labelling %s by the model's %d classes (no folder here for %s)",
         folder,

@@ -280,9 +280,9 @@ def killed_part_s(folder: Path, started_at: str | None) -> float | None:
     return last - start
 
 
-_SIGTERM_OWNER: list[int] = []  # the process that set _stop_on_sigterm (forked children inherit it)
-# A stop deferred while the run records what it finished (Run.defer_stop): "on", "pending".
-_DEFERRED = {"on": False, "pending": False}
+# _stop_on_sigterm's state: the process that set it ("owner": forked children inherit it), and a
+# stop held while the run records what it finished (Run.defer_stop: "held", "pending").
+_SIGTERM: dict[str, Any] = {"owner": None, "held": False, "pending": False}
 
 
 def _stop_on_sigterm(signum: int, frame: Any) -> None:
@@ -292,14 +292,14 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
     Lightning's handling applies there (a flag the training and test loops stop on).
     The run's multiprocessing children (ddp_spawn's ranks, decoding workers) are sent SIGTERM
     too: they would otherwise go on, and the run wait for them."""
-    if os.getpid() not in _SIGTERM_OWNER:
+    if os.getpid() != _SIGTERM["owner"]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
     if signal.getsignal(signal.SIGTERM) is not _stop_on_sigterm:
         return
-    if _DEFERRED["on"]:
-        _DEFERRED["pending"] = True
+    if _SIGTERM["held"]:
+        _SIGTERM["pending"] = True
         return
     _stop_now()
 
@@ -395,8 +395,7 @@ class Run:
         # last: a SIGTERMException raised inside __enter__ would leave the `with` unrecorded
         main = threading.current_thread() is threading.main_thread()
         if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            _SIGTERM_OWNER[:] = [os.getpid()]
-            _DEFERRED.update(on=False, pending=False)
+            _SIGTERM.update(owner=os.getpid(), held=False, pending=False)
             self._sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
         return self
 
@@ -404,12 +403,12 @@ class Run:
         """From here a SIGTERM outside the trainer is held (see ``stop_if_asked``): the fit or
         test has finished, and what records it (the .trained mark, the test's metrics, the
         loggers' close) must not be cut off part way."""
-        _DEFERRED["on"] = True
+        _SIGTERM["held"] = True
 
     def stop_if_asked(self) -> None:
         """End holding SIGTERM; one that came meanwhile stops the run now (Terminated)."""
-        pending = _DEFERRED["pending"]
-        _DEFERRED.update(on=False, pending=False)
+        pending = _SIGTERM["pending"]
+        _SIGTERM.update(held=False, pending=False)
         if pending:
             _stop_now()
 
@@ -472,9 +471,9 @@ class Run:
         if self._sigterm is not None and signal.getsignal(signal.SIGTERM) is _stop_on_sigterm:
             signal.signal(signal.SIGTERM, self._sigterm)
         self._sigterm = None
-        if _DEFERRED["pending"] and exc is None:  # a SIGTERM as the finished run was recorded
+        if _SIGTERM["pending"] and exc is None:  # a SIGTERM as the finished run was recorded
             log.warning("a SIGTERM came as the run ended; it had completed")
-        _DEFERRED.update(on=False, pending=False)
+        _SIGTERM.update(held=False, pending=False)
         if isinstance(exc, AlreadyCompleted):  # every rank: nothing ran, the folder as it was
             if rank_zero_only.rank == 0:
                 restore_saved_config(self.dir)

@@ -360,8 +360,9 @@ class DataModule(L.LightningDataModule):
         if self._fingerprints:  # files trained on (litlab.data.fingerprint: eval.py)
             state["trained_files"] = self._fingerprints
         conversion = getattr(self.source, "conversion", None)  # streamed chunks
-        if conversion is not None and conversion():
-            state["conversion"] = conversion()
+        key = conversion() if conversion is not None else None
+        if key:
+            state["conversion"] = key
         if self.unreadable:
             state["unreadable"] = sorted(self.unreadable)
         return state

@@ -36,6 +36,7 @@ from litlab.data.folder_index import (
     check_classes_present,
     check_same_classes,
     class_names,
+    encoding_hint,
     file_names,
     scan,
     split_folders,
@@ -242,7 +243,7 @@ class ImageFolder(Source):
             raise DataError(
                 f"class folder(s) {unknown} of {folder} are not among the model's classes "
                 f"{self.classes}; test it on folders named as its classes (remove or rename "
-                "these)"
+                f"these){encoding_hint(classes, self.classes)}"
             )
         position = torch.tensor([self.classes.index(name) for name in classes], dtype=torch.long)
         return position[labels.long()], self.classes

@@ -38,6 +38,7 @@ from litlab.errors import CheckpointError
 from litlab.metrics.fid import domain_classifier
 from litlab.resume import newest_checkpoint, record_resume_overrides, resume_argv
 from litlab.train import train_task
+from wandb_records import offline_run
 
 CLF = ["data.batch_size=128", "trainer.max_epochs=4", "model.net.width=8", "logger=csv", *QUIET]
 GAN_MODEL = [
@@ -137,15 +138,18 @@ def test_a_run_stopped_before_its_first_checkpoint_does_not_say_to_resume_it(tmp
 @pytest.mark.slow
 def test_ctrl_c_says_on_the_console_how_to_continue(tmp_path):
     """Ctrl-C (SIGINT) ended a run with Lightning's "Detected KeyboardInterrupt" alone: how to
-    continue was in summary.json only."""
+    continue was in summary.json only. W&B shows the run stopped (exit code 255, wandb's own for
+    Ctrl-C), not finished: it closed the run with 0, as if it had trained to its end."""
     result = run_cli(
-        *CLF, "trainer.max_epochs=3", "+callbacks.stop._target_=helpers.SignalAt",
+        *CLF, "logger=wandb", "trainer.max_epochs=3", "+callbacks.stop._target_=helpers.SignalAt",
         "+callbacks.stop.batch=12", "+callbacks.stop.signum=SIGINT", f"paths.log_dir={tmp_path}",
     )  # fmt: skip
     assert result.returncode != 0
     (folder,) = {p.parent for p in tmp_path.rglob("summary.json")}
     said = f"litlab: stopped by a signal; continue from its last checkpoint with: python train.py resume={folder}"
     assert said in result.stdout + result.stderr, result.stdout[-2000:]
+    (part,) = (folder / "wandb").glob("offline-run-*")
+    assert offline_run(part)["exit_code"] == 255
 
 
 def uncached_folder(root: Path, cache: Path, workers: int) -> list[str]:
@@ -803,6 +807,9 @@ def test_slurm_requeue_continues_in_the_job_folder(
     folder = tmp_path / "out" / "train" / "slurm" / "4242"
     assert not list(folder.glob("hpc_ckpt_*"))  # Lightning's handler (in the signal) replaced
     assert summary_status(folder) == ("requeued" if kill == "TERM" else "running")
+    if kill == "TERM":  # W&B shows the part stopped by the preemption (128 + SIGTERM)
+        (part,) = (folder / "wandb").glob("offline-run-*")
+        assert offline_run(part)["exit_code"] == 143
 
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     again = run_cli(*args, *signal_at, "+callbacks.stop.signum=SIGUSR1")  # the same command
@@ -812,6 +819,8 @@ def test_slurm_requeue_continues_in_the_job_folder(
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert len(wandb_run_ids(folder)) == 1  # the requeued job logs to the same W&B run
+    last = max((folder / "wandb").glob("offline-run-*"))  # named by its start time
+    assert offline_run(last)["exit_code"] == 0
     straight = load_checkpoint(straight_classifier / "checkpoints" / "last.ckpt")
     resumed = load_checkpoint(folder / "checkpoints" / "last.ckpt")
     assert resumed["global_step"] == straight["global_step"]  # all the planned epochs

@@ -111,17 +111,17 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     give_checkpoint_state(callbacks, checkpoint)  # FID through the run's own extractor
     callbacks += [*trained_numerics(stored), OnePrecision(), HoldStopAfterTest(run)]
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
-    failed = False
+    ended: BaseException | None = None
     try:
         with run.phase("test"):
             trainer.test(model, datamodule=datamodule)
         record_stage(trainer, datamodule, run, "test")
         run.summary["data"] = tested_data(datamodule.report(), callbacks)
-    except Exception:
-        failed = True
+    except BaseException as e:
+        ended = e
         raise
     finally:
-        finish_loggers(trainer.loggers, failed)
+        finish_loggers(trainer.loggers, ended)
     # What eval -m over checkpoints ranks by (the report, sweep_summary.json): the test value of
     # the trained run's objective, in its direction
     metric = run.summary["metric"]

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab.compat import (
     AppendingCSVLogger,
@@ -422,11 +423,11 @@ def check_log_model(log_model: Any, best_metric: str | None) -> None:
 
 
 def finish_loggers(
-    loggers: list[Logger], failed: bool = False, summary: dict[str, Any] | None = None
+    loggers: list[Logger], ended: BaseException | None = None, summary: dict[str, Any] | None = None
 ) -> None:
     """Close W&B runs (so the next multirun job gets its own) and say how to sync offline ones;
-    ``failed``: the run ended with an error (a divergence, out of memory, bad data), which W&B
-    then shows (exit code 1; wandb's own exit hook, which would say so, comes too late).
+    ``ended``: what ended the run (None: it completed), which W&B then shows by the run's exit
+    code (`wandb_exit_code`; wandb's own exit hook, which would say so, comes too late).
     ``summary`` (the objective's value, status, checkpoints) goes into the W&B run's summary.
 
     A W&B run that cannot be closed (its service process was ended by the same signal that
@@ -444,7 +445,7 @@ def finish_loggers(
         upload = sync_command(run.settings.sync_dir, run.id) if offline else None
         try:
             run.summary.update(summary or {})
-            run.finish(exit_code=1 if failed else 0)
+            run.finish(exit_code=wandb_exit_code(ended))
         except Exception as e:  # wandb raises ConnectionResetError, CommError, ...
             log.warning("W&B could not close its run (%s); what it logged is kept", first_line(e))
             import wandb
@@ -454,6 +455,21 @@ def finish_loggers(
             continue
         if upload:
             log.info("W&B run saved offline; upload it later with: %s", upload)
+
+
+def wandb_exit_code(ended: BaseException | None) -> int:
+    """The exit code a W&B run is closed with, by what ended the run: 0 completed, 143 a
+    SIGTERM (a scheduler's preemption or time limit, `kill`: 128 + 15, the process's own exit
+    status), 255 Ctrl-C (wandb's code for a KeyboardInterrupt; Lightning ends a fit on one with
+    a SystemExit), 1 an error (a divergence, out of memory, bad data). Only 0 is shown as
+    finished: an interrupted run closed with 0 looked like one that had trained to its end."""
+    if ended is None:
+        return 0
+    if isinstance(ended, SIGTERMException):
+        return 143
+    if isinstance(ended, SystemExit | KeyboardInterrupt):
+        return 255
+    return 1
 
 
 def sync_command(sync_dir: str, run_id: str) -> str:

@@ -152,7 +152,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     finally:
         record_performance(trainer, datamodule, run)
         status, _ = ended_as(ended, run.dir)
-        finish_loggers(trainer.loggers, status == "failed", run_facts(cfg, run, status))
+        finish_loggers(trainer.loggers, ended, run_facts(cfg, run, status))
         if isinstance(ended, SIGTERMException):  # checkpoint saved, loggers closed: a cluster
             hand_over_preemption(trainer)  # scheduler may requeue now
     return run.summary["metrics"]

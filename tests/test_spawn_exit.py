@@ -1,21 +1,30 @@
 """ddp_spawn's processes close their process group before their interpreter shuts down: a gloo
 group left to the shutdown aborted them now and then after training ("terminate called without
-an active exception", SIGABRT), which failed the fit (litlab.distributed.ClosingDDPStrategy)."""
+an active exception", SIGABRT), which failed the fit (litlab.distributed.ClosingDDPStrategy);
+and they end a run stopped by a signal as Lightning's own processes do (litlab.compat.
+HandlingLauncher)."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
+import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import bare_trainer
-from litlab.distributed.strategy import SPAWNED_DDP, ClosingDDPStrategy
+from litlab.callbacks.preemption import Preemption
+from litlab.checkpoint import load_checkpoint
+from litlab.distributed.strategy import STARTED_DDP, ClosingDDPStrategy
 
 EXIT_RECORD: list[Path] = []  # where a spawned process writes what it had at exit
 
@@ -56,10 +65,12 @@ class Regression(L.LightningModule):
         return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
 
 
-def test_lightnings_spawned_ddp_names_keep_their_parameters():
-    for name, params in SPAWNED_DDP.items():
+def test_lightnings_spawned_and_forked_ddp_names_keep_their_parameters():
+    assert {"ddp_spawn", "ddp_fork_find_unused_parameters_true"} <= set(STARTED_DDP)
+    for name, params in STARTED_DDP.items():
         strategy = bare_trainer(accelerator="cpu", devices=2, strategy=name).strategy
-        assert type(strategy) is ClosingDDPStrategy and strategy._start_method == "spawn", name
+        assert type(strategy) is ClosingDDPStrategy, name
+        assert strategy._start_method == params["start_method"] == name.split("_")[1], name
         found = strategy._ddp_kwargs.get("find_unused_parameters")
         assert found == params.get("find_unused_parameters"), name
 
@@ -76,3 +87,62 @@ def test_spawned_processes_close_their_group_after_sending_back_the_results(tmp_
     assert not torch.equal(model.layer.weight, before)
     exits = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert exits == [{"group": False}] * 2  # Lightning's DDPStrategy: still there, True
+
+
+class SignalOnce(L.Callback):
+    """SIGTERM to global rank 0's own process at a training batch (``kill <pid>``, a scheduler's
+    signal); every rank notes what ended its fit, at which step, in on_exception."""
+
+    def __init__(self, folder: str, batch: int) -> None:
+        self.folder, self.batch = Path(folder), batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.fit_loop.total_batch_idx == self.batch and trainer.is_global_zero:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        ended = {"exception": type(exception).__name__, "step": trainer.global_step}
+        name = f"ended{trainer.global_rank}.{os.getpid()}.json"  # the main process's too
+        (self.folder / name).write_text(json.dumps(ended))
+
+
+@contextlib.contextmanager
+def within(seconds: int) -> Iterator[None]:
+    """Fail what takes longer (a main process waiting forever for its processes' result)."""
+
+    def late(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, late)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_signal_to_a_spawned_rank_saves_the_stop_checkpoint_and_ends_the_fit(tmp_path):
+    """SIGTERM to one spawned rank: every rank stops after the same batch and writes the stop's
+    checkpoint (litlab's Preemption, in on_exception), and the fit ends with Lightning's
+    SIGTERMException in the main process. Lightning handled no exception in its spawned
+    processes: no checkpoint, and the processes ended with status 0 and no result, for which
+    the main process waited forever."""
+    model = Regression(str(tmp_path))
+    callbacks = [Preemption(str(tmp_path / "checkpoints")), SignalOnce(str(tmp_path), batch=2)]
+    trainer = bare_trainer(
+        accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=3, callbacks=callbacks
+    )
+    with within(120), pytest.raises(SIGTERMException):
+        trainer.fit(model)
+    main = json.loads((tmp_path / f"ended0.{os.getpid()}.json").read_text())
+    assert main["exception"] == "SIGTERMException"
+    ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("ended*.json"))]
+    ranks.remove(main)
+    assert len(ranks) == 2 and ranks[0] == ranks[1]  # both stopped after the same batch
+    assert ranks[0]["exception"] == "SIGTERMException"
+    assert 3 <= ranks[0]["step"] < 12  # after the signal's batch, before the fit's end
+    saved = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert saved["global_step"] == ranks[0]["step"]

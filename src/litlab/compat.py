@@ -8,6 +8,7 @@ them, so that an upgrade that changes one breaks a test here rather than a user'
 from __future__ import annotations
 
 import csv
+import functools
 import logging
 import math
 import os
@@ -27,8 +28,12 @@ from lightning.pytorch.loops.loop import _Loop
 from lightning.pytorch.loops.training_epoch_loop import (
     _TrainingEpochLoop as LightningTrainingEpochLoop,
 )
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+from lightning.pytorch.trainer.call import _interrupt
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
+from torch.multiprocessing import ProcessExitedException
 
 log = logging.getLogger("litlab")
 
@@ -537,6 +542,50 @@ def forget_logged_after_checkpoint(trainer: L.Trainer) -> None:
     for logger in trainer.loggers if trainer.is_global_zero else []:
         if isinstance(logger, AppendingCSVLogger):
             logger.cut_at_first_row = True
+
+
+# The exit status of a started process (ddp_spawn, ddp_fork) whose run a SIGTERM stopped:
+# 128 + SIGTERM, as a stopped run's own process exits
+STOPPED_EXIT = 143
+
+
+class HandlingLauncher(_MultiProcessingLauncher):
+    """Lightning's launcher of spawned or forked DDP processes (ddp_spawn, ddp_fork), whose
+    processes handle a run's end as Lightning handles it in every process it does not start
+    itself (``_call_and_handle_interrupt``'s ``_interrupt``: the callbacks', datamodule's and
+    strategy's on_exception, the loggers' "failed"), and end a stop asked for by a signal with
+    exit status 143, which the main process raises as Lightning's SIGTERMException.
+
+    Lightning 2.6.6 runs the fit in a started process without that handling (it runs in the main
+    process alone, on what the processes raised), so a SIGTERM or SIGUSR1 stopped the ranks
+    without the stop's checkpoint (litlab.callbacks.Preemption writes it in on_exception: a
+    resume lost the steps since the last one); and its SIGTERMException, a SystemExit without a
+    code, ended each process with status 0 and no result, for which the main process waited
+    forever (a run whose rank was signalled hung until killed). Private: the launcher class,
+    its ``_wrapping_function`` and ``lightning.pytorch.trainer.call._interrupt``."""
+
+    def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        try:
+            return super().launch(function, *args, trainer=trainer, **kwargs)
+        except ProcessExitedException as e:
+            if e.exit_code != STOPPED_EXIT:
+                raise
+            raise SIGTERMException() from e  # the run, all of its processes, was stopped
+
+    def _wrapping_function(self, process_idx: int, trainer: Any, function: Callable, *rest: Any):
+        handled = functools.partial(_handled, trainer, function)  # made in the started process
+        super()._wrapping_function(process_idx, trainer, handled, *rest)
+
+
+def _handled(trainer: Any, function: Callable, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return function(*args, **kwargs)
+    except BaseException as e:
+        if trainer is not None:
+            _interrupt(trainer, e)
+        if isinstance(e, SIGTERMException):
+            raise SystemExit(STOPPED_EXIT) from e
+        raise
 
 
 # -- W&B (through Lightning's WandbLogger) -------------------------------------------------------

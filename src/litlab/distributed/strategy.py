@@ -16,6 +16,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
+from litlab.compat import HandlingLauncher
 from litlab.errors import ConfigError
 
 
@@ -81,7 +82,10 @@ def strategy_for(
 
 class ClosingDDPStrategy(DDPStrategy):
     """Lightning's DDPStrategy whose spawned processes destroy their process group before their
-    interpreter shuts down (Lightning 2.6.6 does so at exit for NCCL alone).
+    interpreter shuts down (Lightning 2.6.6 does so at exit for NCCL alone), and whose spawned
+    or forked processes end a run as Lightning ends it in processes it does not start (a stop
+    by a signal saves its checkpoint and ends the run as interrupted: litlab.compat.
+    HandlingLauncher).
 
     A gloo group left to the shutdown aborted ddp_spawn's processes now and then after training
     ("terminate called without an active exception", SIGABRT: the fit fails). Gloo's worker
@@ -91,6 +95,11 @@ class ClosingDDPStrategy(DDPStrategy):
     that unwinding through the work's noexcept destructor calls std::terminate. Destroying the
     group while the interpreter is whole joins gloo's threads (the destructor lets go of the GIL).
     """
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if self._start_method != "popen":  # Lightning's, but its processes' ends handled
+            self._launcher = HandlingLauncher(self, start_method=self._start_method)
 
     def teardown(self) -> None:
         """After a run that ended, close the group at exit, not now: the launcher still collects
@@ -111,24 +120,28 @@ def close_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-# Lightning's names for DDP in spawned processes, and their parameters
-SPAWNED_DDP = {
-    "ddp_spawn": {},
-    "ddp_spawn_find_unused_parameters_false": {"find_unused_parameters": False},
-    "ddp_spawn_find_unused_parameters_true": {"find_unused_parameters": True},
+# Lightning's names for DDP in spawned and forked processes, and their parameters
+STARTED_DDP = {
+    f"ddp_{start}{suffix}": {"start_method": start, **params}
+    for start in ("spawn", "fork")
+    for suffix, params in (
+        ("", {}),
+        ("_find_unused_parameters_false", {"find_unused_parameters": False}),
+        ("_find_unused_parameters_true", {"find_unused_parameters": True}),
+    )
 }
 
 
 def register_closing_ddp() -> None:
-    """Lightning's spawned-DDP names registered anew, to ClosingDDPStrategy: trainer.strategy=
-    ddp_spawn from a config, or in a Trainer built by hand, gets it."""
-    for name, params in SPAWNED_DDP.items():
+    """Lightning's names of DDP in spawned and forked processes registered anew, to
+    ClosingDDPStrategy: trainer.strategy=ddp_spawn or ddp_fork from a config, or in a Trainer
+    built by hand, gets it."""
+    for name, params in STARTED_DDP.items():
         StrategyRegistry.register(
             name,
             ClosingDDPStrategy,
-            "DDP in spawned processes that close their process group at exit (litlab)",
+            "DDP in started processes that end a run as Lightning's own processes do (litlab)",
             override=True,
-            start_method="spawn",
             **params,
         )
 

@@ -285,6 +285,27 @@ def test_an_interrupted_job_is_listed_apart_from_the_failed_ones(tmp_path, caplo
     assert f"interrupted job {tmp_path / '2'}: stopped by a signal" in caplog.text
 
 
+@pytest.mark.slow
+def test_a_sweep_stopped_by_a_signal_in_a_job_summarizes_the_jobs_that_ran(tmp_path):
+    """The local launcher runs the jobs in its own process: SIGTERM in job 1 (of 3) ends the
+    sweep (exit 143), and the summary holds job 0 (the best) and job 1 (interrupted, with how
+    to continue it), marked stopped. Before: no sweep_summary.json at all."""
+    signal_in_job_1 = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=-1,3,-1"]
+    result = run_cli(
+        "-m", "trainer.max_epochs=1", "model.net.width=8", "data.batch_size=128", "logger=csv",
+        *QUIET, *signal_in_job_1, f"paths.log_dir={tmp_path}",
+    )  # fmt: skip
+    assert result.returncode == 143, result.stderr[-3000:]
+    (sweep,) = sweep_dirs(tmp_path)
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert summary["stopped"] is True and summary["jobs"] == 2 and summary["completed"] == 1
+    assert summary["best"]["job_dir"] == str(sweep / "0")
+    (stopped,) = summary["interrupted"]
+    assert stopped["job_dir"] == str(sweep / "1") and f"resume={sweep / '1'}" in stopped["error"]
+    assert not (sweep / "2").exists()
+    assert "the sweep stopped in its job 2, the jobs after it did not run" in result.stdout
+
+
 def test_a_study_storage_given_that_does_not_hold_the_study_is_said_to(tmp_path, caplog):
     """hydra.sweeper.storage=sqlite:///<a mistyped folder>/optuna.db started a new study in
     silence (Optuna's own line only), which repeated the first study's trials."""

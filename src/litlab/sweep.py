@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -329,12 +330,23 @@ def warn_of_a_new_study(storage: str, database: Path, study: str | None) -> None
         )
 
 
+# Hydra's launcher that runs a sweep's jobs one after another in its own process
+IN_PROCESS_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
+
 class SweepSummary(Callback):
     """Around a multirun: make room for an SQLite study, then log the best job and write
-    <sweep dir>/sweep_summary.json."""
+    <sweep dir>/sweep_summary.json.
+
+    Where the jobs run in the sweep's own process (Hydra's basic launcher), a signal that stops
+    a job (SIGTERM, Ctrl-C) ends the whole sweep, and Hydra's end of the multirun never comes:
+    the summary of the jobs run so far is then written as the process exits, marked
+    ``"stopped": true`` (before: none was written)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_a_used_sweep_folder(config)
+        if config.hydra.launcher.get("_target_") == IN_PROCESS_LAUNCHER:
+            atexit.register(self._stopped, config)
         # Optuna's SQLite storage (sqlite:///<sweep dir>/optuna.db) needs its folder to exist.
         Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         storage = str(config.hydra.sweeper.get("storage") or "")
@@ -345,9 +357,16 @@ class SweepSummary(Callback):
                 warn_of_a_new_study(storage, database, config.hydra.sweeper.get("study_name"))
             database.parent.mkdir(parents=True, exist_ok=True)
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def _stopped(self, config: DictConfig) -> None:
+        """At the exit of a process whose sweep ended before its last job."""
+        self.on_multirun_end(config, stopped=True)
+
+    def on_multirun_end(self, config: DictConfig, stopped: bool = False, **kwargs: Any) -> None:
+        atexit.unregister(self._stopped)
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = read_jobs(sweep_dir)
+        if stopped and not jobs:  # ended before its first job (the sweeper failed): no summary
+            return
         best = best_job(jobs)
         failed = [j for j in jobs if j.get("status") != "completed"]
         # a job stopped by a signal continues with resume= (its error says how): apart
@@ -380,7 +399,16 @@ class SweepSummary(Callback):
         study = study_best(sweep_dir)
         if study is not None:
             summary["study_best"] = study
+        if stopped:
+            summary["stopped"] = True
         write_json(sweep_dir / "sweep_summary.json", summary)
+        if stopped:
+            log.warning(
+                "the sweep stopped in its job %d, the jobs after it did not run; %s holds the "
+                "jobs that ran",
+                len(jobs),
+                sweep_dir / "sweep_summary.json",
+            )
         for job in failed:
             log.warning(
                 "%s job %s: %s", job.get("status", "failed"), job["job_dir"], job.get("error")
@@ -392,7 +420,7 @@ class SweepSummary(Callback):
                 study["value"],
                 " ".join(f"{k}={v}" for k, v in study["params"].items()),
             )
-        if best is None and failed:
+        if best is None and failed and not stopped:
             fail(
                 f"no job of the sweep in {sweep_dir} completed with an objective value "
                 f"({len(failed)} failed or interrupted; their errors: "

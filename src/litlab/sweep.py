@@ -345,7 +345,7 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_a_used_sweep_folder(config)
-        if config.hydra.launcher.get("_target_") == IN_PROCESS_LAUNCHER:
+        if OmegaConf.select(config, "hydra.launcher._target_") == IN_PROCESS_LAUNCHER:
             atexit.register(self._stopped, config)
         # Optuna's SQLite storage (sqlite:///<sweep dir>/optuna.db) needs its folder to exist.
         Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import os
 import pickle
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +22,7 @@ from torchvision.utils import save_image
 
 from conftest import (
     CPU_DDP,
+    REPO,
     TINY_GAN,
     TINY_GAN_DATA,
     bare_trainer,
@@ -40,6 +45,7 @@ from litlab.models.diffaugment import diff_augment, parse_policy
 from litlab.models.gan import GAN, batch_statistics, d_loss_fn, g_loss_fn, gradient_penalty
 from litlab.nets import Discriminator, Generator
 from litlab.train import train_task
+from wandb_records import offline_run
 
 SMALL = [
     *TINY_GAN_DATA,
@@ -429,6 +435,26 @@ def test_fid_with_a_litlab_classifier_as_extractor_and_eval(tmp_path):
         config_name="eval",
     )
     assert eval_task(again) == value
+    # SIGTERM while it generates (held to the test's end, then it stops the writing): the run
+    # is interrupted, and W&B shows it stopped (it was closed with 0 before the generation)
+    stopped = subprocess.Popen(
+        [sys.executable, str(REPO / "eval.py"), f"ckpt_path={best}", "generate=100000",
+         "logger=wandb", "extras.print_config=false", f"paths.log_dir={tmp_path / 'stopped'}"],
+        cwd=REPO, env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while len(list((tmp_path / "stopped").rglob("generated/*.png"))) < 20:
+            assert stopped.poll() is None, "it ended before it was signalled"
+            time.sleep(0.2)
+        stopped.terminate()
+        assert stopped.wait(timeout=120) == 143
+    finally:
+        stopped.kill()
+    (folder,) = {p.parent for p in (tmp_path / "stopped").rglob("summary.json")}
+    assert json.loads((folder / "summary.json").read_text())["status"] == "interrupted"
+    (part,) = (folder / "wandb").glob("offline-run-*")
+    assert offline_run(part)["exit_code"] == 143
 
 
 def test_fid_extractor_of_the_wrong_kind(tmp_path, capsys):

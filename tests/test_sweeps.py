@@ -303,7 +303,7 @@ def test_a_sweep_stopped_by_a_signal_in_a_job_summarizes_the_jobs_that_ran(tmp_p
     (stopped,) = summary["interrupted"]
     assert stopped["job_dir"] == str(sweep / "1") and f"resume={sweep / '1'}" in stopped["error"]
     assert not (sweep / "2").exists()
-    assert "the sweep stopped in its job 2, the jobs after it did not run" in result.stdout
+    assert f"the sweep stopped in its job {sweep / '1'}, the jobs after it did" in result.stdout
 
 
 def test_a_study_storage_given_that_does_not_hold_the_study_is_said_to(tmp_path, caplog):

@@ -562,7 +562,8 @@ class HandlingLauncher(_MultiProcessingLauncher):
     resume lost the steps since the last one); and its SIGTERMException, a SystemExit without a
     code, ended each process with status 0 and no result, for which the main process waited
     forever (a run whose rank was signalled hung until killed). Private: the launcher class,
-    its ``_wrapping_function`` and ``lightning.pytorch.trainer.call._interrupt``."""
+    its ``_wrapping_function``, ``lightning.pytorch.trainer.call._interrupt`` and
+    ``Trainer._teardown``."""
 
     def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
         try:
@@ -584,6 +585,12 @@ def _handled(trainer: Any, function: Callable, *args: Any, **kwargs: Any) -> Any
         if trainer is not None:
             _interrupt(trainer, e)
         if isinstance(e, SIGTERMException):
+            # every rank stops here together (they agreed on the stop and saved together): torn
+            # down as Lightning tears a stopped run down in its own processes, and as a run that
+            # ended is (ClosingDDPStrategy closes the group at exit; without, gloo aborted the
+            # process now and then, SIGABRT: the stop read "failed")
+            if trainer is not None:
+                trainer._teardown()
             raise SystemExit(STOPPED_EXIT) from e
         raise
 

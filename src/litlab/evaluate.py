@@ -117,26 +117,26 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
             trainer.test(model, datamodule=datamodule)
         record_stage(trainer, datamodule, run, "test")
         run.summary["data"] = tested_data(datamodule.report(), callbacks)
+        # What eval -m over checkpoints ranks by (the report, sweep_summary.json): the test
+        # value of the trained run's objective, in its direction
+        metric = run.summary["metric"]
+        run.summary["objective"] = {
+            "metric": metric,
+            "mode": mode,
+            "value": run.summary["metrics"].get(metric),
+        }
+        if count:  # generating may take long: a SIGTERM held since the test's end stops it
+            run.stop_if_asked()  # here, and one during it stops it (as outside any trainer)
+        if count and trainer.is_global_zero:  # once (every rank wrote all of them)
+            folder = Path(cfg.paths.output_dir) / "generated"
+            with run.phase("generate"):
+                run.summary["generated"] = save_generated_images(model, count, folder)
+            run.summary["generated_dir"] = str(folder)
     except BaseException as e:
         ended = e
         raise
-    finally:
+    finally:  # after the generation too: W&B shows a run stopped while generating as stopped
         finish_loggers(trainer.loggers, ended)
-    # What eval -m over checkpoints ranks by (the report, sweep_summary.json): the test value of
-    # the trained run's objective, in its direction
-    metric = run.summary["metric"]
-    run.summary["objective"] = {
-        "metric": metric,
-        "mode": mode,
-        "value": run.summary["metrics"].get(metric),
-    }
-    if count:  # generating may take long: a SIGTERM held since the test's end stops it here,
-        run.stop_if_asked()  # and one during it stops it (as outside any trainer)
-    if count and trainer.is_global_zero:  # once (every rank wrote all of them)
-        folder = Path(cfg.paths.output_dir) / "generated"
-        with run.phase("generate"):
-            run.summary["generated"] = save_generated_images(model, count, folder)
-        run.summary["generated_dir"] = str(folder)
     return run.summary["metrics"]
 
 

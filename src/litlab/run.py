@@ -224,7 +224,7 @@ def ended_as(
                 f"resume={folder} trainer.max_epochs=<more>"
             )
         if task == "eval":
-            return "interrupted", "stopped by a signal while testing; run eval.py again"
+            return "interrupted", "stopped by a signal; run eval.py again"
         if resumable_checkpoints(folder):  # what resume= continues from
             # Lightning's SIGTERMException in a fit: a checkpoint at the stop (not litlab.run's
             # outside the trainer, nor a spawned rank's stop, which Lightning saves nothing for)

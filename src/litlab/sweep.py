@@ -358,15 +358,17 @@ class SweepSummary(Callback):
             database.parent.mkdir(parents=True, exist_ok=True)
 
     def _stopped(self, config: DictConfig) -> None:
-        """At the exit of a process whose sweep ended before its last job."""
-        self.on_multirun_end(config, stopped=True)
+        """At the exit of a process whose sweep ended before Hydra's end of the multirun: where
+        a job was stopped by a signal (an error outside the jobs, which Hydra raises after
+        running them all, writes nothing, as before)."""
+        jobs = read_jobs(Path(config.hydra.sweep.dir))
+        if any(j.get("status") == "interrupted" for j in jobs):
+            self.on_multirun_end(config, stopped=True)
 
     def on_multirun_end(self, config: DictConfig, stopped: bool = False, **kwargs: Any) -> None:
         atexit.unregister(self._stopped)
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = read_jobs(sweep_dir)
-        if stopped and not jobs:  # ended before its first job (the sweeper failed): no summary
-            return
         best = best_job(jobs)
         failed = [j for j in jobs if j.get("status") != "completed"]
         # a job stopped by a signal continues with resume= (its error says how): apart
@@ -404,9 +406,9 @@ class SweepSummary(Callback):
         write_json(sweep_dir / "sweep_summary.json", summary)
         if stopped:
             log.warning(
-                "the sweep stopped in its job %d, the jobs after it did not run; %s holds the "
+                "the sweep stopped in its job %s, the jobs after it did not run; %s holds the "
                 "jobs that ran",
-                len(jobs),
+                listed["interrupted"][-1]["job_dir"],
                 sweep_dir / "sweep_summary.json",
             )
         for job in failed:

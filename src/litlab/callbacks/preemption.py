@@ -292,7 +292,8 @@ class Preemption(Callback):
             trainer.save_checkpoint(self.path, weights_only=False)  # a whole one, to resume from
         finally:
             self._saving_after_validation = False
-        log.warning("stopped by a signal; saved %s to resume from", self.path)
+        if trainer.is_global_zero:  # (every rank of ddp_spawn's logs to the console)
+            log.warning("stopped by a signal; saved %s to resume from", self.path)
         if self._received is not None and self._received == _submitit_signal():
             self._scheduler = previous if callable(previous) else None
         elif self._received == signal.SIGUSR1 and self.slurm_requeue:

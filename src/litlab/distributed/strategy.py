@@ -105,7 +105,8 @@ class ClosingDDPStrategy(DDPStrategy):
         """After a run that ended, close the group at exit, not now: the launcher still collects
         rank 0's results on every rank after this. A spawned process whose run failed never
         gets here (its exception skips Lightning's teardown), so it does not wait at exit on
-        gloo threads in a collective that the other ranks left. Spawned processes leave through
+        gloo threads in a collective that the other ranks left; one stopped by a signal does
+        (every rank stops after the same batch: HandlingLauncher). Spawned processes leave through
         sys.exit, which runs atexit; forked ones (ddp_fork) through os._exit, which runs neither
         atexit nor the interpreter's shutdown."""
         super().teardown()

@@ -10,6 +10,7 @@ import pytest
 from conftest import QUIET_CSV as QUIET
 from conftest import make_cfg, refused, run_cli, write_idx_dataset, write_png_folder
 from litlab.evaluate import eval_task
+from litlab.loggers import check_forked_wandb
 from litlab.train import train_task
 
 
@@ -177,6 +178,21 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
 )
 def test_train_mistakes_in_process(tmp_path, capsys, overrides, needle):
     fails_with(capsys, train_task, make_cfg(tmp_path, [*overrides, *QUIET]), needle)
+
+
+def test_wandb_under_ranks_forked_from_the_run_is_refused(tmp_path, capsys):
+    """W&B's runs do not survive a fork: under ddp_fork two offline runs were left, neither with
+    a record of the run, its history or its end. CSV alone (or W&B disabled) is accepted."""
+    fork = ["trainer.strategy=ddp_fork", "trainer.accelerator=cpu", "trainer.devices=2"]
+    needle = "trainer.strategy=ddp_fork forks the ranks from this process, and W&B cannot log"
+    fails_with(
+        capsys, train_task, make_cfg(tmp_path / "w", [*QUIET, *fork, "logger=wandb"]), needle
+    )
+    disabled = make_cfg(
+        tmp_path / "d", [*QUIET, *fork, "logger=wandb", "logger.wandb.mode=disabled"]
+    )
+    check_forked_wandb(disabled)  # (not trained: a forked run is ~10 s)
+    check_forked_wandb(make_cfg(tmp_path / "c", [*QUIET, *fork]))
 
 
 @pytest.mark.parametrize(

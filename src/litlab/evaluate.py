@@ -31,7 +31,7 @@ from litlab.data.folder_index import class_names, split_folders
 from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
-from litlab.loggers import finish_loggers
+from litlab.loggers import check_forked_wandb, finish_loggers
 from litlab.run import HoldStopAfterTest, Run, build_list, config_digest, freeze_the_imports
 from litlab.train import (
     evaluation_limits,
@@ -75,6 +75,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     run.summary["precision"] = resolve_precision(cfg.trainer)
     check_all(cfg)
     check_hardware(cfg.trainer)
+    check_forked_wandb(cfg)
     limits = evaluation_limits(cfg, ("test",))
     if limits:
         run.summary["evaluation_limits"] = limits

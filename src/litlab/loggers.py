@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import OmegaConf
 
 from litlab.compat import (
     AppendingCSVLogger,
@@ -404,6 +405,26 @@ def wandb_logger(
     if wandb_init_arguments(logger).get("anonymous") is None:
         wandb_init_arguments(logger).pop("anonymous", None)
     return logger
+
+
+def check_forked_wandb(cfg: Any) -> None:
+    """Refuse W&B under a strategy that forks the ranks from this process (ddp_fork,
+    ddp_notebook): W&B's runs do not survive a fork, and nothing the run logged reached them
+    (two offline runs were left, without a record of the run, its history or its end)."""
+    from litlab.distributed.launchers import FORKING
+    from litlab.distributed.strategy import strategy_name
+
+    name = strategy_name(OmegaConf.select(cfg, "trainer.strategy") or "auto")
+    if not name.startswith(FORKING) or os.environ.get("WANDB_MODE") == "disabled":
+        return
+    for node in (cfg.get("logger") or {}).values():
+        target = str(node.get("_target_", "")) if hasattr(node, "get") else ""
+        if "wandb" in target.lower() and node.get("mode") != "disabled":
+            raise ConfigError(
+                f"trainer.strategy={name} forks the ranks from this process, and W&B cannot "
+                "log from forked processes (nothing would reach it): use trainer.strategy="
+                "ddp_spawn or ddp, or logger=csv"
+            )
 
 
 def check_log_model(log_model: Any, best_metric: str | None) -> None:

@@ -47,7 +47,7 @@ from litlab.distributed.agree import OnePrecision
 from litlab.distributed.launchers import check_slurm_launcher
 from litlab.errors import ConfigError, TrainingDiverged, fail
 from litlab.hardware import check_hardware, resolve_precision
-from litlab.loggers import finish_loggers
+from litlab.loggers import check_forked_wandb, finish_loggers
 from litlab.resumable import check_resumable
 from litlab.resume import FitMilestones, continue_in_place, resume_argv
 from litlab.run import (
@@ -212,6 +212,7 @@ def check(cfg: DictConfig, run: Run) -> None:
         )
         cfg.trainer.sync_batchnorm = False
     check_eval_only_data(cfg)
+    check_forked_wandb(cfg)
     check_objective(cfg)
     check_plateau_mode(cfg)
     check_augmentation(cfg)

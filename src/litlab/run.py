@@ -226,8 +226,8 @@ def ended_as(
         if task == "eval":
             return "interrupted", "stopped by a signal; run eval.py again"
         if resumable_checkpoints(folder):  # what resume= continues from
-            # Lightning's SIGTERMException in a fit: a checkpoint at the stop (not litlab.run's
-            # outside the trainer, nor a spawned rank's stop, which Lightning saves nothing for)
+            # Lightning's SIGTERMException in a fit (spawned ranks' too: compat.HandlingLauncher):
+            # a checkpoint at the stop; not litlab.run's, outside the trainer
             exact = isinstance(exc, SIGTERMException) and not isinstance(exc, Terminated)
             since = "" if exact else " from its last checkpoint"
             return (

@@ -93,12 +93,13 @@ class SignalOnce(L.Callback):
     """SIGTERM to global rank 0's own process at a training batch (``kill <pid>``, a scheduler's
     signal); every rank notes what ended its fit, at which step, in on_exception."""
 
-    def __init__(self, folder: str, batch: int) -> None:
-        self.folder, self.batch = Path(folder), batch
+    def __init__(self, folder: str, batch: int, main: bool = False) -> None:
+        self.folder, self.batch, self.main = Path(folder), batch, main
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.fit_loop.total_batch_idx == self.batch and trainer.is_global_zero:
-            os.kill(os.getpid(), signal.SIGTERM)
+            # ``main``: to the main process alone, which passes it on (litlab.run's handler)
+            os.kill(os.getppid() if self.main else os.getpid(), signal.SIGTERM)
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         ended = {"exception": type(exception).__name__, "step": trainer.global_step}
@@ -122,27 +123,51 @@ def within(seconds: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.fixture
+def run_handler():
+    """litlab.run's SIGTERM handler in this process, as a Run sets it (and put back after)."""
+    from litlab import run
+
+    owner = run._SIGTERM["owner"]
+    run._SIGTERM["owner"] = os.getpid()
+    previous = signal.signal(signal.SIGTERM, run._stop_on_sigterm)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+    run._SIGTERM["owner"] = owner
+
+
 @pytest.mark.dist
 @pytest.mark.slow
-def test_a_signal_to_a_spawned_rank_saves_the_stop_checkpoint_and_ends_the_fit(tmp_path):
+@pytest.mark.parametrize("to_main", [False, True], ids=["to a rank", "to the main process"])
+def test_a_signal_to_a_spawned_rank_saves_the_stop_checkpoint_and_ends_the_fit(
+    tmp_path, run_handler, to_main
+):
     """SIGTERM to one spawned rank: every rank stops after the same batch and writes the stop's
     checkpoint (litlab's Preemption, in on_exception), and the fit ends with Lightning's
     SIGTERMException in the main process. Lightning handled no exception in its spawned
     processes: no checkpoint, and the processes ended with status 0 and no result, for which
-    the main process waited forever."""
+    the main process waited forever. To the main process (a job's SIGTERM reaches every process;
+    litlab.run's handler passes it on to the ranks): the fit ends once the ranks have written the
+    checkpoint (the run was recorded at once, "before its first checkpoint, nothing to resume",
+    while they wrote one)."""
     model = Regression(str(tmp_path))
-    callbacks = [Preemption(str(tmp_path / "checkpoints")), SignalOnce(str(tmp_path), batch=2)]
+    signal_at = SignalOnce(str(tmp_path), batch=2, main=to_main)
+    callbacks = [Preemption(str(tmp_path / "checkpoints")), signal_at]
     trainer = bare_trainer(
         accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=3, callbacks=callbacks
     )
-    with within(120), pytest.raises(SIGTERMException):
+    with within(120), pytest.raises(SIGTERMException) as stopped:
         trainer.fit(model)
-    main = json.loads((tmp_path / f"ended0.{os.getpid()}.json").read_text())
+    assert type(stopped.value) is SIGTERMException  # the ranks', not the handler's Terminated
+    main_record = tmp_path / f"ended0.{os.getpid()}.json"
+    main = json.loads(main_record.read_text())
     assert main["exception"] == "SIGTERMException"
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    assert main_record.stat().st_mtime_ns >= checkpoint.stat().st_mtime_ns  # after the ranks
     ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("ended*.json"))]
     ranks.remove(main)
     assert len(ranks) == 2 and ranks[0] == ranks[1]  # both stopped after the same batch
     assert ranks[0]["exception"] == "SIGTERMException"
     assert 3 <= ranks[0]["step"] < 12  # after the signal's batch, before the fit's end
-    saved = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    saved = load_checkpoint(checkpoint)
     assert saved["global_step"] == ranks[0]["step"]

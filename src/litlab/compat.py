@@ -35,6 +35,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 from torch.multiprocessing import ProcessExitedException
 
+from litlab.errors import Terminated
+
 log = logging.getLogger("litlab")
 
 # -- Lightning ---------------------------------------------------------------------------------
@@ -572,6 +574,16 @@ class HandlingLauncher(_MultiProcessingLauncher):
             if e.exit_code != STOPPED_EXIT:
                 raise
             raise SIGTERMException() from e  # the run, all of its processes, was stopped
+        except Terminated as e:
+            # SIGTERM to this process too (the whole job's): litlab.run's handler passed it on
+            # to the ranks, which stop after a batch and write the stop's checkpoint. The run is
+            # recorded once they have (it was recorded at once: "before its first checkpoint,
+            # nothing to resume" while they wrote one). A second SIGTERM ends the wait.
+            for process in self.procs:
+                process.join()
+            if any(process.exitcode != STOPPED_EXIT for process in self.procs):
+                raise
+            raise SIGTERMException() from e
 
     def _wrapping_function(self, process_idx: int, trainer: Any, function: Callable, *rest: Any):
         handled = functools.partial(_handled, trainer, function)  # made in the started process

@@ -304,6 +304,12 @@ def test_a_sweep_stopped_by_a_signal_in_a_job_summarizes_the_jobs_that_ran(tmp_p
     assert stopped["job_dir"] == str(sweep / "1") and f"resume={sweep / '1'}" in stopped["error"]
     assert not (sweep / "2").exists()
     assert f"the sweep stopped in its job {sweep / '1'}, the jobs after it did" in result.stdout
+    # and the offline report says so (its table alone showed 2 runs, one interrupted)
+    from litlab.report import main as report
+
+    report([str(sweep)])
+    said = f"the sweep stopped in its job {sweep / '1'}; the jobs after it did not run"
+    assert said in (sweep / "report.md").read_text()
 
 
 def test_a_study_storage_given_that_does_not_hold_the_study_is_said_to(tmp_path, caplog):

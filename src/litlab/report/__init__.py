@@ -7,6 +7,7 @@ table, learning curves, sweep plots, GAN samples) and report.md (the same table)
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -49,6 +50,20 @@ def write_report(comparison: Comparison, folders: list[Path], out: Path) -> tupl
     return html_path, md_path
 
 
+def stopped_in(folders: list[Path]) -> list[str]:
+    """The job each of these sweep folders was stopped in by a signal (its sweep_summary.json
+    says "stopped": the local launcher's sweep ends with the job; the jobs after it never ran)."""
+    jobs = []
+    for folder in folders:
+        try:
+            summary = json.loads((Path(folder) / "sweep_summary.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(summary, dict) and summary.get("stopped") and summary.get("interrupted"):
+            jobs.append(str(summary["interrupted"][-1]["job_dir"]))
+    return jobs
+
+
 def fail(message: str) -> NoReturn:
     """One line on stderr saying what to do, exit status 2, no traceback."""
     print(f"{PROG}: error: {message}", file=sys.stderr)
@@ -63,8 +78,10 @@ def main(argv: list[str] | None = None) -> None:
     except ReportError as exc:
         fail(str(exc))
     out = args.out or args.folders[0]
+    comparison = compare(runs)
+    comparison.stopped_in = stopped_in(args.folders)
     try:
-        paths = write_report(compare(runs), args.folders, out)
+        paths = write_report(comparison, args.folders, out)
     except OSError as exc:
         fail(f"cannot write the report to {out} ({exc.strerror or exc}); choose another --out DIR")
     print(*paths, sep="\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from litlab.overrides import SEEDS, override_key
 from litlab.report.runs import RunFolder, number
@@ -37,6 +37,8 @@ class Comparison:
     varied: list[str]
     # each metric column's scale: the most common among the runs with a value there
     column_scales: dict[str, str]
+    # sweeps that a signal stopped (sweep_summary.json "stopped"): the job it stopped in
+    stopped_in: list[str] = field(default_factory=list)
 
     @property
     def columns(self) -> list[str]:
@@ -317,4 +319,8 @@ def facts(comparison: Comparison) -> list[tuple[str, str]]:
             code += "; " if code else ""
             code += f"{len(dirty)} run(s) with uncommitted changes to the code: {shown}"
         lines.append(("Code", code))
+    for job in comparison.stopped_in:
+        lines.append(
+            ("Stopped", f"the sweep stopped in its job {job}; the jobs after it did not run")
+        )
     return lines

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,13 +94,15 @@ class SignalOnce(L.Callback):
     """SIGTERM to global rank 0's own process at a training batch (``kill <pid>``, a scheduler's
     signal); every rank notes what ended its fit, at which step, in on_exception."""
 
-    def __init__(self, folder: str, batch: int, main: bool = False) -> None:
-        self.folder, self.batch, self.main = Path(folder), batch, main
+    def __init__(self, folder: str, batch: int, main: bool = False, times: int = 1) -> None:
+        self.folder, self.batch, self.main, self.times = Path(folder), batch, main, times
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.fit_loop.total_batch_idx == self.batch and trainer.is_global_zero:
             # ``main``: to the main process alone, which passes it on (litlab.run's handler)
-            os.kill(os.getppid() if self.main else os.getpid(), signal.SIGTERM)
+            for _ in range(self.times):
+                os.kill(os.getppid() if self.main else os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         ended = {"exception": type(exception).__name__, "step": trainer.global_step}
@@ -128,12 +131,12 @@ def run_handler():
     """litlab.run's SIGTERM handler in this process, as a Run sets it (and put back after)."""
     from litlab import run
 
-    owner = run._SIGTERM["owner"]
+    state = dict(run._SIGTERM)
     run._SIGTERM["owner"] = os.getpid()
     previous = signal.signal(signal.SIGTERM, run._stop_on_sigterm)
     yield
     signal.signal(signal.SIGTERM, previous)
-    run._SIGTERM["owner"] = owner
+    run._SIGTERM.update(state)
 
 
 @pytest.mark.dist
@@ -149,9 +152,10 @@ def test_a_signal_to_a_spawned_rank_saves_the_stop_checkpoint_and_ends_the_fit(
     the main process waited forever. To the main process (a job's SIGTERM reaches every process;
     litlab.run's handler passes it on to the ranks): the fit ends once the ranks have written the
     checkpoint (the run was recorded at once, "before its first checkpoint, nothing to resume",
-    while they wrote one)."""
+    while they wrote one); a second SIGTERM soon after only passes it on again (it too ended
+    the wait, and the run was recorded before the ranks' checkpoint)."""
     model = Regression(str(tmp_path))
-    signal_at = SignalOnce(str(tmp_path), batch=2, main=to_main)
+    signal_at = SignalOnce(str(tmp_path), batch=2, main=to_main, times=2 if to_main else 1)
     callbacks = [Preemption(str(tmp_path / "checkpoints")), signal_at]
     trainer = bare_trainer(
         accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=3, callbacks=callbacks
@@ -171,3 +175,28 @@ def test_a_signal_to_a_spawned_rank_saves_the_stop_checkpoint_and_ends_the_fit(
     assert 3 <= ranks[0]["step"] < 12  # after the signal's batch, before the fit's end
     saved = load_checkpoint(checkpoint)
     assert saved["global_step"] == ranks[0]["step"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_signal_to_the_main_process_at_the_fits_last_batch_lets_the_fit_end(
+    tmp_path, run_handler
+):
+    """A SIGTERM at the fit's last batch stops nothing in the ranks (Preemption: the run would
+    have nothing left to train): the fit ends as planned, with its results, and the stop is
+    held for the run to act on once it has recorded the fit (Run.stop_if_asked). The main
+    process raised at once: a stop recorded as resumable that resume= refused ("already
+    trained 3 epochs"), and no test."""
+    from litlab import run
+
+    model = Regression(str(tmp_path))
+    callbacks = [Preemption(str(tmp_path / "checkpoints")), SignalOnce(str(tmp_path), 11, True)]
+    trainer = bare_trainer(
+        accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=3, callbacks=callbacks
+    )
+    with within(120):
+        trainer.fit(model)
+    # rank 0's results came back (the fit's end): before, Terminated at once, none
+    assert trainer.state.finished and "train/loss" in trainer.callback_metrics
+    assert run.sigterm_pending()
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()  # no stop was saved

@@ -568,22 +568,18 @@ class HandlingLauncher(_MultiProcessingLauncher):
     ``Trainer._teardown``."""
 
     def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
-        try:
-            return super().launch(function, *args, trainer=trainer, **kwargs)
-        except ProcessExitedException as e:
-            if e.exit_code != STOPPED_EXIT:
+        # a SIGTERM to this process meanwhile is passed on to the ranks and held (litlab.run)
+        from litlab.run import passing_sigterm_on, sigterm_pending  # (not at import: a cycle)
+
+        with passing_sigterm_on():
+            try:
+                return super().launch(function, *args, trainer=trainer, **kwargs)
+            except ProcessExitedException as e:
+                if e.exit_code == STOPPED_EXIT:  # the run, all of its processes, was stopped
+                    raise SIGTERMException() from e
+                if sigterm_pending():  # a rank ended by it before it could stop at a batch
+                    raise Terminated() from e
                 raise
-            raise SIGTERMException() from e  # the run, all of its processes, was stopped
-        except Terminated as e:
-            # SIGTERM to this process too (the whole job's): litlab.run's handler passed it on
-            # to the ranks, which stop after a batch and write the stop's checkpoint. The run is
-            # recorded once they have (it was recorded at once: "before its first checkpoint,
-            # nothing to resume" while they wrote one). A second SIGTERM ends the wait.
-            for process in self.procs:
-                process.join()
-            if any(process.exitcode != STOPPED_EXIT for process in self.procs):
-                raise
-            raise SIGTERMException() from e
 
     def _wrapping_function(self, process_idx: int, trainer: Any, function: Callable, *rest: Any):
         handled = functools.partial(_handled, trainer, function)  # made in the started process

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -280,9 +281,10 @@ def killed_part_s(folder: Path, started_at: str | None) -> float | None:
     return last - start
 
 
-# _stop_on_sigterm's state: the process that set it ("owner": forked children inherit it), and a
-# stop held while the run records what it finished (Run.defer_stop: "held", "pending").
-_SIGTERM: dict[str, Any] = {"owner": None, "held": False, "pending": False}
+# _stop_on_sigterm's state: the process that set it ("owner": forked children inherit it), a
+# stop held while the run records what it finished (Run.defer_stop: "held", "pending"), and
+# ranks started from this process that a SIGTERM is passed on to (passing_sigterm_on: "ranks").
+_SIGTERM: dict[str, Any] = {"owner": None, "held": False, "pending": False, "ranks": False}
 
 
 def _stop_on_sigterm(signum: int, frame: Any) -> None:
@@ -298,16 +300,47 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
         return
     if signal.getsignal(signal.SIGTERM) is not _stop_on_sigterm:
         return
+    if _SIGTERM["ranks"]:  # they stop after a batch with the stop's checkpoint, and end the fit
+        _pass_on_sigterm()
+        _SIGTERM["pending"] = True
+        return
     if _SIGTERM["held"]:
         _SIGTERM["pending"] = True
         return
     _stop_now()
 
 
-def _stop_now() -> None:
+def _pass_on_sigterm() -> None:
     for child in multiprocessing.active_children():
         with contextlib.suppress(OSError):
             os.kill(child.pid, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def passing_sigterm_on() -> Iterator[None]:
+    """Around a fit or test whose ranks run in processes started from this one (ddp_spawn,
+    ddp_fork: litlab.compat.HandlingLauncher): a SIGTERM here (a job's reaches every process)
+    is passed on to the ranks and held, not raised. The ranks stop after a batch and write the
+    stop's checkpoint, and the fit ends with their stop; a fit they finished anyway (the signal
+    came at its last batch) is recorded as trained before the held stop ends the run
+    (stop_if_asked). Raised here at once, the run was recorded before the ranks had written
+    anything ("before its first checkpoint: nothing to resume"), or as a stop a resume= could
+    not continue (a fit that had trained to its end)."""
+    before = _SIGTERM["ranks"]
+    _SIGTERM["ranks"] = True
+    try:
+        yield
+    finally:
+        _SIGTERM["ranks"] = before
+
+
+def sigterm_pending() -> bool:
+    """Whether a SIGTERM came that the run has not acted on yet (held, or passed on to ranks)."""
+    return bool(_SIGTERM["pending"])
+
+
+def _stop_now() -> None:
+    _pass_on_sigterm()
     raise Terminated
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import QUIET_CSV as QUIET
 from conftest import make_cfg, refused, run_cli, write_idx_dataset, write_png_folder
+from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
 from litlab.loggers import check_forked_wandb
 from litlab.train import train_task
@@ -192,6 +193,11 @@ def test_wandb_under_ranks_forked_from_the_run_is_refused(tmp_path, capsys):
         tmp_path / "d", [*QUIET, *fork, "logger=wandb", "logger.wandb.mode=disabled"]
     )
     check_forked_wandb(disabled)  # (not trained: a forked run is ~10 s)
+    node = "+trainer.strategy={_target_:lightning.pytorch.strategies.DDPStrategy,start_method:fork}"
+    with pytest.raises(ConfigError, match="forks the ranks from this process"):
+        check_forked_wandb(
+            make_cfg(tmp_path / "n", [*QUIET, "logger=wandb", "~trainer.strategy", node])
+        )
     check_forked_wandb(make_cfg(tmp_path / "c", [*QUIET, *fork]))
 
 

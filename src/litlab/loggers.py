@@ -414,8 +414,12 @@ def check_forked_wandb(cfg: Any) -> None:
     from litlab.distributed.launchers import FORKING
     from litlab.distributed.strategy import strategy_name
 
-    name = strategy_name(OmegaConf.select(cfg, "trainer.strategy") or "auto")
-    if not name.startswith(FORKING) or os.environ.get("WANDB_MODE") == "disabled":
+    strategy = OmegaConf.select(cfg, "trainer.strategy") or "auto"
+    name = strategy_name(strategy)
+    forks = name.startswith(FORKING) or (
+        not isinstance(strategy, str) and strategy.get("start_method") == "fork"
+    )  # a strategy node: DDPStrategy(start_method="fork")
+    if not forks or os.environ.get("WANDB_MODE") == "disabled":
         return
     for node in (cfg.get("logger") or {}).values():
         target = str(node.get("_target_", "")) if hasattr(node, "get") else ""

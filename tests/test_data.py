@@ -996,8 +996,9 @@ def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache, decode):
         "trainer.max_epochs=2",
     )
     assert "test/acc" in summary["metrics"]
-    # 44 files, 3 unreadable: what each split held (cached: images; read as they go: files)
-    assert sum(summary["data"]["splits"].values()) == (41 if cache else 44)
+    # 44 files, 3 unreadable: what each split held, images, cached or read as they go (the files
+    # less those found unreadable; was 44: the report put the two runs on different scales)
+    assert sum(summary["data"]["splits"].values()) == 41
     assert summary["data"]["splits"].keys() == {"train", "val", "test"}
     if cache:
         assert summary["data"]["all"]["skipped"] == 3

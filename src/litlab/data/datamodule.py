@@ -598,13 +598,18 @@ class DataModule(L.LightningDataModule):
     def report(self) -> dict[str, Any]:
         """What the data was, for summary.json: ``source`` (which data: Source.label), the
         source's own account (an image folder's images and files skipped per folder),
-        ``splits`` (what was trained on, validated and tested: images, or the files listed
-        where they are read as they go, unreadable ones included) and ``skipped_while_loading``
+        ``splits`` (what was trained on, validated and tested: images; where they are read as
+        they go, the files listed less those found unreadable, so that a run reports the same
+        split sizes cached or not, which the report ranks runs by) and ``skipped_while_loading``
         (the files found unreadable as they were read, each once; by every rank where the fit
         or test ended, this rank's where it failed)."""
         report = {"source": self.source.label, **(getattr(self.source, "report", {}) or {})}
         names = {"train": "fit", "val": "val", "test": "test"}
-        splits = {name: self.split_size(key) for name, key in names.items() if key in self.datasets}
+        splits = {
+            name: self.split_size(key) - len(self._found_unreadable(key))
+            for name, key in names.items()
+            if key in self.datasets
+        }
         if splits:
             report["splits"] = splits
         if self.unreadable:
@@ -624,14 +629,28 @@ class DataModule(L.LightningDataModule):
         (an image folder with cache=false; a cached one refuses them as it decodes): the model
         never saw them, and their test images count as errors."""
         dataset = self.datasets.get("fit")
-        images = None if dataset is None else _file_images(dataset)
-        if not self.unreadable or images is None:
+        files = self._paths("fit")
+        if not self.unreadable or files is None:
             return []
-        files = [str(images.index.root / f) for f in file_names(dataset)]  # as unreadable ones
         labels = labels_of(dataset).tolist()
         read = {label for label, f in zip(labels, files, strict=True) if f not in self.unreadable}
         classes = self.class_names or []
         return [classes[k] for k in sorted(set(labels) - read) if k < len(classes)]
+
+    def _paths(self, key: str) -> list[str] | None:
+        """The files of a split read as they go, as the unreadable ones are named (None for
+        images held in memory or streamed)."""
+        dataset = self.datasets.get(key)
+        images = None if dataset is None else _file_images(dataset)
+        if images is None:
+            return None
+        return [str(images.index.root / f) for f in file_names(dataset)]
+
+    def _found_unreadable(self, key: str) -> list[str]:
+        """The files of a split found unreadable as they were read."""
+        if not self.unreadable:
+            return []
+        return [f for f in self._paths(key) or [] if f in self.unreadable]
 
     def gather_unreadable(self) -> None:
         """Every rank's unreadable files into this rank's (each rank reads its own share of

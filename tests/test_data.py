@@ -1179,6 +1179,23 @@ def test_a_validation_folder_beside_train_and_test_is_the_validation_split(tmp_p
     assert {Path(path).parent.parent.name for path, _, _ in converted["val"]} == {"validation"}
 
 
+def test_a_conversion_says_what_it_leaves_out_as_a_run_does(tmp_path, capsys):
+    """litlab.data.optimize said nothing of the files it does not convert (the check and a run
+    say "not read: ..."): an image beside the class folders, a file without an image suffix."""
+    from litlab.data.optimize import source_splits
+
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=10)
+    (root / "cat" / "notes.txt").write_text("not an image")
+    (root / "stray.png").write_bytes(
+        (root / "cat" / sorted(os.listdir(root / "cat"))[0]).read_bytes()
+    )
+    source_splits(root, 0.2, 0.1)
+    said = capsys.readouterr().out
+    assert f"{root}: not read: 1 .txt" in said
+    assert "1 image(s) beside the class folders (e.g. stray.png)" in said
+
+
 def test_a_class_without_training_images_is_refused_and_one_missing_from_the_test_warned(
     tmp_path, caplog
 ):

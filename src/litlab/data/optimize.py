@@ -50,6 +50,7 @@ from litlab.data.folder_index import (
     scan,
     split_folders,
     test_split,
+    unread,
     validation_split,
 )
 from litlab.data.pixels import eight_bit, upright
@@ -107,6 +108,9 @@ def source_splits(
     # every class keeps training files (the folder path's rule; unreadable ones: convert())
     train_labels = torch.tensor([label for _, label, _ in splits["train"]], dtype=torch.long)
     check_classes_present(train_labels, indexes[0].classes, train_folder(root), "train")
+    for index in indexes:  # what the conversion leaves out, as the check and a run say it
+        if note := unread(index):
+            print(f"{index.root}: {note}")
     key = hashlib.sha256(
         # "by name": the splits' method (file by file, from the names), part of what was written
         repr(

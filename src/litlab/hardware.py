@@ -18,8 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from litlab.compat import cpu_probe_bf16
-from litlab.distributed.launchers import FORKING
-from litlab.distributed.strategy import strategy_name
+from litlab.distributed.strategy import forks_the_ranks, strategy_name
 from litlab.errors import ConfigError
 
 log = logging.getLogger("litlab")
@@ -171,7 +170,7 @@ def check_hardware(trainer: DictConfig) -> bool:
         raise ConfigError(
             f"this GPU has no bfloat16 support; use trainer.precision=16-mixed instead of {precision}"
         )
-    if cuda and not on_cpu and name.startswith(FORKING):
+    if cuda and not on_cpu and forks_the_ranks(trainer.get("strategy", "auto")):
         # Lightning checks for CUDA started before the fork in the forked ranks only, where it
         # is too late: each died at its first CUDA call ("Cannot re-initialize CUDA in forked
         # subprocess"), after litlab had read the GPU's name and bfloat16 support here

@@ -411,21 +411,16 @@ def check_forked_wandb(cfg: Any) -> None:
     """Refuse W&B under a strategy that forks the ranks from this process (ddp_fork,
     ddp_notebook): W&B's runs do not survive a fork, and nothing the run logged reached them
     (two offline runs were left, without a record of the run, its history or its end)."""
-    from litlab.distributed.launchers import FORKING
-    from litlab.distributed.strategy import strategy_name
+    from litlab.distributed.strategy import forks_the_ranks, strategy_name
 
     strategy = OmegaConf.select(cfg, "trainer.strategy") or "auto"
-    name = strategy_name(strategy)
-    forks = name.startswith(FORKING) or (
-        not isinstance(strategy, str) and strategy.get("start_method") == "fork"
-    )  # a strategy node: DDPStrategy(start_method="fork")
-    if not forks or os.environ.get("WANDB_MODE") == "disabled":
+    if not forks_the_ranks(strategy) or os.environ.get("WANDB_MODE") == "disabled":
         return
     for node in (cfg.get("logger") or {}).values():
         target = str(node.get("_target_", "")) if hasattr(node, "get") else ""
         if "wandb" in target.lower() and node.get("mode") != "disabled":
             raise ConfigError(
-                f"trainer.strategy={name} forks the ranks from this process, and W&B cannot "
+                f"trainer.strategy={strategy_name(strategy)} forks the ranks from this process, and W&B cannot "
                 "log from forked processes (nothing would reach it): use trainer.strategy="
                 "ddp_spawn or ddp, or logger=csv"
             )

@@ -151,7 +151,6 @@ def launcher_layout(devices: Any, num_nodes: int) -> dict[str, int]:
 # environment (MASTER_ADDR, NODE_RANK, set by hand on each node), LSF's and MPI's
 NODE_VARIABLES = ("MASTER_ADDR", "NODE_RANK", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 SPAWNING = ("ddp_spawn", "ddp_fork", "ddp_notebook")
-FORKING = ("ddp_fork", "ddp_notebook")  # the ranks forked from this process
 
 
 def adopt_launcher_layout(trainer: Any) -> dict[str, int]:

@@ -25,6 +25,14 @@ def strategy_name(strategy: Any) -> str:
     return strategy if isinstance(strategy, str) else str(strategy.get("_target_", ""))
 
 
+def forks_the_ranks(strategy: Any) -> bool:
+    """Whether a trainer.strategy value forks the ranks from this process: Lightning's
+    ddp_fork and ddp_notebook names, or a strategy node with start_method=fork."""
+    if strategy_name(strategy).startswith(("ddp_fork", "ddp_notebook")):
+        return True
+    return not isinstance(strategy, str) and strategy.get("start_method") == "fork"
+
+
 def _many_processes(devices: Any, num_nodes: int, accelerator: str, cuda_devices: int) -> bool:
     """Whether Lightning will start more than one process for these trainer settings."""
     if num_nodes > 1:

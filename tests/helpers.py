@@ -204,6 +204,26 @@ class SignalAt(Callback):
             os.kill(os.getpid(), signum)
 
 
+class SignalInJob(Callback):
+    """SIGTERM at a training batch of one job of a sweep (its ``hydra.job.num``), once: not in
+    the job continued with resume= (the same callback), which finds ``mark`` written."""
+
+    def __init__(self, job: int, batch: int, mark: str) -> None:
+        self.job, self.batch, self.mark = job, batch, Path(mark)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import os
+        import signal
+
+        from hydra.core.hydra_config import HydraConfig
+
+        if trainer.fit_loop.total_batch_idx != self.batch or self.mark.exists():
+            return
+        if HydraConfig.get().job.num == self.job:
+            self.mark.touch()
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 class SignalInTest(Callback):
     """Sends a real signal to this process at the start of the test's first batch: a job
     preempted after its training ended, while it tested the best checkpoint. Once: not in the

@@ -312,6 +312,41 @@ def test_a_sweep_stopped_by_a_signal_in_a_job_summarizes_the_jobs_that_ran(tmp_p
     assert said in (sweep / "report.md").read_text()
 
 
+@pytest.mark.slow
+def test_a_trial_a_signal_stopped_is_told_to_its_study_when_its_job_is_resumed(tmp_path):
+    """SIGTERM in trial 1's job ends the local sweep before the sweeper tells the study: the
+    trial stays RUNNING. Before: its job continued with resume= completed in its folder, and the
+    study never learned it (a continued study reported another best)."""
+    stop = [
+        "+callbacks.stop._target_=helpers.SignalInJob", "+callbacks.stop.job=1",
+        "+callbacks.stop.batch=3", f"+callbacks.stop.mark={tmp_path / 'signalled'}",
+    ]  # fmt: skip
+    first = run_cli(
+        "-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=2", "trainer.max_epochs=1",
+        "model.net.width=8", "logger=csv", *QUIET, *stop, f"paths.log_dir={tmp_path}",
+    )  # fmt: skip
+    assert first.returncode == 143, first.stderr[-3000:]
+    (sweep,) = sweep_dirs(tmp_path)
+    running = optuna.trial.TrialState.RUNNING
+    assert [t.state for t in study_trials(sweep)] == [optuna.trial.TrialState.COMPLETE, running]
+    stopped = json.loads((sweep / "1" / "summary.json").read_text())
+    assert stopped["status"] == "interrupted" and stopped["optuna_trial"]["number"] == 1
+
+    resumed = run_cli(f"resume={sweep / '1'}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    done = json.loads((sweep / "1" / "summary.json").read_text())
+    assert done["status"] == "completed"
+    trial = study_trials(sweep)[1]
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert trial.value == pytest.approx(done["objective"]["value"])
+    assert "the Optuna study cnn_optuna now holds its trial 1: val/loss=" in resumed.stdout
+    # the job trained further: the study's trial is left as the resume made it
+    again = run_cli(f"resume={sweep / '1'}", "trainer.max_epochs=2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Optuna" not in again.stdout + again.stderr
+    assert study_trials(sweep)[1].value == trial.value
+
+
 def test_a_study_storage_given_that_does_not_hold_the_study_is_said_to(tmp_path, caplog):
     """hydra.sweeper.storage=sqlite:///<a mistyped folder>/optuna.db started a new study in
     silence (Optuna's own line only), which repeated the first study's trials."""

@@ -58,7 +58,7 @@ COMPLETED = ".completed"
 FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score")
 # What the first part of a run decided for all of it, kept in the summary of every later part
 # (resume=, a requeued job): the values the finders chose (train.py; a resume never tunes).
-WHOLE_RUN = ("tuned",)
+WHOLE_RUN = ("tuned", "optuna_trial")
 
 
 class _NoAdverts(logging.Filter):
@@ -424,6 +424,10 @@ class Run:
                 spent = (total or 0) + (before.get("earlier") or 0)
                 self.summary["durations_s"]["earlier"] = round(spent, 3)
             self.summary.update(pid=os.getpid(), host=platform.node())
+            from litlab.sweep import asked_trial
+
+            if trial := asked_trial():  # a job of an Optuna sweep: its trial, for resume=
+                self.summary["optuna_trial"] = trial
             write_json(self.dir / "summary.json", self.summary)
         # last: a SIGTERMException raised inside __enter__ would leave the `with` unrecorded
         main = threading.current_thread() is threading.main_thread()
@@ -514,6 +518,7 @@ class Run:
                 self.summary = self._previous  # the run as it completed (its objective)
                 if rank_zero_only.rank == 0:
                     write_json(self.dir / "summary.json", self._previous)
+                    _tell_the_study(self.summary)  # a sweep killed before its sweeper told it
             log.warning("litlab: %s", exc)
             return True
         status, error = ended_as(exc, self.dir, self.summary["task"])
@@ -542,6 +547,7 @@ class Run:
                 self._write()
                 if exc is not None:  # the folder's summary no longer says its run completed
                     (self.dir / COMPLETED).unlink(missing_ok=True)
+                _tell_the_study(self.summary)  # a sweep's job its sweep's stop left untold
             if exc is None and (self.dir / TRAINED).is_file():  # trained, then all the rest
                 (self.dir / COMPLETED).touch()
         if isinstance(exc, SIGTERMException):
@@ -583,6 +589,13 @@ class Run:
             versions=versions(),
         )
         write_json(self.dir / "summary.json", self.summary)
+
+
+def _tell_the_study(summary: dict[str, Any]) -> None:
+    if summary.get("optuna_trial"):  # (litlab.sweep imports this module)
+        from litlab.sweep import tell_the_study
+
+        tell_the_study(summary)
 
 
 class _Phase:

@@ -78,6 +78,102 @@ def best_job(jobs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(same, key=lambda job: sign * job["objective"]["value"])
 
 
+TRIALS = "optuna_trials.json"  # in a sweep folder: which Optuna trial each job is
+
+
+def study_url(storage: str) -> str:
+    """A study storage that a run continued from another directory still finds (a relative
+    SQLite path is relative to where the sweep started)."""
+    if storage.startswith("sqlite:///"):
+        return "sqlite:///" + str(Path(storage.removeprefix("sqlite:///")).resolve())
+    return storage
+
+
+def record_asked_trials(
+    sweep_dir: str, first_job: int, trials: list[Any], storage: str | None, study: str
+) -> None:
+    """Write down, before their jobs run, which trial of which study each job of a batch is
+    (the jobs' numbers from ``first_job``): a job a signal stopped leaves its trial RUNNING in
+    the study, and ``resume=`` of its folder then tells the study its value (tell_the_study).
+    Nothing for a study held in memory (gone with the sweep), nor from ranks other than 0 (they
+    ask a copy)."""
+    if storage is None or global_rank() != 0:
+        return
+    path = Path(sweep_dir) / TRIALS
+    try:
+        jobs = json.loads(path.read_text())["jobs"]
+    except (OSError, ValueError, KeyError):
+        jobs = {}
+    jobs.update({str(first_job + i): trial.number for i, trial in enumerate(trials)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"storage": study_url(storage), "study_name": study, "jobs": jobs})
+
+
+def asked_trial() -> dict[str, Any] | None:
+    """In a job of an Optuna sweep: its trial (summary.json's "optuna_trial"); else None."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from litlab.config import in_sweep
+
+    if not in_sweep():
+        return None
+    hydra = HydraConfig.get()
+    try:
+        known = json.loads((Path(hydra.sweep.dir) / TRIALS).read_text())
+        number = known["jobs"].get(str(hydra.job.num))
+    except (OSError, ValueError, KeyError):
+        return None
+    if number is None:
+        return None
+    return {"study_name": known["study_name"], "storage": known["storage"], "number": number}
+
+
+def tell_the_study(summary: dict[str, Any]) -> None:
+    """A job of an Optuna sweep continued outside it (``resume=<job folder>``) after a signal
+    stopped the sweep: the sweeper never told the study the trial's result, which stayed
+    RUNNING; tell it now what the sweeper would have (the objective of a completed run; a run
+    that failed, or completed without a value: FAIL). A trial the study already holds as
+    finished is left as it is (a completed job trained further, a second resume)."""
+    from litlab.config import in_sweep
+
+    trial = summary.get("optuna_trial")
+    if not trial or summary.get("status") not in ("completed", "failed") or in_sweep():
+        return
+    storage, name, number = trial["storage"], trial["study_name"], trial["number"]
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+        log.warning(
+            "the Optuna study %s (%s) is gone: its trial %d is not told this run's result",
+            name,
+            storage,
+            number,
+        )
+        return
+    import optuna
+
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+        (held,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+        if held.state != optuna.trial.TrialState.RUNNING:
+            return
+        value = (summary.get("objective") or {}).get("value")
+        if summary["status"] == "completed" and value is not None and not math.isnan(value):
+            study.tell(number, float(value))
+            said = f"{summary['objective']['metric']}={value:.6g}"
+        else:
+            study.tell(number, state=optuna.trial.TrialState.FAIL)
+            said = "failed"
+    except Exception as e:  # a study gone or locked: the run itself is recorded all the same
+        log.warning(
+            "the Optuna study %s (%s) could not be told trial %d's result: %s",
+            name,
+            storage,
+            number,
+            first_line(e),
+        )
+        return
+    log.info("the Optuna study %s now holds its trial %d: %s", name, number, said)
+
+
 def continued_sampler(
     sampler: Any, config: DictConfig, storage: str | None, study: str | None
 ) -> Any:
@@ -95,6 +191,14 @@ def continued_sampler(
         return sampler
     # Finished ones: every rank counts alike (under torchrun or srun another rank's trial may
     # already be running in a shared study; a crashed launch leaves some running for good).
+    # left RUNNING: their sweep stopped (or they run elsewhere now, in a shared storage)
+    running = [t.number for t in held if t.state == optuna.trial.TrialState.RUNNING]
+    if running and global_rank() == 0:
+        log.info(
+            "trial(s) %s of the study are still RUNNING: a sweep a signal stopped leaves its "
+            "trial so, and the study learns it when its job is continued with resume=<job folder>",
+            ", ".join(map(str, running)),
+        )
     trials = sum(t.state.is_finished() for t in held)
     if trials == 0:
         return sampler

@@ -2,7 +2,8 @@
 things a study needs (litlab.sweep): a study continued from its storage draws new trials, and a
 sweep none of whose trials completed ends with its sweep_summary.json and one line, not the
 plugin's traceback; under torchrun or srun, ranks other than 0 ask a copy of a shared
-study. A Hydra plugin, so it lives in the hydra_plugins namespace."""
+study; each job knows its trial (optuna_trials.json), so that a job a signal stopped, continued
+with resume=, tells the study its result. A Hydra plugin, so it lives in the hydra_plugins namespace."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ if optuna_sweeper is not None:
                 drop_rank_storage,
                 rank_storage,
                 read_jobs,
+                record_asked_trials,
                 refuse_a_tuned_seed,
                 refuse_an_unseeded_grid,
                 refuse_an_untrained_study,
@@ -40,6 +42,15 @@ if optuna_sweeper is not None:
             impl.sampler = continued_sampler(
                 impl.sampler, sweeper.sampler, impl.storage, impl.study_name
             )
+            configure = impl._configure_trials
+
+            def configure_and_record(trials: list[Any], *args: Any) -> Any:
+                record_asked_trials(
+                    impl.config.hydra.sweep.dir, impl.job_idx, trials, shared, impl.study_name
+                )
+                return configure(trials, *args)
+
+            impl._configure_trials = configure_and_record
             try:
                 return super().sweep(arguments)
             except ValueError:  # optuna's study.best_trial: "Record does not exist."

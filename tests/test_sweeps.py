@@ -314,37 +314,99 @@ def test_a_sweep_stopped_by_a_signal_in_a_job_summarizes_the_jobs_that_ran(tmp_p
 
 @pytest.mark.slow
 def test_a_trial_a_signal_stopped_is_told_to_its_study_when_its_job_is_resumed(tmp_path):
-    """SIGTERM in trial 1's job ends the local sweep before the sweeper tells the study: the
-    trial stays RUNNING. Before: its job continued with resume= completed in its folder, and the
-    study never learned it (a continued study reported another best)."""
+    """SIGTERM in job 1 of a batch of two (n_jobs=2) ends the local sweep before the sweeper
+    tells the study: job 0, completed, is told as the sweep stops, and trial 1 stays RUNNING.
+    Before: both stayed RUNNING, and job 1 continued with resume= completed in its folder while
+    the study never learned it (a continued study reported another best)."""
     stop = [
         "+callbacks.stop._target_=helpers.SignalInJob", "+callbacks.stop.job=1",
         "+callbacks.stop.batch=3", f"+callbacks.stop.mark={tmp_path / 'signalled'}",
     ]  # fmt: skip
     first = run_cli(
-        "-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=2", "trainer.max_epochs=1",
-        "model.net.width=8", "logger=csv", *QUIET, *stop, f"paths.log_dir={tmp_path}",
+        "-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
+        "trainer.max_epochs=1", "model.net.width=8", "logger=csv", *QUIET, *stop,
+        f"paths.log_dir={tmp_path}",
     )  # fmt: skip
     assert first.returncode == 143, first.stderr[-3000:]
     (sweep,) = sweep_dirs(tmp_path)
-    running = optuna.trial.TrialState.RUNNING
-    assert [t.state for t in study_trials(sweep)] == [optuna.trial.TrialState.COMPLETE, running]
+    complete, running = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
+    assert [t.state for t in study_trials(sweep)] == [complete, running]
+    assert study_trials(sweep)[0].value == jobs(sweep)[0]["objective"]["value"]
     stopped = json.loads((sweep / "1" / "summary.json").read_text())
     assert stopped["status"] == "interrupted" and stopped["optuna_trial"]["number"] == 1
+
+    # only tested (train=false): not the trial's config, nor its value; the trial stays RUNNING
+    tested = run_cli(f"resume={sweep / '1'}", "train=false")
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    assert "cnn_optuna's trial 1 is not told this run's result" in tested.stdout
+    assert study_trials(sweep)[1].state == running
 
     resumed = run_cli(f"resume={sweep / '1'}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     done = json.loads((sweep / "1" / "summary.json").read_text())
     assert done["status"] == "completed"
     trial = study_trials(sweep)[1]
-    assert trial.state == optuna.trial.TrialState.COMPLETE
-    assert trial.value == pytest.approx(done["objective"]["value"])
+    assert trial.state == complete and trial.value == pytest.approx(done["objective"]["value"])
     assert "the Optuna study cnn_optuna now holds its trial 1: val/loss=" in resumed.stdout
-    # the job trained further: the study's trial is left as the resume made it
-    again = run_cli(f"resume={sweep / '1'}", "trainer.max_epochs=2")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "Optuna" not in again.stdout + again.stderr
-    assert study_trials(sweep)[1].value == trial.value
+
+
+def test_resume_of_a_completed_job_tells_its_study_what_it_never_learned(tmp_path, caplog):
+    """A sweep killed (or its study locked) after a job completed and before its trial was
+    told: resume=<job folder>, with nothing left to train, tells it and ends (exit 0)."""
+    from litlab.resume import resume_argv
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(study_name="s", storage=storage, direction="minimize")
+    study.ask()  # trial 0, left RUNNING
+    job = tmp_path / "0"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "config.yaml").write_text("{}\n")
+    trial = {"study_name": "s", "storage": storage, "number": 0, "config_digest": "d1"}
+    summary = {"status": "completed", "config_digest": "d2", "optuna_trial": trial}
+    summary["objective"] = {"metric": "val/loss", "mode": "min", "value": 0.25}
+    (job / "summary.json").write_text(json.dumps(summary))
+    (job / ".completed").touch()
+    with pytest.raises(SystemExit) as refused:  # another config's value: not told
+        resume_argv(["train.py", f"resume={job}"])
+    assert refused.value.code == 2  # (this folder holds no checkpoint to train further from)
+    assert "the run's config is not its trial's" in caplog.text
+    assert study_trials_named(storage, "s")[0].state == optuna.trial.TrialState.RUNNING
+    (job / "summary.json").write_text(json.dumps({**summary, "config_digest": "d1"}))
+    with pytest.raises(SystemExit) as told:
+        resume_argv(["train.py", f"resume={job}"])
+    assert told.value.code == 0
+    (held,) = study_trials_named(storage, "s")
+    assert held.state == optuna.trial.TrialState.COMPLETE and held.value == 0.25
+
+
+def study_trials_named(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=name, storage=storage).trials
+
+
+def test_a_continued_study_counts_the_trials_a_stop_left_running(tmp_path, caplog):
+    """Its sampler is seeded past them: seeded past the finished trials alone, a study stopped
+    in its first trial drew the stopped one's parameters again (found by review)."""
+    from datetime import datetime, timedelta
+
+    from omegaconf import OmegaConf
+
+    from litlab.sweep import continued_sampler
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(study_name="s", storage=storage)
+    earlier = optuna.trial.FrozenTrial(
+        number=0, trial_id=0, state=optuna.trial.TrialState.RUNNING, value=None,
+        datetime_start=datetime.now() - timedelta(hours=1), datetime_complete=None, params={},
+        distributions={}, user_attrs={}, system_attrs={}, intermediate_values={},
+    )  # fmt: skip
+    study.add_trial(earlier)
+    study.ask()  # running since this process started: another rank's, not counted
+    config = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 7})
+    with caplog.at_level("INFO", logger="litlab"):
+        sampler = continued_sampler(None, config, storage, "s")
+    assert isinstance(sampler, optuna.samplers.TPESampler)
+    assert "its sampler's seed is 7 + 1" in caplog.text
+    assert "trial(s) 0 of the study are still RUNNING" in caplog.text
 
 
 def test_a_study_storage_given_that_does_not_hold_the_study_is_said_to(tmp_path, caplog):
@@ -511,8 +573,8 @@ def test_the_sweeps_best_is_the_reports_with_the_overrides_as_given(tmp_path):
 
 def test_ranks_of_a_torchrun_sweep_ask_the_same_trials(tmp_path, monkeypatch):
     """Under torchrun or srun every rank runs the sweep: a rank other than 0 asks a copy of the
-    shared study's trials finished before it started (a trial rank 0 has run since would
-    change its history and seed); enqueued trials (rank 0 alone would take them) and the grid
+    shared study's trials finished before it started, and those then RUNNING (a trial rank 0
+    has run since would change its history and seed); enqueued trials (rank 0 alone would take them) and the grid
     sampler (unseeded: each rank another point) are refused on every rank; the copy goes."""
     import tempfile
 
@@ -523,6 +585,7 @@ def test_ranks_of_a_torchrun_sweep_ask_the_same_trials(tmp_path, monkeypatch):
     shared = f"sqlite:///{tmp_path}/optuna.db"
     study = optuna.create_study(study_name="s", storage=shared, direction="maximize")
     study.tell(study.ask({"lr": optuna.distributions.LogUniformDistribution(1e-4, 1)}), 0.5)
+    study.ask()  # left RUNNING by an earlier launch a signal stopped: counted alike on each rank
     started = time.time()
     time.sleep(0.05)
     study.tell(study.ask({"lr": optuna.distributions.LogUniformDistribution(1e-4, 1)}), 0.7)
@@ -532,7 +595,8 @@ def test_ranks_of_a_torchrun_sweep_ask_the_same_trials(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     local = sweep.rank_storage(shared, "s")
     assert local != shared
-    assert [t.value for t in optuna.load_study(study_name="s", storage=local).trials] == [0.5]
+    copied = optuna.load_study(study_name="s", storage=local).trials
+    assert [(t.value, t.state.name) for t in copied] == [(0.5, "COMPLETE"), (None, "RUNNING")]
     sweep.drop_rank_storage(shared, local)
     assert not Path(local.removeprefix("sqlite:///")).exists()
     study.enqueue_trial({"lr": 0.005})

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,9 @@ def resume_argv(argv: list[str]) -> list[str]:
         fail(
             f"{folder} is not a litlab run folder (no .hydra/config.yaml); pass resume=<run folder>"
         )
+    given = [arg for arg in argv[1:] if not arg.startswith("resume=")]
+    if not given:
+        tell_a_completed_trial(folder)
     try:
         checkpoint = newest_checkpoint(folder)
     except ConfigError as e:
@@ -232,7 +236,6 @@ def resume_argv(argv: list[str]) -> list[str]:
                     hydra["job"]["name"], study_folder(folder.parent, hydra.get("sweeper"))
                 )
                 args.append(f"logger.wandb.group='{group}'")
-    given = [arg for arg in argv[1:] if not arg.startswith("resume=")]
     # not Hydra's own flags, nor the run's own config group choices restated
     chosen = hydra.get("runtime", {}).get("choices", {})
     overrides = _unchosen(chosen, [arg for arg in given if not arg.startswith("-")])
@@ -244,6 +247,20 @@ def resume_argv(argv: list[str]) -> list[str]:
         # the run keeps its name; what its resumes changed is tagged (resumed:trainer.max_epochs=2)
         args.append(f"+logger.wandb.resumed='{tags}'")
     return [argv[0], *args, *flags, *changed]
+
+
+def tell_a_completed_trial(folder: Path) -> None:
+    """`resume=<job folder>` of a sweep's job that completed but whose Optuna trial its study
+    never learned (a signal or a kill ended the sweep before its sweeper told it; the telling
+    failed, a locked database): the study is told, and that is all (nothing is left to train)."""
+    summary = read_summary(folder / "summary.json")
+    if not summary or not summary.get("optuna_trial") or not (folder / COMPLETED).is_file():
+        return
+    from litlab.sweep import tell_the_study
+
+    if said := tell_the_study(summary):
+        print(f"litlab: {folder} had completed; {said}")
+        sys.exit(0)
 
 
 def _config_groups() -> set[str]:

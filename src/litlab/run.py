@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import litlab
 from litlab.checkpoint import resumable_checkpoints
-from litlab.config import build
+from litlab.config import build, in_sweep
 from litlab.errors import (
     AlreadyCompleted,
     ConfigError,
@@ -427,6 +427,8 @@ class Run:
             from litlab.sweep import asked_trial
 
             if trial := asked_trial():  # a job of an Optuna sweep: its trial, for resume=
+                with contextlib.suppress(Exception):  # (an unresolvable config: failed below)
+                    trial["config_digest"] = config_digest(self._cfg)
                 self.summary["optuna_trial"] = trial
             write_json(self.dir / "summary.json", self.summary)
         # last: a SIGTERMException raised inside __enter__ would leave the `with` unrecorded
@@ -518,7 +520,6 @@ class Run:
                 self.summary = self._previous  # the run as it completed (its objective)
                 if rank_zero_only.rank == 0:
                     write_json(self.dir / "summary.json", self._previous)
-                    _tell_the_study(self.summary)  # a sweep killed before its sweeper told it
             log.warning("litlab: %s", exc)
             return True
         status, error = ended_as(exc, self.dir, self.summary["task"])
@@ -547,9 +548,10 @@ class Run:
                 self._write()
                 if exc is not None:  # the folder's summary no longer says its run completed
                     (self.dir / COMPLETED).unlink(missing_ok=True)
-                _tell_the_study(self.summary)  # a sweep's job its sweep's stop left untold
             if exc is None and (self.dir / TRAINED).is_file():  # trained, then all the rest
                 (self.dir / COMPLETED).touch()
+            if not kept:  # a sweep's job its sweep's stop left untold, continued by resume=
+                _tell_the_study(self.summary)
         if isinstance(exc, SIGTERMException):
             log.warning("litlab: %s", self.summary["error"])
             sys.exit(143)  # 128 + SIGTERM: the run did not finish
@@ -592,10 +594,11 @@ class Run:
 
 
 def _tell_the_study(summary: dict[str, Any]) -> None:
-    if summary.get("optuna_trial"):  # (litlab.sweep imports this module)
-        from litlab.sweep import tell_the_study
+    if summary.get("optuna_trial") and not in_sweep():  # (in a sweep its sweeper tells)
+        from litlab.sweep import tell_the_study  # (litlab.sweep imports this module)
 
-        tell_the_study(summary)
+        if said := tell_the_study(summary):
+            log.info("%s", said)
 
 
 class _Phase:

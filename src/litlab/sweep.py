@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -100,17 +101,17 @@ def record_asked_trials(
     if storage is None or global_rank() != 0:
         return
     path = Path(sweep_dir) / TRIALS
-    try:
-        jobs = json.loads(path.read_text())["jobs"]
-    except (OSError, ValueError, KeyError):
-        jobs = {}
+    jobs: dict[str, int] = {}
+    if first_job > 0:  # a later batch of this sweep (the first starts the file afresh)
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            jobs = json.loads(path.read_text())["jobs"]
     jobs.update({str(first_job + i): trial.number for i, trial in enumerate(trials)})
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {"storage": study_url(storage), "study_name": study, "jobs": jobs})
 
 
 def asked_trial() -> dict[str, Any] | None:
-    """In a job of an Optuna sweep: its trial (summary.json's "optuna_trial"); else None."""
+    """In a job of litlab's Optuna sweeper: its trial (summary.json's "optuna_trial")."""
     from hydra.core.hydra_config import HydraConfig
 
     from litlab.config import in_sweep
@@ -118,6 +119,8 @@ def asked_trial() -> dict[str, Any] | None:
     if not in_sweep():
         return None
     hydra = HydraConfig.get()
+    if not str(hydra.sweeper.get("_target_", "")).endswith("LitlabOptunaSweeper"):
+        return None
     try:
         known = json.loads((Path(hydra.sweep.dir) / TRIALS).read_text())
         number = known["jobs"].get(str(hydra.job.num))
@@ -128,50 +131,67 @@ def asked_trial() -> dict[str, Any] | None:
     return {"study_name": known["study_name"], "storage": known["storage"], "number": number}
 
 
-def tell_the_study(summary: dict[str, Any]) -> None:
-    """A job of an Optuna sweep continued outside it (``resume=<job folder>``) after a signal
-    stopped the sweep: the sweeper never told the study the trial's result, which stayed
-    RUNNING; tell it now what the sweeper would have (the objective of a completed run; a run
-    that failed, or completed without a value: FAIL). A trial the study already holds as
-    finished is left as it is (a completed job trained further, a second resume)."""
-    from litlab.config import in_sweep
-
+def tell_the_study(summary: dict[str, Any]) -> str | None:
+    """The result of a job of an Optuna sweep whose trial the sweeper never told (a signal
+    stopped the sweep: the trial stayed RUNNING), told now as the sweeper would have: the
+    objective of a completed run, FAIL for one completed without it. Only a run of the trial's
+    own config (its job continued by ``resume=`` as it was: not trained further, nor only
+    tested): another config's value is not the trial's, and the trial stays RUNNING (said so).
+    A run that failed is not told (resume= it again), nor a trial the study holds as finished.
+    Returns what the study was told, None when nothing was; never raises (the run is recorded
+    all the same)."""
     trial = summary.get("optuna_trial")
-    if not trial or summary.get("status") not in ("completed", "failed") or in_sweep():
-        return
-    storage, name, number = trial["storage"], trial["study_name"], trial["number"]
-    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
-        log.warning(
-            "the Optuna study %s (%s) is gone: its trial %d is not told this run's result",
-            name,
-            storage,
-            number,
-        )
-        return
-    import optuna
-
+    if not trial or summary.get("status") != "completed":
+        return None
     try:
+        storage, name, number = trial["storage"], trial["study_name"], trial["number"]
+        if summary.get("config_digest") != trial.get("config_digest"):
+            log.warning(
+                "the Optuna study %s's trial %d is not told this run's result: the run's config "
+                "is not its trial's (a resume with other settings); it stays RUNNING",
+                name,
+                number,
+            )
+            return None
+        database = storage.removeprefix("sqlite:///")
+        if storage.startswith("sqlite:///") and not Path(database).is_file():
+            log.warning(
+                "the Optuna study %s (%s) is gone: its trial %d is not told this run's result",
+                name,
+                storage,
+                number,
+            )
+            return None
+        import optuna
+
         study = optuna.load_study(study_name=name, storage=storage)
         (held,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
         if held.state != optuna.trial.TrialState.RUNNING:
-            return
+            return None
         value = (summary.get("objective") or {}).get("value")
-        if summary["status"] == "completed" and value is not None and not math.isnan(value):
+        if value is not None and not math.isnan(value):
             study.tell(number, float(value))
             said = f"{summary['objective']['metric']}={value:.6g}"
         else:
             study.tell(number, state=optuna.trial.TrialState.FAIL)
-            said = "failed"
-    except Exception as e:  # a study gone or locked: the run itself is recorded all the same
+            said = "failed (no objective)"
+    except Exception as e:  # a study locked, moved, or optuna not installed
         log.warning(
-            "the Optuna study %s (%s) could not be told trial %d's result: %s",
-            name,
-            storage,
-            number,
+            "the Optuna study of trial %s could not be told this run's result (resume= its "
+            "folder again to tell it): %s",
+            trial.get("number"),
             first_line(e),
         )
-        return
-    log.info("the Optuna study %s now holds its trial %d: %s", name, number, said)
+        return None
+    return f"the Optuna study {name} now holds its trial {number}: {said}"
+
+
+def tell_completed_jobs(sweep_dir: str) -> None:
+    """A sweep a signal stopped: the jobs of the stopped batch that completed (hydra.sweeper.
+    n_jobs > 1) are told to the study now, as the sweeper would have told them."""
+    for job in read_jobs(Path(sweep_dir)):
+        if said := tell_the_study(job):
+            log.info("%s", said)
 
 
 def continued_sampler(
@@ -189,17 +209,18 @@ def continued_sampler(
         held = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
     except (KeyError, ValueError):  # a new study
         return sampler
-    # Finished ones: every rank counts alike (under torchrun or srun another rank's trial may
-    # already be running in a shared study; a crashed launch leaves some running for good).
-    # left RUNNING: their sweep stopped (or they run elsewhere now, in a shared storage)
-    running = [t.number for t in held if t.state == optuna.trial.TrialState.RUNNING]
+    # Left RUNNING before this process started: a sweep a signal stopped (or a crashed launch)
+    running = [t.number for t in held if _running_before(t)]
     if running and global_rank() == 0:
         log.info(
             "trial(s) %s of the study are still RUNNING: a sweep a signal stopped leaves its "
             "trial so, and the study learns it when its job is continued with resume=<job folder>",
             ", ".join(map(str, running)),
         )
-    trials = sum(t.state.is_finished() for t in held)
+    # Finished ones and those: every rank counts alike (under torchrun or srun another rank's
+    # trial may already be running in a shared study: rank_storage copies the same ones).
+    # Counting the finished alone, a study stopped in its first trials drew them again.
+    trials = sum(t.state.is_finished() for t in held) + len(running)
     if trials == 0:
         return sampler
     log.info("the study holds %d trials: its sampler's seed is %d + %d", trials, seed, trials)
@@ -245,13 +266,25 @@ def rank_storage(storage: str | None, study: str | None) -> str | None:
     before = [
         t
         for t in trials
-        if t.state.is_finished()
-        and t.datetime_complete is not None
-        and t.datetime_complete.timestamp() < started
+        if (
+            t.state.is_finished()
+            and t.datetime_complete is not None
+            and t.datetime_complete.timestamp() < started
+        )
+        or _running_before(t, started)
     ]
     copy = optuna.create_study(study_name=study, storage=local, directions=shared.directions)
     copy.add_trials(before)
     return local
+
+
+def _running_before(trial: Any, started: float | None = None) -> bool:
+    """Whether a trial was RUNNING already when this process started (another launch's)."""
+    import optuna
+
+    if trial.state != optuna.trial.TrialState.RUNNING or trial.datetime_start is None:
+        return False
+    return trial.datetime_start.timestamp() < (started or _process_started())
 
 
 def drop_rank_storage(storage: str | None, used: str | None) -> None:

@@ -30,6 +30,7 @@ if optuna_sweeper is not None:
                 refuse_an_unseeded_grid,
                 refuse_an_untrained_study,
                 refuse_another_direction,
+                tell_completed_jobs,
             )
 
             impl = self.sweeper
@@ -57,5 +58,9 @@ if optuna_sweeper is not None:
                 if best_job(read_jobs(Path(impl.config.hydra.sweep.dir))) is not None:
                     raise
                 return None  # no trial completed: the summary callback says so and exits
+            except (SystemExit, KeyboardInterrupt):  # a signal stopped a job, and the sweep
+                if shared == impl.storage:  # (global rank 0's: the others ask a copy)
+                    tell_completed_jobs(impl.config.hydra.sweep.dir)
+                raise
             finally:
                 drop_rank_storage(shared, impl.storage)

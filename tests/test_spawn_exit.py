@@ -200,3 +200,51 @@ def test_a_signal_to_the_main_process_at_the_fits_last_batch_lets_the_fit_end(
     assert trainer.state.finished and "train/loss" in trainer.callback_metrics
     assert run.sigterm_pending()
     assert not (tmp_path / "checkpoints" / "last.ckpt").exists()  # no stop was saved
+
+
+class TestedRegression(Regression):
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+        self.log("test/loss", loss, sync_dist=True)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.train_dataloader()
+
+
+class SignalInTest(L.Callback):
+    """SIGTERM to global rank 0's own process at the test's first batch (``kill <pid>``)."""
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch_idx == 0 and trainer.is_global_zero:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class NoRun:
+    """What HoldStopAfterTest asks of a Run in a started rank (its hold is the main's)."""
+
+    def defer_stop(self) -> None:
+        pass
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_spawn"])
+def test_a_signal_to_a_rank_in_the_test_lets_the_test_end_on_every_rank(tmp_path, strategy):
+    """Under DDP a SIGTERM in the test is held until the test ends (litlab.run.
+    HoldStopAfterTest): Lightning's handler stopped the signalled rank alone and broadcast from
+    inside the handler, and the other rank waited in a collective forever (ddp_spawn: hung;
+    ddp_fork after a fit: an AssertionError first, its ranks inheriting the fit's processes)."""
+    from litlab.run import HoldStopAfterTest
+
+    model = TestedRegression(str(tmp_path))
+    trainer = bare_trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_epochs=1,
+        callbacks=[SignalInTest(), HoldStopAfterTest(NoRun())],
+    )
+    with within(120):
+        trainer.fit(model)
+        (tested,) = trainer.test(model)
+    assert trainer.state.finished and "test/loss" in tested

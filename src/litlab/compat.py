@@ -571,6 +571,11 @@ class HandlingLauncher(_MultiProcessingLauncher):
         # a SIGTERM to this process meanwhile is passed on to the ranks and held (litlab.run)
         from litlab.run import passing_sigterm_on, sigterm_pending  # (not at import: a cycle)
 
+        # The last launch's processes (the fit's, ended) are not this launch's (the test's):
+        # ranks forked from here inherit the list, and Lightning's SIGTERM handler in a rank
+        # kills them (multiprocessing asserts that only their parent may: AssertionError, the
+        # run "failed" where it should stop)
+        self.procs = []
         with passing_sigterm_on():
             try:
                 return super().launch(function, *args, trainer=trainer, **kwargs)

@@ -344,12 +344,29 @@ def _stop_now() -> None:
     raise Terminated
 
 
+def _hold_sigterm(signum: int, frame: Any) -> None:
+    _SIGTERM["pending"] = True
+
+
 class HoldStopAfterTest(lightning.pytorch.Callback):
     """Holds a SIGTERM from the test's end to the run's (Run.defer_stop): the test's metrics
-    and the loggers' close are recorded, and the run completes."""
+    and the loggers' close are recorded, and the run completes.
+
+    Under DDP (several processes) a SIGTERM during the test is held from its start: the test
+    ends on every rank, and the run with it. Lightning's own handler stops the signalled rank
+    alone, after its batch, and broadcasts from inside the handler: the ranks' test batches
+    differ (each image is tested once), so the other ranks waited in the metrics' sync, or in
+    a collective the signalled rank never joined, forever (a ddp_spawn or ddp_fork rank sent
+    SIGTERM in the test: hung). A single process stops at once, as Lightning stops it.
+    Lightning's teardown puts its handler's predecessor back."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        main = threading.current_thread() is threading.main_thread()
+        if trainer.world_size > 1 and main:
+            signal.signal(signal.SIGTERM, _hold_sigterm)
 
     def on_test_end(self, trainer: Any, pl_module: Any) -> None:
         self.run.defer_stop()

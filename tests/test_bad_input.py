@@ -80,6 +80,7 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         (["model.net.width=0"], "width >= 1"),
         (["model.label_smoothing=1.5"], "label_smoothing must lie in [0, 1)"),
         (["trainer.max_epochs=ten"], "trainer.max_epochs must be"),
+        (["trainer.max_epochs=0"], "trainer.max_epochs=0 trains nothing; set it to 1 or more"),
         (["trainer.precision=16-mixed", "trainer.accelerator=cpu"], "needs a GPU; on CPU use"),
         (["trainer.precision=auto", "+trainer.foo=1"], "trainer.foo is not an option"),
         (
@@ -491,19 +492,26 @@ def test_unwritable_default_output_folder(tmp_path):
     assert result.returncode == 2
 
 
-@pytest.mark.parametrize("layout", ["not-a-run", "no-checkpoint"])
+@pytest.mark.parametrize("layout", ["not-a-run", "no-checkpoint", "a-checkpoint"])
 def test_resume_of_a_folder_that_cannot_be_resumed(tmp_path, layout):
     folder = tmp_path / "run"
-    if layout == "no-checkpoint":
+    if layout != "not-a-run":
         (folder / ".hydra").mkdir(parents=True)
         (folder / ".hydra" / "config.yaml").write_text("seed: 1\n")
-    result = run_cli(f"resume={folder}")
-    needle = (
-        "is not a litlab run folder"
-        if layout == "not-a-run"
-        else "has no checkpoint to resume from"
+    given, needle = (
+        folder,
+        {
+            "not-a-run": "is not a litlab run folder",
+            "no-checkpoint": "has no checkpoint to resume from",
+            "a-checkpoint": f"is a file of the run folder {folder}; pass resume={folder}",
+        }[layout],
     )
-    assert_one_clear_line(result, f"litlab: error: {folder}", needle)
+    if layout == "a-checkpoint":  # the run's checkpoint given, not its folder
+        given = folder / "checkpoints" / "last.ckpt"
+        given.parent.mkdir()
+        given.write_bytes(b"")
+    result = run_cli(f"resume={given}")
+    assert_one_clear_line(result, f"litlab: error: {given}", needle)
     assert result.returncode == 2
 
 

@@ -195,6 +195,9 @@ def resume_argv(argv: list[str]) -> list[str]:
     folder = Path(picks[-1].split("=", 1)[1]).expanduser().resolve()
     saved = folder / ".hydra" / "config.yaml"
     if not saved.is_file():
+        run = next((p for p in folder.parents if (p / ".hydra" / "config.yaml").is_file()), None)
+        if folder.is_file() and run is not None:  # a checkpoint in it (resume= takes the newest)
+            fail(f"{folder} is a file of the run folder {run}; pass resume={run}")
         fail(
             f"{folder} is not a litlab run folder (no .hydra/config.yaml); pass resume=<run folder>"
         )

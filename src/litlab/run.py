@@ -574,6 +574,8 @@ class Run:
             sys.exit(143)  # 128 + SIGTERM: the run did not finish
         if status == "interrupted":  # Ctrl-C: how to go on (it was in summary.json alone)
             log.warning("litlab: %s", self.summary["error"])
+            if _ctrl_c(exc):  # 128 + SIGINT, as a shell says it (Lightning's exit says 1: failed)
+                raise SystemExit(130) from exc
         # A sweep goes on after a failed job, not after an exit (a scheduler's requeue, Ctrl-C).
         if isinstance(exc, Exception) and self._keep_going:
             log.error("litlab: job failed (the sweep goes on): %s", self.summary["error"])
@@ -608,6 +610,14 @@ class Run:
             versions=versions(),
         )
         write_json(self.dir / "summary.json", self.summary)
+
+
+def _ctrl_c(exc: BaseException | None) -> bool:
+    """Whether Ctrl-C ended the run: a KeyboardInterrupt, or the SystemExit(1) Lightning ends a
+    fit or test with while handling one."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, SystemExit) and isinstance(exc.__context__, KeyboardInterrupt)
 
 
 def _tell_the_study(summary: dict[str, Any]) -> None:

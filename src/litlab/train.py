@@ -150,6 +150,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         ended = e
         raise
     finally:
+        if ended is not None and not run.summary["metrics"]:  # stopped or failed in the fit:
+            run.record_metrics(trainer.callback_metrics)  # the values it logged last
         record_performance(trainer, datamodule, run)
         status, _ = ended_as(ended, run.dir)
         finish_loggers(trainer.loggers, ended, run_facts(cfg, run, status))
@@ -200,6 +202,7 @@ def check(cfg: DictConfig, run: Run) -> None:
     """Everything that can be refused before anything starts, in one line each; and
     trainer.precision=auto resolved for this machine."""
     check_top_level(cfg, "train")
+    check_something_to_train(cfg)
     run.summary["precision"] = resolve_precision(cfg.trainer)
     check_all(cfg)
     check_ema(cfg)
@@ -220,6 +223,17 @@ def check(cfg: DictConfig, run: Run) -> None:
     limits = evaluation_limits(cfg)
     if limits:
         run.summary["evaluation_limits"] = limits
+
+
+def check_something_to_train(cfg: DictConfig) -> None:
+    """trainer.max_epochs=0 (no max_steps) trained nothing and tested the initial weights, and
+    the run read "completed"."""
+    bounded = (cfg.trainer.get("max_steps") or -1) < 0
+    if cfg.get("train") and cfg.trainer.get("max_epochs") == 0 and bounded:
+        raise ConfigError(
+            "trainer.max_epochs=0 trains nothing; set it to 1 or more (to test a trained "
+            "checkpoint: python eval.py ckpt_path=<checkpoint>)"
+        )
 
 
 # An image folder's settings that eval.py gives another folder it tests; a run trains on its

@@ -530,6 +530,8 @@ def test_image_folder_whose_classes_disagree_with_num_classes(tmp_path, capsys):
         ],
     )
     fails_with(capsys, train_task, cfg, "has 3 classes but data.num_classes is 5")
+    # refused from the folder's scan, before its decode (a large folder's takes an hour)
+    assert not list((tmp_path / "cache").rglob("images.u8"))
 
 
 @pytest.mark.parametrize(

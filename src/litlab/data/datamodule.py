@@ -218,6 +218,9 @@ class DataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         trainer = self.trainer
+        known = self.source.known_classes()  # before a decode (a large folder's: an hour)
+        if known is not None and len(known) != self.num_classes:
+            raise ConfigError(self._class_count_error("train", len(known)))
         self.source.prepare(test=self._reads_test(trainer.state.fn if trainer else None))
 
     def _reads_test(self, stage: str | None) -> bool:
@@ -320,14 +323,17 @@ class DataModule(L.LightningDataModule):
             )
         classes, exact = _class_count(dataset)
         if classes > self.num_classes or (exact and classes != self.num_classes):
-            raise ConfigError(
-                f"the {self.source.name} {split} split has {classes} classes but data.num_classes "
-                f"is {self.num_classes}; set data.num_classes={classes}"
-            )
+            raise ConfigError(self._class_count_error(split, classes))
         names = getattr(dataset, "classes", None)
         if names is not None:
             self.class_names = [str(name) for name in names]
             self._check_classes()
+
+    def _class_count_error(self, split: str, classes: int) -> str:
+        return (
+            f"the {self.source.name} {split} split has {classes} classes but data.num_classes "
+            f"is {self.num_classes}; set data.num_classes={classes}"
+        )
 
     def _check_classes(self) -> None:
         """Refuse class folders other than the checkpoint's, even as many: a label is the

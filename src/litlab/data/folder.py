@@ -184,6 +184,18 @@ class ImageFolder(Source):
     def _split_folders(self) -> dict[str, Path] | None:
         return split_folders(self.root)
 
+    def known_classes(self) -> list[str] | None:
+        """The training class folders, from a scan (no decode); None for eval.py's folder of
+        some of a model's classes (``classes``), or a root that is not a folder (prepare says)."""
+        if self.classes is not None or not self.root.is_dir():
+            return None
+        folders = self._split_folders() or {"all": self.root}
+        train = folders.get("train", folders.get("all"))
+        if train is None:
+            return None
+        self._scanned(train)
+        return list(self._opened[train].classes)
+
     def prepare(self, test: bool = True) -> None:
         """Scan (and, cached, decode) every split once per node, before any process loads; the
         classes of held-out folders checked against train/'s. ``test=False`` (a fit that does

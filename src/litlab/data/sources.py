@@ -87,6 +87,11 @@ class Source(ABC):
         done for the test split alone (an image folder's decode) may wait for a later call with
         ``test=True``; what would stop the test (a missing file or folder) is still checked."""
 
+    def known_classes(self) -> list[str] | None:
+        """The class names, where known before ``prepare`` decodes anything (an image folder's
+        class folders, from a scan); None where not."""
+        return None
+
     @abstractmethod
     def load(self, split: Split) -> Dataset:
         """Return the split as a dataset of (uint8 [C, H, W] image, int label)."""

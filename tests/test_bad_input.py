@@ -81,6 +81,7 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         (["model.label_smoothing=1.5"], "label_smoothing must lie in [0, 1)"),
         (["trainer.max_epochs=ten"], "trainer.max_epochs must be"),
         (["trainer.max_epochs=0"], "trainer.max_epochs=0 trains nothing; set it to 1 or more"),
+        (["trainer.max_epochs=0", "trainer.max_steps=5"], "trainer.max_epochs=0 trains nothing"),
         (["trainer.precision=16-mixed", "trainer.accelerator=cpu"], "needs a GPU; on CPU use"),
         (["trainer.precision=auto", "+trainer.foo=1"], "trainer.foo is not an option"),
         (

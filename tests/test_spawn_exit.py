@@ -248,3 +248,66 @@ def test_a_signal_to_a_rank_in_the_test_lets_the_test_end_on_every_rank(tmp_path
         trainer.fit(model)
         (tested,) = trainer.test(model)
     assert trainer.state.finished and "test/loss" in tested
+
+
+class ValidatedRegression(Regression):
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+        self.log("val/loss", loss, sync_dist=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.train_dataloader()
+
+
+class SignalInSanityCheck(L.Callback):
+    """SIGTERM to global rank 0's own process at the sanity check's first batch."""
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if trainer.sanity_checking and batch_idx == 0 and trainer.is_global_zero:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalInSetup(L.Callback):
+    """SIGTERM to global rank 1's own process in the fit's setup (before Lightning's handlers)."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if trainer.global_rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_signal_to_a_spawned_rank_in_the_sanity_check_stops_after_the_first_batch(tmp_path):
+    """Under DDP Preemption marks a signal from the sanity check on: the fit stops after its
+    first batch on every rank, with the stop's checkpoint. Lightning's handler, in force until
+    training started, broadcast from inside itself and stopped the signalled rank alone: hung."""
+    trainer = bare_trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=3,
+        num_sanity_val_steps=2,
+        callbacks=[Preemption(str(tmp_path / "checkpoints")), SignalInSanityCheck()],
+    )
+    with within(120), pytest.raises(SIGTERMException):
+        trainer.fit(ValidatedRegression(str(tmp_path)))
+    saved = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert 1 <= saved["global_step"] <= 2  # the batch after the agreement (DDP: one later)
+
+
+@pytest.mark.dist
+def test_a_spawned_rank_a_signal_ended_in_its_setup_ends_the_fit_as_stopped(tmp_path):
+    """Before Lightning sets its handlers a spawned rank has SIGTERM's default action: it ended
+    with "process 1 terminated with signal SIGTERM", read as a failure; now a stop (Terminated:
+    the run reads interrupted, with nothing to resume)."""
+    from litlab.errors import Terminated
+
+    trainer = bare_trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=1,
+        callbacks=[SignalInSetup()],
+    )
+    with within(120), pytest.raises(Terminated):
+        trainer.fit(Regression(str(tmp_path)))

@@ -582,7 +582,9 @@ class HandlingLauncher(_MultiProcessingLauncher):
             except ProcessExitedException as e:
                 if e.exit_code == STOPPED_EXIT:  # the run, all of its processes, was stopped
                     raise SIGTERMException() from e
-                if sigterm_pending():  # a rank ended by it before it could stop at a batch
+                # a rank ended by it before it could stop at a batch (this process passed it
+                # on; or the rank alone got it before Lightning's handlers: SIGTERM's default)
+                if sigterm_pending() or e.signal_name == "SIGTERM":
                     raise Terminated() from e
                 raise
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -151,7 +152,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         raise
     finally:
         if ended is not None and not run.summary["metrics"]:  # stopped or failed in the fit:
-            run.record_metrics(trainer.callback_metrics)  # the values it logged last
+            with contextlib.suppress(Exception):  # (a device in error: its values unreadable)
+                run.record_metrics(trainer.callback_metrics)  # the values it logged last
         record_performance(trainer, datamodule, run)
         status, _ = ended_as(ended, run.dir)
         finish_loggers(trainer.loggers, ended, run_facts(cfg, run, status))
@@ -226,10 +228,9 @@ def check(cfg: DictConfig, run: Run) -> None:
 
 
 def check_something_to_train(cfg: DictConfig) -> None:
-    """trainer.max_epochs=0 (no max_steps) trained nothing and tested the initial weights, and
-    the run read "completed"."""
-    bounded = (cfg.trainer.get("max_steps") or -1) < 0
-    if cfg.get("train") and cfg.trainer.get("max_epochs") == 0 and bounded:
+    """trainer.max_epochs=0 trained nothing (whatever max_steps says: Lightning stops at the
+    first of the two) and tested the initial weights, and the run read "completed"."""
+    if cfg.get("train") and cfg.trainer.get("max_epochs") == 0:
         raise ConfigError(
             "trainer.max_epochs=0 trains nothing; set it to 1 or more (to test a trained "
             "checkpoint: python eval.py ckpt_path=<checkpoint>)"

@@ -203,10 +203,24 @@ class Preemption(Callback):
         self._saving_after_validation = False  # the stop's checkpoint, after one inside an epoch
         self._armed = False  # training started: a stop saves where the fit is
 
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Under DDP from the sanity check on (Lightning's handlers are set by then): Lightning's
+        # stopped the signalled rank alone inside the check, broadcasting from the handler, and
+        # the ranks waited on different collectives forever (ddp_spawn, ddp_fork: hung). A
+        # signal now stops the fit after its first batch, with the checkpoint.
+        if trainer.world_size > 1:
+            self._received = None
+            self._take_signals()
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._received = self._scheduler = self._agreed = self._validated_at = None
+        self._scheduler = self._agreed = self._validated_at = None
         self._requeue = False
         self._armed = True
+        if not self._taken:  # (taken in the sanity check: a signal there is kept)
+            self._received = None
+            self._take_signals()
+
+    def _take_signals(self) -> None:
         signals = {signal.SIGTERM, signal.SIGUSR1, _submitit_signal()}
         for signum in signals - {None}:
             with contextlib.suppress(ValueError):  # not in the main thread: leave signals alone

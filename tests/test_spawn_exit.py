@@ -202,10 +202,21 @@ def test_a_signal_to_the_main_process_at_the_fits_last_batch_lets_the_fit_end(
     assert not (tmp_path / "checkpoints" / "last.ckpt").exists()  # no stop was saved
 
 
-class TestedRegression(Regression):
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+class EvaluatedRegression(Regression):
+    """Validated and tested on its training data."""
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], split: str) -> None:
         loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-        self.log("test/loss", loss, sync_dist=True)
+        self.log(f"{split}/loss", loss, sync_dist=True)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def val_dataloader(self) -> DataLoader:
+        return self.train_dataloader()
 
     def test_dataloader(self) -> DataLoader:
         return self.train_dataloader()
@@ -236,7 +247,7 @@ def test_a_signal_to_a_rank_in_the_test_lets_the_test_end_on_every_rank(tmp_path
     ddp_fork after a fit: an AssertionError first, its ranks inheriting the fit's processes)."""
     from litlab.run import HoldStopAfterTest
 
-    model = TestedRegression(str(tmp_path))
+    model = EvaluatedRegression(str(tmp_path))
     trainer = bare_trainer(
         accelerator="cpu",
         devices=2,
@@ -248,15 +259,6 @@ def test_a_signal_to_a_rank_in_the_test_lets_the_test_end_on_every_rank(tmp_path
         trainer.fit(model)
         (tested,) = trainer.test(model)
     assert trainer.state.finished and "test/loss" in tested
-
-
-class ValidatedRegression(Regression):
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-        self.log("val/loss", loss, sync_dist=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self.train_dataloader()
 
 
 class SignalInSanityCheck(L.Callback):
@@ -290,7 +292,7 @@ def test_a_signal_to_a_spawned_rank_in_the_sanity_check_stops_after_the_first_ba
         callbacks=[Preemption(str(tmp_path / "checkpoints")), SignalInSanityCheck()],
     )
     with within(120), pytest.raises(SIGTERMException):
-        trainer.fit(ValidatedRegression(str(tmp_path)))
+        trainer.fit(EvaluatedRegression(str(tmp_path)))
     saved = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert 1 <= saved["global_step"] <= 2  # the batch after the agreement (DDP: one later)
 

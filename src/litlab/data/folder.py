@@ -41,6 +41,7 @@ from litlab.data.folder_index import (
     scan,
     split_folders,
     test_split,
+    train_folder,
     unread,
     validation_split,
 )
@@ -189,10 +190,7 @@ class ImageFolder(Source):
         some of a model's classes (``classes``), or a root that is not a folder (prepare says)."""
         if self.classes is not None or not self.root.is_dir():
             return None
-        folders = self._split_folders() or {"all": self.root}
-        train = folders.get("train", folders.get("all"))
-        if train is None:
-            return None
+        train = train_folder(self.root)
         self._scanned(train)
         return list(self._opened[train].classes)
 

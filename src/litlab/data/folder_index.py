@@ -293,6 +293,12 @@ def unread(index: FolderIndex) -> str | None:
     return "not read: " + "; ".join(said) if said else None
 
 
+def train_folder(root: Path) -> Path:
+    """Where a folder's training class folders are: root/train, or root itself."""
+    folders = split_folders(root)
+    return folders["train"] if folders is not None else root
+
+
 def split_folders(root: Path) -> dict[str, Path] | None:
     """``{"train": root/train, "test": root/<held out>}`` when the folder is laid out in splits
     (ImageNet's train/ beside val/; or test/, valid/, validation/), with ``"val"`` too when

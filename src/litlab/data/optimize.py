@@ -50,6 +50,7 @@ from litlab.data.folder_index import (
     scan,
     split_folders,
     test_split,
+    train_folder,
     unread,
     validation_split,
 )
@@ -118,12 +119,6 @@ def source_splits(
         ).encode()
     )
     return indexes[0].classes, splits, key.hexdigest()[:16]
-
-
-def train_folder(root: Path) -> Path:
-    """Where SRC's training class folders are: SRC/train, or SRC itself."""
-    folders = split_folders(root)
-    return folders["train"] if folders is not None else root
 
 
 def shuffled(items: list[Item]) -> list[Item]:

@@ -210,7 +210,8 @@ def continued_sampler(
     except (KeyError, ValueError):  # a new study
         return sampler
     # Left RUNNING before this process started: a sweep a signal stopped (or a crashed launch)
-    running = [t.number for t in held if _running_before(t)]
+    started = _process_started()
+    running = [t.number for t in held if _running_before(t, started)]
     if running and global_rank() == 0:
         log.info(
             "trial(s) %s of the study are still RUNNING: a sweep a signal stopped leaves its "
@@ -278,13 +279,14 @@ def rank_storage(storage: str | None, study: str | None) -> str | None:
     return local
 
 
-def _running_before(trial: Any, started: float | None = None) -> bool:
-    """Whether a trial was RUNNING already when this process started (another launch's)."""
+def _running_before(trial: Any, started: float) -> bool:
+    """Whether a trial was RUNNING already at ``started`` (this process's start: another
+    launch's)."""
     import optuna
 
     if trial.state != optuna.trial.TrialState.RUNNING or trial.datetime_start is None:
         return False
-    return trial.datetime_start.timestamp() < (started or _process_started())
+    return trial.datetime_start.timestamp() < started
 
 
 def drop_rank_storage(storage: str | None, used: str | None) -> None:

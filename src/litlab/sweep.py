@@ -186,11 +186,13 @@ def tell_the_study(summary: dict[str, Any]) -> str | None:
     return f"the Optuna study {name} now holds its trial {number}: {said}"
 
 
-def tell_completed_jobs(sweep_dir: str) -> None:
-    """A sweep a signal stopped: the jobs of the stopped batch that completed (hydra.sweeper.
-    n_jobs > 1) are told to the study now, as the sweeper would have told them."""
+def tell_completed_jobs(sweep_dir: str, trials: list[int]) -> None:
+    """A sweep a signal stopped: the jobs of the stopped batch (its ``trials``: the sweeper
+    told every batch before it) that completed (hydra.sweeper.n_jobs > 1) are told to the study
+    now, as the sweeper would have told them."""
     for job in read_jobs(Path(sweep_dir)):
-        if said := tell_the_study(job):
+        stopped = (job.get("optuna_trial") or {}).get("number") in trials
+        if stopped and (said := tell_the_study(job)):
             log.info("%s", said)
 
 

@@ -44,11 +44,13 @@ if optuna_sweeper is not None:
                 impl.sampler, sweeper.sampler, impl.storage, impl.study_name
             )
             configure = impl._configure_trials
+            batch: list[int] = []  # the trials of the batch launched last
 
             def configure_and_record(trials: list[Any], *args: Any) -> Any:
                 record_asked_trials(
                     impl.config.hydra.sweep.dir, impl.job_idx, trials, shared, impl.study_name
                 )
+                batch[:] = [trial.number for trial in trials]
                 return configure(trials, *args)
 
             impl._configure_trials = configure_and_record
@@ -60,7 +62,7 @@ if optuna_sweeper is not None:
                 return None  # no trial completed: the summary callback says so and exits
             except (SystemExit, KeyboardInterrupt):  # a signal stopped a job, and the sweep
                 if shared == impl.storage:  # (global rank 0's: the others ask a copy)
-                    tell_completed_jobs(impl.config.hydra.sweep.dir)
+                    tell_completed_jobs(impl.config.hydra.sweep.dir, batch)
                 raise
             finally:
                 drop_rank_storage(shared, impl.storage)

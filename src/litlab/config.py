@@ -50,13 +50,25 @@ def sweep_group() -> str | None:
     return group_of_sweep(hydra.job.name, study_folder(hydra.sweep.dir, hydra.sweeper))
 
 
+SQLITE = "sqlite:///"  # an SQLAlchemy URL of an SQLite file: the prefix, then its path
+
+
+def sqlite_file(storage: str | None) -> Path | None:
+    """The file of an Optuna storage that is an SQLite URL (``sqlite:///<path>``), else None
+    (another database, or none)."""
+    if storage and storage.startswith(SQLITE):
+        return Path(storage.removeprefix(SQLITE))
+    return None
+
+
 def study_folder(sweep_dir: str | Path, sweeper: Any) -> Path:
     """The folder that names a sweep's W&B group: its own, or the sweep folder its study's
     SQLite storage (``hydra.sweeper.storage``, resolved) lies in (a database elsewhere, which
     may hold several studies, does not name a group)."""
     storage = str((sweeper or {}).get("storage") or "")
-    if storage.startswith("sqlite:///") and "${" not in storage:
-        folder = Path(storage.removeprefix("sqlite:///")).absolute().parent
+    database = sqlite_file(storage)
+    if database is not None and "${" not in storage:
+        folder = database.absolute().parent
         if (folder / "0").is_dir():  # a sweep's folder, its first job's (not a studies.db's)
             return folder
     return Path(sweep_dir)

@@ -19,6 +19,7 @@ from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.config import SQLITE, sqlite_file
 from litlab.distributed.launchers import (
     global_rank,
     is_rank_scratch,
@@ -85,9 +86,8 @@ TRIALS = "optuna_trials.json"  # in a sweep folder: which Optuna trial each job 
 def study_url(storage: str) -> str:
     """A study storage that a run continued from another directory still finds (a relative
     SQLite path is relative to where the sweep started)."""
-    if storage.startswith("sqlite:///"):
-        return "sqlite:///" + str(Path(storage.removeprefix("sqlite:///")).resolve())
-    return storage
+    database = sqlite_file(storage)
+    return storage if database is None else SQLITE + str(database.resolve())
 
 
 def record_asked_trials(
@@ -153,8 +153,8 @@ def tell_the_study(summary: dict[str, Any]) -> str | None:
                 number,
             )
             return None
-        database = storage.removeprefix("sqlite:///")
-        if storage.startswith("sqlite:///") and not Path(database).is_file():
+        database = sqlite_file(storage)
+        if database is not None and not database.is_file():
             log.warning(
                 "the Optuna study %s (%s) is gone: its trial %d is not told this run's result",
                 name,
@@ -240,7 +240,8 @@ def rank_storage(storage: str | None, study: str | None) -> str | None:
     DDP job: a crash, or for a learning rate, silently different optimizers)."""
     if storage is None or launched_processes() <= 1:
         return storage
-    if storage.startswith("sqlite:///") and is_rank_scratch(storage.removeprefix("sqlite:///")):
+    database = sqlite_file(storage)
+    if database is not None and is_rank_scratch(database):
         return storage  # this rank's own (the default, in its scratch sweep folder)
     import optuna
 
@@ -260,7 +261,7 @@ def rank_storage(storage: str | None, study: str | None) -> str | None:
         return storage
     folder = rank_scratch()
     folder.mkdir(parents=True, exist_ok=True)
-    local = f"sqlite:///{tempfile.mkdtemp(dir=folder, prefix='study-')}/optuna.db"
+    local = SQLITE + str(Path(tempfile.mkdtemp(dir=folder, prefix="study-")) / "optuna.db")
     if shared is None:
         return local
     # Finished before this process started, as rank 0 saw them when it began (a trial rank 0
@@ -293,8 +294,9 @@ def _running_before(trial: Any, started: float) -> bool:
 
 def drop_rank_storage(storage: str | None, used: str | None) -> None:
     """Delete the copy rank_storage made (``used``, when not ``storage`` itself)."""
-    if used and used != storage and used.startswith("sqlite:///"):
-        shutil.rmtree(Path(used.removeprefix("sqlite:///")).parent, ignore_errors=True)
+    copy = sqlite_file(used)
+    if copy is not None and used != storage:
+        shutil.rmtree(copy.parent, ignore_errors=True)
 
 
 def refuse_an_unseeded_grid(sampler: Any) -> None:
@@ -491,8 +493,8 @@ class SweepSummary(Callback):
         # Optuna's SQLite storage (sqlite:///<sweep dir>/optuna.db) needs its folder to exist.
         Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         storage = str(config.hydra.sweeper.get("storage") or "")
-        if storage.startswith("sqlite:///"):
-            database = Path(storage.removeprefix("sqlite:///"))
+        database = sqlite_file(storage)
+        if database is not None:
             elsewhere = database.parent.resolve() != Path(config.hydra.sweep.dir).resolve()
             if elsewhere:  # given to continue a study: a typo in the path or the study's name?
                 warn_of_a_new_study(storage, database, config.hydra.sweeper.get("study_name"))

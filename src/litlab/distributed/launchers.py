@@ -60,7 +60,7 @@ def rank_scratch() -> Path:
     return Path(tempfile.gettempdir()) / f"litlab-ranks-{user}"
 
 
-def is_rank_scratch(path: str) -> bool:
+def is_rank_scratch(path: str | Path) -> bool:
     """Whether a folder is one of rank0_dir's scratch folders (a rank other than 0's)."""
     return Path(path).resolve().is_relative_to(rank_scratch().resolve())
 

@@ -379,6 +379,26 @@ def test_resume_of_a_completed_job_tells_its_study_what_it_never_learned(tmp_pat
     assert held.state == optuna.trial.TrialState.COMPLETE and held.value == 0.25
 
 
+def test_a_continued_studys_jobs_are_told_their_own_trials_whatever_their_numbers(tmp_path):
+    """In a study continued in a new sweep folder, job 0 is trial 3: optuna_trials.json maps each
+    job's number to its trial's, batch after batch (a job told by its own number would tell
+    another trial's result)."""
+    from litlab.sweep import TRIALS, record_asked_trials, study_url
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(study_name="s", storage=storage)
+    for _ in range(3):  # the first sweep's trials 0-2
+        study.tell(study.ask(), 1.0)
+    sweep = tmp_path / "continued"
+    record_asked_trials(str(sweep), 0, [study.ask(), study.ask()], storage, "s")
+    record_asked_trials(str(sweep), 2, [study.ask()], storage, "s")  # its second batch
+    known = json.loads((sweep / TRIALS).read_text())
+    assert known["jobs"] == {"0": 3, "1": 4, "2": 5}
+    assert known["study_name"] == "s" and known["storage"] == study_url(storage)
+    record_asked_trials(str(sweep), 0, [study.ask()], storage, "s")  # a new sweep in the folder
+    assert json.loads((sweep / TRIALS).read_text())["jobs"] == {"0": 6}
+
+
 def study_trials_named(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=name, storage=storage).trials
 

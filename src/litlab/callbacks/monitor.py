@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import resource
 import sys
@@ -196,6 +197,25 @@ class Throughput(Callback):
         # Copied to meta before the strategy wraps or shards it (FSDP); counted at the first batch.
         if isinstance(net, nn.Module) and self.flops_per_image is None:
             self._net = meta_copy(net)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Under several processes, what one batch of the job is: data.batch_size is each
+        process's, so N processes train on N times its images a step, in 1/N of the steps an
+        epoch (the LR schedule's steps too)."""
+        per_process = getattr(trainer.datamodule, "batch_size", None)
+        if trainer.world_size < 2 or not trainer.is_global_zero or not isinstance(per_process, int):
+            return
+        accumulate = trainer.accumulate_grad_batches
+        batches = trainer.num_training_batches
+        steps = str(math.ceil(batches / accumulate)) if batches != float("inf") else "its"
+        log.info(
+            "%d processes x data.batch_size=%d%s: %d images an optimizer step, %s steps an epoch",
+            trainer.world_size,
+            per_process,
+            f" x accumulate_grad_batches={accumulate}" if accumulate > 1 else "",
+            trainer.world_size * per_process * accumulate,
+            steps,
+        )
 
     def _begin(self, stage: str) -> None:
         _sync(self._device)

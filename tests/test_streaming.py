@@ -146,11 +146,15 @@ def test_a_streamed_run_resumed_on_another_conversion_is_refused(converted, tmp_
     """data.source.input_dir is where the chunks are (a loading setting: chunks copied to a
     bucket or another machine), so resume= with the chunks of another folder trained on and
     tested other images without a word. The checkpoint keeps which conversion it streamed
-    (DST/meta's key of the source's files): another is refused, a copy of the chunks resumes."""
+    (DST/meta's key of the source's files): another is refused, a copy of the chunks resumes;
+    and so is the run's own folder converted again since (a walkthrough: accepted, its
+    validation split changed part way)."""
     from litlab.checkpoint import load_checkpoint
     from litlab.resumable import check_resumable
 
-    _, dst, _ = converted
+    _, converted_dst, _ = converted
+    dst = tmp_path / "chunks"  # the run's (converted again below: the fixture's copy)
+    shutil.copytree(converted_dst, dst)
     run = [
         "data=streaming",
         "data.num_classes=3",
@@ -169,8 +173,7 @@ def test_a_streamed_run_resumed_on_another_conversion_is_refused(converted, tmp_
     train_task(trained)
     last = Path(trained.paths.output_dir) / "checkpoints" / "last.ckpt"
     assert load_checkpoint(last)["DataModule"]["conversion"] == read_meta(str(dst))["source_key"]
-    copy, other = tmp_path / "copy", tmp_path / "other"
-    shutil.copytree(dst, copy)
+    copy, other = converted_dst, tmp_path / "other"
     write_png_folder(tmp_path / "images", per_class=4)
     convert(tmp_path / "images", str(other), workers=1)
     more = [*run, "trainer.max_epochs=2", f"ckpt_path={last}"]
@@ -184,6 +187,10 @@ def test_a_streamed_run_resumed_on_another_conversion_is_refused(converted, tmp_
         elsewhere,
         f"data.source.input_dir: {dst} -> {other} holds another conversion",
     )
+    convert(tmp_path / "images", str(dst), workers=1)  # the run's folder converted again
+    again = make_cfg(tmp_path / "t", [*more, f"data.source.input_dir={dst}"])
+    check_resumable(load_checkpoint(last), again)  # the run's own path: nothing compared here
+    refused(capsys, train_task, again, f"{dst} holds another conversion than the checkpoint's")
 
 
 def test_a_conversion_records_each_splits_labels_in_stream_order(converted, tmp_path):

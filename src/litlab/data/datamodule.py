@@ -353,8 +353,9 @@ class DataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         """Kept in checkpoints by Lightning: the class names the labels stand for, a sample of
-        the files trained on (an image folder: eval.py, resume=), which conversion streamed
-        chunks are (resume=), and the unreadable
+        the files trained on (an image folder: eval.py, resume=), which files an image folder
+        holds and which conversion streamed chunks are (a fit continued: the same), and the
+        unreadable
         files found so far (this rank's: rank 0's in the file), which a resumed epoch does not
         read again."""
         state: dict[str, Any] = {}
@@ -369,6 +370,8 @@ class DataModule(L.LightningDataModule):
         key = conversion() if conversion is not None else None
         if key:
             state["conversion"] = key
+        if files := self._files_key():  # an image folder's files (a fit continued: the same)
+            state["files"] = files
         if self.unreadable:
             state["unreadable"] = sorted(self.unreadable)
         return state
@@ -381,7 +384,36 @@ class DataModule(L.LightningDataModule):
         self._check_classes()
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == "fit":
+            self._check_same_files(state)
             self.unreadable.update(state.get("unreadable", []))
+
+    def _files_key(self) -> dict[str, Any] | None:
+        files = getattr(self.source, "files_key", None)  # image folders
+        return files() if files is not None else None
+
+    def _check_same_files(self, state: dict[str, Any]) -> None:
+        """A fit continued from a checkpoint (resume=, a requeue, ckpt_path=) reads the files
+        its run read: an image folder changed since (files added, removed, renamed or moved to
+        another class), or chunks converted again in their folder, would train, validate and
+        test it on other images part way (its best checkpoint chosen across two validation
+        sets, a mid-epoch resume's order over other files). Refused, before any batch."""
+        then, now = state.get("files"), self._files_key()
+        if then and now and then["key"] != now["key"]:
+            raise DataError(
+                f"{self.source.label} changed since the checkpoint was written ({then['files']} "
+                f"image files then, {now['files']} now; or files renamed or moved to another "
+                "class): a resumed run would go on with other training, validation and test "
+                "images; put the folder back as it was, or start a new run on it as it is"
+            )
+        conversion = getattr(self.source, "conversion", None)  # streamed chunks
+        then, now = state.get("conversion"), conversion() if conversion is not None else None
+        if then and now and then != now:
+            raise DataError(
+                f"{self.source.label} holds another conversion than the checkpoint's (converted "
+                "again since, of other or changed files): a resumed run would go on with other "
+                "training, validation and test images; resume on the chunks it trained on, or "
+                "start a new run on these"
+            )
 
     def _loader(
         self, split: str, train: bool, batch_size: int | None = None

@@ -21,6 +21,7 @@ between runs, for a resumed run, or for ``eval.py`` of an older checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -145,6 +146,8 @@ class ImageFolder(Source):
         self.decode, self.test_all = decode, test_all
         self.classes = None if classes is None else [str(c) for c in classes]
         self._opened: dict[Path, CachedFolder | FolderIndex] = {}
+        self._listed: dict[Path, tuple[str, int]] = {}  # each scanned folder's (key, files)
+        self._files_key: dict[str, object] | None = None
         self.report: dict[str, object] = {"test_all": True} if test_all else {}
 
     def __getstate__(self) -> dict:
@@ -174,13 +177,34 @@ class ImageFolder(Source):
         if folder not in self._opened:
             self._opened[folder] = self._scan(folder)
 
-    @staticmethod
-    def _scan(folder: Path) -> FolderIndex:
+    def _scan(self, folder: Path) -> FolderIndex:
         """``folder``'s index; what it leaves unread said in the run's log."""
         index = scan(folder)
         if note := unread(index):
             log.warning("%s: %s", folder, note)
+        digest = hashlib.sha256()  # its files by name and class folder (files_key)
+        for name, label in zip(index.files, index.labels, strict=True):
+            digest.update(f"{name}\0{index.classes[label]}\n".encode())
+        self._listed[folder] = (digest.hexdigest(), len(index.files))
         return index
+
+    def files_key(self) -> dict[str, object] | None:
+        """Which image files the folder holds: a key of their names under the root and their
+        class folders (not their bytes), and their count, as this run scanned them. Kept in
+        checkpoints: a fit continued on the folder changed since (files added, removed, renamed,
+        moved to another class) is refused (DataModule.load_state_dict); a copy of the folder
+        elsewhere has the same key. None with ``test_all`` (eval.py's folder)."""
+        if self.test_all:
+            return None
+        if self._files_key is None:
+            listed = []
+            for folder in sorted((self._split_folders() or {"all": self.root}).values()):
+                if folder not in self._listed:
+                    self._scan(folder)
+                listed.append((folder.relative_to(self.root).as_posix(), *self._listed[folder]))
+            key = hashlib.sha256(repr(listed).encode()).hexdigest()[:16]
+            self._files_key = {"key": key, "files": sum(files for *_, files in listed)}
+        return self._files_key
 
     def _split_folders(self) -> dict[str, Path] | None:
         return split_folders(self.root)

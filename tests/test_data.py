@@ -1169,6 +1169,8 @@ def test_a_validation_folder_beside_train_and_test_is_the_validation_split(tmp_p
     assert len(dm.datasets["train"]) == 30 and len(dm.datasets["test"]) == 6
     assert len(dm.datasets["val"]) == 9
     assert file_names(dm.datasets["val"]) == file_names(source.load("val"))
+    # what a run says to get more validation images (data.val_fraction does not apply here)
+    assert dm.more_validation == "add images to its validation folder"
     assert sorted(splits(root)) == ["test", "train", "val"]
     _, converted, _ = source_splits(root, 0.2, 0.1)
     assert {split: len(items) for split, items in converted.items()} == {
@@ -1266,7 +1268,7 @@ def test_a_class_whose_training_files_all_fall_in_validation_is_refused(tmp_path
         ],
     )
     datamodule = build(cfg.data, "data")
-    with pytest.raises(DataError, match=r"\['fox'\] .*no readable image for training"):
+    with pytest.raises(DataError, match=r"\[.fox.\] .*no readable image for training .*held out"):
         datamodule.setup("fit")
 
 

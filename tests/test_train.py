@@ -163,6 +163,7 @@ def test_an_accuracy_objective_on_few_validation_images_is_said_to_be_coarse(tmp
         with caplog.at_level("WARNING", logger="litlab"):
             train_task(cfg)
         assert (coarse in caplog.text) == said
+        assert ("(or raise data.val_fraction)" in caplog.text) == said  # its share of train
 
 
 def test_tensorboard_and_no_logger(tmp_path):

@@ -184,10 +184,11 @@ class CoarseAccuracy(L.Callback):
             log.warning(
                 "the objective %s on %d validation images moves in steps of %.2g%%: epochs and "
                 "sweep jobs tie, and the best checkpoint is the first epoch of a tie; "
-                "objective=loss ranks by val/loss instead (or raise data.val_fraction)",
+                "objective=loss ranks by val/loss instead (or %s)",
                 self.metric,
                 images,
                 100 / images,
+                getattr(datamodule, "more_validation", "raise data.val_fraction"),
             )
 
 

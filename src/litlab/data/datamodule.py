@@ -187,6 +187,8 @@ class DataModule(L.LightningDataModule):
         self.batch_cap: int | None = None
         self.eval_batch_size = eval_batch_size or batch_size
         self.val_fraction = val_fraction
+        # how a run gets more validation images (said where an accuracy on few of them ties)
+        self.more_validation = "raise data.val_fraction"
         self.split_seed = split_seed
         self.train_fraction = train_fraction
         self.num_workers = num_workers
@@ -257,6 +259,7 @@ class DataModule(L.LightningDataModule):
         given = self.source.given_validation()
         if given is not None:  # the source's own validation split: all of train is trained on
             self._check(given, "val")
+            self.more_validation = "add images to its validation folder"
             train_idx, val_idx = torch.arange(len(train_full)), None
         else:  # A fixed split seed keeps the validation set the same across runs and trials.
             train_idx, val_idx = self.source.validation_split(
@@ -288,6 +291,7 @@ class DataModule(L.LightningDataModule):
                 "set data.loader=auto"
             )
         self.loader = "dataloader"
+        self.more_validation = "convert again with a larger --val-fraction"
         for split in ("train", "val", "test"):
             self.datasets[split] = self.source.load(split)
             self._check(self.datasets[split], split)

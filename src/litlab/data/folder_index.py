@@ -342,8 +342,9 @@ def check_classes_present(
         return
     if split == "train":
         raise DataError(
-            f"class folder(s) {empty} of {where} leave no readable image for training; add "
-            "images to them or remove the folders"
+            f"class folder(s) {empty} of {where} leave no readable image for training (their "
+            "files are unreadable, or all fall in the share held out for testing or validation, "
+            "chosen file by file from the names); add images to them or remove the folders"
         )
     log.warning("the %s split of %s holds no image of class(es) %s", split, where, empty)
 

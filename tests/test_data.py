@@ -727,6 +727,15 @@ def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp
     assert list(sizes) == ["train", "val", "test"] and sum(map(int, sizes.values())) == 18
     source = ImageFolder(str(good), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
     assert int(sizes["test"]) == len(source.load("test"))
+    # --train-fraction: train counts what a run with data.train_fraction trains on (its
+    # summary.json splits.train; the check printed the whole training split)
+    status, out = check(good, "--train-fraction", "0.5")
+    (line,) = [x for x in out.splitlines() if x.startswith("readable images a run holds: ")]
+    part = dict(p.split() for p in line.split(": ")[1].split(", "))
+    dm = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=2, train_fraction=0.5)
+    dm.setup("fit")
+    assert int(part["train"]) == len(dm.datasets["fit"]) < int(sizes["train"])
+    assert part["val"] == sizes["val"]
     # a training split smaller than a batch: the run refuses it (drop_last leaves no batch)
     status, out = main([str(good), "--workers", "1", "--size", "16"]), capsys.readouterr().out
     assert status == 2 and f"batch_size 128 exceeds the {sizes['train']} training images" in out

@@ -776,18 +776,27 @@ def load_image_from(tmp_path, pixels: np.ndarray) -> np.ndarray:
     return load_image(path, 8, 1)
 
 
-def test_the_cache_is_built_once_and_again_when_a_file_changes(tmp_path):
+def test_the_cache_is_built_once_and_again_when_a_file_changes(tmp_path, caplog):
+    """Also for a copy of the folder under another name made with its times (cp -a: the same
+    files, names, sizes and times; built again before, README said reused); a new build says
+    the earlier state's cache stays (each as large as the new one)."""
     write_png_folder(tmp_path / "images", per_class=3)
     first = cached_folder(tmp_path / "images", 16, 3, tmp_path / "cache")
     again = cached_folder(tmp_path / "images", 16, 3, tmp_path / "cache")
     assert again.path == first.path and torch.equal(first.images, again.images)
     assert first.images.shape == (9, 3, 16, 16)
+    shutil.copytree(tmp_path / "images", tmp_path / "copied")  # copy2: with the files' times
+    copied = cached_folder(tmp_path / "copied", 16, 3, tmp_path / "cache")
+    assert copied.path == first.path and torch.equal(copied.images, first.images)
     from PIL import Image
 
     Image.new("RGB", (30, 30), "red").save(tmp_path / "images" / "cat" / "0.png")
-    changed = cached_folder(tmp_path / "images", 16, 3, tmp_path / "cache")
+    with caplog.at_level(logging.WARNING, logger="litlab"):
+        changed = cached_folder(tmp_path / "images", 16, 3, tmp_path / "cache")
     assert changed.path != first.path and changed.images[0, 0].float().mean() > 250  # red
     assert len(list((tmp_path / "cache").iterdir())) == 2  # no half-built folder left
+    assert "1 other cache(s) of a folder named images at 16 px stay in" in caplog.text
+    assert first.path.name in caplog.text
 
 
 @pytest.mark.parametrize("loader", ["device", "dataloader"])

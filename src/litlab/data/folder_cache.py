@@ -12,6 +12,7 @@ import os
 import shutil
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from glob import escape as glob_escape
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +104,13 @@ def cached_folder(
     folder = cache_dir / f"folder-{root.name}-{size}px-{key}"
     if (folder / "meta.json").is_file():
         return _open(folder, index)
+    # the same files under another folder name (a copy: cp -a images images2; its key is its
+    # files' names, sizes and times, not where they lie)
+    for copy in sorted(cache_dir.glob(f"folder-*-{size}px-{key}")):
+        if (copy / "meta.json").is_file():
+            return _open(copy, index)
     cache_dir.mkdir(parents=True, exist_ok=True)
+    _say_earlier_caches(cache_dir, root, size)
     # A folder of its own for each build, never an existing one: two builds in one folder wipe
     # each other's rows.
     building = folder.with_name(f"{folder.name}.building-{writer_tag()}")
@@ -118,6 +125,31 @@ def cached_folder(
     except OSError:
         shutil.rmtree(building, ignore_errors=True)
     return _open(folder, index)
+
+
+def _say_earlier_caches(cache_dir: Path, root: Path, size: int) -> None:
+    """Caches of a folder of this name and size (this one's before its files changed) stay,
+    each as large as the new one (a folder of a million images: tens of GB): said as a new one
+    is built, not deleted (another run may still read one)."""
+    earlier = [
+        path
+        for path in cache_dir.glob(f"folder-{glob_escape(root.name)}-{size}px-*")
+        if (path / "meta.json").is_file()
+    ]
+    if earlier:
+        sizes = sum(f.stat().st_size for path in earlier for f in path.iterdir() if f.is_file())
+        log.warning(
+            "%d other cache(s) of a folder named %s at %d px stay in %s (%.2g GB: an earlier "
+            "state of %s, whose files changed since, or another folder of its name): delete "
+            "those no run reads (%s)",
+            len(earlier),
+            root.name,
+            size,
+            cache_dir,
+            sizes / 1e9,
+            root,
+            ", ".join(path.name for path in sorted(earlier)),
+        )
 
 
 def _build(

@@ -1,6 +1,6 @@
 """Test a checkpoint: python eval.py ckpt_path=outputs/train/<date>/<time>/checkpoints/best.ckpt"""
 
-from litlab.evaluate import main
+from litlab.entry import run
 
 if __name__ == "__main__":
-    main()
+    run("litlab.evaluate")

@@ -1,6 +1,6 @@
 """Train a model: python train.py [group=option ...] [key=value ...] (see --help)."""
 
-from litlab.train import main
+from litlab.entry import run
 
 if __name__ == "__main__":
-    main()
+    run("litlab.train")

@@ -155,6 +155,24 @@ def test_ctrl_c_says_on_the_console_how_to_continue(tmp_path):
     assert {"val/loss", "val/acc", "train/loss"} <= set(metrics), metrics
 
 
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path, script):
+    """Ctrl-C in the first seconds (torch and Lightning importing, before any run) printed a
+    traceback of 20-120 lines from whichever import it interrupted (walkthrough)."""
+    started = subprocess.Popen(
+        [sys.executable, str(REPO / script)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.5)  # the imports take several seconds
+    started.send_signal(signal.SIGINT)
+    _, err = started.communicate(timeout=120)
+    assert started.returncode == 130, err[-2000:]
+    assert err == "litlab: interrupted (Ctrl-C)\n" and not list(tmp_path.iterdir())
+
+
 def uncached_folder(root: Path, cache: Path, workers: int) -> list[str]:
     """A small CNN on a folder of 3 classes of images read as they go (cache=false)."""
     return [

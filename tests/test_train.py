@@ -442,27 +442,6 @@ def test_training_accuracy_counts_as_torchmetrics_does():
     assert place_hits(logits[:, :3], labels % 3, 0).shape == (1,)  # 5 classes or fewer: top-1
 
 
-def test_weight_decay_groups_spare_a_vision_transformers_token_and_position_embeddings():
-    """torchvision's ViT (model=torchvision net.name=vit_b_16): its class token and position
-    embeddings (3-D, learned inputs) go with the norms and biases into no_decay, as torchvision's
-    and timm's recipes have them; its weight matrices decay."""
-    from torchvision.models import VisionTransformer
-
-    from litlab.models.optim import weight_decay_groups
-
-    vit = VisionTransformer(
-        image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16
-    )
-    decay, no_decay = weight_decay_groups(vit.named_parameters())
-    names = {id(p): name for name, p in vit.named_parameters()}
-    spared = {names[id(p)] for p in no_decay["params"]}
-    decayed = {names[id(p)] for p in decay["params"]}
-    assert {"class_token", "encoder.pos_embedding"} <= spared
-    assert {"conv_proj.weight", "heads.head.weight"} <= decayed
-    assert all(p.ndim >= 2 for p in decay["params"])
-    assert len(spared) + len(decayed) == len(names)
-
-
 @pytest.mark.parametrize("decay_norm_and_bias", [True, False])
 def test_weight_decay_spares_norms_and_biases_when_asked(tmp_path, decay_norm_and_bias):
     """model.decay_norm_and_bias=false (folder_resnet50): a step with zero gradients shrinks

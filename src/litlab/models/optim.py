@@ -97,27 +97,13 @@ def optimized_parameters(
     return [p for _, p in named] if decay_norm_and_bias else weight_decay_groups(named, ndims)
 
 
-# A vision transformer's class token and position embeddings (torchvision's ViT and Swin, timm's
-# names): learned inputs, not weights; shrunk towards zero they forget where each patch lies.
-# torchvision's and timm's recipes spare them too (transformer_embedding_decay, no_weight_decay).
-EMBEDDINGS = (
-    "class_token",
-    "pos_embedding",
-    "cls_token",
-    "pos_embed",
-    "absolute_pos_embed",
-    "relative_position_bias_table",
-)
-
-
 def weight_decay_groups(
     named: Iterable[tuple[str, torch.nn.Parameter]], ndims: dict[str, int] | None = None
 ) -> list[dict[str, Any]]:
     """Two parameter groups: "decay" (weight matrices and kernels: the optimizer's weight decay)
-    and "no_decay" (weight decay 0: parameters of one dimension or none, i.e. normalization
-    scales and shifts and biases; and a transformer's token and position embeddings,
-    EMBEDDINGS). The rule of timm's ``param_groups_weight_decay`` and of FFCV's and Goyal et
-    al.'s ImageNet recipes; the group names label the LR monitor's curves.
+    and "no_decay" (parameters of one dimension or none: normalization scales and shifts,
+    biases; weight decay 0). The rule of timm's ``param_groups_weight_decay`` and of FFCV's and
+    Goyal et al.'s ImageNet recipes; the group names label the LR monitor's curves.
     ``ndims`` (``parameter_ndims`` of the module before it was wrapped) gives the parameters'
     own dimensions where the shapes seen now are not theirs (under FSDP: every one flat, 1-D,
     and by shape none would decay); a parameter it does not name is taken as it is now."""
@@ -125,8 +111,7 @@ def weight_decay_groups(
     for name, param in named:
         if param.requires_grad:
             ndim = (ndims or {}).get(unwrapped_name(name), param.ndim)
-            spared = ndim <= 1 or name.rpartition(".")[2] in EMBEDDINGS
-            (no_decay if spared else decay).append(param)
+            (no_decay if ndim <= 1 else decay).append(param)
     return [
         {"params": decay, "name": "decay"},
         {"params": no_decay, "name": "no_decay", "weight_decay": 0.0},

@@ -606,28 +606,31 @@ def test_a_resume_on_another_folder_of_other_images_is_refused(tmp_path, capsys,
 
 def test_a_resume_on_its_folder_changed_since_is_refused(tmp_path, capsys):
     """resume= on the run's own folder after a file moved to another class (as many files: a
-    mid-epoch resume's count check passes) or files were added trained, validated and tested
-    on other images part way without a word (walkthrough). Refused before any batch, the
-    checkpoint as it was; the folder put back resumes."""
+    mid-epoch resume's count check passes) or files were added trained and validated on other
+    images part way without a word (walkthrough). Refused from the folder's scan, before a
+    decode (a changed folder is a new cache: reviewer), the checkpoint as it was; files added
+    to test/ change nothing that trains, and the folder put back resumes."""
     from litlab.checkpoint import load_checkpoint
 
-    root = tmp_path / "images"
-    write_png_folder(root, per_class=8)
+    root, cache = tmp_path / "images", tmp_path / "cache"
+    write_png_folder(root / "train", per_class=8)
+    write_png_folder(root / "test", per_class=2)
     folder = [*small_folder_run(tmp_path), f"data.source.root={root}"]
     trained = make_cfg(tmp_path / "t", [*folder, "trainer.max_epochs=1"])
     train_task(trained)
     last = Path(trained.paths.output_dir) / "checkpoints" / "last.ckpt"
-    assert load_checkpoint(last)["DataModule"]["files"]["files"] == 24
-    saved = last.read_bytes()
+    assert load_checkpoint(last)["DataModule"]["files"]["files"] == 24  # train/ (val from it)
+    saved, caches = last.read_bytes(), sorted(cache.iterdir())
     resumed = make_cfg(tmp_path / "t", [*folder, "trainer.max_epochs=2", f"ckpt_path={last}"])
-    (root / "dog" / "3.png").rename(root / "cat" / "moved.png")
-    needle = f"image_folder {root} changed since the checkpoint was written (24 image files then, "
-    refused(capsys, train_task, resumed, needle + "24 now")
-    (root / "cat" / "moved.png").rename(root / "dog" / "3.png")
-    shutil.copy(root / "fox" / "0.png", root / "fox" / "new.png")
-    refused(capsys, train_task, resumed, needle + "25 now")
-    assert last.read_bytes() == saved
-    (root / "fox" / "new.png").unlink()  # as it was: resumed
+    (root / "train" / "dog" / "3.png").rename(root / "train" / "cat" / "moved.png")
+    needle = f"image_folder {root} changed since the checkpoint was written (24 training and "
+    refused(capsys, train_task, resumed, needle + "validation image files then, 24 now")
+    (root / "train" / "cat" / "moved.png").rename(root / "train" / "dog" / "3.png")
+    shutil.copy(root / "train" / "fox" / "0.png", root / "train" / "fox" / "new.png")
+    refused(capsys, train_task, resumed, needle + "validation image files then, 25 now")
+    assert last.read_bytes() == saved and sorted(cache.iterdir()) == caches  # nothing decoded
+    (root / "train" / "fox" / "new.png").unlink()  # as it was, and an image more to test
+    shutil.copy(root / "test" / "fox" / "0.png", root / "test" / "fox" / "new.png")
     train_task(resumed)
 
 

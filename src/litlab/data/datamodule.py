@@ -395,28 +395,31 @@ class DataModule(L.LightningDataModule):
         files = getattr(self.source, "files_key", None)  # image folders
         return files() if files is not None else None
 
+    def continues(self, state: dict[str, Any]) -> None:
+        """A fit continued from a checkpoint (resume=, a requeue, ckpt_path=; ``state``: this
+        DataModule's in it), said before the trainer prepares the data: an image folder whose
+        files changed since is refused from its scan, before a decode (ImageFolder.check_files;
+        a changed folder's decode is a new cache, an hour for a million images)."""
+        if hasattr(self.source, "continued_files"):
+            self.source.continued_files = state.get("files")
+
     def _check_same_files(self, state: dict[str, Any]) -> None:
-        """A fit continued from a checkpoint (resume=, a requeue, ckpt_path=) reads the files
-        its run read: an image folder changed since (files added, removed, renamed or moved to
-        another class), or chunks converted again in their folder, would train, validate and
-        test it on other images part way (its best checkpoint chosen across two validation
-        sets, a mid-epoch resume's order over other files). Refused, before any batch."""
-        then, now = state.get("files"), self._files_key()
-        if then and now and then["key"] != now["key"]:
-            raise DataError(
-                f"{self.source.label} changed since the checkpoint was written ({then['files']} "
-                f"image files then, {now['files']} now; or files renamed or moved to another "
-                "class): a resumed run would go on with other training, validation and test "
-                "images; put the folder back as it was, or start a new run on it as it is"
-            )
+        """A fit continued from a checkpoint reads the files its run read: an image folder
+        changed since (files added, removed, renamed or moved to another class; refused
+        earlier where ``continues`` was told), or chunks converted again in their folder, would
+        train and validate it on other images part way (its best checkpoint chosen across two
+        validation sets, a mid-epoch resume's order over other files). Refused, before any
+        batch."""
+        check_files = getattr(self.source, "check_files", None)  # image folders
+        if check_files is not None:
+            check_files(state.get("files"))
         conversion = getattr(self.source, "conversion", None)  # streamed chunks
         then, now = state.get("conversion"), conversion() if conversion is not None else None
         if then and now and then != now:
             raise DataError(
                 f"{self.source.label} holds another conversion than the checkpoint's (converted "
                 "again since, of other or changed files): a resumed run would go on with other "
-                "training, validation and test images; resume on the chunks it trained on, or "
-                "start a new run on these"
+                "images; resume on the chunks it trained on, or start a new run on these"
             )
 
     def _loader(

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
@@ -148,6 +149,8 @@ class ImageFolder(Source):
         self._opened: dict[Path, CachedFolder | FolderIndex] = {}
         self._listed: dict[Path, tuple[str, int]] = {}  # each scanned folder's (key, files)
         self._files_key: dict[str, object] | None = None
+        # a fit continued from a checkpoint: its files_key (DataModule.continues)
+        self.continued_files: dict[str, Any] | None = None
         self.report: dict[str, object] = {"test_all": True} if test_all else {}
 
     def __getstate__(self) -> dict:
@@ -182,18 +185,32 @@ class ImageFolder(Source):
         index = scan(folder)
         if note := unread(index):
             log.warning("%s: %s", folder, note)
-        digest = hashlib.sha256()  # its files by name and class folder (files_key)
-        for name, label in zip(index.files, index.labels, strict=True):
-            digest.update(f"{name}\0{index.classes[label]}\n".encode())
-        self._listed[folder] = (digest.hexdigest(), len(index.files))
+        self._listed[folder] = self._trained_files_key(folder, index)
         return index
 
+    def _trained_files_key(self, folder: Path, index: FolderIndex) -> tuple[str, int]:
+        """(key, count) of the files of ``folder`` that train or validate, by name and class
+        folder (files_key): none of a test/ folder; of a folder without split folders, those
+        its test split does not hold out (by name: a file added there for testing changes
+        nothing that trains)."""
+        files, labels = index.files, index.labels
+        folders = self._split_folders()
+        if folders is not None and folder == folders.get("test"):
+            files = labels = []
+        elif folders is None and len(files) >= 2 and not self.test_all:
+            keep = test_split(files, self.test_fraction)[0].tolist()
+            files, labels = [files[i] for i in keep], [labels[i] for i in keep]
+        digest = hashlib.sha256()
+        for name, label in zip(files, labels, strict=True):
+            digest.update(f"{name}\0{index.classes[label]}\n".encode())
+        return digest.hexdigest(), len(files)
+
     def files_key(self) -> dict[str, object] | None:
-        """Which image files the folder holds: a key of their names under the root and their
+        """Which image files train and validate: a key of their names under the root and their
         class folders (not their bytes), and their count, as this run scanned them. Kept in
         checkpoints: a fit continued on the folder changed since (files added, removed, renamed,
-        moved to another class) is refused (DataModule.load_state_dict); a copy of the folder
-        elsewhere has the same key. None with ``test_all`` (eval.py's folder)."""
+        moved to another class) is refused (check_files); a copy of the folder elsewhere has the
+        same key; test files come and go freely. None with ``test_all`` (eval.py's folder)."""
         if self.test_all:
             return None
         if self._files_key is None:
@@ -205,6 +222,21 @@ class ImageFolder(Source):
             key = hashlib.sha256(repr(listed).encode()).hexdigest()[:16]
             self._files_key = {"key": key, "files": sum(files for *_, files in listed)}
         return self._files_key
+
+    def check_files(self, trained: dict[str, Any] | None) -> None:
+        """Refuse to continue a fit whose checkpoint's files (``trained``: its files_key) are
+        not the folder's now: it would go on with other training and validation images (its
+        best checkpoint chosen across two validation sets, a mid-epoch resume's order over other
+        files)."""
+        now = self.files_key()
+        if not trained or not now or trained.get("key") == now["key"]:
+            return
+        raise DataError(
+            f"{self.label} changed since the checkpoint was written ({trained.get('files')} "
+            f"training and validation image files then, {now['files']} now; or files renamed "
+            "or moved to another class, an unreadable one removed too): a resumed run would go "
+            "on with other images; put the folder back as it was, or start a new run on it"
+        )
 
     def _split_folders(self) -> dict[str, Path] | None:
         return split_folders(self.root)
@@ -231,10 +263,11 @@ class ImageFolder(Source):
         for split, folder in folders.items():
             if split not in ("train", "all"):
                 check_same_classes(folders["train"], folder)
+            self._scanned(folder)
+        self.check_files(self.continued_files)  # a fit continued: before any decode
+        for split, folder in folders.items():
             if self.cache and (test or split != "test"):
                 self._opened_folder(folder)
-            else:
-                self._scanned(folder)
 
     def _whole(self, folder: Path, split: str) -> Dataset:
         """Every image of one folder of class folders: cached (a TensorDataset over the

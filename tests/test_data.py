@@ -790,13 +790,27 @@ def test_the_cache_is_built_once_and_again_when_a_file_changes(tmp_path, caplog)
     assert copied.path == first.path and torch.equal(copied.images, first.images)
     from PIL import Image
 
-    Image.new("RGB", (30, 30), "red").save(tmp_path / "images" / "cat" / "0.png")
+    red = Image.new("RGB", (30, 30), "red")  # stored uncompressed: any colour, one size
+    red.save(tmp_path / "images" / "cat" / "0.png", compress_level=0)
     with caplog.at_level(logging.WARNING, logger="litlab"):
         changed = cached_folder(tmp_path / "images", 16, 3, tmp_path / "cache")
     assert changed.path != first.path and changed.images[0, 0].float().mean() > 250  # red
     assert len(list((tmp_path / "cache").iterdir())) == 2  # no half-built folder left
-    assert "1 other cache(s) of a folder named images at 16 px stay in" in caplog.text
-    assert first.path.name in caplog.text
+    said = f"1 cache(s) of {tmp_path / 'images'} from before its files changed stay in"
+    assert said in caplog.text and first.path.name in caplog.text
+    # another folder of that name (train/ of two datasets) is not this one's earlier state,
+    # nor a copy: its bytes differ where its names, sizes and times agree
+    other = tmp_path / "other" / "images"
+    shutil.copytree(tmp_path / "images", other)
+    Image.new("RGB", (30, 30), "blue").save(other / "cat" / "0.png", compress_level=0)
+    then = (tmp_path / "images" / "cat" / "0.png").stat()
+    assert (other / "cat" / "0.png").stat().st_size == then.st_size
+    os.utime(other / "cat" / "0.png", ns=(then.st_atime_ns, then.st_mtime_ns))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="litlab"):
+        copied_blue = cached_folder(other, 16, 3, tmp_path / "cache")
+    assert copied_blue.path != changed.path and copied_blue.images[0, 2].float().mean() > 250
+    assert "from before its files changed" not in caplog.text
 
 
 @pytest.mark.parametrize("loader", ["device", "dataloader"])

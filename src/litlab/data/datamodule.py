@@ -223,6 +223,7 @@ class DataModule(L.LightningDataModule):
         known = self.source.known_classes()  # before a decode (a large folder's: an hour)
         if known is not None and len(known) != self.num_classes:
             raise ConfigError(self._class_count_error("train", len(known)))
+        self._check_classes(known)  # a fit continued (continues): its class folders
         self.source.prepare(test=self._reads_test(trainer.state.fn if trainer else None))
 
     def _reads_test(self, stage: str | None) -> bool:
@@ -237,6 +238,7 @@ class DataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if not self.datasets:
+            self._check_classes(self.source.known_classes())  # (every rank, before a decode)
             self._setup_splits()
         if "test" not in self.datasets and self._reads_test(stage):
             self.datasets["test"] = self.source.load("test")
@@ -339,11 +341,12 @@ class DataModule(L.LightningDataModule):
             f"is {self.num_classes}; set data.num_classes={classes}"
         )
 
-    def _check_classes(self) -> None:
+    def _check_classes(self, now: list[str] | None = None) -> None:
         """Refuse class folders other than the checkpoint's, even as many: a label is the
         position of its folder's name in sorted order, so a renamed or swapped folder would
-        silently give other images each label."""
-        trained, now = self.trained_classes, self.class_names
+        silently give other images each label. ``now``: the classes found (a scan's, before
+        a decode), else the data's."""
+        trained, now = self.trained_classes, self.class_names if now is None else now
         if trained is None or now is None or trained == now:
             return
         moved = [
@@ -400,6 +403,7 @@ class DataModule(L.LightningDataModule):
         DataModule's in it), said before the trainer prepares the data: an image folder whose
         files changed since is refused from its scan, before a decode (ImageFolder.check_files;
         a changed folder's decode is a new cache, an hour for a million images)."""
+        self.trained_classes = state.get("classes")  # checked from a scan too
         if hasattr(self.source, "continued_files"):
             self.source.continued_files = state.get("files")
 

@@ -14,10 +14,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from glob import escape as glob_escape
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from litlab.data.fingerprint import files_found, fingerprints
 from litlab.data.folder_index import FolderIndex, scan
 from litlab.data.pixels import load_image, why_unreadable
 from litlab.errors import DataError
@@ -102,13 +104,15 @@ def cached_folder(
     index = index or scan(root)
     key = cache_key(index, size, channels)
     folder = cache_dir / f"folder-{root.name}-{size}px-{key}"
-    if (folder / "meta.json").is_file():
-        return _open(folder, index)
-    # the same files under another folder name (a copy: cp -a images images2; its key is its
-    # files' names, sizes and times, not where they lie)
-    for copy in sorted(cache_dir.glob(f"folder-*-{size}px-{key}")):
-        if (copy / "meta.json").is_file():
-            return _open(copy, index)
+    # This folder's cache, or that of a copy of it, under any folder name (cp -a images images2:
+    # the key is the files' names, sizes and times, not where they lie); another folder's only
+    # where a sample of its files has the same bytes (files of one size with their times
+    # pinned, as Nix and reproducible archives leave them, have the same key)
+    for cache in [folder, *sorted(cache_dir.glob(f"folder-*-{size}px-{key}*"))]:
+        if _built_from(cache, root) or _same_bytes(cache, root):
+            return _open(cache, index)
+    if (folder / "meta.json").is_file():  # the name is another folder's: this one's beside it
+        folder = folder.with_name(f"{folder.name}-{_digest(str(root.resolve()))}")
     cache_dir.mkdir(parents=True, exist_ok=True)
     _say_earlier_caches(cache_dir, root, size)
     # A folder of its own for each build, never an existing one: two builds in one folder wipe
@@ -127,27 +131,49 @@ def cached_folder(
     return _open(folder, index)
 
 
+def _meta(folder: Path) -> dict[str, Any]:
+    """A cache folder's meta.json; {} for one unfinished or unreadable."""
+    try:
+        return json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _built_from(cache: Path, root: Path) -> bool:
+    """Whether the cache was built from the folder ``root``."""
+    built = _meta(cache).get("root")
+    return bool(built) and Path(built).resolve() == root.resolve()
+
+
+def _same_bytes(cache: Path, root: Path) -> bool:
+    """Whether ``root`` holds the files of the sample the cache was built with, byte for byte
+    (caches from before samples were kept: not known, so not)."""
+    sample = [entry for entry in _meta(cache).get("sample", []) if entry[1]]
+    return bool(sample) and files_found(root, sample) == len(sample)
+
+
 def _say_earlier_caches(cache_dir: Path, root: Path, size: int) -> None:
-    """Caches of a folder of this name and size (this one's before its files changed) stay,
-    each as large as the new one (a folder of a million images: tens of GB): said as a new one
-    is built, not deleted (another run may still read one)."""
+    """Caches of this folder at this size from before its files changed stay, each as large as
+    the new one (a folder of a million images: tens of GB): said as a new one is built, not
+    deleted (another run may still read one)."""
     earlier = [
         path
         for path in cache_dir.glob(f"folder-{glob_escape(root.name)}-{size}px-*")
-        if (path / "meta.json").is_file()
+        if _built_from(path, root)
     ]
     if earlier:
         sizes = sum(f.stat().st_size for path in earlier for f in path.iterdir() if f.is_file())
         log.warning(
-            "%d other cache(s) of a folder named %s at %d px stay in %s (%.2g GB: an earlier "
-            "state of %s, whose files changed since, or another folder of its name): delete "
+            "%d cache(s) of %s from before its files changed stay in %s (%.2g GB): delete "
             "those no run reads (%s)",
             len(earlier),
-            root.name,
-            size,
+            root,
             cache_dir,
             sizes / 1e9,
-            root,
             ", ".join(path.name for path in sorted(earlier)),
         )
 
@@ -189,4 +215,5 @@ def _build(
     np.save(building / "labels.npy", np.asarray(index.labels, dtype=np.int64)[keep])
     meta = {"count": len(keep), "shape": list(shape[1:]), "classes": index.classes}
     meta.update(root=str(root), files=len(paths), skipped=skipped, format=CACHE_FORMAT)
+    meta["sample"] = fingerprints(root, index.files)  # a copy elsewhere: the same bytes
     (building / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -498,7 +498,9 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
     # data.batch_size is each process's: the log says what a step of the job is, once
     log_text = (Path(summary["run_dir"]) / "train.log").read_text()
     steps = summary["data"]["splits"]["train"] // 64  # (the last partial batch dropped)
-    said = f"2 processes x data.batch_size=32: 64 images an optimizer step, {steps} steps an epoch"
+    said = (
+        f"2 processes x data.batch_size=32: 64 images a batch of the job, {steps} batches an epoch"
+    )
     assert log_text.count(said) == 1
     # The epoch's training accuracy and loss are over both ranks' images, each rank counting
     # its own shard (a rank's sums are not rank 0's: DDP copies buffers from rank 0).

@@ -207,15 +207,15 @@ class Throughput(Callback):
             return
         accumulate = trainer.accumulate_grad_batches
         batches = trainer.num_training_batches
-        steps = str(math.ceil(batches / accumulate)) if batches != float("inf") else "its"
-        log.info(
-            "%d processes x data.batch_size=%d%s: %d images an optimizer step, %s steps an epoch",
-            trainer.world_size,
-            per_process,
-            f" x accumulate_grad_batches={accumulate}" if accumulate > 1 else "",
-            trainer.world_size * per_process * accumulate,
-            steps,
-        )
+        said = "%d processes x data.batch_size=%d: %d images a batch of the job"
+        values: list[Any] = [trainer.world_size, per_process, trainer.world_size * per_process]
+        if batches != float("inf"):  # (a loader without a length: not known)
+            said += ", %d batches an epoch"
+            values.append(batches)
+        if accumulate > 1:
+            said += " (x accumulate_grad_batches=%d: %d images, %d optimizer steps an epoch)"
+            values += [accumulate, values[2] * accumulate, math.ceil(batches / accumulate)]
+        log.info(said, *values)
 
     def _begin(self, stage: str) -> None:
         _sync(self._device)

@@ -394,6 +394,21 @@ def test_a_continued_studys_jobs_are_told_their_own_trials_whatever_their_number
     assert json.loads((sweep / TRIALS).read_text())["jobs"] == {"0": 6}
 
 
+def test_a_trial_whose_study_is_gone_is_not_told_and_no_study_is_made(tmp_path, caplog):
+    """A resumed job whose study's SQLite file was deleted or moved: said, and not told (asking
+    Optuna would create an empty database at the old path and fail on the missing study)."""
+    from litlab.sweep import tell_the_study
+
+    storage = f"sqlite:///{tmp_path}/gone/optuna.db"
+    trial = {"study_name": "s", "storage": storage, "number": 0, "config_digest": "d"}
+    summary = {"status": "completed", "config_digest": "d", "optuna_trial": trial}
+    summary["objective"] = {"metric": "val/loss", "mode": "min", "value": 0.5}
+    with caplog.at_level("WARNING", logger="litlab"):
+        assert tell_the_study(summary) is None
+    assert f"the Optuna study s ({storage}) is gone" in caplog.text
+    assert not (tmp_path / "gone").exists()
+
+
 def study_trials_named(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=name, storage=storage).trials
 

@@ -550,6 +550,46 @@ def test_an_optuna_study_over_seeds_is_refused(tmp_path, seed):
     assert not list((tmp_path / "sweep").rglob("summary.json"))
 
 
+def test_an_optuna_study_over_what_its_objective_measures_is_refused(tmp_path):
+    """'data=choice(digits,fashion_mnist)' in a study: Optuna ranked a Fashion-MNIST val/loss
+    with digits' ones and named it best while litlab's summary named another (walkthrough):
+    one line, no job. A search over how data is loaded, not what it is, goes on."""
+    from litlab.sweep import _measures
+
+    args = ["-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=2", *QUIET, "logger=csv"]
+    run = run_cli(*args, "data=choice(digits,fashion_mnist)", f"hydra.sweep.dir={tmp_path}/s")
+    assert run.returncode == 2
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("litlab: error: the Optuna study would search over what its objective")
+    assert "data=choice(digits,fashion_mnist)" in last and not (tmp_path / "s" / "0").exists()
+    measured = ["data", "+data.val_fraction", "objective.metric", "data.source.test_fraction"]
+    measured += ["model.tta_flip", "callbacks.fid.num_samples", "data.source"]
+    assert all(map(_measures, measured))
+    loading = ["data.batch_size", "data.num_workers", "data.source.workers", "data.source.cache"]
+    assert not any(map(_measures, [*loading, "model.optimizer.lr", "dataset"]))
+
+
+def test_a_study_continued_for_another_metric_or_data_is_refused(tmp_path, capsys):
+    """A study keeps what its values measure (the objective metric, the data settings): a
+    continuation with objective.metric=val/acc_top5 or other data added those values to the
+    study's ranking without a word (walkthrough)."""
+    from conftest import make_cfg
+    from litlab.sweep import record_measure, refuse_another_measure
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    made = make_cfg(tmp_path / "a", ["objective=loss"])
+    record_measure(optuna.create_study(study_name="s", storage=storage).ask(), made)
+    refuse_another_measure(make_cfg(tmp_path / "b", ["objective=loss"]), storage, "s")
+    for other, said in (
+        (["objective=accuracy"], "objective.metric: val/loss -> val/acc"),
+        (["objective=loss", "data.val_fraction=0.3"], "data.val_fraction: 0.1 -> 0.3"),
+    ):
+        with pytest.raises(SystemExit) as refused:
+            refuse_another_measure(make_cfg(tmp_path / "c", other), storage, "s")
+        assert refused.value.code == 2
+        assert said in capsys.readouterr().err
+
+
 def test_an_optuna_study_of_untrained_trials_is_refused(tmp_path):
     """train=false in a study: every trial tested, then failed without a validated value."""
     args = ["-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=2", "train=false", *QUIET]

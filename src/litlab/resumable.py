@@ -144,8 +144,25 @@ _DATA_KEYS = ("image_shape", "num_classes", "mean", "std", "val_fraction", "spli
 _DATA_KEYS += ("train_fraction",)
 # A source's settings that say where its files are and how they are read, not which images:
 # a run folder moved to another machine resumes with its data at another path.
-_LOADING_ONLY = {"data_dir", "download", "system_dir", "root", "input_dir", "cache", "cache_dir"}
-_LOADING_ONLY |= {"workers", "decode", "max_cache_size", "shuffle_window"}
+LOADING_ONLY = {"data_dir", "download", "system_dir", "root", "input_dir", "cache", "cache_dir"}
+LOADING_ONLY |= {"workers", "decode", "max_cache_size", "shuffle_window"}
+
+
+def data_settings(config: DictConfig) -> dict[str, Any]:
+    """The config's ``data`` node as plain values (resolved where it can be), for
+    ``changed_data_settings`` (an Optuna study keeps it: litlab.sweep.study_measure)."""
+    node = OmegaConf.select(config, "data")
+    if not isinstance(node, DictConfig):
+        return {}
+    try:
+        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    except Exception:  # an interpolation only a job resolves (hydra:...)
+        return OmegaConf.to_container(node, resolve=False)  # type: ignore[return-value]
+
+
+def changed_data_settings(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``_changed_data`` of two ``data_settings``."""
+    return _changed_data(OmegaConf.create(then), OmegaConf.create(now))
 
 
 def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:
@@ -155,7 +172,7 @@ def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:
     keys = ["source._target_"]
     if OmegaConf.select(stored, "source._target_") == OmegaConf.select(now, "source._target_"):
         sources = [node.get("source") or {} for node in (stored, now)]
-        named = sorted({str(k) for node in sources for k in node} - _LOADING_ONLY - {"_target_"})
+        named = sorted({str(k) for node in sources for k in node} - LOADING_ONLY - {"_target_"})
         keys += [f"source.{key}" for key in named]
     return _changes(stored, now, [*keys, *_DATA_KEYS], "data.")
 

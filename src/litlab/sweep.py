@@ -385,6 +385,94 @@ def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
         )
 
 
+# What an objective value measures besides the model: the data it is validated on and how.
+# An Optuna study searching over one of these ranks values of different measures as one.
+# ("data" itself: the data group's choice; below it, the keys listed.)
+_MEASURE_KEYS = ("objective", "data.source", "data.val_fraction", "data.num_classes")
+_MEASURE_KEYS += ("data.image_shape", "data.mean", "data.std", "data.eval_crop")
+_MEASURE_KEYS += ("model.tta_flip", "callbacks.fid")
+
+
+def _measures(key: str) -> bool:
+    """Whether a config key (an override's, a search parameter's) changes what the objective
+    measures: the data choice or a setting under it (not where its files are read from)."""
+    from litlab.resumable import LOADING_ONLY
+
+    key = key.lstrip("+~")
+    if key.rsplit(".", 1)[-1] in LOADING_ONLY and key.startswith("data.source."):
+        return False
+    return key == "data" or any(key == k or key.startswith(f"{k}.") for k in _MEASURE_KEYS)
+
+
+def refuse_a_tuned_measure(arguments: list[str], params: Any) -> None:
+    """One line where an Optuna study would search over what its objective measures
+    (``'data=choice(digits,fashion_mnist)'``, ``data.val_fraction``, the objective itself): its
+    trials' values would be of other data or metrics, which the study ranks as one (litlab's
+    summary and report keep them apart, and named another best). A grid sweep compares them
+    apart: use one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    swept = [
+        o.input_line
+        for o in OverridesParser.create().parse_overrides(arguments)
+        if o.is_sweep_override() and _measures(o.get_key_element())
+    ]
+    swept += [f"hydra.sweeper.params.{k}={v}" for k, v in (params or {}).items() if _measures(k)]
+    if swept:
+        fail(
+            f"the Optuna study would search over what its objective measures "
+            f"({', '.join(swept)}): values of other data or metrics are not one ranking; run "
+            "a study for each (or a grid sweep, whose summary compares like with like)"
+        )
+
+
+def study_measure(config: Any) -> dict[str, Any]:
+    """What the objective values of a study's trials measure: the objective metric and the
+    data settings (resumable's: not where the files are read from), kept in the study."""
+    from litlab.resumable import data_settings
+
+    return {
+        "metric": OmegaConf.select(config, "objective.metric"),
+        "data": data_settings(config),
+    }
+
+
+def refuse_another_measure(config: Any, storage: str | None, study: str | None) -> None:
+    """One line where a study continued from its storage was made for another objective metric
+    or other data than this sweep's (kept in the study by ``record_measure``; a study from
+    before has none): their values would be ranked as one."""
+    if storage is None:
+        return
+    import optuna
+
+    try:
+        held = optuna.load_study(study_name=study, storage=storage)
+    except (KeyError, ValueError):  # a new study
+        return
+    made = held.user_attrs.get("litlab_measure")
+    if not made:
+        return
+    from litlab.resumable import changed_data_settings
+
+    now = study_measure(config)
+    changes = [f"objective.metric: {made['metric']} -> {now['metric']}"]
+    changes = changes if made["metric"] != now["metric"] else []
+    changes += changed_data_settings(made["data"], now["data"])
+    if changes:
+        fail(
+            f"the Optuna study {study} in {storage} holds values of another measure than this "
+            f"sweep's ({'; '.join(changes)}): continue it as it was made, or start another "
+            "study (hydra.sweeper.study_name=... or a new hydra.sweeper.storage)"
+        )
+
+
+def record_measure(trial: Any, config: Any) -> None:
+    """Keep in the study what its values measure (refuse_another_measure), once."""
+    held = trial.study
+    if "litlab_measure" not in held.user_attrs:
+        held.set_user_attr("litlab_measure", study_measure(config))
+
+
 def refuse_an_untrained_study(config: Any) -> None:
     """One line where an Optuna study's trials would not train (train=false): a trial's value
     is its validated objective, which nothing validates (every trial failed)."""
@@ -561,7 +649,7 @@ class SweepSummary(Callback):
         this_launch = None if best is None else best["objective"]["value"]
         if study is not None and study["value"] != this_launch:
             log.info(
-                "the Optuna study's best, its earlier launches included: %s with %s",
+                "the Optuna study's best (its trials of every launch): %s with %s",
                 study["value"],
                 " ".join(f"{k}={v}" for k, v in study["params"].items()),
             )

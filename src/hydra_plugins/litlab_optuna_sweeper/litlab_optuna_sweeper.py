@@ -26,19 +26,24 @@ if optuna_sweeper is not None:
                 rank_storage,
                 read_jobs,
                 record_asked_trials,
+                record_measure,
+                refuse_a_tuned_measure,
                 refuse_a_tuned_seed,
                 refuse_an_unseeded_grid,
                 refuse_an_untrained_study,
                 refuse_another_direction,
+                refuse_another_measure,
                 tell_completed_jobs,
             )
 
             impl = self.sweeper
             sweeper = impl.config.hydra.sweeper
             refuse_a_tuned_seed(arguments, sweeper.get("params"))
+            refuse_a_tuned_measure(arguments, sweeper.get("params"))
             refuse_an_untrained_study(impl.config)
             refuse_an_unseeded_grid(sweeper.sampler)
             refuse_another_direction(impl.config, impl.storage, impl.study_name)
+            refuse_another_measure(impl.config, impl.storage, impl.study_name)
             shared, impl.storage = impl.storage, rank_storage(impl.storage, impl.study_name)
             impl.sampler = continued_sampler(
                 impl.sampler, sweeper.sampler, impl.storage, impl.study_name
@@ -50,6 +55,8 @@ if optuna_sweeper is not None:
                 record_asked_trials(
                     impl.config.hydra.sweep.dir, impl.job_idx, trials, shared, impl.study_name
                 )
+                if trials and shared == impl.storage:  # (global rank 0's study, not a copy)
+                    record_measure(trials[0], impl.config)
                 batch[:] = [trial.number for trial in trials]
                 return configure(trials, *args)
 

@@ -699,6 +699,18 @@ def test_eval_of_a_classifier_refuses_before_testing_and_takes_a_data_setting(tm
     assert batched == pytest.approx(eval_task(evaluated("a")), rel=1e-6)
 
 
+def test_an_objective_the_validation_does_not_log_is_refused_after_the_sanity_check(
+    tmp_path, capsys
+):
+    """objective.metric=val/los (a typo) trained a whole epoch, then ended in Lightning's
+    MisconfigurationException traceback from the checkpoint (walkthrough): one line naming
+    what validation logs, after the sanity check's batches, before any training step."""
+    cfg = make_cfg(tmp_path, ["objective.metric=val/los", "objective.mode=min", *QUIET])
+    said = refused(capsys, train_task, cfg, "objective.metric=val/los is not logged by this")
+    assert "(val/acc, val/acc_top5, val/loss)" in said
+    assert not list(Path(cfg.paths.output_dir).rglob("*.ckpt"))
+
+
 def test_a_logger_whose_package_is_missing_is_one_line(tmp_path, capsys, monkeypatch):
     """logger=tensorboard without TensorBoard installed (it is not a dependency of litlab's)
     ended in Hydra's InstantiationException traceback."""

@@ -177,6 +177,20 @@ class CoarseAccuracy(L.Callback):
     def __init__(self, metric: str) -> None:
         self.metric = metric
 
+    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Also: a classifier's objective its validation does not log (a typo, val/los) is
+        refused after the sanity check's batches, not by Lightning's checkpoint after a whole
+        epoch in a traceback (a GAN's val/fid is measured at an epoch's end only: not here)."""
+        logged = sorted(k for k in trainer.callback_metrics if k.startswith("val/"))
+        if not pl_module.automatic_optimization or not self.metric.startswith("val/"):
+            return
+        if logged and self.metric not in trainer.callback_metrics:
+            raise ConfigError(
+                f"objective.metric={self.metric} is not logged by this model's validation "
+                f"({', '.join(logged)}); set objective.metric to one of them (objective=accuracy "
+                "or objective=loss choose val/acc or val/loss)"
+            )
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         datamodule = trainer.datamodule
         if not self.metric.startswith("val/acc") or not hasattr(datamodule, "split_size"):

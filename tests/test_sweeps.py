@@ -334,6 +334,8 @@ def test_a_trial_a_signal_stopped_is_told_to_its_study_when_its_job_is_resumed(t
     assert study_trials(sweep)[0].value == jobs(sweep)[0]["objective"]["value"]
     stopped = json.loads((sweep / "1" / "summary.json").read_text())
     assert stopped["status"] == "interrupted" and stopped["optuna_trial"]["number"] == 1
+    before = json.loads((sweep / "sweep_summary.json").read_text())
+    assert before["stopped"] and [j["job_dir"] for j in before["interrupted"]] == [str(sweep / "1")]
 
     # (a resume with another config, train=false for one, is not told: the test below)
     resumed = run_cli(f"resume={sweep / '1'}")
@@ -343,6 +345,12 @@ def test_a_trial_a_signal_stopped_is_told_to_its_study_when_its_job_is_resumed(t
     trial = study_trials(sweep)[1]
     assert trial.state == complete and trial.value == pytest.approx(done["objective"]["value"])
     assert "the Optuna study cnn_optuna now holds its trial 1: val/loss=" in resumed.stdout
+    # and the sweep's summary counts it (walkthrough: it still named it interrupted, and the
+    # best of job 0 alone, where the report named job 1 best)
+    after = json.loads((sweep / "sweep_summary.json").read_text())
+    assert after["completed"] == 2 and after["interrupted"] == [] and after["stopped"]
+    values = [jobs(sweep)[i]["objective"]["value"] for i in (0, 1)]
+    assert after["best"]["objective"]["value"] == min(values)
 
 
 def test_resume_of_a_completed_job_tells_its_study_what_it_never_learned(tmp_path, caplog):

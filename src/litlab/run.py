@@ -569,6 +569,7 @@ class Run:
                 (self.dir / COMPLETED).touch()
             if not kept:  # a sweep's job its sweep's stop left untold, continued by resume=
                 _tell_the_study(self.summary)
+                _refresh_its_sweep(self.dir)
         if isinstance(exc, SIGTERMException):
             log.warning("litlab: %s", self.summary["error"])
             sys.exit(143)  # 128 + SIGTERM: the run did not finish
@@ -618,6 +619,14 @@ def _ctrl_c(exc: BaseException | None) -> bool:
     if isinstance(exc, KeyboardInterrupt):
         return True
     return isinstance(exc, SystemExit) and isinstance(exc.__context__, KeyboardInterrupt)
+
+
+def _refresh_its_sweep(run_dir: Path) -> None:
+    """A job of a sweep run again outside it (resume=): its sweep's summary, from every job."""
+    if not in_sweep() and rank_zero_only.rank == 0:
+        from litlab.sweep import refresh_sweep_summary  # (litlab.sweep imports this module)
+
+        refresh_sweep_summary(run_dir)
 
 
 def _tell_the_study(summary: dict[str, Any]) -> None:

@@ -565,6 +565,61 @@ def warn_of_a_new_study(storage: str, database: Path, study: str | None) -> None
 IN_PROCESS_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 
+def _write_sweep_summary(sweep_dir: Path, stopped: bool) -> tuple[Any, ...]:
+    """Write <sweep dir>/sweep_summary.json from its jobs' summaries; return (jobs, best,
+    failed, listed, other, study) for the sweep's closing lines."""
+    jobs = read_jobs(sweep_dir)
+    best = best_job(jobs)
+    failed = [j for j in jobs if j.get("status") != "completed"]
+    # a job stopped by a signal continues with resume= (its error says how): apart
+    listed: dict[str, list[dict[str, Any]]] = {"failed": [], "interrupted": []}
+    for j in failed:
+        kind = "interrupted" if j.get("status") == "interrupted" else "failed"
+        listed[kind].append({"job_dir": j["job_dir"], "error": j.get("error")})
+    summary = {
+        "jobs": len(jobs),
+        "completed": len(jobs) - len(failed),
+        **listed,
+        "best": None
+        if best is None
+        else {
+            "job_dir": best["job_dir"],
+            "objective": best["objective"],
+            "overrides": best["overrides"],
+            # what tune.batch_size / tune.lr found: the job trained with these values
+            "tuned": best.get("tuned"),
+            "best_checkpoint": best.get("best_checkpoint"),
+        },
+    }
+    other = (
+        []
+        if best is None
+        else [j for j in scored_jobs(jobs) if objective_of(j) != objective_of(best)]
+    )
+    if other:  # completed, but their objective is another metric or scale than the best's
+        summary["not_compared"] = [j["job_dir"] for j in other]
+    study = study_best(sweep_dir)
+    if study is not None:
+        summary["study_best"] = study
+    if stopped:
+        summary["stopped"] = True
+    write_json(sweep_dir / "sweep_summary.json", summary)
+    return jobs, best, failed, listed, other, study
+
+
+def refresh_sweep_summary(job_dir: Path) -> None:
+    """A job of a sweep continued with resume= (after the sweep ended: a signal stopped it, or
+    trained further): the sweep's sweep_summary.json written anew from its jobs (it still named
+    the job interrupted and another best; the report read the jobs). Never raises."""
+    path = job_dir.parent / "sweep_summary.json"
+    try:
+        if path.is_file():
+            stopped = bool(json.loads(path.read_text()).get("stopped"))
+            _write_sweep_summary(job_dir.parent, stopped)
+    except Exception as e:  # a summary unreadable or a folder read-only: the run stands
+        log.warning("%s was not brought up to date: %s", path, first_line(e))
+
+
 class SweepSummary(Callback):
     """Around a multirun: make room for an SQLite study, then log the best job and write
     <sweep dir>/sweep_summary.json.
@@ -599,42 +654,7 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, stopped: bool = False, **kwargs: Any) -> None:
         atexit.unregister(self._stopped)
         sweep_dir = Path(config.hydra.sweep.dir)
-        jobs = read_jobs(sweep_dir)
-        best = best_job(jobs)
-        failed = [j for j in jobs if j.get("status") != "completed"]
-        # a job stopped by a signal continues with resume= (its error says how): apart
-        listed: dict[str, list[dict[str, Any]]] = {"failed": [], "interrupted": []}
-        for j in failed:
-            kind = "interrupted" if j.get("status") == "interrupted" else "failed"
-            listed[kind].append({"job_dir": j["job_dir"], "error": j.get("error")})
-        summary = {
-            "jobs": len(jobs),
-            "completed": len(jobs) - len(failed),
-            **listed,
-            "best": None
-            if best is None
-            else {
-                "job_dir": best["job_dir"],
-                "objective": best["objective"],
-                "overrides": best["overrides"],
-                # what tune.batch_size / tune.lr found: the job trained with these values
-                "tuned": best.get("tuned"),
-                "best_checkpoint": best.get("best_checkpoint"),
-            },
-        }
-        other = (
-            []
-            if best is None
-            else [j for j in scored_jobs(jobs) if objective_of(j) != objective_of(best)]
-        )
-        if other:  # completed, but their objective is another metric or scale than the best's
-            summary["not_compared"] = [j["job_dir"] for j in other]
-        study = study_best(sweep_dir)
-        if study is not None:
-            summary["study_best"] = study
-        if stopped:
-            summary["stopped"] = True
-        write_json(sweep_dir / "sweep_summary.json", summary)
+        jobs, best, failed, listed, other, study = _write_sweep_summary(sweep_dir, stopped)
         if stopped:
             log.warning(
                 "the sweep stopped in its job %s, the jobs after it did not run; %s holds the "

@@ -709,6 +709,10 @@ def test_an_objective_the_validation_does_not_log_is_refused_after_the_sanity_ch
     said = refused(capsys, train_task, cfg, "objective.metric=val/los is not logged by this")
     assert "(val/acc, val/acc_top5, val/loss)" in said
     assert not list(Path(cfg.paths.output_dir).rglob("*.ckpt"))
+    # val/acc_best, logged from the first epoch on (not in the sanity check), trains (review)
+    best = ["objective.metric=val/acc_best", "objective.mode=max", "trainer.max_epochs=1"]
+    best += ["+trainer.limit_train_batches=2", "test=false", *QUIET]
+    train_task(make_cfg(tmp_path / "best", best))
 
 
 def test_a_logger_whose_package_is_missing_is_one_line(tmp_path, capsys, monkeypatch):

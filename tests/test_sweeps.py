@@ -349,6 +349,7 @@ def test_a_trial_a_signal_stopped_is_told_to_its_study_when_its_job_is_resumed(t
     # best of job 0 alone, where the report named job 1 best)
     after = json.loads((sweep / "sweep_summary.json").read_text())
     assert after["completed"] == 2 and after["interrupted"] == [] and after["stopped"]
+    assert after["stopped_in"] == str(sweep / "1")  # where the sweep stopped (the report's)
     values = [jobs(sweep)[i]["objective"]["value"] for i in (0, 1)]
     assert after["best"]["objective"]["value"] == min(values)
 
@@ -574,7 +575,8 @@ def test_an_optuna_study_over_what_its_objective_measures_is_refused(tmp_path):
     measured += ["model.tta_flip", "callbacks.fid.num_samples", "data.source"]
     assert all(map(_measures, measured))
     loading = ["data.batch_size", "data.num_workers", "data.source.workers", "data.source.cache"]
-    assert not any(map(_measures, [*loading, "model.optimizer.lr", "dataset"]))
+    prepared = ["data.image_shape", "data.source.size", "data.mean", "data.std"]  # tuned freely
+    assert not any(map(_measures, [*loading, *prepared, "model.optimizer.lr", "dataset"]))
 
 
 def test_a_study_continued_for_another_metric_or_data_is_refused(tmp_path, capsys):
@@ -588,9 +590,14 @@ def test_a_study_continued_for_another_metric_or_data_is_refused(tmp_path, capsy
     made = make_cfg(tmp_path / "a", ["objective=loss"])
     record_measure(optuna.create_study(study_name="s", storage=storage).ask(), made)
     refuse_another_measure(make_cfg(tmp_path / "b", ["objective=loss"]), storage, "s")
+    # how images are prepared (their size) is a setting like the learning rate: not refused
+    refuse_another_measure(
+        make_cfg(tmp_path / "d", ["objective=loss", "data.source.size=32"]), storage, "s"
+    )
     for other, said in (
         (["objective=accuracy"], "objective.metric: val/loss -> val/acc"),
         (["objective=loss", "data.val_fraction=0.3"], "data.val_fraction: 0.1 -> 0.3"),
+        (["objective=loss", "+model.tta_flip=true"], "model.tta_flip: None -> True"),
     ):
         with pytest.raises(SystemExit) as refused:
             refuse_another_measure(make_cfg(tmp_path / "c", other), storage, "s")

@@ -149,20 +149,39 @@ LOADING_ONLY |= {"workers", "decode", "max_cache_size", "shuffle_window"}
 
 
 def data_settings(config: DictConfig) -> dict[str, Any]:
-    """The config's ``data`` node as plain values (resolved where it can be), for
-    ``changed_data_settings`` (an Optuna study keeps it: litlab.sweep.study_measure)."""
+    """What says which data a run learns from and validates on (``_changed_data``'s keys: not
+    where its files are read from), each resolved apart as plain values (one the config cannot
+    resolve here, e.g. an environment variable only a job has, left out): an Optuna study keeps
+    it (litlab.sweep.study_measure) for ``changed_data_settings``."""
     node = OmegaConf.select(config, "data")
     if not isinstance(node, DictConfig):
         return {}
-    try:
-        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
-    except Exception:  # an interpolation only a job resolves (hydra:...)
-        return OmegaConf.to_container(node, resolve=False)  # type: ignore[return-value]
+    source = node.get("source") if isinstance(node.get("source"), DictConfig) else {}
+    keys = ["source._target_", *_DATA_KEYS]
+    keys += [f"source.{k}" for k in source if str(k) not in LOADING_ONLY | {"_target_"}]
+    settings: dict[str, Any] = {}
+    for key in keys:
+        try:
+            value = OmegaConf.select(node, key)
+            if isinstance(value, DictConfig | ListConfig):
+                value = OmegaConf.to_container(value, resolve=True)
+        except Exception:  # an interpolation only a job resolves
+            continue
+        if value is not None:
+            *parents, last = key.split(".")
+            place = settings
+            for part in parents:
+                place = place.setdefault(part, {})
+            place[last] = value
+    return settings
 
 
-def changed_data_settings(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``_changed_data`` of two ``data_settings``."""
-    return _changed_data(OmegaConf.create(then), OmegaConf.create(now))
+def changed_data_settings(
+    then: dict[str, Any], now: dict[str, Any], ignore: frozenset[str] = frozenset()
+) -> list[str]:
+    """``_changed_data`` of two ``data_settings``, but keys in ``ignore`` (data.<key>)."""
+    changes = _changed_data(OmegaConf.create(then), OmegaConf.create(now))
+    return [c for c in changes if c.split(":", 1)[0] not in ignore]
 
 
 def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:

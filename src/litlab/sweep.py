@@ -17,7 +17,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from litlab.config import SQLITE, sqlite_file
 from litlab.distributed.launchers import (
@@ -387,10 +387,14 @@ def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
 
 # What an objective value measures besides the model: the data it is validated on and how.
 # An Optuna study searching over one of these ranks values of different measures as one.
-# ("data" itself: the data group's choice; below it, the keys listed.)
+# ("data" itself: the data group's choice; below it, the keys listed, but how images are
+# prepared for the net, a setting to tune like any other: size, channels, normalization.)
 _MEASURE_KEYS = ("objective", "data.source", "data.val_fraction", "data.num_classes")
-_MEASURE_KEYS += ("data.image_shape", "data.mean", "data.std", "data.eval_crop")
-_MEASURE_KEYS += ("model.tta_flip", "callbacks.fid")
+_MEASURE_KEYS += ("data.eval_crop", "model.tta_flip", "callbacks.fid")
+_PREPARATION = frozenset({"data.image_shape", "data.mean", "data.std"})
+_PREPARATION |= {"data.source.size", "data.source.channels"}
+# what else the objective's value depends on, kept in the study with its metric and data
+_MEASURED_BY = ("data.eval_crop", "model.tta_flip", "callbacks.fid")
 
 
 def _measures(key: str) -> bool:
@@ -400,6 +404,8 @@ def _measures(key: str) -> bool:
 
     key = key.lstrip("+~")
     if key.rsplit(".", 1)[-1] in LOADING_ONLY and key.startswith("data.source."):
+        return False
+    if key in _PREPARATION:
         return False
     return key == "data" or any(key == k or key.startswith(f"{k}.") for k in _MEASURE_KEYS)
 
@@ -431,9 +437,16 @@ def study_measure(config: Any) -> dict[str, Any]:
     data settings (resumable's: not where the files are read from), kept in the study."""
     from litlab.resumable import data_settings
 
+    settings = {}
+    for key in _MEASURED_BY:
+        value = OmegaConf.select(config, key, throw_on_resolution_failure=False)
+        if isinstance(value, DictConfig | ListConfig):
+            value = OmegaConf.to_container(value, resolve=False)
+        settings[key] = value
     return {
         "metric": OmegaConf.select(config, "objective.metric"),
         "data": data_settings(config),
+        "settings": settings,
     }
 
 
@@ -457,7 +470,12 @@ def refuse_another_measure(config: Any, storage: str | None, study: str | None) 
     now = study_measure(config)
     changes = [f"objective.metric: {made['metric']} -> {now['metric']}"]
     changes = changes if made["metric"] != now["metric"] else []
-    changes += changed_data_settings(made["data"], now["data"])
+    changes += changed_data_settings(made["data"], now["data"], _PREPARATION)
+    changes += [
+        f"{key}: {value} -> {now['settings'].get(key)}"
+        for key, value in (made.get("settings") or {}).items()
+        if value != now["settings"].get(key)
+    ]
     if changes:
         fail(
             f"the Optuna study {study} in {storage} holds values of another measure than this "
@@ -565,9 +583,12 @@ def warn_of_a_new_study(storage: str, database: Path, study: str | None) -> None
 IN_PROCESS_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 
-def _write_sweep_summary(sweep_dir: Path, stopped: bool) -> tuple[Any, ...]:
+def _write_sweep_summary(
+    sweep_dir: Path, stopped: bool, stopped_in: str | None = None
+) -> tuple[Any, ...]:
     """Write <sweep dir>/sweep_summary.json from its jobs' summaries; return (jobs, best,
-    failed, listed, other, study) for the sweep's closing lines."""
+    failed, listed, other, study) for the sweep's closing lines. A stopped sweep's
+    ``stopped_in``: the job a signal stopped it in (its last interrupted job)."""
     jobs = read_jobs(sweep_dir)
     best = best_job(jobs)
     failed = [j for j in jobs if j.get("status") != "completed"]
@@ -603,6 +624,8 @@ def _write_sweep_summary(sweep_dir: Path, stopped: bool) -> tuple[Any, ...]:
         summary["study_best"] = study
     if stopped:
         summary["stopped"] = True
+        interrupted = listed["interrupted"]
+        summary["stopped_in"] = stopped_in or (interrupted[-1]["job_dir"] if interrupted else None)
     write_json(sweep_dir / "sweep_summary.json", summary)
     return jobs, best, failed, listed, other, study
 
@@ -614,8 +637,11 @@ def refresh_sweep_summary(job_dir: Path) -> None:
     path = job_dir.parent / "sweep_summary.json"
     try:
         if path.is_file():
-            stopped = bool(json.loads(path.read_text()).get("stopped"))
-            _write_sweep_summary(job_dir.parent, stopped)
+            then = json.loads(path.read_text())
+            stopped_in = then.get("stopped_in") or [None, *then.get("interrupted", [])][-1]
+            if isinstance(stopped_in, dict):  # (a summary from before stopped_in was kept)
+                stopped_in = stopped_in.get("job_dir")
+            _write_sweep_summary(job_dir.parent, bool(then.get("stopped")), stopped_in)
     except Exception as e:  # a summary unreadable or a folder read-only: the run stands
         log.warning("%s was not brought up to date: %s", path, first_line(e))
 

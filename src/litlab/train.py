@@ -181,10 +181,14 @@ class CoarseAccuracy(L.Callback):
         """Also: a classifier's objective its validation does not log (a typo, val/los) is
         refused after the sanity check's batches, not by Lightning's checkpoint after a whole
         epoch in a traceback (a GAN's val/fid is measured at an epoch's end only: not here)."""
+        from litlab.models import ImageClassifier
+
         logged = sorted(k for k in trainer.callback_metrics if k.startswith("val/"))
-        if not pl_module.automatic_optimization or not self.metric.startswith("val/"):
+        # (litlab's classifier: its val/acc_best comes after the sanity check; a module of
+        # one's own may log others so too)
+        if not isinstance(pl_module, ImageClassifier) or self.metric.endswith("_best"):
             return
-        if logged and self.metric not in trainer.callback_metrics:
+        if logged and self.metric.startswith("val/") and self.metric not in logged:
             raise ConfigError(
                 f"objective.metric={self.metric} is not logged by this model's validation "
                 f"({', '.join(logged)}); set objective.metric to one of them (objective=accuracy "

@@ -59,6 +59,8 @@ from litlab.errors import DataError
 
 log = logging.getLogger(__name__)
 
+FILES_KEY_VERSION = 1  # files_key's rule (which files, how keyed): checkpoints of another skip
+
 
 class FileImages(Dataset):
     """Images decoded from their files as they are read (DataLoader workers): for folders too
@@ -220,7 +222,8 @@ class ImageFolder(Source):
                     self._scan(folder)
                 listed.append((folder.relative_to(self.root).as_posix(), *self._listed[folder]))
             key = hashlib.sha256(repr(listed).encode()).hexdigest()[:16]
-            self._files_key = {"key": key, "files": sum(files for *_, files in listed)}
+            files = sum(files for *_, files in listed)
+            self._files_key = {"v": FILES_KEY_VERSION, "key": key, "files": files}
         return self._files_key
 
     def check_files(self, trained: dict[str, Any] | None) -> None:
@@ -229,7 +232,9 @@ class ImageFolder(Source):
         best checkpoint chosen across two validation sets, a mid-epoch resume's order over other
         files)."""
         now = self.files_key()
-        if not trained or not now or trained.get("key") == now["key"]:
+        if not trained or not now or trained.get("v") != now["v"]:  # (another rule: unknown)
+            return
+        if trained.get("key") == now["key"]:
             return
         raise DataError(
             f"{self.label} changed since the checkpoint was written ({trained.get('files')} "

@@ -108,9 +108,11 @@ def cached_folder(
     # the key is the files' names, sizes and times, not where they lie); another folder's only
     # where a sample of its files has the same bytes (files of one size with their times
     # pinned, as Nix and reproducible archives leave them, have the same key)
-    for cache in [folder, *sorted(cache_dir.glob(f"folder-*-{size}px-{key}*"))]:
-        if _built_from(cache, root) or _same_bytes(cache, root):
-            return _open(cache, index)
+    candidates = sorted({folder, *cache_dir.glob(f"folder-*-{size}px-{key}*")})
+    for cache in [c for c in candidates if _built_from(c, root)] or [
+        c for c in candidates if _same_bytes(c, root)
+    ]:
+        return _open(cache, index)
     if (folder / "meta.json").is_file():  # the name is another folder's: this one's beside it
         folder = folder.with_name(f"{folder.name}-{_digest(str(root.resolve()))}")
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,11 @@ def stopped_in(folders: list[Path]) -> list[str]:
             summary = json.loads((Path(folder) / "sweep_summary.json").read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(summary, dict) and summary.get("stopped") and summary.get("interrupted"):
+        if not isinstance(summary, dict) or not summary.get("stopped"):
+            continue
+        if summary.get("stopped_in"):  # (kept when a resumed job wrote the summary anew)
+            jobs.append(str(summary["stopped_in"]))
+        elif summary.get("interrupted"):  # a summary from before it was kept
             jobs.append(str(summary["interrupted"][-1]["job_dir"]))
     return jobs
 

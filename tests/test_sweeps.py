@@ -606,13 +606,25 @@ def test_a_study_continued_for_another_metric_or_data_is_refused(tmp_path, capsy
 
 
 def test_an_optuna_study_of_untrained_trials_is_refused(tmp_path):
-    """train=false in a study: every trial tested, then failed without a validated value."""
+    """train=false in a study: every trial tested, then failed without a validated value. And
+    tune.lr=true in a study searching model.optimizer.lr: every trial failed on the finder's
+    refusal (walkthrough): one line before any trial too."""
     args = ["-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=2", "train=false", *QUIET]
     run = run_cli(*args, "logger=csv", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert run.returncode == 2
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("litlab: error: an Optuna study scores each trial by the objective")
     assert not list((tmp_path / "sweep").rglob("summary.json"))
+    from omegaconf import OmegaConf
+
+    from litlab.sweep import refuse_a_found_value_searched
+
+    config = OmegaConf.create({"tune": {"lr": True, "batch_size": False}})
+    with pytest.raises(SystemExit):
+        refuse_a_found_value_searched(config, [], {"model.optimizer.lr": "interval(0.1,1)"})
+    with pytest.raises(SystemExit):  # swept on the command line
+        refuse_a_found_value_searched(config, ["model.optimizer.lr=interval(0.1,1)"], {})
+    refuse_a_found_value_searched(config, ["model.net.width=8,16"], {"data.batch_size": "x"})
 
 
 def test_the_sweeps_best_is_the_reports_with_the_overrides_as_given(tmp_path):

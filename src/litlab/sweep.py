@@ -27,7 +27,7 @@ from litlab.distributed.launchers import (
     rank_scratch,
 )
 from litlab.errors import fail, first_line
-from litlab.overrides import SEEDS, override_key
+from litlab.overrides import SEEDS, TUNED_KEYS, override_key
 from litlab.report.runs import natural_key, objective_scale, run_overrides
 from litlab.run import write_json
 
@@ -489,6 +489,28 @@ def record_measure(trial: Any, config: Any) -> None:
     held = trial.study
     if "litlab_measure" not in held.user_attrs:
         held.set_user_attr("litlab_measure", study_measure(config))
+
+
+def refuse_a_found_value_searched(config: Any, arguments: list[str], params: Any) -> None:
+    """One line where a finder (tune.lr, tune.batch_size) would replace a value the study
+    searches: each trial would train with the value found, not the one the study asked and
+    learns from (before: every trial failed on the finder's own refusal, in Hydra's noise)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    searched = {str(k).lstrip("+~") for k in (params or {})}
+    searched |= {
+        o.get_key_element().lstrip("+~")
+        for o in OverridesParser.create().parse_overrides(arguments)
+        if o.is_sweep_override()
+    }
+    tune = config.get("tune") or {}
+    for name, key in TUNED_KEYS.items():
+        if tune.get(name) and key in searched:
+            fail(
+                f"tune.{name}=true finds {key}, which the Optuna study searches: each trial "
+                f"would train with the value found, not the one the study asked; drop "
+                f"tune.{name}, or {key} from the search (hydra.sweeper.params)"
+            )
 
 
 def refuse_an_untrained_study(config: Any) -> None:

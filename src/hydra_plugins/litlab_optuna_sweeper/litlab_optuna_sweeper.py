@@ -27,6 +27,7 @@ if optuna_sweeper is not None:
                 read_jobs,
                 record_asked_trials,
                 record_measure,
+                refuse_a_found_value_searched,
                 refuse_a_tuned_measure,
                 refuse_a_tuned_seed,
                 refuse_an_unseeded_grid,
@@ -40,6 +41,7 @@ if optuna_sweeper is not None:
             sweeper = impl.config.hydra.sweeper
             refuse_a_tuned_seed(arguments, sweeper.get("params"))
             refuse_a_tuned_measure(arguments, sweeper.get("params"))
+            refuse_a_found_value_searched(impl.config, arguments, sweeper.get("params"))
             refuse_an_untrained_study(impl.config)
             refuse_an_unseeded_grid(sweeper.sampler)
             refuse_another_direction(impl.config, impl.storage, impl.study_name)

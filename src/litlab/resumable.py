@@ -148,6 +148,13 @@ LOADING_ONLY = {"data_dir", "download", "system_dir", "root", "input_dir", "cach
 LOADING_ONLY |= {"workers", "decode", "max_cache_size", "shuffle_window"}
 
 
+def _source_keys(*sources: Any) -> list[str]:
+    """The settings of these data sources that say which images (``source.<key>``): every one
+    but ``_target_`` (compared apart) and where and how the files are read (LOADING_ONLY)."""
+    named = {str(k) for source in sources for k in source} - LOADING_ONLY - {"_target_"}
+    return [f"source.{key}" for key in sorted(named)]
+
+
 def data_settings(config: DictConfig) -> dict[str, Any]:
     """What says which data a run learns from and validates on (``_changed_data``'s keys: not
     where its files are read from), each resolved apart as plain values (one the config cannot
@@ -157,8 +164,7 @@ def data_settings(config: DictConfig) -> dict[str, Any]:
     if not isinstance(node, DictConfig):
         return {}
     source = node.get("source") if isinstance(node.get("source"), DictConfig) else {}
-    keys = ["source._target_", *_DATA_KEYS]
-    keys += [f"source.{k}" for k in source if str(k) not in LOADING_ONLY | {"_target_"}]
+    keys = ["source._target_", *_DATA_KEYS, *_source_keys(source)]
     settings: dict[str, Any] = {}
     for key in keys:
         try:
@@ -190,9 +196,7 @@ def _changed_data(stored: DictConfig, now: DictConfig) -> list[str]:
     data.split_seed or data.source.test_fraction: images that trained now validated or tested)."""
     keys = ["source._target_"]
     if OmegaConf.select(stored, "source._target_") == OmegaConf.select(now, "source._target_"):
-        sources = [node.get("source") or {} for node in (stored, now)]
-        named = sorted({str(k) for node in sources for k in node} - LOADING_ONLY - {"_target_"})
-        keys += [f"source.{key}" for key in named]
+        keys += _source_keys(*(node.get("source") or {} for node in (stored, now)))
     return _changes(stored, now, [*keys, *_DATA_KEYS], "data.")
 
 

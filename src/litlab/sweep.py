@@ -203,14 +203,10 @@ def continued_sampler(
     the trials the study holds. Seeded as the first launch was, it would draw that launch's
     first trials again (TPE's random start-up trials: the same parameters, one more time)."""
     seed = config.get("seed")
-    if storage is None or seed is None:
+    study_held = _held_study(storage, study) if seed is not None else None
+    if study_held is None:  # (a new study)
         return sampler
-    import optuna
-
-    try:
-        held = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
-    except (KeyError, ValueError):  # a new study
-        return sampler
+    held = study_held.get_trials(deepcopy=False)
     # Left RUNNING before this process started: a sweep a signal stopped (or a crashed launch)
     started = _process_started()
     running = [t.number for t in held if _running_before(t, started)]
@@ -364,19 +360,40 @@ def refuse_a_used_sweep_folder(config: DictConfig) -> None:
     )
 
 
+def _searched(arguments: list[str], params: Any) -> list[tuple[str, str]]:
+    """What an Optuna study searches: (key, as given) of each sweep on its command line, as
+    Hydra's parser reads them (``seed=${oc.env:SEED,1}`` or ``seed=[1,2]`` are single values),
+    then of each of its ``hydra.sweeper.params``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    swept = [
+        (o.get_key_element().lstrip("+~"), o.input_line)
+        for o in OverridesParser.create().parse_overrides(arguments)
+        if o.is_sweep_override()
+    ]
+    return swept + [
+        (str(k).lstrip("+~"), f"hydra.sweeper.params.{k}={v}") for k, v in (params or {}).items()
+    ]
+
+
+def _held_study(storage: str | None, study: str | None) -> Any:
+    """The study ``study`` as its storage holds it; None for a new one (or no storage)."""
+    if storage is None:
+        return None
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=study, storage=storage)
+    except (KeyError, ValueError):  # a new study
+        return None
+
+
 def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
     """One line where an Optuna study would search over a seed (``-m hparams_search=...
     seed=1,2,3``: the Optuna sweeper turns a swept value into a parameter of the search, whose
     best trial is then a lucky seed, not a mean over seeds). Sweeps as Hydra's parser reads
     them (``seed=${oc.env:SEED,1}`` or ``seed=[1,2]`` are single values)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    swept = [
-        o.input_line
-        for o in OverridesParser.create().parse_overrides(arguments)
-        if o.is_sweep_override() and o.get_key_element().lstrip("+~") in SEEDS
-    ]
-    swept += [f"hydra.sweeper.params.{k}={params[k]}" for k in SEEDS if params and k in params]
+    swept = [given for key, given in _searched(arguments, params) if key in SEEDS]
     if swept:
         fail(
             f"the Optuna study would tune a seed ({', '.join(swept)}) and name a lucky one "
@@ -416,14 +433,7 @@ def refuse_a_tuned_measure(arguments: list[str], params: Any) -> None:
     trials' values would be of other data or metrics, which the study ranks as one (litlab's
     summary and report keep them apart, and named another best). A grid sweep compares them
     apart: use one."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    swept = [
-        o.input_line
-        for o in OverridesParser.create().parse_overrides(arguments)
-        if o.is_sweep_override() and _measures(o.get_key_element())
-    ]
-    swept += [f"hydra.sweeper.params.{k}={v}" for k, v in (params or {}).items() if _measures(k)]
+    swept = [given for key, given in _searched(arguments, params) if _measures(key)]
     if swept:
         fail(
             f"the Optuna study would search over what its objective measures "
@@ -454,15 +464,8 @@ def refuse_another_measure(config: Any, storage: str | None, study: str | None) 
     """One line where a study continued from its storage was made for another objective metric
     or other data than this sweep's (kept in the study by ``record_measure``; a study from
     before has none): their values would be ranked as one."""
-    if storage is None:
-        return
-    import optuna
-
-    try:
-        held = optuna.load_study(study_name=study, storage=storage)
-    except (KeyError, ValueError):  # a new study
-        return
-    made = held.user_attrs.get("litlab_measure")
+    held = _held_study(storage, study)
+    made = held.user_attrs.get("litlab_measure") if held is not None else None
     if not made:
         return
     from litlab.resumable import changed_data_settings
@@ -495,14 +498,7 @@ def refuse_a_found_value_searched(config: Any, arguments: list[str], params: Any
     """One line where a finder (tune.lr, tune.batch_size) would replace a value the study
     searches: each trial would train with the value found, not the one the study asked and
     learns from (before: every trial failed on the finder's own refusal, in Hydra's noise)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    searched = {str(k).lstrip("+~") for k in (params or {})}
-    searched |= {
-        o.get_key_element().lstrip("+~")
-        for o in OverridesParser.create().parse_overrides(arguments)
-        if o.is_sweep_override()
-    }
+    searched = {key for key, _ in _searched(arguments, params)}
     tune = config.get("tune") or {}
     for name, key in TUNED_KEYS.items():
         if tune.get(name) and key in searched:
@@ -530,13 +526,8 @@ def refuse_another_direction(config: Any, storage: str | None, study: str | None
     val/acc). Optuna refuses it with a ValueError, which the sweeper took for a sweep whose
     trials all failed: no trial ran, and the sweep ended with status 0."""
     direction = config.hydra.sweeper.get("direction")
-    if storage is None or direction is None:
-        return
-    import optuna
-
-    try:
-        held = optuna.load_study(study_name=study, storage=storage)
-    except (KeyError, ValueError):  # a new study
+    held = _held_study(storage, study) if direction is not None else None
+    if held is None:
         return
     wanted = [str(d).lower() for d in (direction if OmegaConf.is_list(direction) else [direction])]
     have = [d.name.lower() for d in held.directions]

@@ -188,7 +188,7 @@ def test_gan_runs_show_their_sample_grids(tmp_path, capsys):
     md = (out / "report.md").read_text()
     # The objective is the best epoch's; the other columns say which values they are.
     assert (
-        "| objective (val/fid, min) | val/fid (last epoch) | g/loss (last epoch) "
+        "| objective (val/fid, min) | val/fid (last validation) | g/loss (last epoch) "
         "| d/loss (last epoch) |" in md
     )
 
@@ -248,14 +248,14 @@ def test_columns_say_which_weights_their_values_are_of(tmp_path, capsys):
     write_run(tmp_path / "2", summary(None, None), ["test=false"])
     main([str(tmp_path)])
     md = (tmp_path / "report.md").read_text()
-    assert "| test/acc (best checkpoint or final weights) | val/acc (last epoch) |" in md
+    assert "| test/acc (best checkpoint or final weights) | val/acc (last validation) |" in md
     # callbacks.model_checkpoint=null: no best checkpoint, the last one is tested
     (tmp_path / "2" / "summary.json").write_text(
         json.dumps({"task": "train", **summary(None, "/r/2/last.ckpt", "/r/2/last.ckpt")})
     )
     main([str(tmp_path)])
     md = (tmp_path / "report.md").read_text()
-    assert "| test/acc (best checkpoint or last checkpoint) | val/acc (last epoch) |" in md
+    assert "| test/acc (best checkpoint or last checkpoint) | val/acc (last validation) |" in md
     # eval.py's run: the checkpoint it was given (it read "final weights")
     evaluated = {"task": "eval", "status": "completed", "metrics": {"test/acc": 0.85},
                  "checkpoint": "/r/1/best.ckpt"}  # fmt: skip

@@ -293,6 +293,40 @@ def test_last_checkpoint_every_epoch_when_validation_is_less_frequent(tmp_path):
     assert torch.load(last, weights_only=True)["epoch"] == 1  # written at the second epoch's end
 
 
+def test_the_summary_and_report_say_which_epoch_the_last_values_are_of(tmp_path):
+    """check_val_every_n_epoch=2 and a resume to 3 epochs: the summary's val/* values are the
+    second epoch's and its train/* the third's (the report's "(last epoch)" read the same for
+    both); the resumed part, which validated nothing, keeps the first part's val/* values (the
+    report's columns were empty), and train/* measured half of each epoch's batches (the
+    report named the whole split)."""
+    from litlab.report import main as report
+
+    settings = ["logger=csv", "trainer.check_val_every_n_epoch=2", "test=false", *FAST]
+    settings.append("+trainer.limit_train_batches=0.5")
+    first = make_cfg(tmp_path, ["trainer.max_epochs=2", *settings])
+    train_task(first)
+    validated = summary_of(first)["metrics"]
+    assert summary_of(first)["epochs"] == {"trained": 2, "validated": 2}
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    resumed = make_cfg(tmp_path, ["trainer.max_epochs=3", f"ckpt_path={last}", *settings])
+    train_task(resumed)
+    summary = summary_of(resumed)
+    assert summary["epochs"] == {"trained": 3, "validated": 2}
+    assert summary["training_limit"] == 0.5
+    assert {k: v for k, v in summary["metrics"].items() if k.startswith("val/")} == {
+        k: v for k, v in validated.items() if k.startswith("val/")
+    }
+    report([str(resumed.paths.output_dir)])
+    (header, _, row) = [
+        line
+        for line in (Path(resumed.paths.output_dir) / "report.md").read_text().splitlines()
+        if line.startswith("|")
+    ]
+    cells = dict(zip(header.split(" | "), row.split(" | "), strict=True))
+    assert cells["val/acc [digits, val=144] (last validation)"].endswith(" [epoch 2 of 3]")
+    assert "train/loss [digits, train=1294, limit_train_batches=0.5] (last epoch)" in cells
+
+
 def test_without_a_best_checkpoint_the_last_is_tested_and_named_so(tmp_path):
     """callbacks.model_checkpoint=null: no best checkpoint (not last.ckpt under that name); the
     test measures last.ckpt, and the objective is the final value, of those weights."""

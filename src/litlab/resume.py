@@ -32,6 +32,7 @@ from omegaconf import DictConfig, open_dict
 from litlab.checkpoint import CHECKPOINTS, load_checkpoint, resumable_checkpoints, stored_config
 from litlab.compat import forget_logged_after_checkpoint
 from litlab.config import config_dir, group_of_sweep, study_folder
+from litlab.data.datamodule import part_of_a_split
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, ConfigError, fail
@@ -151,6 +152,18 @@ def logged_steps_per_epoch(trainer: L.Trainer) -> int | None:
     return math.ceil(int(batches) / trainer.accumulate_grad_batches)
 
 
+def trains_part_of_its_split(trainer: L.Trainer) -> bool:
+    """Whether trainer.limit_train_batches leaves batches of the training split out of every
+    epoch (a fraction below 1, or fewer batches than the split has on this rank)."""
+    if not part_of_a_split(trainer.limit_train_batches):
+        return False
+    try:
+        whole = len(trainer.train_dataloader)
+    except TypeError:  # a stream without a length: the limit says it
+        return True
+    return trainer.num_training_batches < whole
+
+
 class FitMilestones(L.Callback):
     """Tells the run when its fit begins to train (its setup passed: Lightning's checks of the
     trainer's settings, the checkpoint restored): a finished run in the folder is no longer
@@ -166,10 +179,21 @@ class FitMilestones(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.run.training_began()
+        self.run.fit_began_at(trainer.current_epoch, resumed=trainer.ckpt_path is not None)
+        self.run.summary.pop("training_limit", None)
+        if trains_part_of_its_split(trainer):  # train/* measure those batches (the report says)
+            self.run.summary["training_limit"] = trainer.limit_train_batches
         # the report's epoch axis for a run stopped in its first epoch (its CSV holds no end)
         self.run.summary["steps_per_epoch"] = logged_steps_per_epoch(trainer)
         if trainer.ckpt_path is not None:  # resumed: the steps logged after the checkpoint go
             forget_logged_after_checkpoint(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.run.epoch_ended("trained", trainer.current_epoch + 1)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.run.epoch_ended("validated", trainer.current_epoch + 1)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # a SIGTERM until .trained is written: held (train.py). Not on_train_end: the LR and

@@ -54,8 +54,9 @@ TRAINED = ".trained"
 # when a later fit there begins to train, or a later part of the run ends otherwise: the
 # folder's summary then no longer says the run completed.
 COMPLETED = ".completed"
-# What a fit puts into the summary beside its metrics (litlab.train.record_checkpoints).
-FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score")
+# What a fit puts into the summary beside its metrics (litlab.train.record_checkpoints, and
+# the epochs its last values are of: Run.epoch_ended).
+FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score", "epochs")
 # What the first part of a run decided for all of it, kept in the summary of every later part
 # (resume=, a requeued job): the values the finders chose (train.py; a resume never tunes).
 WHOLE_RUN = ("tuned", "optuna_trial")
@@ -415,6 +416,8 @@ class Run:
         self._entered_ns = time.time_ns()
         self._completed = False  # the folder held a completed run as this one began (rank 0)
         self._sigterm: Any = None  # the SIGTERM handler this run replaced (SIG_DFL), if it did
+        # the earlier part's last validation (resume=, a requeued job): (its epoch, its val/*)
+        self._validated_before: tuple[int, dict[str, Any]] | None = None
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -432,6 +435,11 @@ class Run:
                 self.summary["previous_summary"] = earlier
                 if earlier.get("task") == self.summary["task"]:
                     self.summary.update({k: earlier[k] for k in WHOLE_RUN if k in earlier})
+                    validated = (earlier.get("epochs") or {}).get("validated")
+                    metrics = earlier.get("metrics") or {}
+                    if isinstance(validated, int) and isinstance(metrics, dict):
+                        values = {k: v for k, v in metrics.items() if k.startswith("val/")}
+                        self._validated_before = (validated, values)
                 # the wall time of every earlier part of the run (each summary keeps one back)
                 before = earlier.get("durations_s") or {}
                 total = before.get("total")
@@ -514,9 +522,32 @@ class Run:
         self.summary["metrics"].update(record.get("metrics") or {})
         self.summary.update({key: record.get(key) for key in FIT_RECORD})
 
+    def fit_began_at(self, epochs: int, resumed: bool) -> None:
+        """The fit trains from ``epochs`` epochs done (a checkpoint's; 0 for a new fit). A
+        resumed part keeps the earlier part's last validation (its epoch and val/* values) as
+        the run's until it validates itself (a resume that trains on without validating: the
+        report's val/* columns were empty), where that validation is not past the checkpoint
+        it continues from (a resume from an older checkpoint: those values are of later
+        weights)."""
+        earlier = self._validated_before if resumed else None
+        self._validated_before = earlier if earlier and earlier[0] <= epochs else None
+        validated = self._validated_before[0] if self._validated_before else None
+        self.summary["epochs"] = {"trained": epochs, "validated": validated}
+
+    def epoch_ended(self, kind: str, epoch: int) -> None:
+        """An epoch (1-based) was trained (``kind`` "trained") or validated ("validated"):
+        summary.json's "epochs" says which epoch the last train/* and val/* values are of (they
+        differ under trainer.check_val_every_n_epoch, and in a run stopped part way)."""
+        self.summary.setdefault("epochs", {})[kind] = epoch
+        if kind == "validated":
+            self._validated_before = None  # this part's own values from here
+
     def record_metrics(self, metrics: dict[str, Any]) -> None:
         """The run's final logged values; not the monitors' per-epoch perf/* and mem/* (the
-        last epoch's rates), whose whole-run figures are summary.json's "perf" and "memory"."""
+        last epoch's rates), whose whole-run figures are summary.json's "perf" and "memory".
+        A resumed part that has not validated yet keeps the earlier part's val/* values."""
+        if self._validated_before and not any(k.startswith("val/") for k in metrics):
+            self.summary["metrics"].update(self._validated_before[1])
         self.summary["metrics"].update(
             {k: to_number(v) for k, v in metrics.items() if not k.startswith(("perf/", "mem/"))}
         )

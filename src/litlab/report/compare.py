@@ -61,13 +61,17 @@ class Comparison:
     def metric_titles(self) -> list[str]:
         """The metric columns' titles, saying which weights each value is of: summary.json
         keeps the last epoch's validation and training values, and test values of the weights
-        the run tested (the objective column is the best epoch's)."""
+        the run tested (the objective column is the best epoch's). val/* values are of the
+        last validation, which need not be the last epoch's (trainer.check_val_every_n_epoch):
+        such a run's cell names its epoch."""
         titles = []
         for name in self.metric_columns:
             title = scaled(name, self.column_scales[name])
             if name.startswith("test/"):
                 kinds = sorted({run.tested for run in self.runs if run.metric(name) is not None})
                 titles.append(f"{title} ({' or '.join(kinds)})")
+            elif name.startswith("val/"):
+                titles.append(f"{title} (last validation)")
             else:
                 titles.append(f"{title} (last epoch)")
         return titles
@@ -96,12 +100,19 @@ class Comparison:
 
     def metric_text(self, run: RunFolder, metric: str) -> str:
         """A metric column's value; one on another scale than the column's (another FID N,
-        extractor, data or split) names its own, as the objective column does."""
+        extractor, data or split) names its own, as the objective column does; a val/* value
+        of a validation before the run's last trained epoch names its epoch."""
         value = run.metric(metric)
-        scale = run.scale(metric)
-        if value is None or scale == self.column_scales[metric]:
+        if value is None:
             return fmt(value)
-        return f"{fmt(value)} [{scale or 'scale not recorded'}]"
+        notes = []
+        scale = run.scale(metric)
+        if scale != self.column_scales[metric]:
+            notes.append(scale or "scale not recorded")
+        trained, validated = run.epochs
+        if metric.startswith("val/") and validated is not None and trained is not None:
+            notes += [f"epoch {validated} of {trained}"] if validated < trained else []
+        return " ".join([fmt(value), *(f"[{note}]" for note in notes)])
 
     def objective_text(self, run: RunFolder) -> str:
         """The objective value; runs judged by another metric (or the same one on another scale:

@@ -60,8 +60,10 @@ def metric_scale(summary: dict, metric: str) -> str:
     if tags and not fid:  # an FID measures no split's images: its N and N_real below
         images = (data.get("splits") or {}).get(split)
         tags += [f"{split}={images}"] if images is not None else []
-        # measured on part of the split (trainer.limit_val_batches): another sample of it
+        # measured on part of the split (trainer.limit_val_batches, limit_train_batches):
+        # another sample of it
         limit = (summary.get("evaluation_limits") or {}).get(split)
+        limit = summary.get("training_limit") if split == "train" else limit
         tags += [f"limit_{split}_batches={limit}"] if limit is not None else []
     if not fid:
         return ", ".join(tags)
@@ -107,6 +109,17 @@ class RunFolder:
     def metric(self, name: str) -> float | None:
         """One final metric as a float, None when missing."""
         return number(self.metrics.get(name))
+
+    @property
+    def epochs(self) -> tuple[int | None, int | None]:
+        """(epochs trained, the epoch of the last validation) that the summary's train/* and
+        val/* values are of (Run.epoch_ended); None where it says nothing (runs before
+        2026-12-06, a ddp_spawn fit)."""
+        epochs = self.summary.get("epochs")
+        epochs = epochs if isinstance(epochs, dict) else {}
+        trained, validated = epochs.get("trained"), epochs.get("validated")
+        return tuple(n if isinstance(n, int) and not isinstance(n, bool) else None
+                     for n in (trained, validated))  # fmt: skip
 
     @property
     def objective(self) -> tuple[str | None, str, float | None]:

@@ -205,11 +205,12 @@ class SignalAt(Callback):
 
 
 class SignalInJob(Callback):
-    """SIGTERM at a training batch of one job of a sweep (its ``hydra.job.num``), once: not in
-    the job continued with resume= (the same callback), which finds ``mark`` written."""
+    """SIGTERM (or ``signum``) at a training batch of one job of a sweep (its
+    ``hydra.job.num``), once: not in the job continued with resume= (the same callback), which
+    finds ``mark`` written."""
 
-    def __init__(self, job: int, batch: int, mark: str) -> None:
-        self.job, self.batch, self.mark = job, batch, Path(mark)
+    def __init__(self, job: int, batch: int, mark: str, signum: str = "SIGTERM") -> None:
+        self.job, self.batch, self.mark, self.signum = job, batch, Path(mark), signum
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         import os
@@ -221,7 +222,7 @@ class SignalInJob(Callback):
             return
         if HydraConfig.get().job.num == self.job:
             self.mark.touch()
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), getattr(signal, self.signum))
 
 
 class SignalInTest(Callback):

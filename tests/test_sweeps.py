@@ -354,6 +354,31 @@ def test_a_trial_a_signal_stopped_is_told_to_its_study_when_its_job_is_resumed(t
     assert after["best"]["objective"]["value"] == min(values)
 
 
+def test_a_trial_stopped_before_its_first_checkpoint_or_never_launched_is_told_failed(tmp_path):
+    """Ctrl-C in a trial's first epoch (no checkpoint: resume= refuses its job), and a search
+    parameter with a typo (its job's config cannot be composed): each trial stayed RUNNING for
+    good, and a continued study counted it in flight. Now the study holds each as failed."""
+    stop = [
+        "+callbacks.stop._target_=helpers.SignalInJob", "+callbacks.stop.job=0",
+        "+callbacks.stop.batch=2", f"+callbacks.stop.mark={tmp_path / 'signalled'}",
+        "+callbacks.stop.signum=SIGINT",
+    ]  # fmt: skip
+    common = ["-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=2", "logger=csv", *QUIET]
+    stopped = run_cli(
+        *common, "trainer.max_epochs=1", "model.net.width=8", *stop,
+        f"hydra.sweep.dir={tmp_path / 'stopped'}",
+    )  # fmt: skip
+    assert stopped.returncode != 0, stopped.stderr[-3000:]
+    assert not (tmp_path / "stopped" / "0" / "checkpoints" / "last.ckpt").exists()
+    assert [t.state for t in study_trials(tmp_path / "stopped")] == [optuna.trial.TrialState.FAIL]
+    said = f"trial 0 as failed: its job {tmp_path / 'stopped' / '0'} stopped before its first"
+    assert said in stopped.stdout + stopped.stderr
+    typo = run_cli(*common, "model.net.widht=choice(8,16)", f"hydra.sweep.dir={tmp_path / 'typo'}")
+    assert typo.returncode == 1 and "Key 'widht' is not in struct" in typo.stderr
+    assert [t.state for t in study_trials(tmp_path / "typo")] == [optuna.trial.TrialState.FAIL]
+    assert "trial 0 as failed: the launch of its job failed" in typo.stdout + typo.stderr
+
+
 def test_resume_of_a_completed_job_tells_its_study_what_it_never_learned(tmp_path, caplog):
     """A sweep killed (or its study locked) after a job completed and before its trial was
     told: resume=<job folder>, with nothing left to train, tells it and ends (exit 0)."""

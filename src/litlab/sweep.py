@@ -19,6 +19,7 @@ from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from litlab.checkpoint import resumable_checkpoints
 from litlab.config import SQLITE, sqlite_file
 from litlab.distributed.launchers import (
     global_rank,
@@ -186,14 +187,56 @@ def tell_the_study(summary: dict[str, Any]) -> str | None:
     return f"the Optuna study {name} now holds its trial {number}: {said}"
 
 
-def tell_completed_jobs(sweep_dir: str, trials: list[int]) -> None:
+def tell_stopped_batch(sweep_dir: str, trials: list[int]) -> None:
     """A sweep a signal stopped: the jobs of the stopped batch (its ``trials``: the sweeper
     told every batch before it) that completed (hydra.sweeper.n_jobs > 1) are told to the study
-    now, as the sweeper would have told them."""
+    now, as the sweeper would have told them; those stopped before their first checkpoint
+    (Ctrl-C in the first epoch, or in the data's setup) are told FAIL: resume= has nothing to
+    continue them from, and their trials stayed RUNNING for good. A job stopped later stays
+    RUNNING until ``resume=<job folder>`` completes it (tell_the_study)."""
     for job in read_jobs(Path(sweep_dir)):
-        stopped = (job.get("optuna_trial") or {}).get("number") in trials
-        if stopped and (said := tell_the_study(job)):
+        trial = job.get("optuna_trial") or {}
+        if trial.get("number") not in trials:
+            continue
+        if said := tell_the_study(job):
             log.info("%s", said)
+        elif job.get("status") == "interrupted" and not resumable_checkpoints(Path(job["job_dir"])):
+            tell_failed(trial, f"its job {job['job_dir']} stopped before its first checkpoint")
+
+
+def tell_failed(trial: dict[str, Any], why: str) -> None:
+    """Tell an Optuna study that its RUNNING trial (a job's "optuna_trial") failed, and why."""
+    try:
+        import optuna
+
+        study = optuna.load_study(study_name=trial["study_name"], storage=trial["storage"])
+        (held,) = [t for t in study.get_trials(deepcopy=False) if t.number == trial["number"]]
+        if held.state != optuna.trial.TrialState.RUNNING:
+            return
+        study.tell(trial["number"], state=optuna.trial.TrialState.FAIL)
+    except Exception as e:  # a study locked or moved: the trial stays RUNNING
+        log.warning("the Optuna study of trial %s was not told: %s", trial.get("number"), e)
+        return
+    log.warning(
+        "the Optuna study %s holds trial %d as failed: %s",
+        trial["study_name"],
+        trial["number"],
+        why,
+    )
+
+
+def fail_unrun_trials(
+    sweep_dir: str, storage: str | None, study: str | None, trials: list[int]
+) -> None:
+    """A launch that failed itself (a job's config could not be composed: a typo in a search
+    parameter, ``model.net.widht=choice(16,32)``): the batch's trials (``trials``) whose jobs
+    completed are told as the sweeper would have told them, and those still RUNNING are told
+    FAIL. Left RUNNING, they stayed so for good (no job folder for resume= to tell them), and
+    a continued study counted them as trials in flight."""
+    tell_stopped_batch(sweep_dir, trials)
+    for number in trials if storage is not None else []:
+        trial = {"study_name": study, "storage": storage, "number": number}
+        tell_failed(trial, "the launch of its job failed")
 
 
 def continued_sampler(

@@ -23,6 +23,7 @@ if optuna_sweeper is not None:
                 best_job,
                 continued_sampler,
                 drop_rank_storage,
+                fail_unrun_trials,
                 rank_storage,
                 read_jobs,
                 record_asked_trials,
@@ -34,7 +35,7 @@ if optuna_sweeper is not None:
                 refuse_an_untrained_study,
                 refuse_another_direction,
                 refuse_another_measure,
-                tell_completed_jobs,
+                tell_stopped_batch,
             )
 
             impl = self.sweeper
@@ -71,7 +72,12 @@ if optuna_sweeper is not None:
                 return None  # no trial completed: the summary callback says so and exits
             except (SystemExit, KeyboardInterrupt):  # a signal stopped a job, and the sweep
                 if shared == impl.storage:  # (global rank 0's: the others ask a copy)
-                    tell_completed_jobs(impl.config.hydra.sweep.dir, batch)
+                    tell_stopped_batch(impl.config.hydra.sweep.dir, batch)
+                raise
+            except Exception:  # the launch itself failed (a job's config not composed)
+                if shared == impl.storage:
+                    sweep_dir = impl.config.hydra.sweep.dir
+                    fail_unrun_trials(sweep_dir, shared, impl.study_name, batch)
                 raise
             finally:
                 drop_rank_storage(shared, impl.storage)

@@ -352,6 +352,11 @@ def test_a_trial_a_signal_stopped_is_told_to_its_study_when_its_job_is_resumed(t
     assert after["stopped_in"] == str(sweep / "1")  # where the sweep stopped (the report's)
     values = [jobs(sweep)[i]["objective"]["value"] for i in (0, 1)]
     assert after["best"]["objective"]["value"] == min(values)
+    # the study's best, asked of the study now (the stopped sweep wrote no
+    # optimization_results.yaml, and one written at a sweep's end misses trials told since)
+    assert before["study_best"]["value"] == pytest.approx(values[0])
+    assert after["study_best"]["value"] == pytest.approx(min(values))
+    assert after["study_best"]["params"] == study_trials(sweep)[values.index(min(values))].params
 
 
 def test_a_trial_stopped_before_its_first_checkpoint_or_never_launched_is_told_failed(tmp_path):

@@ -587,9 +587,21 @@ def refuse_another_direction(config: Any, storage: str | None, study: str | None
 
 
 def study_best(sweep_dir: Path) -> dict[str, Any] | None:
-    """The Optuna study's best trial over all its launches (the sweeper's
-    optimization_results.yaml): a study continued from its storage in a new folder holds trials
-    that this launch's jobs are not (the "best of N jobs" is this launch's)."""
+    """The Optuna study's best trial over all its launches: a study continued from its storage
+    in a new folder holds trials that this launch's jobs are not (the "best of N jobs" is this
+    launch's). Asked of the study itself (optuna_trials.json names it), as it is now: the
+    sweeper's optimization_results.yaml, read otherwise, is of the sweep's end (none where a
+    signal stopped it), and a trial told since by resume= of its job was not in it."""
+    with contextlib.suppress(Exception):  # the study moved, locked, or none completed yet
+        known = json.loads((sweep_dir / TRIALS).read_text())
+        database = sqlite_file(known["storage"])
+        if database is not None and not database.is_file():  # (loading would make an empty one)
+            raise FileNotFoundError(database)
+        import optuna
+
+        study = optuna.load_study(study_name=known["study_name"], storage=known["storage"])
+        best = study.best_trial
+        return {"value": best.value, "params": best.params}
     path = sweep_dir / "optimization_results.yaml"
     if not path.is_file():
         return None

@@ -204,6 +204,21 @@ def test_missing_keys_broken_files_and_no_curves(tmp_path, capsys):
     assert "none: no run that did not fail has an objective value" in html
 
 
+def test_a_report_of_several_folders_leaves_each_folders_own_report(tmp_path, capsys):
+    """`litlab.report A B` wrote into A, over A's own report, titled A alone; now into a folder
+    of its own beside them, titled by both."""
+    for name in ("a", "b"):
+        write_run(tmp_path / "sweeps" / name, {"status": "completed"})
+        main([str(tmp_path / "sweeps" / name)])
+    own = (tmp_path / "sweeps" / "a" / "report.md").read_text()
+    capsys.readouterr()
+    main([str(tmp_path / "sweeps" / "a"), str(tmp_path / "sweeps" / "b")])
+    assert (tmp_path / "sweeps" / "a" / "report.md").read_text() == own
+    both = tmp_path / "sweeps" / "report-a+b"
+    assert capsys.readouterr().out.split() == [str(both / "report.html"), str(both / "report.md")]
+    assert (both / "report.md").read_text().startswith("# litlab report: a + b\n")
+
+
 def test_job_folders_in_numeric_order(tmp_path):
     for job in (10, 2, 1, 0):
         write_run(tmp_path / str(job), {"status": "completed"})

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from litlab.report.compare import Comparison, compare
-from litlab.report.runs import ReportError, find_runs
+from litlab.report.runs import ReportError, default_report_folder, find_runs
 
 PROG = "litlab-report"
 
@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out",
         type=Path,
         metavar="DIR",
-        help="folder for report.html and report.md (default: the first folder)",
+        help="folder for report.html and report.md (default: the folder given; for several, "
+        "report-<their names> beside them)",
     )
     return parser.parse_args(argv)
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         runs = find_runs(args.folders)
     except ReportError as exc:
         fail(str(exc))
-    out = args.out or args.folders[0]
+    out = args.out or default_report_folder(args.folders)
     comparison = compare(runs)
     comparison.stopped_in = stopped_in(args.folders)
     try:

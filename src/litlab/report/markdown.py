@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from litlab.report.compare import Comparison, facts
+from litlab.report.runs import folders_title
 
 
 def md_cell(text: str) -> str:
@@ -28,7 +29,7 @@ def table_md(comparison: Comparison) -> str:
 
 def render_markdown(comparison: Comparison, folders: list[Path]) -> str:
     """The whole Markdown file."""
-    title = f"litlab report: {folders[0].resolve().name}"
+    title = f"litlab report: {folders_title(folders)}"
     items = "\n".join(f"- **{label}:** {md_cell(text)}" for label, text in facts(comparison))
     return (
         f"# {title}\n\n{items}\n\n## Runs\n\n{table_md(comparison)}\n\n"

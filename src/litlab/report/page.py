@@ -9,7 +9,7 @@ from pathlib import Path
 
 from litlab.report.compare import Comparison, facts, numeric_params
 from litlab.report.plots import curve_metrics, curve_plot, sweep_plot
-from litlab.report.runs import RunFolder
+from litlab.report.runs import RunFolder, folders_title
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
@@ -154,7 +154,7 @@ def samples_html(comparison: Comparison) -> str:
 
 def render_html(comparison: Comparison, folders: list[Path]) -> str:
     """The whole page."""
-    title = f"litlab report: {folders[0].resolve().name}"
+    title = f"litlab report: {folders_title(folders)}"
     items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in facts(comparison))
     sources = ", ".join(str(f) for f in folders)
     generated = datetime.now().isoformat(timespec="seconds")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -73,6 +74,24 @@ def metric_scale(summary: dict, metric: str) -> str:
     counts = {"N": f"{fid_metric}_samples", "N_real": f"{fid_metric}_real_samples"}
     counts = {name: number(metrics.get(key)) for name, key in counts.items()}
     return ", ".join(tags + [f"{name}={n:g}" for name, n in counts.items() if n is not None])
+
+
+def folders_title(folders: list[Path]) -> str:
+    """What a report of these folders is titled by: their names (three at most)."""
+    names = list(dict.fromkeys(f.resolve().name for f in folders))
+    shown = names if len(names) <= 3 else [*names[:2], f"{len(names) - 2} more"]
+    return " + ".join(shown)
+
+
+def default_report_folder(folders: list[Path]) -> Path:
+    """Where a report goes without --out: the folder given, or for several a folder of their
+    own beside them (report-<names>, in their common parent): written into the first, the
+    comparison replaced that folder's own report."""
+    if len(folders) == 1:
+        return folders[0]
+    common = Path(os.path.commonpath([f.resolve() for f in folders]))
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "_", folders_title(folders).replace(" + ", "+"))
+    return common / f"report-{name[:120]}"
 
 
 @dataclass

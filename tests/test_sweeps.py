@@ -303,7 +303,10 @@ def test_a_sweep_stopped_by_a_signal_in_a_job_summarizes_the_jobs_that_ran(tmp_p
     (stopped,) = summary["interrupted"]
     assert stopped["job_dir"] == str(sweep / "1") and f"resume={sweep / '1'}" in stopped["error"]
     assert not (sweep / "2").exists()
-    assert f"the sweep stopped in its job {sweep / '1'}, the jobs after it did" in result.stdout
+    # the job that never ran: counted, and its overrides kept (multirun.yaml alone had them)
+    assert summary["planned"] == 3 and summary["not_run"] == ["+callbacks.stop.batch=-1"]
+    said = f"the sweep stopped in its job {sweep / '1'}, the 1 of 3 jobs after it did not run"
+    assert said in result.stdout
     # and the offline report says so (its table alone showed 2 runs, one interrupted)
     from litlab.report import main as report
 

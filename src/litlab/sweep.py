@@ -651,12 +651,37 @@ def warn_of_a_new_study(storage: str, database: Path, study: str | None) -> None
 IN_PROCESS_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 
+def planned_jobs(config: DictConfig) -> list[list[str]] | None:
+    """A grid sweep's jobs (Hydra's basic sweeper), in the order it runs them: each job's
+    swept overrides (``hydra.sweeper.params`` and the command's sweeps); None for another
+    sweeper (an Optuna study plans n_trials, not their values), or overrides Hydra's parser
+    reads only with the config loader (``glob(...)`` of config groups)."""
+    sweeper = config.hydra.sweeper
+    if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+        parsed = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+        swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+        (batch,) = BasicSweeper.split_arguments(parsed, None)
+    except Exception:
+        return None
+    return [[o for o in job if o.split("=", 1)[0] in swept] for job in batch]
+
+
 def _write_sweep_summary(
-    sweep_dir: Path, stopped: bool, stopped_in: str | None = None
+    sweep_dir: Path,
+    stopped: bool,
+    stopped_in: str | None = None,
+    planned: list[list[str]] | None = None,
 ) -> tuple[Any, ...]:
     """Write <sweep dir>/sweep_summary.json from its jobs' summaries; return (jobs, best,
     failed, listed, other, study) for the sweep's closing lines. A stopped sweep's
-    ``stopped_in``: the job a signal stopped it in (its last interrupted job)."""
+    ``stopped_in``: the job a signal stopped it in (its last interrupted job); a stopped grid
+    sweep's ``planned`` jobs: the ones after the jobs that ran never ran ("not_run")."""
     jobs = read_jobs(sweep_dir)
     best = best_job(jobs)
     failed = [j for j in jobs if j.get("status") != "completed"]
@@ -694,6 +719,9 @@ def _write_sweep_summary(
         summary["stopped"] = True
         interrupted = listed["interrupted"]
         summary["stopped_in"] = stopped_in or (interrupted[-1]["job_dir"] if interrupted else None)
+        if planned is not None:  # (a grid sweep's: every job in its order, 0, 1, 2, ...)
+            summary["planned"] = len(planned)
+            summary["not_run"] = [" ".join(job) for job in planned[len(jobs) :]]
     write_json(sweep_dir / "sweep_summary.json", summary)
     return jobs, best, failed, listed, other, study
 
@@ -709,7 +737,11 @@ def refresh_sweep_summary(job_dir: Path) -> None:
             stopped_in = then.get("stopped_in") or [None, *then.get("interrupted", [])][-1]
             if isinstance(stopped_in, dict):  # (a summary from before stopped_in was kept)
                 stopped_in = stopped_in.get("job_dir")
-            _write_sweep_summary(job_dir.parent, bool(then.get("stopped")), stopped_in)
+            planned = None
+            if isinstance(then.get("planned"), int):  # the jobs that ran, then those that did not
+                ran: list[list[str]] = [[] for _ in read_jobs(job_dir.parent)]
+                planned = ran + [[job] for job in then.get("not_run", [])]
+            _write_sweep_summary(job_dir.parent, bool(then.get("stopped")), stopped_in, planned)
     except Exception as e:  # a summary unreadable or a folder read-only: the run stands
         log.warning("%s was not brought up to date: %s", path, first_line(e))
 
@@ -748,13 +780,22 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, stopped: bool = False, **kwargs: Any) -> None:
         atexit.unregister(self._stopped)
         sweep_dir = Path(config.hydra.sweep.dir)
-        jobs, best, failed, listed, other, study = _write_sweep_summary(sweep_dir, stopped)
+        planned = planned_jobs(config) if stopped else None
+        jobs, best, failed, listed, other, study = _write_sweep_summary(
+            sweep_dir, stopped, planned=planned
+        )
         if stopped:
+            after = "the jobs after it did not run"
+            if planned is not None:
+                after = (
+                    f"the {len(planned) - len(jobs)} of {len(planned)} jobs after it did not run"
+                )
             log.warning(
-                "the sweep stopped in its job %s, the jobs after it did not run; %s holds the "
-                "jobs that ran",
+                "the sweep stopped in its job %s, %s; %s holds the jobs that ran%s",
                 listed["interrupted"][-1]["job_dir"],
+                after,
                 sweep_dir / "sweep_summary.json",
+                " and those that did not (not_run)" if planned is not None else "",
             )
         for job in failed:
             log.warning(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -49,6 +50,19 @@ def test_cli_config_mistakes(tmp_path, args, needles):
     logs = list(tmp_path.rglob("train.log"))
     assert len(logs) == (1 if said else 0)
     assert all(said[0] in log.read_text().splitlines()[-1] for log in logs)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("psutil") is not None, reason="psutil installed: the stats work"
+)
+def test_cpu_stats_without_psutil_is_refused_before_the_data(tmp_path, capsys):
+    """callbacks=device_stats cpu_stats=true without psutil failed at the first training batch
+    (after the data's setup), in Lightning's traceback."""
+    cfg = make_cfg(
+        tmp_path, ["callbacks=device_stats", "callbacks.device_stats.cpu_stats=true", *QUIET]
+    )
+    refused(capsys, train_task, cfg, "callbacks.device_stats.cpu_stats=true needs psutil")
+    assert not (Path(cfg.paths.output_dir) / "checkpoints").exists()
 
 
 def test_cli_eval_without_checkpoint(tmp_path):

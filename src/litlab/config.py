@@ -569,3 +569,21 @@ def check_precision(cfg: DictConfig) -> None:
             "cannot train with (its EMA copy would stop moving: a decay of 0.999 is 1.0 in 16 "
             "bits); use trainer.precision=bf16-mixed (16-bit arithmetic, float32 weights)"
         )
+
+
+def check_device_stats(cfg: DictConfig) -> None:
+    """Lightning's DeviceStatsMonitor with cpu_stats=true reads psutil, which it imports at the
+    first training batch: without it the run failed there, after the data's setup, in a
+    traceback."""
+    import importlib.util
+
+    callbacks = cfg.get("callbacks") or {}
+    for name, callback in callbacks.items():
+        if not isinstance(callback, DictConfig) or not callback.get("cpu_stats"):
+            continue
+        monitor = str(callback.get("_target_", "")).endswith("DeviceStatsMonitor")
+        if monitor and importlib.util.find_spec("psutil") is None:
+            raise ConfigError(
+                f"callbacks.{name}.cpu_stats=true needs psutil: pip install psutil, or set "
+                f"callbacks.{name}.cpu_stats=false (the CUDA counters need nothing more)"
+            )

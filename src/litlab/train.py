@@ -28,6 +28,7 @@ from litlab.config import (
     build,
     check_all,
     check_augmentation,
+    check_device_stats,
     check_ema,
     check_manual_optimization,
     check_objective,
@@ -243,6 +244,7 @@ def check(cfg: DictConfig, run: Run) -> None:
     check_plateau_mode(cfg)
     check_augmentation(cfg)
     check_precision(cfg)
+    check_device_stats(cfg)
     limits = evaluation_limits(cfg)
     if limits:
         run.summary["evaluation_limits"] = limits

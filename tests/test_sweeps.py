@@ -146,6 +146,7 @@ def test_a_study_made_in_the_other_direction_is_refused_before_any_trial(tmp_pat
         in line
     )
     assert not list((tmp_path / "new").rglob("summary.json"))  # no trial ran
+    assert not list((tmp_path / "new" / "train" / "multirun").glob("*"))  # nor an empty folder
 
 
 def test_a_sweep_with_no_completed_job_keeps_its_summary_and_says_so(tmp_path):

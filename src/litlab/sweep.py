@@ -331,6 +331,17 @@ def _running_before(trial: Any, started: float) -> bool:
     return trial.datetime_start.timestamp() < started
 
 
+def drop_empty_sweep_folder(sweep_dir: str) -> None:
+    """A sweep refused before any trial: its folder (made for the study's SQLite file) goes
+    where nothing was written into it, and its parent (the date's) where that is then empty."""
+    folder = Path(sweep_dir)
+    for empty in (folder, folder.parent):
+        try:
+            empty.rmdir()  # only an empty folder
+        except OSError:
+            return
+
+
 def drop_rank_storage(storage: str | None, used: str | None) -> None:
     """Delete the copy rank_storage made (``used``, when not ``storage`` itself)."""
     copy = sqlite_file(used)

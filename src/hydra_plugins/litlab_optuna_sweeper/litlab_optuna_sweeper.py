@@ -22,6 +22,7 @@ if optuna_sweeper is not None:
             from litlab.sweep import (
                 best_job,
                 continued_sampler,
+                drop_empty_sweep_folder,
                 drop_rank_storage,
                 fail_unrun_trials,
                 rank_storage,
@@ -40,13 +41,17 @@ if optuna_sweeper is not None:
 
             impl = self.sweeper
             sweeper = impl.config.hydra.sweeper
-            refuse_a_tuned_seed(arguments, sweeper.get("params"))
-            refuse_a_tuned_measure(arguments, sweeper.get("params"))
-            refuse_a_found_value_searched(impl.config, arguments, sweeper.get("params"))
-            refuse_an_untrained_study(impl.config)
-            refuse_an_unseeded_grid(sweeper.sampler)
-            refuse_another_direction(impl.config, impl.storage, impl.study_name)
-            refuse_another_measure(impl.config, impl.storage, impl.study_name)
+            try:
+                refuse_a_tuned_seed(arguments, sweeper.get("params"))
+                refuse_a_tuned_measure(arguments, sweeper.get("params"))
+                refuse_a_found_value_searched(impl.config, arguments, sweeper.get("params"))
+                refuse_an_untrained_study(impl.config)
+                refuse_an_unseeded_grid(sweeper.sampler)
+                refuse_another_direction(impl.config, impl.storage, impl.study_name)
+                refuse_another_measure(impl.config, impl.storage, impl.study_name)
+            except SystemExit:  # refused: no trial ran, the sweep's folder goes if it is empty
+                drop_empty_sweep_folder(impl.config.hydra.sweep.dir)
+                raise
             shared, impl.storage = impl.storage, rank_storage(impl.storage, impl.study_name)
             impl.sampler = continued_sampler(
                 impl.sampler, sweeper.sampler, impl.storage, impl.study_name

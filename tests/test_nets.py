@@ -129,4 +129,12 @@ def test_pretrained_weights_on_data_normalized_otherwise_get_one_warning(tmp_pat
             make_cfg(tmp_path, [*net, "data.mean=[0.485]", "data.std=[0.229]"])
         )
         check_pretrained_normalization(make_cfg(tmp_path, ["model/net=torchvision"]))  # no weights
+        imagenet = ["data.mean=[0.485,0.456,0.406]", "data.std=[0.229,0.224,0.225]"]
+        check_pretrained_normalization(make_cfg(tmp_path, [*net, "data=image_folder", *imagenet]))
     assert not caplog.text
+    # RGB images normalized with one value for every channel: red's statistics on green and
+    # blue too (the check compared the first channel alone, reviewer)
+    with caplog.at_level("WARNING", logger="litlab"):
+        red = ["data.mean=[0.485]", "data.std=[0.229]"]
+        check_pretrained_normalization(make_cfg(tmp_path, [*net, "data=image_folder", *red]))
+    assert "set data.mean=[0.485, 0.456, 0.406] data.std=[0.229, 0.224, 0.225]" in caplog.text

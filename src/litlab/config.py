@@ -344,9 +344,12 @@ def check_pretrained_normalization(cfg: DictConfig) -> None:
         )
     except (KeyError, ValueError):
         return  # an unknown name or weights: the net's constructor says so
-    channels = len(cfg.data.get("mean") or []) or 1
+    # one value per image channel (a single mean and std serve every channel: DataModule)
+    shape = cfg.data.get("image_shape")
+    channels = int(shape[0]) if shape else len(cfg.data.get("mean") or []) or 1
     wanted = [[float(v) for v in known.mean][:channels], [float(v) for v in known.std][:channels]]
     given = [[float(v) for v in cfg.data.get(key) or []] for key in ("mean", "std")]
+    given = [values * channels if len(values) == 1 else values for values in given]
     if all(
         len(a) == len(b) and all(abs(x - y) < 1e-3 for x, y in zip(a, b, strict=True))
         for a, b in zip(given, wanted, strict=True)

@@ -1513,6 +1513,35 @@ def test_eval_on_a_copy_of_the_training_folder_tests_its_held_out_share(tmp_path
     assert tested["metrics"]["test/acc"] == pytest.approx(summary["metrics"]["test/acc"])
 
 
+def test_eval_on_a_copy_whose_names_changed_unicode_form_is_refused(tmp_path):
+    """A copy of the training folder whose accented names were rewritten in the other Unicode
+    form (macOS's NFD; a zip or rsync --iconv round trip): its names hash to another held-out
+    share, so eval.py found none of the run's files and tested every image, the ones trained
+    on too (reviewer). Now refused, saying how to rename them back."""
+    import unicodedata
+
+    from litlab.data.fingerprint import fingerprints
+    from litlab.evaluate import other_folder
+
+    names = [f"caf\u00e9/{i}.png" for i in range(4)] + [f"th\u00e9/{i}.png" for i in range(4)]
+    for name in names:
+        for root, form in (("images", "NFC"), ("copy", "NFD")):
+            path = tmp_path / root / unicodedata.normalize(form, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(name.encode() * 8)
+    sample = fingerprints(tmp_path / "images", names)
+    trained = {"root": str(tmp_path / "images"), "test_fraction": 0.2}
+    with pytest.raises(ConfigError, match=r"another Unicode form than the run's \(NFC;") as e:
+        other_folder({"root": str(tmp_path / "copy"), "test_fraction": 0.2}, trained, sample)
+    assert f"convmv -r -f utf8 -t utf8 --nfc --notest {tmp_path / 'copy'}" in str(e.value)
+    other = {"root": str(tmp_path / "images2"), "test_fraction": 0.2}  # another: every image
+    shutil.copytree(tmp_path / "copy", tmp_path / "images2")
+    for path in (tmp_path / "images2").rglob("*.png"):
+        path.write_bytes(b"other")
+    other_folder(other, trained, sample)
+    assert other["test_all"] is True
+
+
 @pytest.mark.parametrize("loader", ["device", "dataloader"])
 def test_part_of_an_evaluation_split_is_a_random_sample_of_it(tmp_path, loader):
     """trainer.limit_test_batches=0.5 on an image folder (stored class by class): the batches

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from litlab.config import (
     config_dir,
     require,
 )
-from litlab.data.fingerprint import files_found, folder_of
+from litlab.data.fingerprint import files_found, files_found_renamed, folder_of
 from litlab.data.folder_index import class_names, split_folders
 from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
@@ -277,6 +278,16 @@ def other_folder(
             trained.get("root"),
         )
         return
+    if files_found_renamed(folder, trained_files or []):
+        names = [name for name, _ in trained_files or []]
+        form = "nfc" if all(unicodedata.is_normalized("NFC", n) for n in names) else "nfd"
+        raise ConfigError(
+            f"{folder} holds the run's training files under names whose accented letters are "
+            f"written in another Unicode form than the run's ({form.upper()}; macOS writes "
+            "NFD), which hold out another test share: tested, it would measure images the run "
+            f"trained on. Rename them as the run's were (`convmv -r -f utf8 -t utf8 --{form} "
+            f"--notest {folder}`), or test another folder"
+        )
     source["test_all"] = True
     if converted is not None:  # said louder: litlab cannot tell a copy of that folder from others
         log.warning(

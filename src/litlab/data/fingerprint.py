@@ -7,6 +7,7 @@ trained on."""
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,3 +39,15 @@ def fingerprints(root: Path, names: Sequence[str], seed: int = 0) -> list[list[s
 def files_found(folder: Path, sample: Sequence[Sequence[str]]) -> int:
     """How many of the sampled files ``folder`` holds under the same name, byte for byte."""
     return sum(1 for name, digest in sample if digest and file_digest(folder / name) == digest)
+
+
+def files_found_renamed(folder: Path, sample: Sequence[Sequence[str]]) -> int:
+    """How many of the sampled files ``folder`` holds byte for byte under the same name
+    written in the other Unicode form (NFC, NFD: macOS writes "é" as e and an accent; a copy
+    through HFS+, ``rsync --iconv`` or a zip can switch them). Their names hash to another
+    held-out share, so the run's test split is not this folder's."""
+    found = 0
+    for name, digest in sample:
+        others = {unicodedata.normalize(form, name) for form in ("NFC", "NFD")} - {name}
+        found += any(digest and file_digest(folder / other) == digest for other in others)
+    return found

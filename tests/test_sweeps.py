@@ -417,6 +417,34 @@ def test_resume_of_a_completed_job_tells_its_study_what_it_never_learned(tmp_pat
     assert held.state == optuna.trial.TrialState.COMPLETE and held.value == 0.25
 
 
+def test_a_copied_sweep_folders_job_tells_the_copys_study(tmp_path):
+    """A sweep folder copied with its study (optuna.db) to another place: resume= of a job in
+    the copy told the original study, whose trial it is not, and the copy's never learned."""
+    import shutil
+
+    from litlab.resume import resume_argv
+
+    original = tmp_path / "original"
+    original.mkdir()
+    storage = f"sqlite:///{original}/optuna.db"
+    optuna.create_study(study_name="s", storage=storage, direction="minimize").ask()  # RUNNING
+    trial = {"study_name": "s", "storage": storage, "number": 0, "config_digest": "d"}
+    summary = {"status": "completed", "config_digest": "d", "optuna_trial": trial}
+    summary["objective"] = {"metric": "val/loss", "mode": "min", "value": 0.25}
+    (original / "0" / ".hydra").mkdir(parents=True)
+    (original / "0" / ".hydra" / "config.yaml").write_text("{}\n")
+    (original / "0" / "summary.json").write_text(json.dumps(summary))
+    (original / "0" / ".completed").touch()
+    shutil.copytree(original, tmp_path / "copy")
+    with pytest.raises(SystemExit) as told:
+        resume_argv(["train.py", f"resume={tmp_path / 'copy' / '0'}"])
+    assert told.value.code == 0
+    running, complete = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE
+    assert study_trials_named(storage, "s")[0].state == running
+    (held,) = study_trials_named(f"sqlite:///{tmp_path / 'copy'}/optuna.db", "s")
+    assert held.state == complete and held.value == 0.25
+
+
 def test_a_continued_studys_jobs_are_told_their_own_trials_whatever_their_numbers(tmp_path):
     """In a study continued in a new sweep folder, job 0 is trial 3: optuna_trials.json maps each
     job's number to its trial's, batch after batch (a job told by its own number would tell
@@ -447,7 +475,7 @@ def test_a_trial_whose_study_is_gone_is_not_told_and_no_study_is_made(tmp_path, 
     summary = {"status": "completed", "config_digest": "d", "optuna_trial": trial}
     summary["objective"] = {"metric": "val/loss", "mode": "min", "value": 0.5}
     with caplog.at_level("WARNING", logger="litlab"):
-        assert tell_the_study(summary) is None
+        assert tell_the_study(summary, tmp_path / "0") is None
     assert f"the Optuna study s ({storage}) is gone" in caplog.text
     assert not (tmp_path / "gone").exists()
 

@@ -285,7 +285,7 @@ def tell_a_completed_trial(folder: Path) -> None:
         return
     from litlab.sweep import tell_the_study
 
-    if said := tell_the_study(summary):
+    if said := tell_the_study(summary, folder):
         print(f"litlab: {folder} had completed; {said}")
         sys.exit(0)
 

@@ -599,7 +599,7 @@ class Run:
             if exc is None and (self.dir / TRAINED).is_file():  # trained, then all the rest
                 (self.dir / COMPLETED).touch()
             if not kept:  # a sweep's job its sweep's stop left untold, continued by resume=
-                _tell_the_study(self.summary)
+                _tell_the_study(self.summary, self.dir)
                 _refresh_its_sweep(self.dir)
         if isinstance(exc, SIGTERMException):
             log.warning("litlab: %s", self.summary["error"])
@@ -660,11 +660,11 @@ def _refresh_its_sweep(run_dir: Path) -> None:
         refresh_sweep_summary(run_dir)
 
 
-def _tell_the_study(summary: dict[str, Any]) -> None:
+def _tell_the_study(summary: dict[str, Any], run_dir: Path) -> None:
     if summary.get("optuna_trial") and not in_sweep():  # (in a sweep its sweeper tells)
         from litlab.sweep import tell_the_study  # (litlab.sweep imports this module)
 
-        if said := tell_the_study(summary):
+        if said := tell_the_study(summary, run_dir):
             log.info("%s", said)
 
 

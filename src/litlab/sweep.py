@@ -132,7 +132,19 @@ def asked_trial() -> dict[str, Any] | None:
     return {"study_name": known["study_name"], "storage": known["storage"], "number": number}
 
 
-def tell_the_study(summary: dict[str, Any]) -> str | None:
+def trial_storage(trial: dict[str, Any], job_dir: Path) -> str:
+    """The storage of a job's trial: the one recorded when the job was asked, unless the job's
+    sweep folder holds a study file of its own (optuna.db) that is another: the sweep folder
+    was copied or moved with its study, whose jobs then told the original study (or none)."""
+    storage = str(trial["storage"])
+    local = job_dir.resolve().parent / "optuna.db"
+    recorded = sqlite_file(storage)
+    if recorded is not None and local.is_file() and recorded.resolve() != local:
+        return SQLITE + str(local)
+    return storage
+
+
+def tell_the_study(summary: dict[str, Any], job_dir: Path) -> str | None:
     """The result of a job of an Optuna sweep whose trial the sweeper never told (a signal
     stopped the sweep: the trial stayed RUNNING), told now as the sweeper would have: the
     objective of a completed run, FAIL for one completed without it. Only a run of the trial's
@@ -145,7 +157,7 @@ def tell_the_study(summary: dict[str, Any]) -> str | None:
     if not trial or summary.get("status") != "completed":
         return None
     try:
-        storage, name, number = trial["storage"], trial["study_name"], trial["number"]
+        storage, name, number = trial_storage(trial, job_dir), trial["study_name"], trial["number"]
         if summary.get("config_digest") != trial.get("config_digest"):
             log.warning(
                 "the Optuna study %s's trial %d is not told this run's result: the run's config "
@@ -198,7 +210,7 @@ def tell_stopped_batch(sweep_dir: str, trials: list[int]) -> None:
         trial = job.get("optuna_trial") or {}
         if trial.get("number") not in trials:
             continue
-        if said := tell_the_study(job):
+        if said := tell_the_study(job, Path(job["job_dir"])):
             log.info("%s", said)
         elif job.get("status") == "interrupted" and not resumable_checkpoints(Path(job["job_dir"])):
             tell_failed(trial, f"its job {job['job_dir']} stopped before its first checkpoint")

@@ -132,12 +132,11 @@ def asked_trial() -> dict[str, Any] | None:
     return {"study_name": known["study_name"], "storage": known["storage"], "number": number}
 
 
-def trial_storage(trial: dict[str, Any], job_dir: Path) -> str:
-    """The storage of a job's trial: the one recorded when the job was asked, unless the job's
-    sweep folder holds a study file of its own (optuna.db) that is another: the sweep folder
-    was copied or moved with its study, whose jobs then told the original study (or none)."""
-    storage = str(trial["storage"])
-    local = job_dir.resolve().parent / "optuna.db"
+def sweep_storage(storage: str, sweep_dir: Path) -> str:
+    """The storage of a sweep's study: the one recorded when its jobs were asked, unless the
+    sweep folder holds a study file of its own (optuna.db) that is another: the folder was
+    copied or moved with its study, whose jobs then told the original study (or none)."""
+    local = sweep_dir.resolve() / "optuna.db"
     recorded = sqlite_file(storage)
     if recorded is not None and local.is_file() and recorded.resolve() != local:
         return SQLITE + str(local)
@@ -157,7 +156,8 @@ def tell_the_study(summary: dict[str, Any], job_dir: Path) -> str | None:
     if not trial or summary.get("status") != "completed":
         return None
     try:
-        storage, name, number = trial_storage(trial, job_dir), trial["study_name"], trial["number"]
+        storage = sweep_storage(str(trial["storage"]), job_dir.resolve().parent)
+        name, number = trial["study_name"], trial["number"]
         if summary.get("config_digest") != trial.get("config_digest"):
             log.warning(
                 "the Optuna study %s's trial %d is not told this run's result: the run's config "
@@ -617,6 +617,7 @@ def study_best(sweep_dir: Path) -> dict[str, Any] | None:
     signal stopped it), and a trial told since by resume= of its job was not in it."""
     with contextlib.suppress(Exception):  # the study moved, locked, or none completed yet
         known = json.loads((sweep_dir / TRIALS).read_text())
+        known["storage"] = sweep_storage(known["storage"], sweep_dir)
         database = sqlite_file(known["storage"])
         if database is not None and not database.is_file():  # (loading would make an empty one)
             raise FileNotFoundError(database)

@@ -159,7 +159,7 @@ def trains_part_of_its_split(trainer: L.Trainer) -> bool:
         return False
     try:
         whole = len(trainer.train_dataloader)
-    except TypeError:  # a stream without a length: the limit says it
+    except (TypeError, NotImplementedError):  # a stream without a length: the limit says it
         return True
     return trainer.num_training_batches < whole
 

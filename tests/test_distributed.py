@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import pickle
@@ -588,7 +589,7 @@ def test_ddp_spawn_reports_what_ddp_reports(tmp_path):
     processes get the module in shared memory, and Lightning unshares only its parameters and
     buffers: both ranks added into one copy of the classifier's epoch sums (the reviewer's
     train/acc 1.85 where ddp gave 0.92), while validation was right."""
-    metrics = {}
+    metrics, tested_at = {}, {}
     for strategy in ("ddp", "ddp_spawn"):
         result = run_cli(
             *SYNTH,
@@ -596,15 +597,21 @@ def test_ddp_spawn_reports_what_ddp_reports(tmp_path):
             *CPU_DDP,
             f"trainer.strategy={strategy}",
             "trainer.max_epochs=1",
-            "test=false",
             f"paths.log_dir={tmp_path / strategy}",
             timeout=400,
         )
         assert result.returncode == 0, result.stderr[-3000:]
         (summary,) = summaries(tmp_path / strategy)
         metrics[strategy] = summary["metrics"]
-    for name in ("train/loss", "train/acc", "train/acc_top5", "val/loss", "val/acc"):
+        (csv_file,) = (tmp_path / strategy).rglob("csv/metrics.csv")
+        with open(csv_file) as f:
+            (row,) = [r for r in csv.DictReader(f) if r.get("test/acc")]
+        tested_at[strategy] = (row["epoch"], row["step"])
+    for name in ("train/loss", "train/acc", "train/acc_top5", "val/loss", "val/acc", "test/acc"):
         assert metrics["ddp_spawn"][name] == pytest.approx(metrics["ddp"][name], rel=1e-4), name
+    # the test is logged where the fit ended (the spawned fit's counters stayed in its
+    # processes: the test row read epoch 0, step 0)
+    assert tested_at["ddp_spawn"] == tested_at["ddp"] and tested_at["ddp"][1] not in ("", "0")
 
 
 @pytest.mark.dist

@@ -124,6 +124,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 record_stage(trainer, datamodule, run, "val")
                 record_checkpoints(trainer, run, cfg.objective.metric)
+                restore_spawned_progress(trainer, run)
                 run.mark_trained()
                 run.stop_if_asked()  # a SIGTERM held since the fit's end stops the run now
             if cfg.get("test"):
@@ -392,6 +393,26 @@ def record_checkpoints(trainer: L.Trainer, run: Run, metric: str) -> None:
         run.summary["best_score"] = float(best.best_model_score)
     elif best is not None and best.best_model_path:  # fit in spawned processes (ddp_spawn)
         run.summary["best_score"] = saved_best_score(best)
+
+
+def restore_spawned_progress(trainer: L.Trainer, run: Run) -> None:
+    """A fit in spawned processes (trainer.strategy=ddp_spawn): Lightning's launcher brings
+    back the weights and metrics but not the loops' counters, so the test after it logged at
+    step 0, epoch 0 (the CSV's test row, W&B's summary epoch). They are restored from the
+    fit's last checkpoint (last.ckpt, written at every epoch's end)."""
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    launcher = getattr(trainer.strategy, "launcher", None)
+    last = run.summary.get("last_checkpoint")
+    if not isinstance(launcher, _MultiProcessingLauncher) or not last or compat.logging_step(trainer):
+        return
+    state = load_checkpoint(last).get("loops", {}).get("fit_loop")
+    if state:
+        trainer.fit_loop.load_state_dict(state)
+        # written at an epoch's end, before the loop counted it completed (as the fit did next)
+        progress = trainer.fit_loop.epoch_progress
+        progress.current.completed = progress.current.processed
+        progress.total.completed = progress.total.processed
 
 
 def saved_best_score(callback: Any) -> float | None:

@@ -133,6 +133,8 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "use callbacks.ema.update_starting_at_step",
         ),
         (["callbacks=ema", "trainer=fsdp"], "callbacks.ema averages whole parameters"),
+        # it replaced the GAN's callbacks, and the FID "off" was blamed (walkthrough)
+        (["model=dcgan", "callbacks=ema"], "this callbacks group has no GAN callbacks"),
         (  # Lightning's FSDP raised it as a traceback once the fit had started
             ["trainer=fsdp", "trainer.gradient_clip_val=1.0"],
             "set trainer.gradient_clip_algorithm=value, or use trainer.strategy=ddp",

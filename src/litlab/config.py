@@ -491,6 +491,13 @@ def check_objective(cfg: DictConfig) -> None:
             "callbacks.model_checkpoint"
         )
     if metric.startswith("val/fid") and callbacks.get("fid") is None and validates and monitored:
+        if "fid" not in callbacks and "samples" not in callbacks:  # the group chosen anew
+            raise ConfigError(
+                "this callbacks group has no GAN callbacks (callbacks.fid, callbacks.samples), "
+                f"so objective.metric={metric} is never logged: a GAN keeps callbacks=gan, "
+                "which model=dcgan chooses (callbacks=ema is for classifiers: a GAN averages "
+                "its generator itself, model.ema_decay)"
+            )
         raise ConfigError(
             f"objective.metric={metric} comes from callbacks.fid, which is off; keep callbacks.fid "
             "(callbacks.fid.num_samples=... makes it cheaper), or also set "

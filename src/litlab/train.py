@@ -404,7 +404,11 @@ def restore_spawned_progress(trainer: L.Trainer, run: Run) -> None:
 
     launcher = getattr(trainer.strategy, "launcher", None)
     last = run.summary.get("last_checkpoint")
-    if not isinstance(launcher, _MultiProcessingLauncher) or not last or compat.logging_step(trainer):
+    if (
+        not isinstance(launcher, _MultiProcessingLauncher)
+        or not last
+        or compat.logging_step(trainer)
+    ):
         return
     state = load_checkpoint(last).get("loops", {}).get("fit_loop")
     if state:

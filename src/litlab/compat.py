@@ -480,6 +480,14 @@ class AppendingWriter(csv_logs.ExperimentWriter):
                 self.metrics_keys = next(csv.reader(f), [])  # old columns stay; rows append
 
 
+def _a_tests_row(row: dict[str, str]) -> bool:
+    """Whether a metrics.csv row holds a test's values (test/*, with its monitors' mem/*, perf/*)
+    and nothing a fit logs."""
+    logged = [key for key, value in row.items() if value and key not in ("epoch", "step")]
+    tested = any(key.startswith("test/") for key in logged)
+    return tested and all(key.startswith(("test/", "mem/", "perf/")) for key in logged)
+
+
 class AppendingCSVLogger(csv_logs.CSVLogger):
     """Lightning's CSVLogger that keeps the history of a resumed run (same run folder). The
     logger makes its writer in ``experiment`` from the private ``_fs`` and ``_experiment``.
@@ -504,7 +512,9 @@ class AppendingCSVLogger(csv_logs.CSVLogger):
     def forget_from(self, step: int) -> int:
         """Drop the rows of metrics.csv logged at ``step`` or later; how many. A run killed
         hard after its last checkpoint had logged steps that its resume logs again: each step
-        was in the file twice."""
+        was in the file twice. A test's rows stay (a fit never logs them again): a finished
+        run trained further lost its test's row where the resumed fit logged from that step
+        (and kept it where it logged from a later one)."""
         from litlab.files import atomic_file
 
         path = self.experiment.metrics_file_path
@@ -513,7 +523,11 @@ class AppendingCSVLogger(csv_logs.CSVLogger):
         with self._fs.open(path, "r", newline="") as f:
             reader = csv.DictReader(f)
             rows, columns = list(reader), reader.fieldnames or []
-        kept = [row for row in rows if not row.get("step") or int(float(row["step"])) < step]
+        kept = [
+            row
+            for row in rows
+            if not row.get("step") or int(float(row["step"])) < step or _a_tests_row(row)
+        ]
         if len(kept) < len(rows):
             with atomic_file(path, "w") as f:  # csv's own line ends, as Lightning's writer
                 writer = csv.DictWriter(f, fieldnames=columns)

@@ -295,6 +295,8 @@ def test_gan_under_ddp_ranks_draw_their_own_noise_and_resume_bit_identically(tmp
         "+callbacks.stop.batch=4",
     )
     assert stopped.returncode == 143, stopped.stderr[-3000:]
+    # how to continue, said once (each rank said it: twice on the console)
+    assert (stopped.stdout + stopped.stderr).count("litlab: stopped by a signal") == 1
     folder = run_folder(tmp_path / "stopped")
     resumed = run_cli(f"resume={folder}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

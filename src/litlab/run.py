@@ -601,11 +601,15 @@ class Run:
             if not kept:  # a sweep's job its sweep's stop left untold, continued by resume=
                 _tell_the_study(self.summary, self.dir)
                 _refresh_its_sweep(self.dir)
+        # how to go on, once (every rank of a DDP run has the same to say)
+        said = rank_zero_only.rank == 0
         if isinstance(exc, SIGTERMException):
-            log.warning("litlab: %s", self.summary["error"])
+            if said:
+                log.warning("litlab: %s", self.summary["error"])
             sys.exit(143)  # 128 + SIGTERM: the run did not finish
         if status == "interrupted":  # Ctrl-C: how to go on (it was in summary.json alone)
-            log.warning("litlab: %s", self.summary["error"])
+            if said:
+                log.warning("litlab: %s", self.summary["error"])
             if _ctrl_c(exc):  # 128 + SIGINT, as a shell says it (Lightning's exit says 1: failed)
                 raise SystemExit(130) from exc
         # A sweep goes on after a failed job, not after an exit (a scheduler's requeue, Ctrl-C).

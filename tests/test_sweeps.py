@@ -393,6 +393,23 @@ def test_a_trial_stopped_before_its_first_checkpoint_or_never_launched_is_told_f
     assert "trial 0 as failed: the launch of its job failed" in typo.stdout + typo.stderr
 
 
+def test_a_failed_launch_leaves_the_trials_of_jobs_that_may_run_on(tmp_path):
+    """Under submitit (or joblib) one job lost on the cluster makes the launch raise while the
+    batch's other jobs still run: their trials stay RUNNING, to be told when they complete
+    (reviewer: told FAIL, a finished job's trial stayed failed for good). Jobs run in the
+    sweep's own process are all over: those RUNNING are failed."""
+    from litlab.sweep import fail_unrun_trials
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(study_name="s", storage=storage)
+    trials = [study.ask().number for _ in range(2)]
+    fail_unrun_trials(str(tmp_path), storage, "s", trials, in_process=False)
+    running, failed = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
+    assert [t.state for t in study_trials_named(storage, "s")] == [running, running]
+    fail_unrun_trials(str(tmp_path), storage, "s", trials, in_process=True)
+    assert [t.state for t in study_trials_named(storage, "s")] == [failed, failed]
+
+
 def test_resume_of_a_completed_job_tells_its_study_what_it_never_learned(tmp_path, caplog):
     """A sweep killed (or its study locked) after a job completed and before its trial was
     told: resume=<job folder>, with nothing left to train, tells it and ends (exit 0)."""

@@ -56,7 +56,7 @@ TRAINED = ".trained"
 COMPLETED = ".completed"
 # What a fit puts into the summary beside its metrics (litlab.train.record_checkpoints, and
 # the epochs its last values are of: Run.epoch_ended).
-FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score", "epochs")
+FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score", "epochs", "training_limit")
 # What the first part of a run decided for all of it, kept in the summary of every later part
 # (resume=, a requeued job): the values the finders chose (train.py; a resume never tunes).
 WHOLE_RUN = ("tuned", "optuna_trial")
@@ -416,7 +416,9 @@ class Run:
         self._entered_ns = time.time_ns()
         self._completed = False  # the folder held a completed run as this one began (rank 0)
         self._sigterm: Any = None  # the SIGTERM handler this run replaced (SIG_DFL), if it did
-        # the earlier part's last validation (resume=, a requeued job): (its epoch, its val/*)
+        # the earlier part's last validation (resume=, a requeued job): (its epoch, its val/*),
+        # kept as the run's once this part's fit begins from a checkpoint not before it
+        self._earlier_validation: tuple[int, dict[str, Any]] | None = None
         self._validated_before: tuple[int, dict[str, Any]] | None = None
 
     def __enter__(self) -> Run:
@@ -439,7 +441,7 @@ class Run:
                     metrics = earlier.get("metrics") or {}
                     if isinstance(validated, int) and isinstance(metrics, dict):
                         values = {k: v for k, v in metrics.items() if k.startswith("val/")}
-                        self._validated_before = (validated, values)
+                        self._earlier_validation = (validated, values)
                 # the wall time of every earlier part of the run (each summary keeps one back)
                 before = earlier.get("durations_s") or {}
                 total = before.get("total")
@@ -529,7 +531,7 @@ class Run:
         report's val/* columns were empty), where that validation is not past the checkpoint
         it continues from (a resume from an older checkpoint: those values are of later
         weights)."""
-        earlier = self._validated_before if resumed else None
+        earlier = self._earlier_validation if resumed else None
         self._validated_before = earlier if earlier and earlier[0] <= epochs else None
         validated = self._validated_before[0] if self._validated_before else None
         self.summary["epochs"] = {"trained": epochs, "validated": validated}

@@ -199,20 +199,30 @@ def tell_the_study(summary: dict[str, Any], job_dir: Path) -> str | None:
     return f"the Optuna study {name} now holds its trial {number}: {said}"
 
 
-def tell_stopped_batch(sweep_dir: str, trials: list[int]) -> None:
+def launches_in_process(config: DictConfig) -> bool:
+    """Whether the sweep's jobs run in its own process (Hydra's basic launcher): when the sweep
+    ends, none of them runs on. Under submitit (SLURM) or joblib a job may still run, or be
+    requeued, after the sweep's process ended, and its trial is told when it completes."""
+    return OmegaConf.select(config, "hydra.launcher._target_") == IN_PROCESS_LAUNCHER
+
+
+def tell_stopped_batch(sweep_dir: str, trials: list[int], in_process: bool) -> None:
     """A sweep a signal stopped: the jobs of the stopped batch (its ``trials``: the sweeper
     told every batch before it) that completed (hydra.sweeper.n_jobs > 1) are told to the study
-    now, as the sweeper would have told them; those stopped before their first checkpoint
-    (Ctrl-C in the first epoch, or in the data's setup) are told FAIL: resume= has nothing to
-    continue them from, and their trials stayed RUNNING for good. A job stopped later stays
-    RUNNING until ``resume=<job folder>`` completes it (tell_the_study)."""
+    now, as the sweeper would have told them. Jobs run in the sweep's process
+    (``in_process``) that it stopped before their first checkpoint (Ctrl-C in the first epoch,
+    or in the data's setup) are told FAIL: resume= has nothing to continue them from, and
+    their trials stayed RUNNING for good. A job stopped later stays RUNNING until
+    ``resume=<job folder>`` completes it (tell_the_study)."""
     for job in read_jobs(Path(sweep_dir)):
         trial = job.get("optuna_trial") or {}
         if trial.get("number") not in trials:
             continue
         if said := tell_the_study(job, Path(job["job_dir"])):
             log.info("%s", said)
-        elif job.get("status") == "interrupted" and not resumable_checkpoints(Path(job["job_dir"])):
+            continue
+        stopped = in_process and job.get("status") == "interrupted"
+        if stopped and not resumable_checkpoints(Path(job["job_dir"])):
             tell_failed(trial, f"its job {job['job_dir']} stopped before its first checkpoint")
 
 
@@ -238,15 +248,17 @@ def tell_failed(trial: dict[str, Any], why: str) -> None:
 
 
 def fail_unrun_trials(
-    sweep_dir: str, storage: str | None, study: str | None, trials: list[int]
+    sweep_dir: str, storage: str | None, study: str | None, trials: list[int], in_process: bool
 ) -> None:
     """A launch that failed itself (a job's config could not be composed: a typo in a search
     parameter, ``model.net.widht=choice(16,32)``): the batch's trials (``trials``) whose jobs
-    completed are told as the sweeper would have told them, and those still RUNNING are told
-    FAIL. Left RUNNING, they stayed so for good (no job folder for resume= to tell them), and
-    a continued study counted them as trials in flight."""
-    tell_stopped_batch(sweep_dir, trials)
-    for number in trials if storage is not None else []:
+    completed are told as the sweeper would have told them; where the jobs ran in the sweep's
+    process (``in_process``: none runs on), those still RUNNING are told FAIL. Left RUNNING,
+    they stayed so for good (no job folder for resume= to tell them), and a continued study
+    counted them as trials in flight. Under submitit or joblib the other jobs of the batch may
+    still run (one job lost on the cluster raises here): their trials are left to them."""
+    tell_stopped_batch(sweep_dir, trials, in_process)
+    for number in trials if storage is not None and in_process else []:
         trial = {"study_name": study, "storage": storage, "number": number}
         tell_failed(trial, "the launch of its job failed")
 
@@ -345,10 +357,13 @@ def _running_before(trial: Any, started: float) -> bool:
 
 def drop_empty_sweep_folder(sweep_dir: str) -> None:
     """A sweep refused before any trial: its folder (made for the study's SQLite file) goes
-    where nothing was written into it, and its parent (the date's) where that is then empty."""
-    folder = Path(sweep_dir)
+    where nothing was written into it, and its parent (the date's) where that is then empty;
+    not a folder that was there before this process started (one the user made)."""
+    folder, started = Path(sweep_dir), _process_started()
     for empty in (folder, folder.parent):
         try:
+            if empty.stat().st_mtime < started:  # there before this process: the user's
+                return
             empty.rmdir()  # only an empty folder
         except OSError:
             return

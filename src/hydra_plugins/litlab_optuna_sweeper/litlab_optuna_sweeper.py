@@ -25,6 +25,7 @@ if optuna_sweeper is not None:
                 drop_empty_sweep_folder,
                 drop_rank_storage,
                 fail_unrun_trials,
+                launches_in_process,
                 rank_storage,
                 read_jobs,
                 record_asked_trials,
@@ -77,12 +78,19 @@ if optuna_sweeper is not None:
                 return None  # no trial completed: the summary callback says so and exits
             except (SystemExit, KeyboardInterrupt):  # a signal stopped a job, and the sweep
                 if shared == impl.storage:  # (global rank 0's: the others ask a copy)
-                    tell_stopped_batch(impl.config.hydra.sweep.dir, batch)
+                    sweep_dir, in_process = (
+                        impl.config.hydra.sweep.dir,
+                        launches_in_process(impl.config),
+                    )
+                    tell_stopped_batch(sweep_dir, batch, in_process)
                 raise
             except Exception:  # the launch itself failed (a job's config not composed)
                 if shared == impl.storage:
-                    sweep_dir = impl.config.hydra.sweep.dir
-                    fail_unrun_trials(sweep_dir, shared, impl.study_name, batch)
+                    sweep_dir, in_process = (
+                        impl.config.hydra.sweep.dir,
+                        launches_in_process(impl.config),
+                    )
+                    fail_unrun_trials(sweep_dir, shared, impl.study_name, batch, in_process)
                 raise
             finally:
                 drop_rank_storage(shared, impl.storage)

@@ -121,13 +121,16 @@ def test_logging_step_is_the_step_lightning_stamps_a_batchs_metrics_with(tmp_pat
 
     assert [float(r["seen"]) for r in rows()] == [float(r["step"]) for r in rows()]
     assert [int(r["step"]) for r in rows()] == list(range(16))
-    # the test after the fit, logged at its last step: a fit never logs it again, so it stays
-    # (a finished run trained further lost it where the resumed fit logged from that step)
+    # the test after the fit, logged at its last step: resumed from that step (a finished run
+    # trained further) it stays (it was dropped, "logged again": untrue); resumed from an
+    # older checkpoint it goes, as that fit tests at that step again
     logger.log_metrics({"test/acc": 0.5, "mem/rss_gb": 1.0}, step=15)
     logger.save()
-    assert logger.forget_from(10) == 6
-    assert [int(r["step"]) for r in rows()] == [*range(10), 15]
+    assert logger.forget_from(15) == 1  # the fit's own row at 15 (its last)
+    assert [int(r["step"]) for r in rows()] == [*range(15), 15]
     assert rows()[-1]["test/acc"] == "0.5"
+    assert logger.forget_from(10) == 6
+    assert [int(r["step"]) for r in rows()] == list(range(10))
 
 
 def test_wandb_init_arguments_and_start_are_readable_without_starting_a_run(tmp_path):

@@ -512,9 +512,10 @@ class AppendingCSVLogger(csv_logs.CSVLogger):
     def forget_from(self, step: int) -> int:
         """Drop the rows of metrics.csv logged at ``step`` or later; how many. A run killed
         hard after its last checkpoint had logged steps that its resume logs again: each step
-        was in the file twice. A test's rows stay (a fit never logs them again): a finished
-        run trained further lost its test's row where the resumed fit logged from that step
-        (and kept it where it logged from a later one)."""
+        was in the file twice. A test's row at ``step`` itself stays (the test of a finished
+        run, trained further from its end: the resumed fit tests at a later step): it was lost
+        where the resumed fit logged from that step, and kept where it logged from a later one.
+        One after it goes (a resume from an older checkpoint tests at that step again)."""
         from litlab.files import atomic_file
 
         path = self.experiment.metrics_file_path
@@ -523,10 +524,16 @@ class AppendingCSVLogger(csv_logs.CSVLogger):
         with self._fs.open(path, "r", newline="") as f:
             reader = csv.DictReader(f)
             rows, columns = list(reader), reader.fieldnames or []
+
+        def logged_at(row: dict[str, str]) -> int:
+            return int(float(row["step"]))
+
         kept = [
             row
             for row in rows
-            if not row.get("step") or int(float(row["step"])) < step or _a_tests_row(row)
+            if not row.get("step")
+            or logged_at(row) < step
+            or (logged_at(row) == step and _a_tests_row(row))
         ]
         if len(kept) < len(rows):
             with atomic_file(path, "w") as f:  # csv's own line ends, as Lightning's writer

@@ -1513,6 +1513,20 @@ def test_eval_on_a_copy_of_the_training_folder_tests_its_held_out_share(tmp_path
     assert tested["metrics"]["test/acc"] == pytest.approx(summary["metrics"]["test/acc"])
 
 
+def test_eval_on_the_train_folder_of_a_split_layout_run_is_refused(tmp_path, capsys):
+    """A run on images/train/ beside images/test/: eval.py on images/train/ found none of the
+    run's sampled files (kept as train/<class>/<file>) and tested every image, all of them
+    trained or validated on, with an info line (walkthrough 130: 0.666 against 0.616)."""
+    from litlab.evaluate import eval_task
+
+    write_png_folder(tmp_path / "images" / "train", per_class=12)
+    write_png_folder(tmp_path / "images" / "test", per_class=3)
+    summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "data.batch_size=6", "test=false")
+    eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "images" / "train")
+    line = refused(capsys, eval_task, eval_cfg, "files sampled from the run's training split")
+    assert "as its train/ folder does" in line and "every image of it was trained" in line
+
+
 def test_eval_on_a_copy_whose_names_changed_unicode_form_is_refused(tmp_path):
     """A copy of the training folder whose accented names were rewritten in the other Unicode
     form (macOS's NFD; a zip or rsync --iconv round trip): its names hash to another held-out

@@ -27,7 +27,12 @@ from litlab.config import (
     config_dir,
     require,
 )
-from litlab.data.fingerprint import files_found, files_found_renamed, folder_of
+from litlab.data.fingerprint import (
+    files_found,
+    files_found_as_split,
+    files_found_renamed,
+    folder_of,
+)
 from litlab.data.folder_index import class_names, split_folders
 from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
@@ -278,6 +283,14 @@ def other_folder(
             trained.get("root"),
         )
         return
+    if inside := files_found_as_split(folder, trained_files or []):
+        raise ConfigError(
+            f"{folder} holds {inside} of {len(trained_files or [])} files sampled from the "
+            f"run's training split, byte for byte, as its train/ folder does (the run trained "
+            f"on {trained.get('root')}, laid out in splits): every image of it was trained or "
+            "validated on. Test the run's own held-out split (eval.py ckpt_path=<checkpoint> "
+            "without data.source.root), or another folder"
+        )
     if files_found_renamed(folder, trained_files or []):
         names = [name for name, _ in trained_files or []]
         form = "nfc" if all(unicodedata.is_normalized("NFC", n) for n in names) else "nfd"

@@ -51,3 +51,11 @@ def files_found_renamed(folder: Path, sample: Sequence[Sequence[str]]) -> int:
         others = {unicodedata.normalize(form, name) for form in ("NFC", "NFD")} - {name}
         found += any(digest and file_digest(folder / other) == digest for other in others)
     return found
+
+
+def files_found_as_split(folder: Path, sample: Sequence[Sequence[str]]) -> int:
+    """How many of the sampled files of a run on a split layout (named under its root:
+    train/<class>/<file>) ``folder`` holds byte for byte as <class>/<file>: it is that run's
+    train/ folder (or a copy), every image of which the run trained or validated on."""
+    inner = [[name.split("/", 1)[1], digest] for name, digest in sample if name.count("/") >= 2]
+    return files_found(folder, inner)

@@ -142,6 +142,20 @@ def test_eval_on_the_folder_a_streamed_run_was_converted_from_tests_its_held_out
     assert source["test_all"] and f"converted from {root}" in caplog.text
 
 
+def test_chunks_of_the_training_folder_at_another_test_fraction_are_refused(converted):
+    """eval.py of a run on an image folder, on chunks converted from that folder holding out
+    another share for testing: their test split held images the run trained on (walkthrough
+    130: 164 of 330), tested without a word. The same share passes."""
+    from litlab.evaluate import chunks_as_trained
+
+    root, dst, _ = converted  # converted at the default --test-fraction 0.2
+    chunks = {"_target_": "litlab.data.Streaming", "input_dir": str(dst)}
+    trained = {"_target_": "litlab.data.ImageFolder", "root": str(root), "test_fraction": 0.1}
+    with pytest.raises(ConfigError, match=r"convert it with --test-fraction 0\.1"):
+        chunks_as_trained(chunks, trained, None)
+    chunks_as_trained(chunks, {**trained, "test_fraction": 0.2}, None)
+
+
 def test_a_streamed_run_resumed_on_another_conversion_is_refused(converted, tmp_path, capsys):
     """data.source.input_dir is where the chunks are (a loading setting: chunks copied to a
     bucket or another machine), so resume= with the chunks of another folder trained on and
@@ -191,6 +205,12 @@ def test_a_streamed_run_resumed_on_another_conversion_is_refused(converted, tmp_
     again = make_cfg(tmp_path / "t", [*more, f"data.source.input_dir={dst}"])
     check_resumable(load_checkpoint(last), again)  # the run's own path: nothing compared here
     refused(capsys, train_task, again, f"{dst} holds another conversion than the checkpoint's")
+    # and eval.py of the run on them: their test split is another (walkthrough 130: tested
+    # without a word, images it trained on among them)
+    tested = [f"ckpt_path={last}", "extras.print_config=false", "data.num_workers=0"]
+    tested += ["data=streaming", f"data.source.input_dir={dst}", "data.image_shape=[3,16,16]"]
+    evaluated = make_cfg(tmp_path / "e", tested, config_name="eval")
+    refused(capsys, eval_task, evaluated, f"{dst} holds another conversion than the one the run")
 
 
 def test_a_conversion_records_each_splits_labels_in_stream_order(converted, tmp_path):

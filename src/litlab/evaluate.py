@@ -210,7 +210,48 @@ def other_data(
     state = trained_state or {}
     label_as_trained(source, trained_source, state.get("classes"), before["num_classes"])
     other_folder(source, trained_source, state.get("trained_files"))
+    chunks_as_trained(source, trained_source, state.get("conversion"))
     return OmegaConf.create(data)
+
+
+def chunks_as_trained(
+    source: dict[str, Any], trained: dict[str, Any], conversion: str | None
+) -> None:
+    """Streamed chunks whose test split holds images the run trained on, refused: the run's
+    own chunks converted again since (``conversion``, the checkpoint's key of them, another:
+    other files or fractions; a resume refuses them too), or chunks converted from the run's
+    training folder at another test fraction than the run held out (walkthrough 130: 164 of
+    330 images tested were trained or validated on, without a word)."""
+    if not source.get("input_dir"):
+        return
+    from litlab.data.streaming import read_meta
+
+    try:
+        meta = read_meta(str(source["input_dir"]), source.get("cache_dir"))
+    except Exception:  # unreadable here: the test's setup says why
+        return
+    where = source["input_dir"]
+    same = trained.get("input_dir") and str(trained["input_dir"]).rstrip("/") == str(where).rstrip(
+        "/"
+    )
+    if same and conversion and meta.get("source_key") not in (None, conversion):
+        raise ConfigError(
+            f"{where} holds another conversion than the one the run trained on (converted "
+            "again since, of other or changed files or at other fractions): its test split is "
+            "not the run's and may hold images it trained on; test the chunks it trained on, "
+            "or convert its folder again as it was"
+        )
+    folder, test = meta.get("source"), (meta.get("fractions") or {}).get("test")
+    held_out = trained.get("test_fraction")
+    if not trained.get("root") or not folder or test is None or held_out is None:
+        return
+    if folder_of(folder) == folder_of(trained["root"]) and float(test) != float(held_out):
+        raise ConfigError(
+            f"{where} was converted from the run's training folder {folder} holding out "
+            f"{test} of it for testing, where the run held out {held_out}: its test split holds "
+            "images the run trained on; convert it with --test-fraction "
+            f"{held_out}, or test the folder itself (data=image_folder)"
+        )
 
 
 def as_trained(

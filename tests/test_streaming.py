@@ -1115,9 +1115,11 @@ def test_a_streamed_batch_draws_from_the_whole_chunk_not_a_fixed_block(one_chunk
     assert len(batches) == 6 and sum(spanning) >= 4, spanning
 
 
-def test_an_epoch_stopped_with_litdatas_default_window_continues_with_it(one_chunk):
+def test_an_epoch_stopped_with_litdatas_default_window_continues_with_it(one_chunk, caplog):
     """A mid-epoch checkpoint of a run from before (LitData's window of 256 items) continues
-    that epoch as it would have gone on (LitData refused the state: ValueError)."""
+    that epoch as it would have gone on (LitData refused the state: ValueError), and says that
+    the window given (here the default, 32) is not applied (walkthrough 130: a resume= with
+    data.source.shuffle_window=256 was recorded, and silently not applied)."""
     import litdata as ld
 
     old = ld.StreamingDataset(join(str(one_chunk), "train"), transform=DecodeImage(8, 3))
@@ -1130,8 +1132,10 @@ def test_an_epoch_stopped_with_litdatas_default_window_continues_with_it(one_chu
     from litlab.data.streaming import Streaming
 
     resumed = fingerprint_loader(Streaming(str(one_chunk), size=8).load("train"), 3, 64)
-    resumed.load_state_dict(state)
+    with caplog.at_level("WARNING", logger="litlab"):
+        resumed.load_state_dict(state)
     assert list(resumed) == rest
+    assert "data.source.shuffle_window=32 is not this run's" in caplog.text
 
 
 def test_a_streamed_split_of_fewer_images_than_ranks_is_one_clear_line(tmp_path):

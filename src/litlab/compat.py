@@ -179,11 +179,22 @@ def continue_item_shuffle_window(dataset: Any, saved: dict[str, Any]) -> None:
     default, 256, before 2026-12-04; litlab's data.source.shuffle_window since). LitData refuses
     a state of another window (``ValueError``), and forced, it would repeat or skip items of that
     epoch. Its window is private (``_item_shuffle_window``); the run goes on with the
-    checkpoint's window for its later epochs too."""
+    checkpoint's window for its later epochs too, and says so where it was given another
+    (data.source.shuffle_window on resume=: recorded, and silently not applied)."""
     from litdata.streaming.shuffle import resolve_item_shuffle_window
 
     if "item_shuffle_window" in saved:
-        dataset._item_shuffle_window = resolve_item_shuffle_window(saved["item_shuffle_window"])
+        window = resolve_item_shuffle_window(saved["item_shuffle_window"])
+        given = getattr(dataset, "_item_shuffle_window", window)
+        if given != window:
+            log.warning(
+                "data.source.shuffle_window=%s is not this run's: it continues the epoch the "
+                "checkpoint stopped in, and the epochs after it, with the window it started "
+                "with (%s); start a new run for another",
+                given,
+                saved["item_shuffle_window"],
+            )
+        dataset._item_shuffle_window = window
 
 
 def batches_done_this_epoch(trainer: L.Trainer) -> int:

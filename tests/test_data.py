@@ -1513,6 +1513,27 @@ def test_eval_on_a_copy_of_the_training_folder_tests_its_held_out_share(tmp_path
     assert tested["metrics"]["test/acc"] == pytest.approx(summary["metrics"]["test/acc"])
 
 
+def test_what_a_split_layout_leaves_unread_is_said_once(tmp_path, caplog):
+    """valid/ beside val/ and test/, an unlabeled/ folder, an image at the root: a folder laid
+    out in splits read none of them without a word (walkthrough 130; the flat layout says
+    what it leaves out)."""
+    from litlab.data.folder_index import split_folders
+
+    for name in ("train", "test", "val", "valid", "unlabeled"):
+        write_png_folder(tmp_path / name, per_class=1)
+    (tmp_path / "stray.png").write_bytes((tmp_path / "train" / "cat" / "0.png").read_bytes())
+    with caplog.at_level("WARNING", logger="litlab"):
+        folders = split_folders(tmp_path)
+        split_folders(tmp_path)
+    assert {k: v.name for k, v in folders.items()} == {
+        "train": "train",
+        "test": "test",
+        "val": "val",
+    }
+    said = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert len(said) == 1 and "stray.png, unlabeled, valid beside them not read" in said[0]
+
+
 def test_eval_on_the_train_folder_of_a_split_layout_run_is_refused(tmp_path, capsys):
     """A run on images/train/ beside images/test/: eval.py on images/train/ found none of the
     run's sampled files (kept as train/<class>/<file>) and tested every image, all of them

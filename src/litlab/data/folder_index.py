@@ -299,6 +299,29 @@ def train_folder(root: Path) -> Path:
     return folders["train"] if folders is not None else root
 
 
+_LEFT_SAID: set[Path] = set()  # the split layouts whose unread entries were said
+
+
+def _say_what_a_split_layout_leaves(root: Path, folders: dict[str, Path]) -> None:
+    """Once a process: what a folder laid out in splits holds beside the folders read (a
+    valid/ beside val/, an unlabeled/ folder, images at the root): not read, and said (the
+    flat layout says what it leaves out; this one said nothing)."""
+    if root in _LEFT_SAID:
+        return
+    _LEFT_SAID.add(root)
+    read = {path.name for path in folders.values()}
+    left = sorted(
+        p.name for p in root.iterdir() if p.name not in read and not p.name.startswith(".")
+    )
+    if left:
+        log.warning(
+            "%s is laid out in splits (%s): %s beside them not read",
+            root,
+            ", ".join(f"{split}: {path.name}/" for split, path in folders.items()),
+            ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else ""),
+        )
+
+
 def split_folders(root: Path) -> dict[str, Path] | None:
     """``{"train": root/train, "test": root/<held out>}`` when the folder is laid out in splits
     (ImageNet's train/ beside val/; or test/, valid/, validation/), with ``"val"`` too when
@@ -309,6 +332,7 @@ def split_folders(root: Path) -> dict[str, Path] | None:
         folders = {"train": root / "train", "test": held_out[0]}
         if held_out[0].name == "test" and len(held_out) > 1:
             folders["val"] = held_out[1]
+        _say_what_a_split_layout_leaves(root, folders)
         return folders
     names = class_names(root) if root.is_dir() else []
     if names and all(n.lower() in SPLIT_NAMES for n in names):

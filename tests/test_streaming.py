@@ -142,6 +142,18 @@ def test_eval_on_the_folder_a_streamed_run_was_converted_from_tests_its_held_out
     assert source["test_all"] and f"converted from {root}" in caplog.text
 
 
+def test_a_skipped_file_is_named_without_pils_object_address(tmp_path, capsys):
+    """PIL names what it could not identify by the object it read from: the conversion's skip
+    lines showed "<_io.BytesIO object at 0x7f...>" (walkthrough 130)."""
+    from litlab.data.optimize import encode
+
+    (tmp_path / "fake.jpg").write_text("not an image")
+    assert list(encode((str(tmp_path / "fake.jpg"), 0, "cat/fake.jpg"), None, 90)) == []
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("skipped unreadable image cat/fake.jpg: UnidentifiedImageError")
+    assert "cannot identify image file its bytes" in line and "0x" not in line
+
+
 def test_chunks_of_the_training_folder_at_another_test_fraction_are_refused(converted):
     """eval.py of a run on an image folder, on chunks converted from that folder holding out
     another share for testing: their test split held images the run trained on (walkthrough

@@ -155,7 +155,9 @@ def encode(item: Item, max_side: int | None, quality: int) -> Any:
                     small.save(buffer, "JPEG", quality=quality)
                     data = buffer.getvalue()
     except Exception as e:  # every failure of a damaged file is a skip
-        print(f"skipped unreadable image {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        # (PIL names the bytes it was given: "<_io.BytesIO object at 0x7f...>")
+        why = re.sub(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "its bytes", str(e))
+        print(f"skipped unreadable image {name}: {type(e).__name__}: {why}", file=sys.stderr)
         return
     record = os.environ.get(LABELS_VARIABLE)
     if record:  # this worker's items in the order it writes them (LitData's writer rank)

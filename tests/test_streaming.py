@@ -134,6 +134,8 @@ def test_eval_on_the_folder_a_streamed_run_was_converted_from_tests_its_held_out
         other_folder(source, trained)
     assert source["test_fraction"] == 0.2 and not source.get("test_all")  # the conversion's
     assert f"{root} is the folder the run's chunks ({dst}) were converted from" in caplog.text
+    # the fixture's chunks are shrunk (--max-side 64): the originals are other pixels
+    assert "the run saw them shrunk to 64 pixels a side and saved as JPEG" in caplog.text
     other = tmp_path / "other"
     shutil.copytree(root, other)  # not known for a copy: every image, said as a warning
     source = {"_target_": "litlab.data.ImageFolder", "root": str(other), "test_fraction": 0.2}

@@ -304,10 +304,15 @@ def other_folder(
         log.warning(
             "%s is the folder the run's chunks (%s) were converted from: testing the share its "
             "file names hold out, as the run did (test_fraction %s; +data.source.test_all=true "
-            "tests every image)",
+            "tests every image)%s",
             folder,
             trained.get("input_dir"),
             converted[1],
+            ""
+            if converted[2] is None
+            else f"; the run saw them shrunk to {converted[2]} pixels a side and saved as JPEG "
+            "(--max-side), these are the original files: other pixels, so another figure than "
+            "its test on the chunks",
         )
         source["test_fraction"] = converted[1]
         return
@@ -404,10 +409,11 @@ def label_as_trained(
     )
 
 
-def converted_from(trained: dict[str, Any]) -> tuple[Path, float] | None:
-    """The folder a streamed run's chunks were converted from, and the conversion's test
-    fraction (DST/meta, litlab.data.optimize); None for other sources, or where the chunks
-    cannot be read here (moved, a bucket without credentials)."""
+def converted_from(trained: dict[str, Any]) -> tuple[Path, float, int | None] | None:
+    """The folder a streamed run's chunks were converted from, the conversion's test
+    fraction and its --max-side (None: the files' own bytes; DST/meta, litlab.data.optimize);
+    None for other sources, or where the chunks cannot be read here (moved, a bucket without
+    credentials)."""
     if not trained.get("input_dir"):
         return None
     from litlab.data.streaming import read_meta
@@ -419,7 +425,7 @@ def converted_from(trained: dict[str, Any]) -> tuple[Path, float] | None:
     source, test = meta.get("source"), (meta.get("fractions") or {}).get("test")
     if not source or test is None:
         return None
-    return folder_of(source), float(test)
+    return folder_of(source), float(test), (meta.get("options") or {}).get("max_side")
 
 
 def trained_numerics(stored: DictConfig) -> list[Speed]:

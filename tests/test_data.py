@@ -1467,7 +1467,9 @@ def test_eval_on_a_folder_of_some_of_the_models_classes_labels_them_as_the_model
     assert sorted(set(labels_of(labelled).tolist())) == [1, 2]
     write_coloured_folder(tmp_path / "more", ("dog", "emu"), 1, seed=2)
     eval_cfg = eval_on_folder(tmp_path / "more-eval", summary, tmp_path / "more")
+    caches = Path(eval_cfg.data.source.cache_dir)
     refused(capsys, eval_task, eval_cfg, "class folder(s) ['emu'] of ")
+    assert not list(caches.glob("*/*"))  # refused from the scan: nothing decoded (before: all)
     # a model trained on a source whose checkpoint holds no class names (digits): all of them
     from litlab.evaluate import label_as_trained
 

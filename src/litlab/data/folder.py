@@ -170,6 +170,7 @@ class ImageFolder(Source):
         if isinstance(opened, CachedFolder) or (opened is not None and not self.cache):
             return opened
         index = opened or self._scan(folder)  # scanned by an earlier prepare(test=False)
+        self._check_known_classes(index.classes, folder)  # from the scan: before any decode
         self._opened[folder] = (
             cached_folder(folder, self.size, self.channels, self.cache_dir, self.workers, index)
             if self.cache
@@ -310,15 +311,23 @@ class ImageFolder(Source):
         its class's position among them."""
         if self.classes is None or self.classes == classes:
             return labels, classes
-        unknown = [name for name in classes if name not in self.classes]
+        self._check_known_classes(classes, folder)
+        position = torch.tensor([self.classes.index(name) for name in classes], dtype=torch.long)
+        return position[labels.long()], self.classes
+
+    def _check_known_classes(self, classes: list[str], folder: Path) -> None:
+        """Given the model's ``classes`` (eval.py on another folder): a class folder of
+        ``folder`` not among them is refused (from the scan, before a decode: the whole folder
+        was decoded into a new cache first, and left behind)."""
+        unknown = [
+            name for name in classes if self.classes is not None and name not in self.classes
+        ]
         if unknown:
             raise DataError(
                 f"class folder(s) {unknown} of {folder} are not among the model's classes "
                 f"{self.classes}; test it on folders named as its classes (remove or rename "
                 f"these){encoding_hint(classes, self.classes)}"
             )
-        position = torch.tensor([self.classes.index(name) for name in classes], dtype=torch.long)
-        return position[labels.long()], self.classes
 
     def _check_present(self, labels: torch.Tensor, classes: list[str], where: Path, split: str):
         """``check_classes_present``, but for given ``classes`` only over those with a class

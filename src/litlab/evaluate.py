@@ -214,6 +214,14 @@ def other_data(
     return OmegaConf.create(data)
 
 
+def same_place(a: str, b: str) -> bool:
+    """Whether two data locations are one: local folders resolved (relative, ~, links), a
+    bucket's URL as written."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return folder_of(a) == folder_of(b)
+
+
 def chunks_as_trained(
     source: dict[str, Any], trained: dict[str, Any], conversion: str | None
 ) -> None:
@@ -231,9 +239,7 @@ def chunks_as_trained(
     except Exception:  # unreadable here: the test's setup says why
         return
     where = source["input_dir"]
-    same = trained.get("input_dir") and str(trained["input_dir"]).rstrip("/") == str(where).rstrip(
-        "/"
-    )
+    same = trained.get("input_dir") and same_place(str(trained["input_dir"]), str(where))
     if same and conversion and meta.get("source_key") not in (None, conversion):
         raise ConfigError(
             f"{where} holds another conversion than the one the run trained on (converted "

@@ -230,13 +230,8 @@ def chunks_as_trained(
     other files or fractions; a resume refuses them too), or chunks converted from the run's
     training folder at another test fraction than the run held out (walkthrough 130: 164 of
     330 images tested were trained or validated on, without a word)."""
-    if not source.get("input_dir"):
-        return
-    from litlab.data.streaming import read_meta
-
-    try:
-        meta = read_meta(str(source["input_dir"]), source.get("cache_dir"))
-    except Exception:  # unreadable here: the test's setup says why
+    meta = chunks_meta(source)
+    if meta is None:  # not chunks, or unreadable here: the test's setup says why
         return
     where = source["input_dir"]
     same = trained.get("input_dir") and same_place(str(trained["input_dir"]), str(where))
@@ -247,15 +242,15 @@ def chunks_as_trained(
             "not the run's and may hold images it trained on; test the chunks it trained on, "
             "or convert its folder again as it was"
         )
-    folder, test = meta.get("source"), (meta.get("fractions") or {}).get("test")
-    held_out = trained.get("test_fraction")
-    if not trained.get("root") or not folder or test is None or held_out is None:
+    converted, held_out = conversion_of(meta), trained.get("test_fraction")
+    if converted is None or not trained.get("root") or held_out is None:
         return
-    if folder_of(folder) == folder_of(trained["root"]) and float(test) != float(held_out):
+    folder, test, _ = converted
+    if folder == folder_of(trained["root"]) and test != float(held_out):
         raise ConfigError(
             f"{where} was converted from the run's training folder {folder} holding out "
-            f"{test} of it for testing, where the run held out {held_out}: its test split holds "
-            "images the run trained on; convert it with --test-fraction "
+            f"{test:g} of it for testing, where the run held out {held_out}: its test split "
+            "holds images the run trained on; convert it with --test-fraction "
             f"{held_out}, or test the folder itself (data=image_folder)"
         )
 
@@ -420,14 +415,26 @@ def converted_from(trained: dict[str, Any]) -> tuple[Path, float, int | None] | 
     fraction and its --max-side (None: the files' own bytes; DST/meta, litlab.data.optimize);
     None for other sources, or where the chunks cannot be read here (moved, a bucket without
     credentials)."""
-    if not trained.get("input_dir"):
+    meta = chunks_meta(trained)
+    return None if meta is None else conversion_of(meta)
+
+
+def chunks_meta(source: dict[str, Any]) -> dict[str, Any] | None:
+    """What the conversion of a streamed source's chunks recorded (DST/meta); None for other
+    sources, or where the chunks cannot be read here (moved, a bucket without credentials)."""
+    if not source.get("input_dir"):
         return None
     from litlab.data.streaming import read_meta
 
     try:
-        meta = read_meta(str(trained["input_dir"]), trained.get("cache_dir"))
+        return read_meta(str(source["input_dir"]), source.get("cache_dir"))
     except Exception:
         return None
+
+
+def conversion_of(meta: dict[str, Any]) -> tuple[Path, float, int | None] | None:
+    """(the folder converted, its test fraction, --max-side) from a conversion's meta; None
+    where it names no folder or fraction."""
     source, test = meta.get("source"), (meta.get("fractions") or {}).get("test")
     if not source or test is None:
         return None

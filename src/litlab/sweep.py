@@ -177,9 +177,8 @@ def tell_the_study(summary: dict[str, Any], job_dir: Path) -> str | None:
             return None
         import optuna
 
-        study = optuna.load_study(study_name=name, storage=storage)
-        (held,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
-        if held.state != optuna.trial.TrialState.RUNNING:
+        study = study_running(storage, name, number)
+        if study is None:
             return None
         value = (summary.get("objective") or {}).get("value")
         if value is not None and not math.isnan(value):
@@ -226,14 +225,27 @@ def tell_stopped_batch(sweep_dir: str, trials: list[int], in_process: bool) -> N
             tell_failed(trial, f"its job {job['job_dir']} stopped before its first checkpoint")
 
 
+def study_running(storage: str, name: str, number: int) -> Any:
+    """The Optuna study ``name`` where its trial ``number`` is still RUNNING (to be told);
+    None where the study has it finished. Raises where the study cannot be loaded (a SQLite
+    file gone is not made anew, empty)."""
+    import optuna
+
+    database = sqlite_file(storage)
+    if database is not None and not database.is_file():
+        raise FileNotFoundError(f"{database} is gone")
+    study = optuna.load_study(study_name=name, storage=storage)
+    (held,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    return study if held.state == optuna.trial.TrialState.RUNNING else None
+
+
 def tell_failed(trial: dict[str, Any], why: str) -> None:
     """Tell an Optuna study that its RUNNING trial (a job's "optuna_trial") failed, and why."""
     try:
         import optuna
 
-        study = optuna.load_study(study_name=trial["study_name"], storage=trial["storage"])
-        (held,) = [t for t in study.get_trials(deepcopy=False) if t.number == trial["number"]]
-        if held.state != optuna.trial.TrialState.RUNNING:
+        study = study_running(trial["storage"], trial["study_name"], trial["number"])
+        if study is None:
             return
         study.tell(trial["number"], state=optuna.trial.TrialState.FAIL)
     except Exception as e:  # a study locked or moved: the trial stays RUNNING
@@ -716,11 +728,13 @@ def _write_sweep_summary(
     stopped: bool,
     stopped_in: str | None = None,
     planned: list[list[str]] | None = None,
+    plan: dict[str, Any] | None = None,
 ) -> tuple[Any, ...]:
     """Write <sweep dir>/sweep_summary.json from its jobs' summaries; return (jobs, best,
     failed, listed, other, study) for the sweep's closing lines. A stopped sweep's
     ``stopped_in``: the job a signal stopped it in (its last interrupted job); a stopped grid
-    sweep's ``planned`` jobs: the ones after the jobs that ran never ran ("not_run")."""
+    sweep's ``planned`` jobs: the ones after the jobs that ran never ran ("not_run"), or
+    ``plan``, the "planned" and "not_run" an earlier summary of it recorded."""
     jobs = read_jobs(sweep_dir)
     best = best_job(jobs)
     failed = [j for j in jobs if j.get("status") != "completed"]
@@ -759,8 +773,8 @@ def _write_sweep_summary(
         interrupted = listed["interrupted"]
         summary["stopped_in"] = stopped_in or (interrupted[-1]["job_dir"] if interrupted else None)
         if planned is not None:  # (a grid sweep's: every job in its order, 0, 1, 2, ...)
-            summary["planned"] = len(planned)
-            summary["not_run"] = [" ".join(job) for job in planned[len(jobs) :]]
+            plan = {"planned": len(planned), "not_run": [" ".join(j) for j in planned[len(jobs) :]]}
+        summary.update(plan or {})
     write_json(sweep_dir / "sweep_summary.json", summary)
     return jobs, best, failed, listed, other, study
 
@@ -776,11 +790,9 @@ def refresh_sweep_summary(job_dir: Path) -> None:
             stopped_in = then.get("stopped_in") or [None, *then.get("interrupted", [])][-1]
             if isinstance(stopped_in, dict):  # (a summary from before stopped_in was kept)
                 stopped_in = stopped_in.get("job_dir")
-            planned = None
-            if isinstance(then.get("planned"), int):  # the jobs that ran, then those that did not
-                ran: list[list[str]] = [[] for _ in read_jobs(job_dir.parent)]
-                planned = ran + [[job] for job in then.get("not_run", [])]
-            _write_sweep_summary(job_dir.parent, bool(then.get("stopped")), stopped_in, planned)
+            # a grid sweep's jobs that never ran are still those (a resume runs none of them)
+            plan = {key: then[key] for key in ("planned", "not_run") if key in then}
+            _write_sweep_summary(job_dir.parent, bool(then.get("stopped")), stopped_in, plan=plan)
     except Exception as e:  # a summary unreadable or a folder read-only: the run stands
         log.warning("%s was not brought up to date: %s", path, first_line(e))
 

@@ -70,6 +70,7 @@ if optuna_sweeper is not None:
                 return configure(trials, *args)
 
             impl._configure_trials = configure_and_record
+            sweep_dir, in_process = impl.config.hydra.sweep.dir, launches_in_process(impl.config)
             try:
                 return super().sweep(arguments)
             except ValueError:  # optuna's study.best_trial: "Record does not exist."
@@ -78,18 +79,10 @@ if optuna_sweeper is not None:
                 return None  # no trial completed: the summary callback says so and exits
             except (SystemExit, KeyboardInterrupt):  # a signal stopped a job, and the sweep
                 if shared == impl.storage:  # (global rank 0's: the others ask a copy)
-                    sweep_dir, in_process = (
-                        impl.config.hydra.sweep.dir,
-                        launches_in_process(impl.config),
-                    )
                     tell_stopped_batch(sweep_dir, batch, in_process)
                 raise
             except Exception:  # the launch itself failed (a job's config not composed)
                 if shared == impl.storage:
-                    sweep_dir, in_process = (
-                        impl.config.hydra.sweep.dir,
-                        launches_in_process(impl.config),
-                    )
                     fail_unrun_trials(sweep_dir, shared, impl.study_name, batch, in_process)
                 raise
             finally:

@@ -46,11 +46,12 @@ def files_found_renamed(folder: Path, sample: Sequence[Sequence[str]]) -> int:
     written in the other Unicode form (NFC, NFD: macOS writes "é" as e and an accent; a copy
     through HFS+, ``rsync --iconv`` or a zip can switch them). Their names hash to another
     held-out share, so the run's test split is not this folder's."""
-    found = 0
-    for name, digest in sample:
-        others = {unicodedata.normalize(form, name) for form in ("NFC", "NFD")} - {name}
-        found += any(digest and file_digest(folder / other) == digest for other in others)
-    return found
+    renamed = [
+        [other, digest]
+        for name, digest in sample
+        for other in {unicodedata.normalize(form, name) for form in ("NFC", "NFD")} - {name}
+    ]
+    return files_found(folder, renamed)
 
 
 def files_found_as_split(folder: Path, sample: Sequence[Sequence[str]]) -> int:

@@ -1015,11 +1015,17 @@ def test_a_run_with_max_steps_resumed_at_an_epochs_end_trains_every_epoch(tmp_pa
 @pytest.mark.slow
 def test_a_run_with_max_steps_resumed_mid_epoch_continues_that_epoch(tmp_path, straight_classifier):
     """With trainer.max_steps set, a checkpoint from within an epoch (a preemption) still
-    continues that epoch where it stopped: the same weights as the run never stopped."""
+    continues that epoch where it stopped: the same weights as the run never stopped. Before
+    it, a resume with another batch size, refused as the fit restores the loader (start-up lines
+    logged), leaves the run folder's summary and log as they were."""
     args = [*CLF, "trainer.max_steps=1000", f"paths.log_dir={tmp_path}"]
     stopped = run_cli(*args, "+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=6")
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     folder = run_folder(tmp_path)
+    kept = {name: (folder / name).read_bytes() for name in ("summary.json", "train.log")}
+    refused = run_cli(f"resume={folder}", "data.batch_size=64")
+    assert refused.returncode == 2 and "resume with the same values" in refused.stderr
+    assert {name: (folder / name).read_bytes() for name in kept} == kept
     resumed = run_cli(f"resume={folder}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = final_state(straight_classifier), final_state(folder)

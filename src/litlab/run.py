@@ -115,6 +115,29 @@ def into_log_files(exc: Exception) -> None:
             handler.handle(record)
 
 
+def _log_file_sizes() -> dict[str, int]:
+    """The length of each log file (Hydra's train.log) the root logger writes to, now."""
+    sizes = {}
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.flush()
+            with contextlib.suppress(OSError):
+                sizes[handler.baseFilename] = os.path.getsize(handler.baseFilename)
+    return sizes
+
+
+def _cut_log_files(sizes: dict[str, int]) -> None:
+    """Each log file back to its length in ``sizes``: the lines a run refused before it
+    touched the folder's earlier run logged (its start-up lines) go, as its summary does."""
+    for handler in logging.getLogger().handlers:
+        size = sizes.get(getattr(handler, "baseFilename", ""))
+        if isinstance(handler, logging.FileHandler) and size is not None:
+            handler.flush()  # (appended: the handler's later lines follow the cut)
+            with contextlib.suppress(OSError):
+                if os.path.getsize(handler.baseFilename) > size:
+                    os.truncate(handler.baseFilename, size)
+
+
 def build_list(node: DictConfig | None, path: str) -> list[Any]:
     """Instantiate every entry of a group like callbacks/ or logger/; null entries are off."""
     if not node:
@@ -420,6 +443,7 @@ class Run:
         # kept as the run's once this part's fit begins from a checkpoint not before it
         self._earlier_validation: tuple[int, dict[str, Any]] | None = None
         self._validated_before: tuple[int, dict[str, Any]] | None = None
+        self._log_sizes: dict[str, int] = {}  # the log files' lengths as the run began (rank 0)
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -432,6 +456,7 @@ class Run:
             # summary said before, and puts it back if it stops before any phase began.
             self._previous = read_summary(self.dir / "summary.json")
             self._completed = (self.dir / COMPLETED).is_file()
+            self._log_sizes = _log_file_sizes()
             if self._previous is not None:
                 earlier = {k: v for k, v in self._previous.items() if k != "previous_summary"}
                 self.summary["previous_summary"] = earlier
@@ -594,6 +619,7 @@ class Run:
                 # config the checkpoints do not match, a fit that failed in its setup): the
                 # folder's summary stays what it was
                 write_json(self.dir / "summary.json", self._previous)
+                _cut_log_files(self._log_sizes)  # and its log ends where it ended
             else:
                 self._write()
                 if exc is not None:  # the folder's summary no longer says its run completed

@@ -154,16 +154,23 @@ def test_a_failed_run_ends_its_wandb_run_as_failed(tmp_path, capsys):
 def test_an_accuracy_objective_on_few_validation_images_is_said_to_be_coarse(tmp_path, caplog):
     """digits' 144 validation images: val/acc at 1.0 from epoch 7 of 20, best.ckpt the first
     epoch there; data=digits chooses val/loss, and an accuracy asked for is warned of (a
-    user's small image folder likewise)."""
-    coarse = "the objective val/acc on 144 validation images moves in steps of 0.69%"
-    for objective, said in (["objective=accuracy"], True), ([], False):
+    user's small image folder likewise). Under trainer.limit_val_batches, the images of those
+    batches are counted (it counted the whole split)."""
+    coarse = "the objective val/acc on {} validation images moves in steps of {}%"
+    cases = [
+        (["objective=accuracy"], coarse.format(144, 0.69)),
+        (["objective=accuracy", "+trainer.limit_val_batches=1", "data.eval_batch_size=32"],
+         coarse.format(32, 3.1)),
+        ([], None),
+    ]  # fmt: skip
+    for i, (overrides, said) in enumerate(cases):
         caplog.clear()
         more = ["trainer.max_epochs=1", "+trainer.limit_train_batches=2", "test=false", *FAST]
-        cfg = make_cfg(tmp_path / str(said), [*objective, *more])
+        cfg = make_cfg(tmp_path / str(i), [*more, *overrides])
         with caplog.at_level("WARNING", logger="litlab"):
             train_task(cfg)
-        assert (coarse in caplog.text) == said
-        assert ("(or raise data.val_fraction)" in caplog.text) == said  # its share of train
+        assert said is None or said in caplog.text
+        assert ("(or raise data.val_fraction)" in caplog.text) == (said is not None)
 
 
 def test_tensorboard_and_no_logger(tmp_path):

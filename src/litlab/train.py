@@ -202,6 +202,12 @@ class CoarseAccuracy(L.Callback):
         if not self.metric.startswith("val/acc") or not hasattr(datamodule, "split_size"):
             return
         images = datamodule.split_size("val")
+        # trainer.limit_val_batches: the objective measures those batches' images alone
+        limit, batch = trainer.limit_val_batches, getattr(datamodule, "eval_batch_size", None)
+        if isinstance(limit, int) and batch:
+            images = min(images, limit * batch * trainer.world_size)
+        elif isinstance(limit, float) and limit < 1:
+            images = int(images * limit)
         if trainer.is_global_zero and 0 < images < COARSE_ACCURACY_IMAGES:
             log.warning(
                 "the objective %s on %d validation images moves in steps of %.2g%%: epochs and "

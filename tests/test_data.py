@@ -1377,6 +1377,31 @@ def test_eval_on_the_training_folder_tests_the_runs_own_test_images_framed_as_th
     assert "eval_crop 1.0 (not 0.875)" in caplog.text and "size 20 (not 36)" in caplog.text
 
 
+def test_a_run_on_a_folder_given_relative_is_tested_again_from_another_folder(
+    tmp_path, monkeypatch
+):
+    """`data.source.root=images`, given relative to where the run started: its checkpoints
+    record the folder absolute, so that `eval.py ckpt_path=...` run elsewhere tests the run's
+    test images (it looked for images/ where it ran, or failed)."""
+    from litlab.evaluate import eval_task
+
+    write_png_folder(tmp_path / "images", per_class=20)
+    monkeypatch.chdir(tmp_path)
+    summary = train_on_folder(
+        tmp_path, "trainer.max_epochs=1", "data.batch_size=4", "data.source.root=images"
+    )
+    (tmp_path / "elsewhere" / "images").mkdir(parents=True)  # an empty images/ there
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    eval_cfg = make_cfg(
+        tmp_path / "eval",
+        [f"ckpt_path={summary['best_checkpoint']}", "extras.print_config=false"],
+        config_name="eval",
+    )
+    eval_task(eval_cfg)
+    evaluated = summary_of(eval_cfg)
+    assert evaluated["metrics"] == {k: summary["metrics"][k] for k in ("test/loss", "test/acc")}
+
+
 def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
     """eval.py on a folder of class folders other than the training one tested only the share
     its file names would hold out in a run that trained on it (about a fifth): now every image.

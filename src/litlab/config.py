@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import os
 import types
 import typing
 from collections.abc import Sequence
@@ -95,6 +96,25 @@ def run_dir(base: str, stamp: str) -> str:
 OmegaConf.register_new_resolver("run_dir", run_dir, replace=True, use_cache=True)
 OmegaConf.register_new_resolver("sweep_group", sweep_group, replace=True)
 OmegaConf.register_new_resolver("optuna_direction", optuna_direction, replace=True)
+
+
+# The local files and folders a data source reads (relative as a command may give them).
+DATA_PATH_KEYS = ("root", "input_dir", "data_dir")
+
+
+def absolute_data_paths(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (a resolved config, plain) with data.source's relative local paths made
+    absolute (from this process's working directory, as the run read them): what a checkpoint
+    and a config digest record. `data.source.root=imgs` stored as written sent eval.py, run
+    from another folder, to another or no folder."""
+    source = (config.get("data") or {}).get("source")
+    if not isinstance(source, dict):
+        return config
+    for key in DATA_PATH_KEYS:
+        value = source.get(key)
+        if isinstance(value, str) and value and "://" not in value and not value.startswith("~"):
+            source[key] = os.path.abspath(value)
+    return config
 
 
 def config_dir() -> str:

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import litlab
 from litlab.checkpoint import resumable_checkpoints
-from litlab.config import build, in_sweep
+from litlab.config import absolute_data_paths, build, in_sweep
 from litlab.errors import (
     AlreadyCompleted,
     ConfigError,
@@ -197,6 +197,7 @@ def config_digest(cfg: DictConfig) -> str:
     plain = OmegaConf.to_container(
         OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"]), resolve=True
     )
+    absolute_data_paths(plain)
     paths = plain.pop("paths", None) or {}
     for key in ("tags", "task_name", "extras", "logger", "ckpt_path"):
         plain.pop(key, None)

@@ -25,6 +25,7 @@ from litlab.callbacks.gan import give_checkpoint_state
 from litlab.callbacks.preemption import hand_over_preemption
 from litlab.checkpoint import load_checkpoint
 from litlab.config import (
+    absolute_data_paths,
     build,
     check_all,
     check_augmentation,
@@ -349,7 +350,7 @@ def wraps_in_place(trainer: L.Trainer) -> bool:
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams.pop("hydra", None)
-    return hparams
+    return absolute_data_paths(hparams)
 
 
 def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, Any]) -> L.Trainer:

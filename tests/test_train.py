@@ -483,6 +483,71 @@ def test_training_accuracy_counts_as_torchmetrics_does():
     assert place_hits(logits[:, :3], labels % 3, 0).shape == (1,)  # 5 classes or fewer: top-1
 
 
+def test_weight_decay_groups_spare_a_vision_transformers_token_and_position_embeddings():
+    """torchvision's ViT (model=torchvision net.name=vit_b_16): its class token and position
+    embeddings (3-D, learned inputs) go with the norms and biases into no_decay, as torchvision's
+    and timm's recipes have them; its weight matrices decay. The rule before (grouping 1, a
+    resumed older run's) decayed them by their shape."""
+    from torchvision.models import VisionTransformer
+
+    from litlab.models.optim import weight_decay_groups
+
+    vit = VisionTransformer(
+        image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16
+    )
+    names = {id(p): name for name, p in vit.named_parameters()}
+    decay, no_decay = weight_decay_groups(vit.named_parameters())
+    spared = {names[id(p)] for p in no_decay["params"]}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert {"class_token", "encoder.pos_embedding"} <= spared
+    assert {"conv_proj.weight", "heads.head.weight"} <= decayed
+    assert all(p.ndim >= 2 for p in decay["params"])
+    assert len(spared) + len(decayed) == len(names)
+    decay, _ = weight_decay_groups(vit.named_parameters(), grouping=1)
+    assert {"class_token", "encoder.pos_embedding"} <= {names[id(p)] for p in decay["params"]}
+
+
+def test_a_vision_transformer_run_from_before_the_embeddings_were_spared_resumes(
+    tmp_path, caplog, monkeypatch
+):
+    """A ViT run with decay_norm_and_bias=false records its grouping in its checkpoints; one
+    whose checkpoint has no record (written before the embeddings were spared: its optimizer
+    state in the groups of then) resumes with that grouping, said once. Sparing them under an
+    unchanged config had failed such a resume in Lightning's optimizer load, a traceback."""
+    vit = ["model/net=custom", "model.net._target_=torchvision.models.VisionTransformer"]
+    vit += [f"+model.net.{k}={v}" for k, v in (("image_size", 16), ("patch_size", 8))]
+    vit += [f"+model.net.{k}={v}" for k, v in (("num_layers", 1), ("num_heads", 2))]
+    vit += ["+model.net.hidden_dim=8", "+model.net.mlp_dim=16", "+model.net.num_classes=10"]
+    vit += ["data=synthetic", "data.image_shape=[3,16,16]", "model.decay_norm_and_bias=false"]
+    vit += ["model.scheduler=null", "logger=csv", "test=false", *FAST]
+
+    def train(name: str, *overrides: str) -> dict:
+        cfg = make_cfg(tmp_path / name, [*vit, *overrides])
+        train_task(cfg)
+        assert summary_of(cfg)["status"] == "completed"
+        return torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+
+    def no_decay(checkpoint: dict) -> int:  # the parameters in the optimizer's no_decay group
+        groups = checkpoint["optimizer_states"][0]["param_groups"]
+        return next(len(g["params"]) for g in groups if g["name"] == "no_decay")
+
+    first = train("first", "trainer.max_steps=2")
+    state = first["state_dict"]
+    by_shape = sum(1 for name, value in state.items() if value.ndim <= 1 and "net." in name)
+    assert first["classifier"]["decay_grouping"] == 2 and no_decay(first) == by_shape + 2
+    with monkeypatch.context() as patch:  # a run of the rule before, its checkpoint unrecorded
+        patch.setattr("litlab.models.classifier.DECAY_GROUPING", 1)
+        older = train("older", "trainer.max_steps=2")
+    assert no_decay(older) == by_shape
+    del older["classifier"]["decay_grouping"]
+    torch.save(older, tmp_path / "older.ckpt")
+    with caplog.at_level("WARNING", logger="litlab"):
+        resumed = train("resumed", f"ckpt_path={tmp_path / 'older.ckpt'}", "trainer.max_steps=4")
+    assert "written before litlab spared a vision transformer's embeddings" in caplog.text
+    assert resumed["global_step"] == 4 and resumed["classifier"]["decay_grouping"] == 1
+    assert no_decay(resumed) == by_shape
+
+
 @pytest.mark.parametrize("decay_norm_and_bias", [True, False])
 def test_weight_decay_spares_norms_and_biases_when_asked(tmp_path, decay_norm_and_bias):
     """model.decay_norm_and_bias=false (folder_resnet50): a step with zero gradients shrinks

@@ -102,6 +102,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     if cfg.get("ckpt_path"):  # one clear line for a missing, corrupt or foreign checkpoint
         checkpoint = continued or load_checkpoint(cfg.ckpt_path)
         check_resumable(checkpoint, cfg)
+        if cfg.get("train") and hasattr(model, "continues"):  # (its optimizer: as it was)
+            model.continues(checkpoint)
         if cfg.get("train") and hasattr(datamodule, "continues"):  # (Lightning's key for it)
             datamodule.continues(checkpoint.get(type(datamodule).__qualname__) or {})
         run.summary["resumed_from"] = str(cfg.ckpt_path)

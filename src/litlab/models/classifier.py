@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -25,13 +26,17 @@ from litlab.errors import ConfigError
 from litlab.metrics.aggregation import Max, Mean
 from litlab.models.curves import StepCurves
 from litlab.models.optim import (
+    DECAY_GROUPING,
     Interval,
     build_optimizer,
     fit_schedules_to_run,
     optimized_parameters,
     parameter_ndims,
+    spared_by_name,
 )
 from litlab.rng import RankSeeded
+
+log = logging.getLogger("litlab")
 
 
 def place_hits(logits: Tensor, labels: Tensor, k: int) -> Tensor:
@@ -93,6 +98,7 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         self.decay_norm_and_bias = decay_norm_and_bias
         # which those are, by name, before a strategy wraps the net (FSDP flattens them all)
         self.parameter_ndims = parameter_ndims(self.named_parameters())
+        self.decay_grouping = DECAY_GROUPING  # a resumed run's: its checkpoint's (continues)
         # What ReduceLROnPlateau watches, and in which direction (the configs: the objective).
         self.scheduler_monitor, self.scheduler_mode = scheduler_monitor, scheduler_mode
         # Accepts class indices and, from mixing, class probabilities (smoothed alike).
@@ -311,7 +317,26 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         # resumed run hands them to its rank 0 alone, so that the epoch's reduce counts every
         # image once, on any number of ranks.
         total = self.trainer.strategy.reduce(self.epoch_sums(), reduce_op="sum")
-        checkpoint["classifier"] = {"train_sums": total.cpu(), "validated": self._validated}
+        checkpoint["classifier"] = {
+            "train_sums": total.cpu(),
+            "validated": self._validated,
+            "decay_grouping": self.decay_grouping,
+        }
+
+    def continues(self, checkpoint: dict[str, Any]) -> None:
+        """A fit resumed from ``checkpoint`` (before the trainer builds the optimizer): its
+        weight-decay groups are laid out as the checkpoint's run laid them out (its optimizer
+        state is in those groups). Checkpoints before litlab spared a vision transformer's
+        embeddings from weight decay (no record) go on decaying them, said once."""
+        self.decay_grouping = checkpoint.get("classifier", {}).get("decay_grouping", 1)
+        moved = [name for name in self.parameter_ndims if spared_by_name(name)]
+        if self.decay_grouping < DECAY_GROUPING and moved and not self.decay_norm_and_bias:
+            log.warning(
+                "this run's checkpoint was written before litlab spared a vision transformer's "
+                "embeddings from weight decay (%s): the resumed run decays them as it did; a new "
+                "run spares them",
+                ", ".join(moved[:3]) + (", ..." if len(moved) > 3 else ""),
+            )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # (older checkpoints: at an epoch's end, where a plateau step had just used it)
@@ -329,7 +354,10 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         optimizer, scheduler = build_optimizer(
             self.optimizer_factory,
             optimized_parameters(
-                self.named_parameters(), self.decay_norm_and_bias, self.parameter_ndims
+                self.named_parameters(),
+                self.decay_norm_and_bias,
+                self.parameter_ndims,
+                self.decay_grouping,
             ),
             self.scheduler_factory,
             self.scheduler_interval,

@@ -86,23 +86,53 @@ def parameter_ndims(named: Iterable[tuple[str, torch.nn.Parameter]]) -> dict[str
     return {unwrapped_name(name): param.ndim for name, param in named}
 
 
+# A vision transformer's class token and position embeddings, and a Swin's relative position
+# bias tables and attention logit scales (torchvision's and timm's names): learned inputs and
+# scales, not weights; shrunk towards zero a ViT forgets where each patch lies. torchvision's
+# and timm's recipes spare them (transformer_embedding_decay, no_weight_decay).
+EMBEDDINGS = (
+    "class_token",
+    "pos_embedding",
+    "cls_token",
+    "pos_embed",
+    "absolute_pos_embed",
+    "relative_position_bias_table",
+    "logit_scale",
+)
+# The grouping rule's version, recorded in a classifier's checkpoints: 2 spares EMBEDDINGS; 1,
+# the rule before (checkpoints without a record), decayed them by their shape. A resumed run
+# keeps its checkpoint's: the optimizer's saved state is laid out in that rule's groups.
+DECAY_GROUPING = 2
+
+
+def spared_by_name(name: str) -> bool:
+    """Whether the parameter ``name`` is one of EMBEDDINGS."""
+    return name.rpartition(".")[2] in EMBEDDINGS
+
+
 def optimized_parameters(
     named: Iterable[tuple[str, torch.nn.Parameter]],
     decay_norm_and_bias: bool,
     ndims: dict[str, int] | None = None,
+    grouping: int = DECAY_GROUPING,
 ) -> list[Any]:
     """What the optimizer is built on: every parameter (its weight decay on all of them), or
     with ``decay_norm_and_bias`` false the two groups of :func:`weight_decay_groups`."""
     named = list(named)
-    return [p for _, p in named] if decay_norm_and_bias else weight_decay_groups(named, ndims)
+    if decay_norm_and_bias:
+        return [p for _, p in named]
+    return weight_decay_groups(named, ndims, grouping)
 
 
 def weight_decay_groups(
-    named: Iterable[tuple[str, torch.nn.Parameter]], ndims: dict[str, int] | None = None
+    named: Iterable[tuple[str, torch.nn.Parameter]],
+    ndims: dict[str, int] | None = None,
+    grouping: int = DECAY_GROUPING,
 ) -> list[dict[str, Any]]:
     """Two parameter groups: "decay" (weight matrices and kernels: the optimizer's weight decay)
-    and "no_decay" (parameters of one dimension or none: normalization scales and shifts,
-    biases; weight decay 0). The rule of timm's ``param_groups_weight_decay`` and of FFCV's and
+    and "no_decay" (weight decay 0: parameters of one dimension or none, i.e. normalization
+    scales and shifts and biases; and, from ``grouping`` 2, a transformer's token and position
+    embeddings, EMBEDDINGS). The rule of timm's ``param_groups_weight_decay`` and of FFCV's and
     Goyal et al.'s ImageNet recipes; the group names label the LR monitor's curves.
     ``ndims`` (``parameter_ndims`` of the module before it was wrapped) gives the parameters'
     own dimensions where the shapes seen now are not theirs (under FSDP: every one flat, 1-D,
@@ -111,7 +141,8 @@ def weight_decay_groups(
     for name, param in named:
         if param.requires_grad:
             ndim = (ndims or {}).get(unwrapped_name(name), param.ndim)
-            (no_decay if ndim <= 1 else decay).append(param)
+            spared = ndim <= 1 or (grouping >= 2 and spared_by_name(unwrapped_name(name)))
+            (no_decay if spared else decay).append(param)
     return [
         {"params": decay, "name": "decay"},
         {"params": no_decay, "name": "no_decay", "weight_decay": 0.0},

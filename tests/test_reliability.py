@@ -557,12 +557,13 @@ def test_a_resumed_run_saves_no_periodic_checkpoint_inside_an_accumulation(tmp_p
     first = make_cfg(tmp_path / "first", [*args, "trainer.max_steps=4"])
     train_task(first)
     step = Path(first.paths.output_dir) / "checkpoints" / "step.ckpt"
-    # [global step, batches trained]: step.ckpt twice, then last.ckpt as max_steps ends the fit
-    assert json.loads(record.read_text()) == [[2, 4], [4, 8], [4, 8]]
+    # [global step, batches trained]: step.ckpt twice, then best.ckpt and last.ckpt as
+    # max_steps ends the fit (validated there)
+    assert json.loads(record.read_text()) == [[2, 4], [4, 8], [4, 8], [4, 8]]
     resumed = make_cfg(tmp_path / "resumed", [*args, "trainer.max_steps=8", f"ckpt_path={step}"])
     train_task(resumed)
     # (before: [4, 9] first, step.ckpt rewritten after the first resumed batch)
-    assert json.loads(record.read_text()) == [[6, 12], [8, 16], [8, 16]]
+    assert json.loads(record.read_text()) == [[6, 12], [8, 16], [8, 16], [8, 16]]
 
 
 @pytest.mark.parametrize(

@@ -151,6 +151,22 @@ def test_a_failed_run_ends_its_wandb_run_as_failed(tmp_path, capsys):
     assert offline_run(run)["exit_code"] == 1
 
 
+def test_a_fit_that_max_steps_ends_inside_an_epoch_validates_its_last_weights(tmp_path):
+    """trainer.max_steps=25 on digits' 20 batches an epoch: Lightning ended the fit at step 25
+    unvalidated, so val/*, best.ckpt and the test were of step 20's weights, before the
+    one-cycle schedule's last steps (review). Now the cut validates, as an epoch's end does."""
+    cfg = make_cfg(tmp_path, ["trainer.max_epochs=20", "trainer.max_steps=25", "logger=csv", *FAST])
+    train_task(cfg)
+    folder = Path(cfg.paths.output_dir)
+    with open(folder / "csv" / "metrics.csv") as f:
+        validated = [row for row in csv.DictReader(f) if row.get("val/loss")]
+    assert [row["step"] for row in validated] == ["19", "24"]  # (steps counted from 0)
+    summary = summary_of(cfg)
+    assert summary["metrics"]["val/loss"] == pytest.approx(float(validated[-1]["val/loss"]))
+    tested = torch.load(summary["tested_checkpoint"], weights_only=False)
+    assert tested["global_step"] == 25 and summary["epochs"] == {"trained": 2, "validated": 2}
+
+
 def test_an_accuracy_objective_on_few_validation_images_is_said_to_be_coarse(tmp_path, caplog):
     """digits' 144 validation images: val/acc at 1.0 from epoch 7 of 20, best.ckpt the first
     epoch there; data=digits chooses val/loss, and an accuracy asked for is warned of (a

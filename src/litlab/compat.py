@@ -269,6 +269,18 @@ class _TrainingEpochLoop(LightningTrainingEpochLoop):
 
     reopened = False  # the fit loop reopened this epoch from a checkpoint
 
+    def _should_check_val_fx(self, data_fetcher: Any) -> bool:
+        """Also validate where trainer.max_steps ends the fit inside an epoch (one that
+        validates: check_val_every_n_epoch), as at an epoch's end. Lightning ends the fit there
+        unvalidated: val/*, best.ckpt and the test (of best.ckpt) were of the epoch's end
+        before, and missed the schedule's last steps (a one-cycle's annealing; found by
+        review). A stop asked for in the step (should_stop: a GAN's max_g_steps) validates
+        already (Lightning's own rule)."""
+        cut = self.max_steps >= 0 and self.global_step >= self.max_steps
+        if cut and not self.batch_progress.is_last_batch and self._should_check_val_epoch():
+            return True
+        return super()._should_check_val_fx(data_fetcher)
+
     def on_advance_end(self, data_fetcher: Any) -> None:
         if self.reopened and self._skip_next_val:  # the resumed batch: counted already
             self._batches_that_stepped -= 1

@@ -167,6 +167,18 @@ def test_a_fit_that_max_steps_ends_inside_an_epoch_validates_its_last_weights(tm
     assert tested["global_step"] == 25 and summary["epochs"] == {"trained": 2, "validated": 2}
 
 
+def test_a_fit_that_max_time_ends_before_its_schedule_says_so(tmp_path, caplog):
+    """trainer.max_time stops a run whose LR schedule is sized by its epochs: the weights
+    tested trained at a learning rate not annealed (review); the log says so, and how to size
+    the run instead. (200 epochs of 20 steps: not in one second on any machine.)"""
+    overrides = ["+trainer.max_time=00:00:00:01", "trainer.max_epochs=200", "test=false", *FAST]
+    cfg = make_cfg(tmp_path, overrides)
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(cfg)
+    assert "trainer.max_time=00:00:00:01 ended the fit before its LR schedule's end" in caplog.text
+    assert "OneCycleLR at step" in caplog.text and "of 4000" in caplog.text
+
+
 def test_an_accuracy_objective_on_few_validation_images_is_said_to_be_coarse(tmp_path, caplog):
     """digits' 144 validation images: val/acc at 1.0 from epoch 7 of 20, best.ckpt the first
     epoch there; data=digits chooses val/loss, and an accuracy asked for is warned of (a

@@ -14,7 +14,7 @@ from typing import Any
 
 import hydra
 import lightning as L
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, Timer
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
@@ -51,6 +51,7 @@ from litlab.distributed.launchers import check_slurm_launcher
 from litlab.errors import ConfigError, TrainingDiverged, fail
 from litlab.hardware import check_hardware, resolve_precision
 from litlab.loggers import check_forked_wandb, finish_loggers
+from litlab.models.optim import schedules_left_unfinished
 from litlab.resumable import check_resumable
 from litlab.resume import FitMilestones, continue_in_place, resume_argv
 from litlab.run import (
@@ -127,6 +128,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 record_stage(trainer, datamodule, run, "val")
                 record_checkpoints(trainer, run, cfg.objective.metric)
+                say_the_time_cut_the_schedule(trainer, cfg)
                 restore_spawned_progress(trainer, run)
                 run.mark_trained()
                 run.stop_if_asked()  # a SIGTERM held since the fit's end stops the run now
@@ -167,6 +169,25 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         if isinstance(ended, SIGTERMException):  # checkpoint saved, loggers closed: a cluster
             hand_over_preemption(trainer)  # scheduler may requeue now
     return run.summary["metrics"]
+
+
+def say_the_time_cut_the_schedule(trainer: L.Trainer, cfg: DictConfig) -> None:
+    """trainer.max_time ended the fit before its LR schedule's end: a schedule is sized by the
+    run's epochs or steps, so the weights validated and tested were trained at a learning rate
+    not yet annealed (a one-cycle near its peak; found by review). Said once, where it ran."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    left = timer.time_remaining() if timer is not None else None
+    if left is None or left > 0 or not trainer.is_global_zero:
+        return
+    if unfinished := schedules_left_unfinished(trainer):
+        log.warning(
+            "trainer.max_time=%s ended the fit before its LR schedule's end (%s, as "
+            "trainer.max_epochs/max_steps size it): the weights validated and tested trained "
+            "at a learning rate not annealed; size the run to the time with trainer.max_epochs "
+            "or trainer.max_steps instead",
+            cfg.trainer.get("max_time"),
+            "; ".join(unfinished),
+        )
 
 
 # Fewer validation images than this: an accuracy objective moves in steps of 0.2% or more.

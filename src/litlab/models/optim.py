@@ -52,6 +52,21 @@ def schedule_length(trainer: Any, interval: Interval) -> int:
     return int(epochs)
 
 
+def schedules_left_unfinished(trainer: Any) -> list[str]:
+    """The fit's LR schedules that a stop before the run's end left with steps to go (trainer.
+    max_time: sized by max_epochs or max_steps, a schedule cannot know when the time runs out),
+    each as "OneCycleLR at step 144 of 400"."""
+    unfinished = []
+    for config in getattr(trainer, "lr_scheduler_configs", None) or []:
+        scheduler = config.scheduler
+        lengths = (getattr(scheduler, arg, None) for arg in _LENGTH_ARGS)
+        length = next((n for n in lengths if isinstance(n, int)), None)
+        if length is not None and scheduler.last_epoch < length:
+            name = type(scheduler).__name__
+            unfinished.append(f"{name} at {config.interval} {scheduler.last_epoch} of {length}")
+    return unfinished
+
+
 def resumed_length(trainer: Any, interval: Interval) -> int:
     """The length a restored schedule needs to end at this run's end: the steps already taken
     plus those still to come at this run's optimizer steps per epoch, which differ from the

@@ -752,6 +752,7 @@ def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp
     (good / "emu").mkdir()  # an empty class folder
     status, out = check(good)
     assert status == 2 and "['emu']" in out and "no readable image for training" in out
+    assert f"readable images a run holds: train {sizes['train']}, " in out  # (was left out)
     status, out = check(write_folder_losing_a_class_to_validation(tmp_path))
     assert status == 2 and "['fox']" in out  # its one training image held out for validation
     brackets = tmp_path / "brackets"

@@ -123,9 +123,9 @@ def refusals(
             held_out("validation", labels[keep][val], classes)
             sizes["val"] = len(val)
             keep = keep[train]
-        check_classes_present(labels[keep], classes, where, "train")
         fit = max(1, round(len(keep) * args.train_fraction))  # data.train_fraction's share
-        sizes["train"] = fit  # what trains, as a run's summary.json counts it
+        sizes["train"] = fit  # what trains, as a run's summary.json counts it (refused too)
+        check_classes_present(labels[keep], classes, where, "train")
         share = fit // args.processes
         if share < args.batch_size:  # as the run refuses it (drop_last: no batch at all)
             each = f" of each of the {args.processes} processes" if args.processes > 1 else ""

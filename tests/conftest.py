@@ -207,11 +207,12 @@ def write_cifar_batches(data_dir: Path, per_batch: int = 20, seed: int = 0) -> N
 
 
 def write_png_folder(
-    root: Path, classes: tuple[str, ...] = ("cat", "dog", "fox"), per_class: int = 6
+    root: Path, classes: tuple[str, ...] = ("cat", "dog", "fox"), per_class: int = 6, seed: int = 0
 ) -> None:
+    """Random PNGs, root/<class>/<i>.png; the same seed writes the same bytes."""
     from PIL import Image
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     for c in classes:
         (root / c).mkdir(parents=True, exist_ok=True)
         for i in range(per_class):

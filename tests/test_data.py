@@ -1412,9 +1412,7 @@ def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
 
     write_png_folder(tmp_path / "images", per_class=6)
     summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "test=false", "data.batch_size=4")
-    write_png_folder(tmp_path / "other", per_class=10)
-    for path in (tmp_path / "other").rglob("*.png"):  # other images (these would be the same)
-        path.rename(path.with_name(f"new-{path.name}"))
+    write_png_folder(tmp_path / "other", per_class=10, seed=1)  # other images
     other = ImageFolder(str(tmp_path / "other"), size=20, cache_dir=str(tmp_path / "cache"))
     assert 0 < other.load("test").__len__() < 30  # what eval tested before
     every = ImageFolder(str(other.root), size=20, cache_dir=str(tmp_path / "cache"), test_all=True)
@@ -1603,6 +1601,42 @@ def test_eval_on_a_copy_whose_names_changed_unicode_form_is_refused(tmp_path):
         path.write_bytes(b"other")
     other_folder(other, trained, sample)
     assert other["test_all"] is True
+
+
+def test_eval_on_a_renamed_copy_of_training_images_is_refused(tmp_path, capsys, caplog):
+    """A folder holding the run's training images under other names (a dataset exported
+    again, files numbered anew): eval.py found none of the sampled files by name and tested
+    every image, the trained ones too. Now the sampled files are looked for by length and bytes:
+    refused, unless +data.source.test_all=true; a few (a dataset's duplicates) are warned of."""
+    from PIL import Image
+
+    from litlab.evaluate import eval_task
+
+    write_png_folder(tmp_path / "images", per_class=12)
+    summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "data.batch_size=3", "test=false")
+    for path in sorted((tmp_path / "images").rglob("*.png")):
+        renamed = tmp_path / "renamed" / path.parent.name / f"export_{path.name}"
+        renamed.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, renamed)
+    eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "renamed")
+    line = refused(capsys, eval_task, eval_cfg, "files sampled from the run's training split")
+    assert "under other names, byte for byte" in line and "+data.source.test_all=true" in line
+    asked = eval_on_folder(tmp_path, summary, tmp_path / "renamed", "+data.source.test_all=true")
+    eval_task(asked)
+    assert summary_of(asked)["data"]["splits"]["test"] == 36  # every image, as asked
+    # another folder of other images, two of them training images under other names
+    other = tmp_path / "other"
+    for i, path in enumerate(sorted((tmp_path / "renamed").rglob("*.png"))):
+        (other / path.parent.name).mkdir(parents=True, exist_ok=True)
+        target = other / path.parent.name / f"new_{i}.png"
+        if i < 2:
+            shutil.copyfile(path, target)
+        else:
+            Image.new("RGB", (48, 40), (i, 3 * i, 255 - i)).save(target)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="litlab"):
+        eval_task(eval_on_folder(tmp_path, summary, other))
+    assert "(duplicates across the two folders?)" in caplog.text
 
 
 @pytest.mark.parametrize("loader", ["device", "dataloader"])

@@ -30,10 +30,11 @@ from litlab.config import (
 from litlab.data.fingerprint import (
     files_found,
     files_found_as_split,
+    files_found_by_content,
     files_found_renamed,
     folder_of,
 )
-from litlab.data.folder_index import class_names, split_folders
+from litlab.data.folder_index import class_names, scan, split_folders
 from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
@@ -286,6 +287,11 @@ def same_source(source: dict[str, Any], trained: dict[str, Any]) -> bool:
     ) == folder_of(trained.get("root"))
 
 
+# Sampled training files found under other names from which a folder is refused as a copy:
+# fewer are taken for a dataset's duplicates (the same image in its training and test folders).
+RENAMED_COPIES = 5
+
+
 def other_folder(
     source: dict[str, Any], trained: dict[str, Any], trained_files: list[list[str]] | None = None
 ) -> None:
@@ -339,7 +345,7 @@ def other_folder(
             "without data.source.root), or another folder"
         )
     if files_found_renamed(folder, trained_files or []):
-        names = [name for name, _ in trained_files or []]
+        names = [entry[0] for entry in trained_files or []]
         form = "nfc" if all(unicodedata.is_normalized("NFC", n) for n in names) else "nfd"
         raise ConfigError(
             f"{folder} holds the run's training files under names whose accented letters are "
@@ -347,6 +353,25 @@ def other_folder(
             "NFD), which hold out another test share: tested, it would measure images the run "
             f"trained on. Rename them as the run's were (`convmv -r -f utf8 -t utf8 --{form} "
             f"--notest {folder}`), or test another folder"
+        )
+    renamed = files_found_by_content(folder, scan(folder).files, trained_files or [])
+    if renamed >= RENAMED_COPIES:
+        raise ConfigError(
+            f"{folder} holds {renamed} of the {len(trained_files or [])} files sampled from the "
+            "run's training split under other names, byte for byte (a renamed copy of its "
+            "training images, or part of them): tested, it would measure images the run "
+            "trained on. Test the run's own held-out split (eval.py ckpt_path=<checkpoint> "
+            "without data.source.root) or a folder without them; +data.source.test_all=true "
+            "tests every image of it as asked"
+        )
+    if renamed:  # (a dataset's few identical images, in its test folder and its training one)
+        log.warning(
+            "%s holds %d of the %d files sampled from the run's training split under other "
+            "names, byte for byte (duplicates across the two folders?): those images count in "
+            "its test figures though the run trained on them",
+            folder,
+            renamed,
+            len(trained_files or []),
         )
     source["test_all"] = True
     if converted is not None:  # said louder: litlab cannot tell a copy of that folder from others

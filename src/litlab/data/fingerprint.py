@@ -30,33 +30,63 @@ def file_digest(path: Path) -> str:
         return ""
 
 
-def fingerprints(root: Path, names: Sequence[str], seed: int = 0) -> list[list[str]]:
-    """[name, digest] of a seeded sample of ``names`` (files under ``root``), in name order."""
+def file_size(path: Path) -> int:
+    """The file's length in bytes; -1 where it cannot be read."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+def fingerprints(root: Path, names: Sequence[str], seed: int = 0) -> list[list[Any]]:
+    """[name, digest, size] of a seeded sample of ``names`` (files under ``root``), in name
+    order. (Samples kept before 2026-12-06 hold [name, digest]: every reader takes both.)"""
     chosen = torch.randperm(len(names), generator=torch.Generator().manual_seed(seed))[:SAMPLED]
-    return [[names[i], file_digest(root / names[i])] for i in sorted(chosen.tolist())]
+    return [
+        [names[i], file_digest(root / names[i]), file_size(root / names[i])]
+        for i in sorted(chosen.tolist())
+    ]
 
 
-def files_found(folder: Path, sample: Sequence[Sequence[str]]) -> int:
+def files_found(folder: Path, sample: Sequence[Sequence[Any]]) -> int:
     """How many of the sampled files ``folder`` holds under the same name, byte for byte."""
-    return sum(1 for name, digest in sample if digest and file_digest(folder / name) == digest)
+    return sum(1 for name, digest, *_ in sample if digest and file_digest(folder / name) == digest)
 
 
-def files_found_renamed(folder: Path, sample: Sequence[Sequence[str]]) -> int:
+def files_found_by_content(
+    folder: Path, files: Sequence[str], sample: Sequence[Sequence[Any]]
+) -> int:
+    """How many of the sampled files are among ``files`` (names under ``folder``) byte for
+    byte, under whatever names: only files of a sampled file's length are read (a renamed copy
+    of training images; samples without lengths, kept before, are not looked for)."""
+    wanted: dict[int, set[str]] = {}
+    for entry in sample:
+        if len(entry) > 2 and entry[1] and entry[2] >= 0:
+            wanted.setdefault(entry[2], set()).add(entry[1])
+    found: set[str] = set()
+    for name in files:
+        digests = wanted.get(file_size(folder / name))
+        if digests and (digest := file_digest(folder / name)) in digests:
+            found.add(digest)
+    return sum(1 for entry in sample if len(entry) > 2 and entry[1] in found)
+
+
+def files_found_renamed(folder: Path, sample: Sequence[Sequence[Any]]) -> int:
     """How many of the sampled files ``folder`` holds byte for byte under the same name
     written in the other Unicode form (NFC, NFD: macOS writes "é" as e and an accent; a copy
     through HFS+, ``rsync --iconv`` or a zip can switch them). Their names hash to another
     held-out share, so the run's test split is not this folder's."""
     renamed = [
         [other, digest]
-        for name, digest in sample
+        for name, digest, *_ in sample
         for other in {unicodedata.normalize(form, name) for form in ("NFC", "NFD")} - {name}
     ]
     return files_found(folder, renamed)
 
 
-def files_found_as_split(folder: Path, sample: Sequence[Sequence[str]]) -> int:
+def files_found_as_split(folder: Path, sample: Sequence[Sequence[Any]]) -> int:
     """How many of the sampled files of a run on a split layout (named under its root:
     train/<class>/<file>) ``folder`` holds byte for byte as <class>/<file>: it is that run's
     train/ folder (or a copy), every image of which the run trained or validated on."""
-    inner = [[name.split("/", 1)[1], digest] for name, digest in sample if name.count("/") >= 2]
+    inner = [[name.split("/", 1)[1], digest] for name, digest, *_ in sample if name.count("/") >= 2]
     return files_found(folder, inner)

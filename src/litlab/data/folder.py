@@ -373,7 +373,7 @@ class ImageFolder(Source):
             self._check_present(labels[val], classes, where, "validation")
         return keep, val
 
-    def fingerprints(self, trained: Dataset) -> list[list[str]] | None:
+    def fingerprints(self, trained: Dataset) -> list[list[Any]] | None:
         """A seeded sample of the files of ``trained`` (a split of this folder) with digests of
         their bytes: eval.py recognises a copy of this folder by them (where test images are
         held out by file name), resume= one moved (litlab.data.fingerprint);

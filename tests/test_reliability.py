@@ -457,13 +457,20 @@ def test_sigterm_outside_the_fit_ends_the_run_as_interrupted(tmp_path):
     before = (tested / "summary.json").read_text()
     summary = json.loads(before)
     assert summary["status"] == "interrupted"
-    command = summary["error"].split("test it with: ")[1].split(",")[0]
-    assert command == f"python eval.py ckpt_path={summary['best_checkpoint']}"
+    command = summary["error"].split("test it with: ")[1].split(" (")[0]
+    assert command == f"python train.py resume={tested}"
 
     saved = (tested / "checkpoints" / "last.ckpt").read_bytes()
     again = run_cli(f"resume={tested}", "trainer.max_epochs=2", f"+{in_setup}")
     assert again.returncode == 143, again.stderr[-2000:]
     assert (tested / "summary.json").read_text() == before
+    assert (tested / "checkpoints" / "last.ckpt").read_bytes() == saved
+    # what the summary said: the run tested in its folder, training nothing (before: eval.py,
+    # which left the run's summary "interrupted"; resume= was refused as trained to its end)
+    finished = run_cli(command.removeprefix("python train.py "))
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    summary = json.loads((tested / "summary.json").read_text())
+    assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
     assert (tested / "checkpoints" / "last.ckpt").read_bytes() == saved
 
 

@@ -241,8 +241,13 @@ def resume_argv(argv: list[str]) -> list[str]:
         "--config-name=config",
         f"hydra.run.dir={folder}",
         "hydra.output_subdir=null",
-        f"ckpt_path={checkpoint}",
     ]
+    stopped_testing = (folder / TRAINED).is_file() and not (folder / COMPLETED).is_file()
+    if given or not stopped_testing:
+        args.append(f"ckpt_path={checkpoint}")
+    # else: trained to its end, stopped before its test completed (a signal while testing):
+    # the run is tested again in its folder, training nothing, as a requeued job is
+    # (continue_in_place), and its summary gets the test's figures
     config = yaml.safe_load(saved.read_text())
     hydra_file = folder / ".hydra" / "hydra.yaml"
     hydra = yaml.safe_load(hydra_file.read_text())["hydra"] if hydra_file.is_file() else {}

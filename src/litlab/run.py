@@ -246,8 +246,9 @@ def ended_as(
                 )
             return "interrupted", (
                 f"stopped by a signal after its fit trained to its end; test it with: python "
-                f"eval.py ckpt_path={tested}, or train it further with: python train.py "
-                f"resume={folder} trainer.max_epochs=<more>"
+                f"train.py resume={folder} (its {Path(tested).name}, training nothing), or "
+                f"train it further with: python train.py resume={folder} "
+                "trainer.max_epochs=<more>"
             )
         if task == "eval":
             return "interrupted", "stopped by a signal; run eval.py again"

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -1390,6 +1390,34 @@ def test_a_resume_with_another_network_is_refused_in_one_line(tmp_path, capsys):
     assert "(model.net.width: 4 -> 8; model.net.depth: 1 -> 2)" in line
     assert "start a new run to train this network" in line
     assert summary.read_bytes() == summarized
+
+
+def test_a_resume_of_a_run_still_in_progress_is_refused(tmp_path):
+    """`resume=<run>` while the run still trains (its summary "running", its process alive on
+    this machine) was accepted: two processes trained in one folder, metrics.csv got every
+    step twice and rows in mixed columns (walkthrough 132). Now refused in one line, the
+    summary left; once that process is gone (a run killed hard also says "running") it resumes."""
+    folder = tmp_path / "run"
+    first = run_cli(*TINY, "logger=csv", f"hydra.run.dir={folder}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        summary.update(status="running", pid=live.pid, started_at=started)
+        (folder / "summary.json").write_text(json.dumps(summary))
+        refused = run_cli(f"resume={folder}", "trainer.max_steps=4")
+        assert refused.returncode == 2
+        assert f"holds a run still in progress: process {live.pid} on this machine" in (
+            refused.stderr
+        )
+        assert json.loads((folder / "summary.json").read_text()) == summary
+    finally:
+        live.kill()
+        live.wait()
+    resumed = run_cli(f"resume={folder}", "trainer.max_steps=4")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert summary_status(folder) == "completed"
 
 
 def test_a_gan_resumed_without_its_ema_or_with_other_fixed_noise_is_refused(tmp_path, capsys):

@@ -19,8 +19,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import platform
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +227,13 @@ def resume_argv(argv: list[str]) -> list[str]:
         fail(
             f"{folder} is not a litlab run folder (no .hydra/config.yaml); pass resume=<run folder>"
         )
+    if global_rank() == 0 and (pid := process_of_a_live_run(read_summary(folder / "summary.json"))):
+        fail(
+            f"{folder} holds a run still in progress: process {pid} on this machine started it "
+            "and is running; two processes training in one folder would mix their checkpoints "
+            f"and logs. Let it finish, or stop it first (kill -TERM {pid} saves a checkpoint "
+            f"that resume={folder} continues from)"
+        )
     given = [arg for arg in argv[1:] if not arg.startswith("resume=")]
     if not given:
         tell_a_completed_trial(folder)
@@ -279,6 +288,50 @@ def resume_argv(argv: list[str]) -> list[str]:
         # the run keeps its name; what its resumes changed is tagged (resumed:trainer.max_epochs=2)
         args.append(f"+logger.wandb.resumed='{tags}'")
     return [argv[0], *args, *flags, *changed]
+
+
+def process_of_a_live_run(summary: dict[str, Any] | None) -> int | None:
+    """The process of the run a summary says is running, where it runs on this machine and is
+    the one that started it (not a later process given its number); None otherwise. A run
+    killed hard (SIGKILL, out of memory, a node lost) also left "running": its process is gone.
+    On another machine nothing can be told: None."""
+    if not summary or summary.get("status") != "running" or summary.get("host") != platform.node():
+        return None
+    pid = summary.get("pid")
+    if not isinstance(pid, int) or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # another user's process: alive
+        pass
+    began = process_start(pid)
+    try:
+        started = datetime.fromisoformat(summary["started_at"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        started = None
+    if began is not None and (began == -1 or (started is not None and began > started + 5)):
+        return None  # a zombie, or a later process under the number
+    return pid
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch; -1 for a zombie), from Linux's
+    /proc; None where that cannot be read (another system)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    fields = stat.rpartition(")")[2].split()  # after the command's name, which may hold spaces
+    if fields[0] == "Z":
+        return -1
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def tell_a_completed_trial(folder: Path) -> None:

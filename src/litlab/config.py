@@ -552,6 +552,12 @@ def check_plateau_mode(cfg: DictConfig) -> None:
         )
 
 
+# Settings that are true or false, outside any _target_'s arguments (those are checked against
+# their constructor's hints): a typo in one was a non-empty string, taken as true.
+SWITCHES = ("train", "test", "tune.batch_size", "tune.lr", "extras.print_config")
+SWITCHES += ("extras.ignore_warnings",)
+
+
 def check_top_level(cfg: DictConfig, config_name: str) -> None:
     """Refuse top-level keys that the task's config does not have (``+seeed=3``, a typo that
     Hydra's ``+`` adds silently); keys inside the groups are checked against their targets."""
@@ -568,6 +574,10 @@ def check_top_level(cfg: DictConfig, config_name: str) -> None:
                 f"{key} is not a setting of the {config_name} task; {hint}its top-level settings "
                 f"are {', '.join(sorted(known - {'hydra'}))}"
             )
+    for key in SWITCHES:  # (Hydra reads `tune.lr=ture` as a string, which is true)
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{key}={value}: give true or false")
     seed = cfg.get("seed")  # what Lightning's seed_everything (numpy) takes (null: Lightning's 0)
     if seed is not None and not (type(seed) is int and 0 <= seed < 2**32):
         raise ConfigError(f"seed={seed}: give a whole number from 0 to {2**32 - 1}, e.g. seed=42")

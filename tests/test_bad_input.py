@@ -65,6 +65,31 @@ def test_cpu_stats_without_psutil_is_refused_before_the_data(tmp_path, capsys):
     assert not (Path(cfg.paths.output_dir) / "checkpoints").exists()
 
 
+def test_device_stats_on_a_cpu_run_says_it_logs_nothing_there(tmp_path, caplog):
+    """callbacks=device_stats on a CPU run logged no column and said nothing (walkthrough 132):
+    Lightning's DeviceStatsMonitor reads a GPU's counters, or the CPU's with cpu_stats=true."""
+    args = ["callbacks=device_stats", "trainer.accelerator=cpu", "trainer.max_epochs=1"]
+    args += ["+trainer.limit_train_batches=2", "test=false", *QUIET]
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(make_cfg(tmp_path, args))
+    assert "callbacks.device_stats logs a GPU's counters" in caplog.text
+    assert "callbacks.device_stats.cpu_stats=true logs the CPU's (psutil)" in caplog.text
+
+
+def test_ddp_on_the_cpu_without_a_number_of_processes_says_it_runs_one(tmp_path, caplog):
+    """trainer=ddp trainer.accelerator=cpu, devices left at auto: Lightning ran one process,
+    and nothing said so (walkthrough 132)."""
+    from litlab.train import say_one_cpu_process
+
+    for devices, said in (("auto", True), ("2", False)):
+        caplog.clear()
+        args = ["trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={devices}"]
+        with caplog.at_level("WARNING", logger="litlab"):
+            say_one_cpu_process(make_cfg(tmp_path, args))
+        assert ("trains in one process" in caplog.text) is said
+        assert ("e.g. trainer.devices=2" in caplog.text) is said
+
+
 def test_cli_eval_without_checkpoint(tmp_path):
     result = run_cli(f"paths.log_dir={tmp_path}", script="eval.py")
     assert_one_clear_line(result, "litlab: error: ckpt_path is required: python eval.py ckpt_path=")

@@ -617,12 +617,22 @@ def check_device_stats(cfg: DictConfig) -> None:
     traceback."""
     import importlib.util
 
+    from litlab.hardware import on_gpu
+
     callbacks = cfg.get("callbacks") or {}
     for name, callback in callbacks.items():
-        if not isinstance(callback, DictConfig) or not callback.get("cpu_stats"):
+        if not isinstance(callback, DictConfig):
             continue
         monitor = str(callback.get("_target_", "")).endswith("DeviceStatsMonitor")
-        if monitor and importlib.util.find_spec("psutil") is None:
+        cpu = not on_gpu(str(cfg.trainer.get("accelerator", "auto")))
+        if monitor and cpu and not callback.get("cpu_stats"):  # (it logged nothing, silently)
+            log.warning(
+                "callbacks.%s logs a GPU's counters, and this run computes on the CPU: nothing "
+                "is logged; callbacks.%s.cpu_stats=true logs the CPU's (psutil)",
+                name,
+                name,
+            )
+        if monitor and callback.get("cpu_stats") and importlib.util.find_spec("psutil") is None:
             raise ConfigError(
                 f"callbacks.{name}.cpu_stats=true needs psutil: pip install psutil, or set "
                 f"callbacks.{name}.cpu_stats=false (the CUDA counters need nothing more)"

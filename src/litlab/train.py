@@ -49,7 +49,7 @@ from litlab.distributed import (
 from litlab.distributed.agree import OnePrecision
 from litlab.distributed.launchers import check_slurm_launcher
 from litlab.errors import ConfigError, TrainingDiverged, fail
-from litlab.hardware import check_hardware, resolve_precision
+from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import check_forked_wandb, finish_loggers
 from litlab.models.optim import schedules_left_unfinished
 from litlab.resumable import check_resumable
@@ -258,6 +258,7 @@ def check(cfg: DictConfig, run: Run) -> None:
     trainer.precision=auto resolved for this machine."""
     check_top_level(cfg, "train")
     check_something_to_train(cfg)
+    say_one_cpu_process(cfg)
     run.summary["precision"] = resolve_precision(cfg.trainer)
     check_all(cfg)
     check_ema(cfg)
@@ -279,6 +280,20 @@ def check(cfg: DictConfig, run: Run) -> None:
     limits = evaluation_limits(cfg)
     if limits:
         run.summary["evaluation_limits"] = limits
+
+
+def say_one_cpu_process(cfg: DictConfig) -> None:
+    """trainer=ddp (or fsdp) with accelerator=cpu and devices=auto: Lightning's auto is one
+    process on a CPU, and the run trained in one, silently (walkthrough 132)."""
+    trainer = cfg.trainer
+    strategy = str(trainer.get("strategy"))
+    spread = strategy.startswith(("ddp", "fsdp"))
+    if spread and trainer.get("devices") == "auto" and not on_gpu(str(trainer.get("accelerator"))):
+        log.warning(
+            "trainer.strategy=%s on the CPU with trainer.devices=auto trains in one process "
+            "(Lightning's auto on a CPU); give the number of processes, e.g. trainer.devices=2",
+            strategy,
+        )
 
 
 def check_something_to_train(cfg: DictConfig) -> None:

@@ -588,8 +588,10 @@ def test_ddp_spawn_reports_what_ddp_reports(tmp_path):
     """One run under ddp and ddp_spawn, the same seed: the same training. On a CPU the spawned
     processes get the module in shared memory, and Lightning unshares only its parameters and
     buffers: both ranks added into one copy of the classifier's epoch sums (the reviewer's
-    train/acc 1.85 where ddp gave 0.92), while validation was right."""
-    metrics, tested_at = {}, {}
+    train/acc 1.85 where ddp gave 0.92), while validation was right. The summary says what
+    ddp's says: epochs, the splits' images, rates and FLOPs (walkthrough 132: none of them, FLOPs
+    null, and the report compared such runs apart for want of the splits)."""
+    metrics, tested_at, said = {}, {}, {}
     for strategy in ("ddp", "ddp_spawn"):
         result = run_cli(
             *SYNTH,
@@ -603,6 +605,14 @@ def test_ddp_spawn_reports_what_ddp_reports(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         (summary,) = summaries(tmp_path / strategy)
         metrics[strategy] = summary["metrics"]
+        said[strategy] = {
+            "epochs": summary.get("epochs"),
+            "steps_per_epoch": summary.get("steps_per_epoch"),
+            "data": summary.get("data"),
+            "perf": sorted(summary.get("perf", {})),
+            "flops_per_image": summary.get("perf", {}).get("flops_per_image"),
+            "memory": sorted(summary.get("memory", {})),
+        }
         (csv_file,) = (tmp_path / strategy).rglob("csv/metrics.csv")
         with open(csv_file) as f:
             (row,) = [r for r in csv.DictReader(f) if r.get("test/acc")]
@@ -612,6 +622,8 @@ def test_ddp_spawn_reports_what_ddp_reports(tmp_path):
     # the test is logged where the fit ended (the spawned fit's counters stayed in its
     # processes: the test row read epoch 0, step 0)
     assert tested_at["ddp_spawn"] == tested_at["ddp"] and tested_at["ddp"][1] not in ("", "0")
+    assert said["ddp_spawn"] == said["ddp"] and said["ddp"]["flops_per_image"] > 0
+    assert "test_images_per_s" in said["ddp"]["perf"] and said["ddp"]["data"]["splits"]["val"] > 0
 
 
 @pytest.mark.dist

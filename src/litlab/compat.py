@@ -636,6 +636,24 @@ class HandlingLauncher(_MultiProcessingLauncher):
         handled = functools.partial(_handled, trainer, function)  # made in the started process
         super()._wrapping_function(process_idx, trainer, handled, *rest)
 
+    def get_extra_results(self, trainer: Any) -> dict[str, Any]:
+        """Also what the callbacks that record a run (``spawned_record``) saw in the started
+        rank 0: the main process, where the run's summary is written, saw no batch."""
+        extra = super().get_extra_results(trainer)
+        records = {
+            type(callback).__qualname__: callback.spawned_record(trainer)
+            for callback in trainer.callbacks
+            if hasattr(callback, "spawned_record")
+        }
+        return {**extra, "litlab_records": records}
+
+    def update_main_process_results(self, trainer: Any, extra: dict[str, Any]) -> None:
+        records = extra.pop("litlab_records", {})
+        super().update_main_process_results(trainer, extra)
+        for callback in trainer.callbacks:
+            if type(callback).__qualname__ in records and hasattr(callback, "take_spawned_record"):
+                callback.take_spawned_record(records[type(callback).__qualname__])
+
 
 def _handled(trainer: Any, function: Callable, *args: Any, **kwargs: Any) -> Any:
     try:

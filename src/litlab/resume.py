@@ -193,6 +193,24 @@ class FitMilestones(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.run.epoch_ended("trained", trainer.current_epoch + 1)
 
+    def spawned_record(self, trainer: L.Trainer) -> dict[str, Any]:
+        """In the started rank 0 of a fit or test in spawned processes (ddp_spawn), at its end:
+        what this run's copy there recorded (its epochs, steps an epoch, the part of the split
+        trained) and what the run's monitors and data say (litlab.train.performance_record),
+        for the main process's Run, which saw none of it (its summary had no epochs, no rates,
+        FLOPs null, data.splits missing: the report compared such runs apart)."""
+        from litlab.train import performance_record  # (litlab.train imports this module)
+
+        kept = ("epochs", "training_limit", "steps_per_epoch")
+        return {
+            **{key: self.run.summary[key] for key in kept if key in self.run.summary},
+            **performance_record(trainer),
+        }
+
+    def take_spawned_record(self, record: dict[str, Any]) -> None:
+        """In the main process: a fit's or test's ``spawned_record``, into the run."""
+        self.run.take_spawned_record(record)
+
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
             self.run.epoch_ended("validated", trainer.current_epoch + 1)

@@ -446,6 +446,7 @@ class Run:
         self._earlier_validation: tuple[int, dict[str, Any]] | None = None
         self._validated_before: tuple[int, dict[str, Any]] | None = None
         self._log_sizes: dict[str, int] = {}  # the log files' lengths as the run began (rank 0)
+        self._spawned: dict[str, Any] = {}  # what a fit's and test's spawned rank 0 measured
 
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -491,6 +492,34 @@ class Run:
             _SIGTERM.update(owner=os.getpid(), held=False, pending=False)
             self._sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
         return self
+
+    def take_spawned_record(self, record: dict[str, Any]) -> None:
+        """A fit's or test's record from its spawned rank 0 (ddp_spawn: this process saw no
+        batch; litlab.resume.FitMilestones.spawned_record): its epochs into the summary, and
+        its rates, memory peaks and data account kept for ``spawned_performance``, a test's
+        added to the fit's."""
+        for key in ("epochs", "training_limit", "steps_per_epoch"):
+            if key in record:
+                self.summary[key] = record[key]
+        kept = self._spawned
+        if isinstance(record.get("perf"), dict):
+            perf = kept.setdefault("perf", {})
+            perf.update({k: v for k, v in record["perf"].items() if v is not None or k not in perf})
+        if isinstance(record.get("memory"), dict):
+            before = kept.get("memory", {})
+            kept["memory"] = {
+                **before,
+                **{k: max(before.get(k, v), v) for k, v in record["memory"].items()},
+            }
+        if isinstance(record.get("data"), dict):
+            before = kept.get("data", {})
+            splits = {**before.get("splits", {}), **record["data"].get("splits", {})}
+            kept["data"] = {**before, **record["data"], **({"splits": splits} if splits else {})}
+
+    def spawned_performance(self) -> dict[str, Any]:
+        """The "perf", "memory" and "data" that spawned processes measured (take_spawned_record);
+        empty where the fit and test ran in this process."""
+        return dict(self._spawned)
 
     def defer_stop(self) -> None:
         """From here a SIGTERM outside the trainer is held (see ``stop_if_asked``): the fit or

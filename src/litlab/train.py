@@ -488,12 +488,25 @@ def record_stage(
 
 def record_performance(trainer: L.Trainer, datamodule: L.LightningDataModule, run: Run) -> None:
     """The throughput and memory monitors' run totals and what the data was (images, files
-    skipped), also when training failed (out of memory)."""
+    skipped), also when training failed (out of memory). A fit or test in spawned processes
+    (ddp_spawn): what their rank 0 measured and set up (Run.take_spawned_record)."""
+    run.summary.update(performance_record(trainer, datamodule))
+    run.summary.update(run.spawned_performance())
+
+
+def performance_record(
+    trainer: L.Trainer, datamodule: L.LightningDataModule | None = None
+) -> dict[str, Any]:
+    """The monitors' totals ("perf", "memory") and the data's account ("data") of this
+    process's trainer."""
+    found: dict[str, Any] = {}
     for callback in trainer.callbacks:
         if isinstance(callback, Throughput | PeakMemory):
-            run.summary.update(callback.summary())
+            found.update(callback.summary())
+    datamodule = datamodule if datamodule is not None else trainer.datamodule
     if hasattr(datamodule, "report"):
-        run.summary["data"] = datamodule.report()
+        found["data"] = datamodule.report()
+    return found
 
 
 def objective_value(cfg: DictConfig, run: Run, required: bool) -> None:

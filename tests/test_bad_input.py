@@ -538,10 +538,14 @@ def test_unwritable_default_output_folder(tmp_path):
     assert result.returncode == 2
 
 
-@pytest.mark.parametrize("layout", ["not-a-run", "no-checkpoint", "a-checkpoint"])
+@pytest.mark.parametrize("layout", ["not-a-run", "no-checkpoint", "a-checkpoint", "a-sweep"])
 def test_resume_of_a_folder_that_cannot_be_resumed(tmp_path, layout):
     folder = tmp_path / "run"
-    if layout != "not-a-run":
+    if layout == "a-sweep":  # its jobs are the run folders (it said "not a litlab run folder")
+        (folder / "0" / ".hydra").mkdir(parents=True)
+        (folder / "0" / ".hydra" / "config.yaml").write_text("seed: 1\n")
+        (folder / "multirun.yaml").write_text("hydra: {}\n")
+    elif layout != "not-a-run":
         (folder / ".hydra").mkdir(parents=True)
         (folder / ".hydra" / "config.yaml").write_text("seed: 1\n")
     given, needle = (
@@ -550,6 +554,8 @@ def test_resume_of_a_folder_that_cannot_be_resumed(tmp_path, layout):
             "not-a-run": "is not a litlab run folder",
             "no-checkpoint": "has no checkpoint to resume from",
             "a-checkpoint": f"is a file of the run folder {folder}; pass resume={folder}",
+            "a-sweep": f"is a sweep's folder; resume= takes one of its jobs' folders (resume="
+            f"{folder / '0'}; jobs: 0)",
         }[layout],
     )
     if layout == "a-checkpoint":  # the run's checkpoint given, not its folder

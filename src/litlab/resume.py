@@ -242,6 +242,22 @@ def resume_argv(argv: list[str]) -> list[str]:
         run = next((p for p in folder.parents if (p / ".hydra" / "config.yaml").is_file()), None)
         if folder.is_file() and run is not None:  # a checkpoint in it (resume= takes the newest)
             fail(f"{folder} is a file of the run folder {run}; pass resume={run}")
+        jobs = sorted(
+            (p.parent.parent.name for p in folder.glob("*/.hydra/config.yaml")),
+            key=lambda name: (not name.isdigit(), int(name) if name.isdigit() else 0, name),
+        )
+        if jobs and (folder / "multirun.yaml").is_file():  # a sweep: its jobs are run folders
+            fail(
+                f"{folder} is a sweep's folder; resume= takes one of its jobs' folders "
+                f"(resume={folder / jobs[0]}; jobs: {', '.join(jobs[:10])}"
+                f"{', ...' if len(jobs) > 10 else ''})"
+                + (
+                    f"; its Optuna study continues with its -m command and hydra.sweeper.storage="
+                    f"sqlite:///{folder}/optuna.db (README, Resume a study)"
+                    if (folder / "optuna.db").is_file()
+                    else ""
+                )
+            )
         fail(
             f"{folder} is not a litlab run folder (no .hydra/config.yaml); pass resume=<run folder>"
         )

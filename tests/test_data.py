@@ -1619,7 +1619,7 @@ def test_eval_on_a_renamed_copy_of_training_images_is_refused(tmp_path, capsys, 
         renamed.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, renamed)
     eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "renamed")
-    line = refused(capsys, eval_task, eval_cfg, "files sampled from the run's training split")
+    line = refused(capsys, eval_task, eval_cfg, "images sampled from the run's training split")
     assert "under other names, byte for byte" in line and "+data.source.test_all=true" in line
     asked = eval_on_folder(tmp_path, summary, tmp_path / "renamed", "+data.source.test_all=true")
     eval_task(asked)
@@ -1637,6 +1637,16 @@ def test_eval_on_a_renamed_copy_of_training_images_is_refused(tmp_path, capsys, 
     with caplog.at_level("WARNING", logger="litlab"):
         eval_task(eval_on_folder(tmp_path, summary, other))
     assert "(duplicates across the two folders?)" in caplog.text
+    # contents, not files: 30 identical training images (blank frames) are one image found
+    from litlab.data.fingerprint import files_found_by_content, fingerprints
+
+    blank = tmp_path / "blank"
+    for folder, count in (("train", 30), ("test", 1)):
+        (blank / folder / "a").mkdir(parents=True)
+        for i in range(count):
+            Image.new("RGB", (20, 20)).save(blank / folder / "a" / f"{folder}{i}.png")
+    sample = fingerprints(blank / "train", [f"a/train{i}.png" for i in range(30)])
+    assert files_found_by_content(blank / "test", ["a/test0.png"], sample) == 1
 
 
 @pytest.mark.parametrize("loader", ["device", "dataloader"])

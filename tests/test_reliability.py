@@ -472,6 +472,17 @@ def test_sigterm_outside_the_fit_ends_the_run_as_interrupted(tmp_path):
     summary = json.loads((tested / "summary.json").read_text())
     assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
     assert (tested / "checkpoints" / "last.ckpt").read_bytes() == saved
+    # an extension (resume= trainer.max_epochs=<more>) killed in its first epoch leaves the
+    # earlier fit's .trained, no .completed and its own summary "running": not stopped while
+    # testing (review: a plain resume= then ended it "completed" at the earlier fit's weights)
+    time.sleep(1)
+    (tested / ".completed").unlink()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    (tested / "summary.json").write_text(
+        json.dumps({**summary, "status": "running", "started_at": started})
+    )
+    extension = run_cli(f"resume={tested}")
+    assert extension.returncode == 2 and "has already trained 1 epochs" in extension.stderr
 
 
 def test_a_second_sigterm_or_one_as_the_fit_ends_is_lightnings_to_handle(tmp_path):
@@ -1412,6 +1423,12 @@ def test_a_resume_of_a_run_still_in_progress_is_refused(tmp_path):
             refused.stderr
         )
         assert json.loads((folder / "summary.json").read_text()) == summary
+        # the same number in another pid namespace (a container with the host's name) is
+        # another process: a dead run of one container does not stop a resume in another
+        from litlab.resume import process_of_a_live_run
+
+        assert process_of_a_live_run(summary) == live.pid
+        assert process_of_a_live_run({**summary, "pid_namespace": 1}) is None
     finally:
         live.kill()
         live.wait()

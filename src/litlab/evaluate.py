@@ -292,6 +292,11 @@ def same_source(source: dict[str, Any], trained: dict[str, Any]) -> bool:
 RENAMED_COPIES = 5
 
 
+def sampled_contents(sample: list[list[Any]] | None) -> int:
+    """How many distinct images (contents) a sample of training files holds."""
+    return len({entry[1] for entry in sample or [] if len(entry) > 2 and entry[1]})
+
+
 def other_folder(
     source: dict[str, Any], trained: dict[str, Any], trained_files: list[list[str]] | None = None
 ) -> None:
@@ -357,8 +362,8 @@ def other_folder(
     renamed = files_found_by_content(folder, scan(folder).files, trained_files or [])
     if renamed >= RENAMED_COPIES:
         raise ConfigError(
-            f"{folder} holds {renamed} of the {len(trained_files or [])} files sampled from the "
-            "run's training split under other names, byte for byte (a renamed copy of its "
+            f"{folder} holds {renamed} of the {sampled_contents(trained_files)} images sampled "
+            "from the run's training split under other names, byte for byte (a renamed copy of its "
             "training images, or part of them): tested, it would measure images the run "
             "trained on. Test the run's own held-out split (eval.py ckpt_path=<checkpoint> "
             "without data.source.root) or a folder without them; +data.source.test_all=true "
@@ -366,12 +371,12 @@ def other_folder(
         )
     if renamed:  # (a dataset's few identical images, in its test folder and its training one)
         log.warning(
-            "%s holds %d of the %d files sampled from the run's training split under other "
+            "%s holds %d of the %d images sampled from the run's training split under other "
             "names, byte for byte (duplicates across the two folders?): those images count in "
             "its test figures though the run trained on them",
             folder,
             renamed,
-            len(trained_files or []),
+            sampled_contents(trained_files),
         )
     source["test_all"] = True
     if converted is not None:  # said louder: litlab cannot tell a copy of that folder from others

@@ -38,6 +38,7 @@ from litlab.data.datamodule import part_of_a_split
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, ConfigError, fail
+from litlab.files import pid_namespace
 from litlab.loggers import wandb_folder
 from litlab.overrides import RESUME_OVERRIDES, merged_overrides, override_key
 from litlab.run import COMPLETED, TRAINED, Run, config_digest, read_summary
@@ -285,7 +286,7 @@ def resume_argv(argv: list[str]) -> list[str]:
         f"hydra.run.dir={folder}",
         "hydra.output_subdir=null",
     ]
-    stopped_testing = (folder / TRAINED).is_file() and not (folder / COMPLETED).is_file()
+    stopped_testing = _stopped_while_testing(folder)
     if given or not stopped_testing:
         args.append(f"ckpt_path={checkpoint}")
     # else: trained to its end, stopped before its test completed (a signal while testing):
@@ -324,12 +325,34 @@ def resume_argv(argv: list[str]) -> list[str]:
     return [argv[0], *args, *flags, *changed]
 
 
+def _stopped_while_testing(folder: Path) -> bool:
+    """Whether the run in ``folder`` trained to its end and its last part was stopped before
+    its test completed: the .trained mark, no .completed, and the mark written by that last
+    part (after it started). A later part that was stopped before its first checkpoint (an
+    extension, `resume= trainer.max_epochs=<more>`, killed in its first epoch) leaves the
+    earlier fit's mark: that is not a test to do again (it would end the run "completed" as
+    it was before the extension, saying it was stopped testing)."""
+    if not (folder / TRAINED).is_file() or (folder / COMPLETED).is_file():
+        return False
+    summary = read_summary(folder / "summary.json") or {}
+    try:
+        started = datetime.fromisoformat(summary["started_at"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return False
+    return (folder / TRAINED).stat().st_mtime >= started - 1  # (started_at: whole seconds)
+
+
 def process_of_a_live_run(summary: dict[str, Any] | None) -> int | None:
     """The process of the run a summary says is running, where it runs on this machine and is
     the one that started it (not a later process given its number); None otherwise. A run
     killed hard (SIGKILL, out of memory, a node lost) also left "running": its process is gone.
     On another machine nothing can be told: None."""
     if not summary or summary.get("status") != "running" or summary.get("host") != platform.node():
+        return None
+    # containers on one host with its name (--network host) number their processes apart:
+    # the run's number names a process here only in this pid namespace (older summaries say
+    # none: not known)
+    if summary.get("pid_namespace") != pid_namespace() or not pid_namespace():
         return None
     pid = summary.get("pid")
     if not isinstance(pid, int) or pid == os.getpid():

@@ -40,7 +40,7 @@ from litlab.errors import (
     fail,
     first_line,
 )
-from litlab.files import atomic_file
+from litlab.files import atomic_file, pid_namespace
 from litlab.folders import restore_saved_config
 
 log = logging.getLogger("litlab")
@@ -478,7 +478,9 @@ class Run:
                     self.summary["durations_s"]["earlier_estimated"] = True
                 spent = (total or 0) + (before.get("earlier") or 0)
                 self.summary["durations_s"]["earlier"] = round(spent, 3)
-            self.summary.update(pid=os.getpid(), host=platform.node())
+            self.summary.update(
+                pid=os.getpid(), host=platform.node(), pid_namespace=pid_namespace()
+            )
             from litlab.sweep import asked_trial
 
             if trial := asked_trial():  # a job of an Optuna sweep: its trial, for resume=

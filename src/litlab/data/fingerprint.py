@@ -56,9 +56,10 @@ def files_found(folder: Path, sample: Sequence[Sequence[Any]]) -> int:
 def files_found_by_content(
     folder: Path, files: Sequence[str], sample: Sequence[Sequence[Any]]
 ) -> int:
-    """How many of the sampled files are among ``files`` (names under ``folder``) byte for
-    byte, under whatever names: only files of a sampled file's length are read (a renamed copy
-    of training images; samples without lengths, kept before, are not looked for)."""
+    """How many of the sampled files' contents are among ``files`` (names under ``folder``),
+    byte for byte, under whatever names: only files of a sampled file's length are read (a
+    renamed copy of training images; samples without lengths, kept before, are not looked
+    for). Contents, not files: a training split's identical images (blank frames) are one."""
     wanted: dict[int, set[str]] = {}
     for entry in sample:
         if len(entry) > 2 and entry[1] and entry[2] >= 0:
@@ -68,7 +69,7 @@ def files_found_by_content(
         digests = wanted.get(file_size(folder / name))
         if digests and (digest := file_digest(folder / name)) in digests:
             found.add(digest)
-    return sum(1 for entry in sample if len(entry) > 2 and entry[1] in found)
+    return len(found)
 
 
 def files_found_renamed(folder: Path, sample: Sequence[Sequence[Any]]) -> int:

@@ -1437,6 +1437,33 @@ def test_a_resume_of_a_run_still_in_progress_is_refused(tmp_path):
     assert summary_status(folder) == "completed"
 
 
+def test_a_resume_from_the_validation_at_a_max_steps_cut_logs_at_the_uninterrupted_steps(
+    tmp_path,
+):
+    """trainer.max_steps ending a fit inside an epoch validates there; best.ckpt written in that
+    validation (before Lightning counts the batch, as its in-epoch checkpoints are), resumed
+    without max_steps, logged every later row one step early: validations at 23 and 28 where
+    the run straight through has 24 and 29 (review). Now at the same steps, same weights."""
+    args = ["data.batch_size=128", "model.net.width=4", "model.scheduler=null", "logger=csv"]
+    args += ["trainer.max_epochs=3", "test=false", "+trainer.val_check_interval=0.5", *QUIET]
+
+    def steps(name: str, *overrides: str) -> tuple[list[str], list[str], Path]:
+        cfg = make_cfg(tmp_path / name, [*args, *overrides])
+        train_task(cfg)
+        folder = Path(cfg.paths.output_dir)
+        with open(folder / "csv" / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        logged = [[r["step"] for r in rows if r.get(key)] for key in ("val/loss", "train/loss")]
+        return logged[0], logged[1], folder
+
+    straight_val, straight_train, straight = steps("straight")
+    _, _, cut = steps("cut", "trainer.max_steps=23")  # 10 batches an epoch: inside epoch 2
+    val, train, resumed = steps("resumed", f"ckpt_path={cut / 'checkpoints' / 'best.ckpt'}")
+    assert val == [s for s in straight_val if int(s) > 22] and train == straight_train[-1:]
+    a, b = final_state(straight), final_state(resumed)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
 def test_a_gan_resumed_without_its_ema_or_with_other_fixed_noise_is_refused(tmp_path, capsys):
     """A GAN's EMA generator switched off (model.ema_decay=null) or its grids' fixed noise
     resized at a resume ended in Lightning's traceback (unexpected keys; size mismatch)."""

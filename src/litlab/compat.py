@@ -276,10 +276,31 @@ class _TrainingEpochLoop(LightningTrainingEpochLoop):
         before, and missed the schedule's last steps (a one-cycle's annealing; found by
         review). A stop asked for in the step (should_stop: a GAN's max_g_steps) validates
         already (Lightning's own rule)."""
-        cut = self.max_steps >= 0 and self.global_step >= self.max_steps
-        if cut and not self.batch_progress.is_last_batch and self._should_check_val_epoch():
+        if self.restarting and self._restored_at_cut:
+            # resumed from a checkpoint written in that validation (best.ckpt; before the batch
+            # was counted, as Lightning's in-epoch ones are): where it validated, so that
+            # Lightning skips that validation and counts the batch (else every later CSV/W&B
+            # row came one step early; review)
+            return True
+        if self._at_the_cut() and self._should_check_val_epoch():
             return True
         return super()._should_check_val_fx(data_fetcher)
+
+    _restored_at_cut = False  # the checkpoint resumed from was written in a cut's validation
+
+    def _at_the_cut(self) -> bool:
+        """trainer.max_steps reached inside an epoch (not at its last batch)."""
+        cut = self.max_steps >= 0 and self.global_step >= self.max_steps
+        return cut and not self.batch_progress.is_last_batch
+
+    def on_save_checkpoint(self) -> dict:
+        state = super().on_save_checkpoint()
+        state["validated_at_max_steps"] = bool(self.trainer.validating and self._at_the_cut())
+        return state
+
+    def on_load_checkpoint(self, state_dict: dict) -> None:
+        super().on_load_checkpoint(state_dict)
+        self._restored_at_cut = bool(state_dict.get("validated_at_max_steps"))
 
     def on_advance_end(self, data_fetcher: Any) -> None:
         if self.reopened and self._skip_next_val:  # the resumed batch: counted already

@@ -144,8 +144,8 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         (["seed=-1"], "seed=-1: give a whole number from 0 to 4294967295"),
         (["seed=abc"], "seed=abc: give a whole number"),
         # a switch's typo was a string, true: the LR finder ran (walkthrough 132)
-        (["tune.lr=ture"], "tune.lr=ture: give true or false"),
-        (["test=no"], "test=no: give true or false"),
+        (["tune.lr=ture"], "tune.lr='ture': give true or false"),
+        (["test=no"], "test='no': give true or false"),
         # a net of the user's own module, not on PYTHONPATH: Hydra's 3-line error, logged too
         (
             ["model/net=custom", "model.net._target_=mypackage.MyNet"],

@@ -577,7 +577,14 @@ def check_top_level(cfg: DictConfig, config_name: str) -> None:
     for key in SWITCHES:  # (Hydra reads `tune.lr=ture` as a string, which is true)
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and not isinstance(value, bool):
-            raise ConfigError(f"{key}={value}: give true or false")
+            worded = isinstance(value, str) and value.lower() in ("true", "false")
+            hint = (
+                " (a string, as ${oc.env:...} gives: ${oc.decode:${oc.env:NAME,false}} "
+                "turns it into true or false)"
+                if worded
+                else ""
+            )
+            raise ConfigError(f"{key}={value!r}: give true or false{hint}")
     seed = cfg.get("seed")  # what Lightning's seed_everything (numpy) takes (null: Lightning's 0)
     if seed is not None and not (type(seed) is int and 0 <= seed < 2**32):
         raise ConfigError(f"seed={seed}: give a whole number from 0 to {2**32 - 1}, e.g. seed=42")

@@ -101,7 +101,7 @@ def parameter_ndims(named: Iterable[tuple[str, torch.nn.Parameter]]) -> dict[str
     return {unwrapped_name(name): param.ndim for name, param in named}
 
 
-# A vision transformer's class token and position embeddings, and a Swin's relative position
+# A vision transformer's class (distillation, register) tokens and position embeddings, and a Swin's relative position
 # bias tables and attention logit scales (torchvision's and timm's names): learned inputs and
 # scales, not weights; shrunk towards zero a ViT forgets where each patch lies. torchvision's
 # and timm's recipes spare them (transformer_embedding_decay, no_weight_decay).
@@ -109,6 +109,8 @@ EMBEDDINGS = (
     "class_token",
     "pos_embedding",
     "cls_token",
+    "dist_token",
+    "reg_token",
     "pos_embed",
     "absolute_pos_embed",
     "relative_position_bias_table",

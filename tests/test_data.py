@@ -25,6 +25,7 @@ from conftest import (
     make_cfg,
     needs_fashion,
     refused,
+    run_cli,
     summary_of,
     write_cifar_batches,
     write_folder_losing_a_class_to_validation,
@@ -1401,6 +1402,25 @@ def test_a_run_on_a_folder_given_relative_is_tested_again_from_another_folder(
     eval_task(eval_cfg)
     evaluated = summary_of(eval_cfg)
     assert evaluated["metrics"] == {k: summary["metrics"][k] for k in ("test/loss", "test/acc")}
+
+
+def test_a_run_on_a_folder_given_relative_resumes_from_another_folder(tmp_path):
+    """`resume=<run>` from another working directory than the run's: the saved config's
+    `data.source.root=images` is taken from where the run started (it looked for images/ in
+    the new working directory: no such folder)."""
+    write_png_folder(tmp_path / "images", per_class=12)
+    args = ["data=image_folder", "data.source.root=images", "data.source.size=20"]
+    args += ["data.image_shape=[3,16,16]", "data.num_classes=3", "data.batch_size=4"]
+    args += ["data.num_workers=0", f"data.source.cache_dir={tmp_path / 'cache'}"]
+    args += ["model.net.width=4", "model.scheduler=null", "logger=csv", "test=false"]
+    args += ["extras.print_config=false", "callbacks.progress_bar=null"]
+    folder = tmp_path / "run"
+    first = run_cli(*args, "trainer.max_epochs=1", f"hydra.run.dir={folder}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = run_cli(f"resume={folder}", "trainer.max_epochs=2")  # from the repository
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["epochs"] == {"trained": 2, "validated": 2}
 
 
 def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, open_dict
 
 from litlab.checkpoint import CHECKPOINTS, load_checkpoint, resumable_checkpoints, stored_config
 from litlab.compat import forget_logged_after_checkpoint
-from litlab.config import config_dir, group_of_sweep, study_folder
+from litlab.config import DATA_PATH_KEYS, config_dir, group_of_sweep, study_folder
 from litlab.data.datamodule import part_of_a_split
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
@@ -295,6 +295,7 @@ def resume_argv(argv: list[str]) -> list[str]:
     config = yaml.safe_load(saved.read_text())
     hydra_file = folder / ".hydra" / "hydra.yaml"
     hydra = yaml.safe_load(hydra_file.read_text())["hydra"] if hydra_file.is_file() else {}
+    args += data_paths_from(config, (hydra.get("runtime") or {}).get("cwd"))
     wandb = (config.get("logger") or {}).get("wandb")
     if wandb:
         run_id = wandb_run_id(folder)
@@ -323,6 +324,26 @@ def resume_argv(argv: list[str]) -> list[str]:
         # the run keeps its name; what its resumes changed is tagged (resumed:trainer.max_epochs=2)
         args.append(f"+logger.wandb.resumed='{tags}'")
     return [argv[0], *args, *flags, *changed]
+
+
+def data_paths_from(config: dict[str, Any], cwd: str | None) -> list[str]:
+    """Overrides giving the run's relative local data paths (`data.source.root=images`) from
+    the folder the run was started in (Hydra's runtime.cwd), as its checkpoints record them:
+    a resume from another working directory looked for images/ there. (Interpolations,
+    absolute paths, ~ and URLs are as they are.)"""
+    source = (config.get("data") or {}).get("source")
+    if not cwd or not isinstance(source, dict):
+        return []
+    given = []
+    for key in DATA_PATH_KEYS:
+        value = source.get(key)
+        relative = isinstance(value, str) and value and not value.startswith(("/", "~", "$"))
+        if relative and "://" not in value:
+            path = os.path.normpath(os.path.join(cwd, value))
+            given.append(
+                f"data.source.{key}={path}" if "'" in path else f"data.source.{key}='{path}'"
+            )
+    return given
 
 
 def _stopped_while_testing(folder: Path) -> bool:

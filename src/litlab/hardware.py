@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from litlab.compat import cpu_probe_bf16
@@ -184,8 +185,9 @@ def check_hardware(trainer: DictConfig) -> bool:
             f"use trainer.devices={cuda} (or -1 for all)"
         )
     if accelerator == "auto" and on_cpu and isinstance(devices, int) and devices > 1:
-        # a command written for a GPU machine runs here as CPU processes: say so once
-        log.warning(
+        # a command written for a GPU machine runs here as CPU processes: say so once (rank 0;
+        # every rank checks)
+        (log.warning if rank_zero_only.rank == 0 else log.debug)(
             "trainer.devices=%d on a machine without a GPU: %d CPU processes (DDP over gloo), "
             "each with data.batch_size images a step",
             devices,

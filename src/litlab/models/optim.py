@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities import rank_zero_only
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR, ReduceLROnPlateau
 
@@ -382,7 +383,8 @@ def fit_schedules_to_run(trainer: Any) -> None:
                 scheduler.step()
             else:
                 _cosine_refit(scheduler)
-            log.warning(
+            say = log.warning if rank_zero_only.rank == 0 else log.debug  # (once, not per rank)
+            say(
                 "%s now spans %d %ss instead of %d (the run is longer or shorter than the "
                 "checkpoint's run); it continues from %s %d",
                 name,

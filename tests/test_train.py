@@ -167,7 +167,7 @@ def test_a_fit_that_max_steps_ends_inside_an_epoch_validates_its_last_weights(tm
     assert tested["global_step"] == 25 and summary["epochs"] == {"trained": 2, "validated": 2}
 
 
-def test_a_fit_that_max_time_ends_before_its_schedule_says_so(tmp_path, caplog):
+def test_a_fit_that_max_time_ends_before_its_schedule_says_so(tmp_path, caplog, capsys):
     """trainer.max_time stops a run whose LR schedule is sized by its epochs: the weights
     tested trained at a learning rate not annealed (review); the log says so, and how to size
     the run instead. (200 epochs of 20 steps: not in one second on any machine.)"""
@@ -177,6 +177,12 @@ def test_a_fit_that_max_time_ends_before_its_schedule_says_so(tmp_path, caplog):
         train_task(cfg)
     assert "trainer.max_time=00:00:00:01 ended the fit before its LR schedule's end" in caplog.text
     assert "OneCycleLR at step" in caplog.text and "of 4000" in caplog.text
+    # resumed with the time it has spent (restored with the checkpoint): refused, the run as it
+    # was (it stopped at once, tested again and left its summary without epochs; walkthrough)
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    again = make_cfg(tmp_path / "again", [*overrides, f"ckpt_path={last}"])
+    line = refused(capsys, train_task, again, "allows 1 s (the time is restored with the")
+    assert "set a longer trainer.max_time to train further" in line
 
 
 def test_an_accuracy_objective_on_few_validation_images_is_said_to_be_coarse(tmp_path, caplog):

@@ -129,6 +129,18 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             f"{path} has already taken {g_steps} generator steps and model.max_g_steps={budget}; "
             f"set model.max_g_steps above {g_steps} to train further"
         )
+    limit = cfg.trainer.get("max_time")
+    elapsed = ((checkpoint.get("callbacks") or {}).get("Timer") or {}).get("time_elapsed") or {}
+    if limit is not None and elapsed.get("train") is not None:
+        from lightning.pytorch.callbacks import Timer
+
+        allowed = Timer(duration=limit)._duration  # (Lightning's parse: "DD:HH:MM:SS", a dict)
+        if allowed is not None and elapsed["train"] >= allowed:
+            raise CheckpointError(
+                f"{path} has already trained for {elapsed['train']:.0f} s and trainer.max_time="
+                f"{limit} allows {allowed:.0f} s (the time is restored with the checkpoint); "
+                f"set a longer trainer.max_time to train further"
+            )
     done = epochs_trained(checkpoint)  # a finished run's last.ckpt: all max_epochs of them
     if max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
         raise CheckpointError(

@@ -63,6 +63,12 @@ def final_state(folder: Path) -> dict[str, torch.Tensor]:
     return torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
 
+def rows_tested_at(folder: Path) -> list[tuple[str, str]]:
+    """(epoch, step) of each row of metrics.csv with the test's figures."""
+    with open(folder / "csv" / "metrics.csv") as f:
+        return [(r["epoch"], r["step"]) for r in csv.DictReader(f) if r.get("test/acc")]
+
+
 def val_rows(folder: Path) -> list[tuple[str, str]]:
     with open(folder / "csv" / "metrics.csv") as f:
         return [
@@ -908,6 +914,8 @@ def test_a_job_killed_while_testing_tests_again_when_requeued(
     assert summary["metrics"] == pytest.approx(straight["metrics"])  # fit's and test's
     assert summary["tested_checkpoint"] == str(folder / "checkpoints" / "best.ckpt")
     assert len(wandb_run_ids(folder)) == 1  # the test logged to the same W&B run
+    # and at the step and epoch the fit ended (it logged epoch 0, step 0: walkthrough 135)
+    assert rows_tested_at(folder) == rows_tested_at(straight_classifier)
     now = load_checkpoint(folder / "checkpoints" / "last.ckpt")
     assert now["global_step"] == trained["global_step"]  # nothing trained
 

@@ -149,6 +149,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                     model = build(cfg.model, "model")  # wrapped afresh for the test
                     model.save_hyperparameters(resolved_config(cfg))
                 run.summary["tested_checkpoint"] = tested
+                if not cfg.get("train"):  # a run tested again (its fit record taken, a
+                    restore_fit_progress(trainer, run)  # stop in its test): where its fit ended
                 trainer.callbacks.append(HoldStopAfterTest(run))
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
@@ -447,13 +449,16 @@ def restore_spawned_progress(trainer: L.Trainer, run: Run) -> None:
     fit's last checkpoint (last.ckpt, written at every epoch's end)."""
     from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
-    launcher = getattr(trainer.strategy, "launcher", None)
+    if isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher):
+        restore_fit_progress(trainer, run)
+
+
+def restore_fit_progress(trainer: L.Trainer, run: Run) -> None:
+    """The loops' counters of the run's fit, from its last checkpoint, into a trainer that did
+    not run it (a spawned fit; a run tested again after a stop while testing, whose test row
+    read epoch 0, step 0: walkthrough 135), so that its test is logged where the fit ended."""
     last = run.summary.get("last_checkpoint")
-    if (
-        not isinstance(launcher, _MultiProcessingLauncher)
-        or not last
-        or compat.logging_step(trainer)
-    ):
+    if not last or compat.logging_step(trainer):
         return
     state = load_checkpoint(last).get("loops", {}).get("fit_loop")
     if state:

@@ -1591,7 +1591,8 @@ def test_eval_on_the_train_folder_of_a_split_layout_run_is_refused(tmp_path, cap
     summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "data.batch_size=6", "test=false")
     eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "images" / "train")
     line = refused(capsys, eval_task, eval_cfg, "files sampled from the run's training split")
-    assert "as its train/ folder does" in line and "every image of it was trained" in line
+    assert "named as in its train/ folder" in line and "the run trained or validated on" in line
+    assert "+data.source.test_all=true tests every image of it as asked" in line
 
 
 def test_eval_on_a_copy_whose_names_changed_unicode_form_is_refused(tmp_path):

@@ -344,10 +344,12 @@ def other_folder(
     if inside := files_found_as_split(folder, trained_files or []):
         raise ConfigError(
             f"{folder} holds {inside} of {len(trained_files or [])} files sampled from the "
-            f"run's training split, byte for byte, as its train/ folder does (the run trained "
-            f"on {trained.get('root')}, laid out in splits): every image of it was trained or "
-            "validated on. Test the run's own held-out split (eval.py ckpt_path=<checkpoint> "
-            "without data.source.root), or another folder"
+            f"run's training split, byte for byte, named as in its train/ folder (the run "
+            f"trained on {trained.get('root')}, laid out in splits): that folder or a copy, "
+            "whose images the run trained or validated on, or images of it among others. Test "
+            "the run's own held-out split (eval.py ckpt_path=<checkpoint> without "
+            "data.source.root) or a folder without them; +data.source.test_all=true tests "
+            "every image of it as asked"
         )
     if files_found_renamed(folder, trained_files or []):
         names = [entry[0] for entry in trained_files or []]

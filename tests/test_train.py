@@ -165,6 +165,7 @@ def test_a_fit_that_max_steps_ends_inside_an_epoch_validates_its_last_weights(tm
     assert summary["metrics"]["val/loss"] == pytest.approx(float(validated[-1]["val/loss"]))
     tested = torch.load(summary["tested_checkpoint"], weights_only=False)
     assert tested["global_step"] == 25 and summary["epochs"] == {"trained": 2, "validated": 2}
+    assert summary["global_step"] == 25  # (epoch 2 was cut: "trained" counts it)
 
 
 def test_a_fit_that_max_time_ends_before_its_schedule_says_so(tmp_path, caplog, capsys):

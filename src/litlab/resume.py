@@ -193,6 +193,8 @@ class FitMilestones(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.run.epoch_ended("trained", trainer.current_epoch + 1)
+        # the steps: an epoch that trainer.max_steps or max_time cut counts as trained above
+        self.run.summary["global_step"] = trainer.global_step
 
     def spawned_record(self, trainer: L.Trainer) -> dict[str, Any]:
         """In the started rank 0 of a fit or test in spawned processes (ddp_spawn), at its end:
@@ -202,7 +204,7 @@ class FitMilestones(L.Callback):
         FLOPs null, data.splits missing: the report compared such runs apart)."""
         from litlab.train import performance_record  # (litlab.train imports this module)
 
-        kept = ("epochs", "training_limit", "steps_per_epoch")
+        kept = ("epochs", "global_step", "training_limit", "steps_per_epoch")
         return {
             **{key: self.run.summary[key] for key in kept if key in self.run.summary},
             **performance_record(trainer),

@@ -57,6 +57,7 @@ COMPLETED = ".completed"
 # What a fit puts into the summary beside its metrics (litlab.train.record_checkpoints, and
 # the epochs its last values are of: Run.epoch_ended).
 FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score", "epochs", "training_limit")
+FIT_RECORD += ("global_step",)
 # What the first part of a run decided for all of it, kept in the summary of every later part
 # (resume=, a requeued job): the values the finders chose (train.py; a resume never tunes).
 WHOLE_RUN = ("tuned", "optuna_trial")
@@ -500,7 +501,7 @@ class Run:
         batch; litlab.resume.FitMilestones.spawned_record): its epochs into the summary, and
         its rates, memory peaks and data account kept for ``spawned_performance``, a test's
         added to the fit's."""
-        for key in ("epochs", "training_limit", "steps_per_epoch"):
+        for key in ("epochs", "global_step", "training_limit", "steps_per_epoch"):
             if key in record:
                 self.summary[key] = record[key]
         kept = self._spawned

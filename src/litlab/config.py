@@ -102,6 +102,12 @@ OmegaConf.register_new_resolver("optuna_direction", optuna_direction, replace=Tr
 DATA_PATH_KEYS = ("root", "input_dir", "data_dir")
 
 
+def local_path(value: Any) -> bool:
+    """Whether a data path is a local one as written (not a bucket's URL, ~ or an
+    interpolation): relative or absolute."""
+    return isinstance(value, str) and bool(value) and "://" not in value and value[0] not in "~$"
+
+
 def absolute_data_paths(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` (a resolved config, plain) with data.source's relative local paths made
     absolute (from this process's working directory, as the run read them): what a checkpoint
@@ -111,9 +117,8 @@ def absolute_data_paths(config: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(source, dict):
         return config
     for key in DATA_PATH_KEYS:
-        value = source.get(key)
-        if isinstance(value, str) and value and "://" not in value and not value.startswith("~"):
-            source[key] = os.path.abspath(value)
+        if local_path(source.get(key)):
+            source[key] = os.path.abspath(source[key])
     return config
 
 
@@ -627,11 +632,11 @@ def check_device_stats(cfg: DictConfig) -> None:
     from litlab.hardware import on_gpu
 
     callbacks = cfg.get("callbacks") or {}
+    cpu = not on_gpu(str(cfg.trainer.get("accelerator", "auto")))
     for name, callback in callbacks.items():
         if not isinstance(callback, DictConfig):
             continue
         monitor = str(callback.get("_target_", "")).endswith("DeviceStatsMonitor")
-        cpu = not on_gpu(str(cfg.trainer.get("accelerator", "auto")))
         if monitor and cpu and not callback.get("cpu_stats"):  # (it logged nothing, silently)
             log.warning(
                 "callbacks.%s logs a GPU's counters, and this run computes on the CPU: nothing "

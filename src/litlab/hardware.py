@@ -184,10 +184,11 @@ def check_hardware(trainer: DictConfig) -> bool:
             f"trainer.devices={devices} but this machine has {cuda} CUDA GPU(s); "
             f"use trainer.devices={cuda} (or -1 for all)"
         )
-    if accelerator == "auto" and on_cpu and isinstance(devices, int) and devices > 1:
+    several = isinstance(devices, int) and devices > 1
+    if accelerator == "auto" and on_cpu and several and rank_zero_only.rank == 0:
         # a command written for a GPU machine runs here as CPU processes: say so once (rank 0;
         # every rank checks)
-        (log.warning if rank_zero_only.rank == 0 else log.debug)(
+        log.warning(
             "trainer.devices=%d on a machine without a GPU: %d CPU processes (DDP over gloo), "
             "each with data.batch_size images a step",
             devices,

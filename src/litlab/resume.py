@@ -22,7 +22,6 @@ import os
 import platform
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,13 @@ from omegaconf import DictConfig, open_dict
 
 from litlab.checkpoint import CHECKPOINTS, load_checkpoint, resumable_checkpoints, stored_config
 from litlab.compat import forget_logged_after_checkpoint
-from litlab.config import DATA_PATH_KEYS, config_dir, group_of_sweep, study_folder
+from litlab.config import (
+    DATA_PATH_KEYS,
+    config_dir,
+    group_of_sweep,
+    local_path,
+    study_folder,
+)
 from litlab.data.datamodule import part_of_a_split
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
@@ -41,7 +46,15 @@ from litlab.errors import AlreadyCompleted, ConfigError, fail
 from litlab.files import pid_namespace
 from litlab.loggers import wandb_folder
 from litlab.overrides import RESUME_OVERRIDES, merged_overrides, override_key
-from litlab.run import COMPLETED, TRAINED, Run, config_digest, read_summary
+from litlab.run import (
+    COMPLETED,
+    SPAWNED_FIT,
+    TRAINED,
+    Run,
+    config_digest,
+    read_summary,
+    started_s,
+)
 from litlab.tune import take_tuned_values
 
 log = logging.getLogger("litlab")
@@ -204,9 +217,8 @@ class FitMilestones(L.Callback):
         FLOPs null, data.splits missing: the report compared such runs apart)."""
         from litlab.train import performance_record  # (litlab.train imports this module)
 
-        kept = ("epochs", "global_step", "training_limit", "steps_per_epoch")
         return {
-            **{key: self.run.summary[key] for key in kept if key in self.run.summary},
+            **{key: self.run.summary[key] for key in SPAWNED_FIT if key in self.run.summary},
             **performance_record(trainer),
         }
 
@@ -339,8 +351,7 @@ def data_paths_from(config: dict[str, Any], cwd: str | None) -> list[str]:
     given = []
     for key in DATA_PATH_KEYS:
         value = source.get(key)
-        relative = isinstance(value, str) and value and not value.startswith(("/", "~", "$"))
-        if relative and "://" not in value:
+        if local_path(value) and not os.path.isabs(value):
             path = os.path.normpath(os.path.join(cwd, value))
             given.append(
                 f"data.source.{key}={path}" if "'" in path else f"data.source.{key}='{path}'"
@@ -357,10 +368,8 @@ def _stopped_while_testing(folder: Path) -> bool:
     it was before the extension, saying it was stopped testing)."""
     if not (folder / TRAINED).is_file() or (folder / COMPLETED).is_file():
         return False
-    summary = read_summary(folder / "summary.json") or {}
-    try:
-        started = datetime.fromisoformat(summary["started_at"]).timestamp()
-    except (KeyError, TypeError, ValueError):
+    started = started_s(read_summary(folder / "summary.json"))
+    if started is None:
         return False
     return (folder / TRAINED).stat().st_mtime >= started - 1  # (started_at: whole seconds)
 
@@ -386,11 +395,7 @@ def process_of_a_live_run(summary: dict[str, Any] | None) -> int | None:
         return None
     except PermissionError:  # another user's process: alive
         pass
-    began = process_start(pid)
-    try:
-        started = datetime.fromisoformat(summary["started_at"]).timestamp()
-    except (KeyError, TypeError, ValueError):
-        started = None
+    began, started = process_start(pid), started_s(summary)
     if began is not None and (began == -1 or (started is not None and began > started + 5)):
         return None  # a zombie, or a later process under the number
     return pid

@@ -61,6 +61,9 @@ FIT_RECORD += ("global_step",)
 # What the first part of a run decided for all of it, kept in the summary of every later part
 # (resume=, a requeued job): the values the finders chose (train.py; a resume never tunes).
 WHOLE_RUN = ("tuned", "optuna_trial")
+# What a fit in spawned processes (ddp_spawn) recorded there, carried to the main process's Run
+# (Run.take_spawned_record)
+SPAWNED_FIT = ("epochs", "global_step", "training_limit", "steps_per_epoch")
 
 
 class _NoAdverts(logging.Filter):
@@ -289,13 +292,21 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) else None
 
 
-def killed_part_s(folder: Path, started_at: str | None) -> float | None:
+def started_s(summary: dict[str, Any] | None) -> float | None:
+    """When a summary's run part started (its "started_at", seconds since the epoch); None
+    where it says none readable."""
+    try:
+        return datetime.fromisoformat((summary or {})["started_at"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def killed_part_s(folder: Path, summary: dict[str, Any]) -> float | None:
     """How long the part of a run that was killed before it could write its total ran: from
     its start to the last file it wrote in the run folder (checkpoints, CSV and W&B logs; not
     .hydra/, summary.json or log files, which the continuing run writes first)."""
-    try:
-        start = datetime.fromisoformat(started_at).timestamp()
-    except (TypeError, ValueError):
+    start = started_s(summary)
+    if start is None:
         return None
     last = start
     for path in folder.rglob("*"):
@@ -475,7 +486,7 @@ class Run:
                 before = earlier.get("durations_s") or {}
                 total = before.get("total")
                 if total is None:  # killed (SIGKILL, out of memory, node lost): no total
-                    total = killed_part_s(self.dir, earlier.get("started_at"))
+                    total = killed_part_s(self.dir, earlier)
                     self.summary["durations_s"]["earlier_estimated"] = True
                 spent = (total or 0) + (before.get("earlier") or 0)
                 self.summary["durations_s"]["earlier"] = round(spent, 3)
@@ -501,7 +512,7 @@ class Run:
         batch; litlab.resume.FitMilestones.spawned_record): its epochs into the summary, and
         its rates, memory peaks and data account kept for ``spawned_performance``, a test's
         added to the fit's."""
-        for key in ("epochs", "global_step", "training_limit", "steps_per_epoch"):
+        for key in SPAWNED_FIT:
             if key in record:
                 self.summary[key] = record[key]
         kept = self._spawned

@@ -319,9 +319,9 @@ class ImageFolder(Source):
         """Given the model's ``classes`` (eval.py on another folder): a class folder of
         ``folder`` not among them is refused (from the scan, before a decode: the whole folder
         was decoded into a new cache first, and left behind)."""
-        unknown = [
-            name for name in classes if self.classes is not None and name not in self.classes
-        ]
+        if self.classes is None:
+            return
+        unknown = [name for name in classes if name not in self.classes]
         if unknown:
             raise DataError(
                 f"class folder(s) {unknown} of {folder} are not among the model's classes "

@@ -383,14 +383,14 @@ def fit_schedules_to_run(trainer: Any) -> None:
                 scheduler.step()
             else:
                 _cosine_refit(scheduler)
-            say = log.warning if rank_zero_only.rank == 0 else log.debug  # (once, not per rank)
-            say(
-                "%s now spans %d %ss instead of %d (the run is longer or shorter than the "
-                "checkpoint's run); it continues from %s %d",
-                name,
-                new,
-                config.interval,
-                old,
-                config.interval,
-                scheduler.last_epoch,
-            )
+            if rank_zero_only.rank == 0:  # said once, not by every rank
+                log.warning(
+                    "%s now spans %d %ss instead of %d (the run is longer or shorter than the "
+                    "checkpoint's run); it continues from %s %d",
+                    name,
+                    new,
+                    config.interval,
+                    old,
+                    config.interval,
+                    scheduler.last_epoch,
+                )

@@ -41,6 +41,7 @@ from litlab.train import train_task
 from wandb_records import offline_run
 
 CLF = ["data.batch_size=128", "trainer.max_epochs=4", "model.net.width=8", "logger=csv", *QUIET]
+CLF_STEPS_PER_EPOCH = 10  # the digits' train split in batches of 128
 GAN_MODEL = [
     "model=dcgan",
     "data=synthetic",
@@ -421,6 +422,9 @@ def test_preemption_signal_from_outside_saves_and_resume_finishes(tmp_path, sign
     folder = run_folder(tmp_path)
     saved = load_checkpoint(folder / "checkpoints" / "last.ckpt")
     assert 0 < saved["global_step"] < 30 * 20
+    assert summary_status(folder) == "interrupted"
+    if signum != signal.SIGTERM:
+        return  # saved as SIGTERM saves: the resume below is the same from here on
     # Finish sooner than the planned 30 epochs.
     resumed = run_cli(f"resume={folder}", f"trainer.max_epochs={saved['epoch'] + 2}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -963,12 +967,15 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(
     end: OneCycleLR's length follows the run (the steps taken, then the rest at the new rate),
     so it neither fails when stepped past its old end nor stops half way down."""
     every_step = "trainer.log_every_n_steps=1"  # the LR in the logs at every step
-    first = run_cli(*CLF, every_step, "trainer.max_epochs=2", f"paths.log_dir={tmp_path}")
-    assert first.returncode == 0, first.stderr[-3000:]
-    folder = run_folder(tmp_path)
-    steps_per_epoch = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] // 2
-    resumed_from = 2 * steps_per_epoch
-    if changed == ["stopped"]:  # stopped by a signal after one epoch, then resumed shorter
+    steps_per_epoch = CLF_STEPS_PER_EPOCH
+    if changed != ["stopped"]:  # a run of 2 epochs, resumed from its end
+        first = run_cli(*CLF, every_step, "trainer.max_epochs=2", f"paths.log_dir={tmp_path}")
+        assert first.returncode == 0, first.stderr[-3000:]
+        folder = run_folder(tmp_path)
+        trained = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"]
+        assert trained == 2 * steps_per_epoch
+        resumed_from = trained
+    else:  # stopped by a signal after one epoch, then resumed shorter
         stopped = run_cli(
             *CLF,
             every_step,
@@ -1360,13 +1367,13 @@ def test_a_finished_run_trained_further_that_fails_before_a_checkpoint_is_not_co
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_a_resume_in_spawned_processes_that_fails_before_a_checkpoint_is_recorded_failed(
-    tmp_path,
-):
-    """The same under trainer.strategy=ddp_spawn, whose spawned processes tell the main one
-    nothing: the fit there began to train over the completed run (its .completed mark gone),
-    and the main process, which saw no checkpoint written, must not put the run's completed
-    summary back over the failure."""
+def test_a_resume_in_spawned_processes_that_fails_is_recorded_failed(tmp_path):
+    """trainer.strategy=ddp_spawn trains in spawned processes, whose Run tells the main one
+    nothing of its own: a resume of a completed run that failed there must be recorded failed
+    by the main process, whether the fit began to train over the completed run (its
+    .completed mark gone) and diverged before writing a checkpoint, or trained (a checkpoint
+    written) and diverged after: the main process put the folder's previous summary
+    ("completed") back over the failure. One first run serves both: the second a copy."""
     args = ["data=synthetic", "data.image_shape=[1,16,16]", "data.source.train_size=512"]
     args += ["data.batch_size=32", "model.net.width=8", "model.scheduler=null", "test=false"]
     args += ["logger=csv", *QUIET, "trainer.accelerator=cpu", "trainer.devices=2"]
@@ -1374,21 +1381,28 @@ def test_a_resume_in_spawned_processes_that_fails_before_a_checkpoint_is_recorde
     folder = tmp_path / "run"
     first = run_cli(*args, "trainer.max_epochs=1", f"hydra.run.dir={folder}", timeout=400)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert summary_status(folder) == "completed"
+    after = shutil.copytree(folder, tmp_path / "copy")
     written = (folder / "checkpoints" / "last.ckpt").read_bytes()
-    failed = run_cli(
-        f"resume={folder}",
-        "trainer.max_epochs=2",
-        "+callbacks.nan._target_=helpers.InjectNaN",
-        "+callbacks.nan.module=net",
-        "+callbacks.nan.at_batch=9",  # the second batch of the second epoch (8 each)
-        "callbacks.divergence_guard.check_every_n_steps=1",
-        timeout=400,
-    )
-    assert failed.returncode != 0
-    summary = json.loads((folder / "summary.json").read_text())
-    assert summary["status"] == "failed" and "diverged" in summary["error"].lower(), summary
-    assert not (folder / ".completed").exists()
+    diverge = ["+callbacks.nan._target_=helpers.InjectNaN", "+callbacks.nan.module=net"]
+    diverge += ["callbacks.divergence_guard.check_every_n_steps=1"]
+    for run, epochs, at_batch in ((folder, 2, 9), (after, 3, 20)):
+        # 8 batches an epoch: the second batch of the second epoch (before a checkpoint), or
+        # in the third epoch (after the second one's)
+        failed = run_cli(
+            f"resume={run}",
+            f"trainer.max_epochs={epochs}",
+            *diverge,
+            f"+callbacks.nan.at_batch={at_batch}",
+            timeout=400,
+        )
+        assert failed.returncode != 0
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "failed" and "diverged" in summary["error"].lower(), summary
+        assert not (run / ".completed").exists()
     assert (folder / "checkpoints" / "last.ckpt").read_bytes() == written
+    # it trained: its last.ckpt is the second epoch's (the first run's, epoch 0, was there)
+    assert load_checkpoint(after / "checkpoints" / "last.ckpt")["epoch"] == 1
 
 
 TINY = ["model.net.width=4", "trainer.max_epochs=1", "trainer.max_steps=2", "model.scheduler=null"]

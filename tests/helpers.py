@@ -782,3 +782,20 @@ class SignalAtTrainEnd(Callback):
         import signal
 
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+class LazyNet(torch.nn.Module):
+    """A user's net written with lazy layers (no input sizes: torch sizes them at the first
+    forward pass)."""
+
+    def __init__(self, num_classes: int = 10, reach_all: bool = True) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.body = nn.Sequential(
+            nn.LazyConv2d(8, 3, padding=1), nn.LazyBatchNorm2d(), nn.ReLU(), nn.AdaptiveAvgPool2d(4)
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes))
+        self.unused = None if reach_all else nn.LazyLinear(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))

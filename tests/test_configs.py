@@ -349,6 +349,38 @@ def test_your_own_net_from_your_own_module(tmp_path, monkeypatch):
     assert summary_of(cfg)["status"] == "completed"
 
 
+def test_your_own_net_with_lazy_layers_trains_and_evaluates(tmp_path, capsys):
+    """A net written with nn.LazyConv2d/LazyBatchNorm2d/LazyLinear (walkthrough 136: the run
+    failed in a traceback, "Attempted to use an uninitialized parameter", in the throughput
+    callback) is sized for the data's images before anything reads its parameters: weight
+    decay's grouping by shape too (an unsized weight reads as 1-D: it went undecayed), and
+    eval.py of its checkpoint tests it as the run did."""
+    from litlab.evaluate import eval_task
+
+    args = ["data=synthetic", "data.image_shape=[1,12,12]", "model/net=custom"]
+    args += ["model.net._target_=helpers.LazyNet", "model.decay_norm_and_bias=false"]
+    args += ["trainer.max_epochs=1", "trainer.max_steps=3", "model.scheduler=null", *QUIET_CSV]
+    cfg = make_cfg(tmp_path, args)
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed", summary.get("error")
+    checkpoint = load_checkpoint(summary["best_checkpoint"])
+    groups = checkpoint["optimizer_states"][0]["param_groups"]
+    sizes = {g["name"]: len(g["params"]) for g in groups}
+    # decayed: the conv kernel and the linear weight; spared: conv bias, BN scale and shift,
+    # linear bias
+    assert sizes == {"decay": 2, "no_decay": 4}
+    assert checkpoint["state_dict"]["net.head.1.weight"].shape == (10, 8 * 4 * 4)
+    tested = summary["metrics"]["test/acc"]
+    capsys.readouterr()
+    ckpt = summary["best_checkpoint"]
+    evaluated = make_cfg(tmp_path / "eval", [f"ckpt_path={ckpt}"], config_name="eval")
+    assert eval_task(evaluated) == pytest.approx(tested, abs=1e-7)
+
+    unreached = make_cfg(tmp_path / "b", [*args, "+model.net.reach_all=false"])
+    refused(capsys, train_task, unreached, "lazy layers are still unsized after one forward")
+
+
 def test_your_own_net_must_be_named(tmp_path):
     cfg = make_cfg(tmp_path, ["model/net=custom"])
     with pytest.raises(ConfigError, match=r"model.net._target_ must be set"):

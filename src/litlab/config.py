@@ -325,6 +325,15 @@ def build(node: DictConfig, path: str, **kwargs: Any) -> Any:
         raise
 
 
+def build_model(node: DictConfig, datamodule: Any) -> Any:
+    """The model of ``node`` (cfg.model), its nets' lazy layers sized for the data's images."""
+    from litlab.models.lazy import materialize
+
+    model = build(node, "model")
+    materialize(model, tuple(datamodule.image_shape))
+    return model
+
+
 def get_class(name: str, path: str) -> type:
     """A class by its dotted name, or one line naming the config key."""
     try:

@@ -22,6 +22,7 @@ from litlab.callbacks.speed import Speed
 from litlab.checkpoint import data_state, load_checkpoint, stored_config
 from litlab.config import (
     build,
+    build_model,
     check_all,
     check_top_level,
     config_dir,
@@ -98,7 +99,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     datamodule = build(parts.data, "data")
     # the class names the model learned (image folders), checked when the data is set up
     datamodule.load_state_dict(data_state(checkpoint, stored))
-    model = build(parts.model, "model")
+    model = build_model(parts.model, datamodule)
     model.load_state_dict(checkpoint["state_dict"])
     model.on_load_checkpoint(checkpoint)  # as Lightning's loads do: a GAN's step counts (g/step)
     if count:

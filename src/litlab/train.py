@@ -27,6 +27,7 @@ from litlab.checkpoint import load_checkpoint
 from litlab.config import (
     absolute_data_paths,
     build,
+    build_model,
     check_all,
     check_augmentation,
     check_device_stats,
@@ -98,7 +99,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = build(cfg.data, "data")
-    model = build(cfg.model, "model")
+    model = build_model(cfg.model, datamodule)
     checkpoint = None
     if cfg.get("ckpt_path"):  # one clear line for a missing, corrupt or foreign checkpoint
         checkpoint = continued or load_checkpoint(cfg.ckpt_path)
@@ -146,7 +147,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                             os.path.join(cfg.paths.output_dir, "checkpoints", "tested.ckpt")
                         )
                         trainer.save_checkpoint(tested)
-                    model = build(cfg.model, "model")  # wrapped afresh for the test
+                    model = build_model(cfg.model, datamodule)  # wrapped afresh for the test
                     model.save_hyperparameters(resolved_config(cfg))
                 run.summary["tested_checkpoint"] = tested
                 if not cfg.get("train"):  # a run tested again (its fit record taken, a

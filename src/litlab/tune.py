@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.monitor import GB, rss_gb
 from litlab.checkpoint import load_checkpoint, stored_config
-from litlab.config import build
+from litlab.config import build, build_model
 from litlab.distributed import launched_processes
 from litlab.errors import ConfigError, OutOfMemory
 from litlab.overrides import TUNED_KEYS, override_key
@@ -128,7 +128,7 @@ def tune(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         steps = max(steps, int(batch_options.get("steps_per_trial", 3)) * trials)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data, "data")
-    model = build(cfg.model, "model")
+    model = build_model(cfg.model, datamodule)
     if switches.get("lr"):
         check_lr_tunable(cfg, model)
     trainer = throwaway_trainer(cfg, max_steps=steps)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -292,10 +293,9 @@ def test_a_sweep_stopped_by_a_signal_in_a_job_summarizes_the_jobs_that_ran(tmp_p
     sweep (exit 143), and the summary holds job 0 (the best) and job 1 (interrupted, with how
     to continue it), marked stopped. Before: no sweep_summary.json at all."""
     signal_in_job_1 = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=-1,3,-1"]
-    result = run_cli(
-        "-m", "trainer.max_epochs=1", "model.net.width=8", "data.batch_size=128", "logger=csv",
-        *QUIET, *signal_in_job_1, f"paths.log_dir={tmp_path}",
-    )  # fmt: skip
+    command = ["trainer.max_epochs=1", "model.net.width=8", "data.batch_size=128", "logger=csv"]
+    command += [*QUIET, *signal_in_job_1, f"paths.log_dir={tmp_path}"]
+    result = run_cli("-m", *command)
     assert result.returncode == 143, result.stderr[-3000:]
     (sweep,) = sweep_dirs(tmp_path)
     summary = json.loads((sweep / "sweep_summary.json").read_text())
@@ -304,8 +304,12 @@ def test_a_sweep_stopped_by_a_signal_in_a_job_summarizes_the_jobs_that_ran(tmp_p
     (stopped,) = summary["interrupted"]
     assert stopped["job_dir"] == str(sweep / "1") and f"resume={sweep / '1'}" in stopped["error"]
     assert not (sweep / "2").exists()
-    # the job that never ran: counted, and its overrides kept (multirun.yaml alone had them)
-    assert summary["planned"] == 3 and summary["not_run"] == ["+callbacks.stop.batch=-1"]
+    # the job that never ran: counted, and its overrides kept (multirun.yaml alone had them),
+    # all of them, as a shell line that runs that job alone (the swept one alone dropped the
+    # command's trainer.max_epochs=1 and the rest: walkthrough 136)
+    assert summary["planned"] == 3 and len(summary["not_run"]) == 1
+    job = [o.replace("=-1,3,-1", "=-1") for o in command]
+    assert shlex.split(summary["not_run"][0]) == job
     said = f"the sweep stopped in its job {sweep / '1'}, the 1 of 3 jobs after it did not run"
     assert said in result.stdout
     # and the offline report says so (its table alone showed 2 runs, one interrupted)

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -704,9 +705,11 @@ IN_PROCESS_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher
 
 def planned_jobs(config: DictConfig) -> list[list[str]] | None:
     """A grid sweep's jobs (Hydra's basic sweeper), in the order it runs them: each job's
-    swept overrides (``hydra.sweeper.params`` and the command's sweeps); None for another
-    sweeper (an Optuna study plans n_trials, not their values), or overrides Hydra's parser
-    reads only with the config loader (``glob(...)`` of config groups)."""
+    overrides, the command's own with one value of each sweep (``hydra.sweeper.params`` and the
+    command's): what runs that job alone (the swept ones alone dropped the command's other
+    overrides, trainer.max_epochs=2: a job run from them was another run; walkthrough 136);
+    None for another sweeper (an Optuna study plans n_trials, not their values), or overrides
+    Hydra's parser reads only with the config loader (``glob(...)`` of config groups)."""
     sweeper = config.hydra.sweeper
     if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
@@ -716,11 +719,13 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
     try:
         params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
         parsed = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
-        swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
         (batch,) = BasicSweeper.split_arguments(parsed, None)
     except Exception:
         return None
-    return [[o for o in job if o.split("=", 1)[0] in swept] for job in batch]
+    # the overrides not swept as the command wrote them (Hydra writes its values again:
+    # extras.print_config=False); the later of two on one key, as Hydra takes it
+    written = {o.get_key_element(): o.input_line for o in parsed if not o.is_sweep_override()}
+    return [[written.get(o.split("=", 1)[0]) or o for o in job] for job in batch]
 
 
 def _write_sweep_summary(
@@ -773,7 +778,8 @@ def _write_sweep_summary(
         interrupted = listed["interrupted"]
         summary["stopped_in"] = stopped_in or (interrupted[-1]["job_dir"] if interrupted else None)
         if planned is not None:  # (a grid sweep's: every job in its order, 0, 1, 2, ...)
-            plan = {"planned": len(planned), "not_run": [" ".join(j) for j in planned[len(jobs) :]]}
+            not_run = [shlex.join(job) for job in planned[len(jobs) :]]
+            plan = {"planned": len(planned), "not_run": not_run}
         summary.update(plan or {})
     write_json(sweep_dir / "sweep_summary.json", summary)
     return jobs, best, failed, listed, other, study

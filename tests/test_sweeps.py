@@ -150,6 +150,35 @@ def test_a_study_made_in_the_other_direction_is_refused_before_any_trial(tmp_pat
     assert not list((tmp_path / "new" / "train" / "multirun").glob("*"))  # nor an empty folder
 
 
+def test_the_other_direction_refusal_names_the_studys_own_objective(tmp_path, capsys):
+    """A study that recorded its measure (val/loss, minimized) continued with objective=accuracy:
+    the refusal named no metric of the study's and advised objective=accuracy, what the user
+    had just passed (walkthrough 136); it names val/loss and objective=loss."""
+    from omegaconf import OmegaConf
+
+    from litlab.sweep import refuse_another_direction
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    held = optuna.create_study(study_name="s", storage=storage, direction="minimize")
+    held.set_user_attr("litlab_measure", {"metric": "val/loss", "data": {}, "settings": {}})
+    config = OmegaConf.create(
+        {
+            "hydra": {"sweeper": {"direction": "maximize"}},
+            "objective": {"metric": "val/acc", "mode": "max"},
+        }
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        refuse_another_direction(config, storage, "s")
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip()
+    said = (
+        "was made to minimize its objective, val/loss, but this sweep's objective, val/acc "
+        "(max), would maximize: continue it with the objective it was made with "
+        "(objective=loss), or start another study"
+    )
+    assert line.startswith("litlab: error: the Optuna study s in ") and said in line, line
+
+
 def test_a_sweep_with_no_completed_job_keeps_its_summary_and_says_so(tmp_path):
     result = run_cli(
         "-m",

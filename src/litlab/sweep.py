@@ -627,14 +627,34 @@ def refuse_another_direction(config: Any, storage: str | None, study: str | None
     have = [d.name.lower() for d in held.directions]
     if wanted != have:
         objective = config.get("objective") or {}
+        # the study's own metric where it recorded it (record_measure); from before: a hint
+        made = (held.user_attrs.get("litlab_measure") or {}).get("metric")
+        if made:
+            its = f"its objective, {made}"
+            advice = f"continue it with the objective it was made with ({objective_override(made)})"
+        else:
+            its = "its objective"
+            advice = (
+                "continue it with the objective it was made with (e.g. objective=accuracy for "
+                "val/acc, which data=digits studies had before it chose val/loss)"
+            )
         fail(
-            f"the Optuna study {study} in {storage} was made to {' and '.join(have)} its "
-            f"objective, but this sweep's objective, {objective.get('metric')} "
-            f"({objective.get('mode')}), would {' and '.join(wanted)}: continue it with the "
-            "objective it was made with (e.g. objective=accuracy for val/acc, which data=digits "
-            "studies had before it chose val/loss), or start another study "
-            "(hydra.sweeper.study_name=...)"
+            f"the Optuna study {study} in {storage} was made to {' and '.join(have)} {its}, "
+            f"but this sweep's objective, {objective.get('metric')} "
+            f"({objective.get('mode')}), would {' and '.join(wanted)}: {advice}, or start "
+            "another study (hydra.sweeper.study_name=...)"
         )
+
+
+def objective_override(metric: str) -> str:
+    """The command-line override that makes ``metric`` the objective: its conf/objective
+    preset where one measures it, else objective.metric= (and its mode)."""
+    from litlab.config import config_dir
+
+    for preset in sorted((Path(config_dir()) / "objective").glob("*.yaml")):
+        if OmegaConf.load(preset).get("metric") == metric:
+            return f"objective={preset.stem}"
+    return f"objective.metric={metric} objective.mode=..."
 
 
 def study_best(sweep_dir: Path) -> dict[str, Any] | None:

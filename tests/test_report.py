@@ -505,6 +505,30 @@ def test_repeats_over_seeds_get_their_mean_and_spread(tmp_path):
     )
 
 
+def test_a_seed_run_twice_counts_once_over_seeds(tmp_path):
+    """The same settings and seed in two sweeps are one draw run twice (walkthrough 136: it
+    read "mean 0.1506 ± 0 (n=2)", a spread over seeds of none): one value a seed, its runs'
+    mean, the repeat said; a setting with a single seed repeated has no spread to show."""
+    from litlab.report.compare import compare, facts
+
+    acc = {"metric": "val/acc", "mode": "max"}
+    runs = [("a", "1", 0.90), ("b", "2", 0.80), ("c", "2", 0.82), ("d", "7", 0.15)]
+    runs += [("e", "7", 0.15)]
+    for name, seed, value in runs:
+        lr = "0.1" if seed != "7" else "0.2"
+        summary = {"status": "completed", "objective": {**acc, "value": value}}
+        write_run(tmp_path / name, summary, [f"model.optimizer.lr={lr}", f"seed={seed}"])
+    lines = dict(facts(compare(find_runs([tmp_path]))))
+    assert lines["Over seeds"].startswith(
+        "model.optimizer.lr=0.1: mean 0.855 ± 0.06364 (n=2) (1 more run(s) of a seed already "
+        "counted: one value a seed); model.optimizer.lr=0.2: 0.15 (n=1) (1 more run(s) of a "
+        "seed already counted: one value a seed)"
+    )
+    for name in ("a", "b", "c"):  # one setting, all of seed 7: nothing repeated over seeds
+        shutil.rmtree(tmp_path / name)
+    assert "Over seeds" not in dict(facts(compare(find_runs([tmp_path]))))
+
+
 def test_over_seeds_groups_settings_not_override_order_and_ranks_repeats_first(tmp_path):
     """A setting's runs are one group whatever the order of their overrides; a setting with
     one ranked run (its other seeds failed) comes after the repeated ones, however lucky; a

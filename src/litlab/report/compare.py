@@ -187,35 +187,40 @@ def varied_params(runs: list[RunFolder]) -> list[str]:
     return [k for k in keys if len({run.params.get(k) for run in runs}) > 1]
 
 
-def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int]]:
+def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int, int]]:
     """Where settings were repeated over seeds: each setting (the varied overrides but the
-    seeds, in key order) with the mean, standard deviation and count of its ranked runs'
-    objective values, and the count of its runs without one (failed, interrupted; not those
-    with a value on another scale, which are not ranked here); settings with two or more
-    ranked runs first, by mean, then the others, then those without any value. [] where no
-    setting has two ranked runs (nothing was repeated). The best single run of repeats is a
-    lucky draw."""
+    seeds, in key order) with the mean, standard deviation and count of its ranked seeds'
+    objective values, the count of its runs without one (failed, interrupted; not those
+    with a value on another scale, which are not ranked here), and the count of ranked runs
+    that repeated a seed already counted; settings with two or more ranked seeds first, by
+    mean, then the others, then those without any value. [] where no setting has two ranked
+    seeds (nothing was repeated over seeds). A seed run twice (the same settings in two
+    sweeps) is one draw, counted once with its runs' mean: as two, it read "± 0 (n=2)". The
+    best single run of repeats is a lucky draw."""
     if not any(key in SEEDS for key in comparison.varied):
         return []
-    values: dict[str, list[float]] = {}
+    values: dict[str, dict[tuple, list[float]]] = {}
     missing: Counter = Counter()
     for run in comparison.runs:
         if run.evaluation:
             continue
         setting = seeds_setting(comparison, run)
         if comparison.comparable(run):
-            values.setdefault(setting, []).append(run.objective[2])
+            seed = tuple(run.params.get(key) for key in SEEDS)
+            values.setdefault(setting, {}).setdefault(seed, []).append(run.objective[2])
         elif run.failed or run.objective[2] is None:  # not one on another scale: not ranked
             missing[setting] += 1
-    if all(len(v) < 2 for v in values.values()):
+    if all(len(seeds) < 2 for seeds in values.values()):
         return []
     sign = -1.0 if comparison.mode == "max" else 1.0
     rows = []
     for setting in {**values, **missing}:  # settings with values first, as the runs ranked
-        v = values.get(setting, [])
+        seeds = values.get(setting, {})
+        v = [statistics.fmean(runs) for runs in seeds.values()]
         mean = statistics.fmean(v) if v else math.nan
         std = statistics.stdev(v) if len(v) > 1 else math.nan
-        rows.append((setting, mean, std, len(v), missing[setting]))
+        repeats = sum(len(runs) - 1 for runs in seeds.values())
+        rows.append((setting, mean, std, len(v), missing[setting], repeats))
     return sorted(rows, key=lambda row: (row[3] < 2, row[3] == 0, sign * row[1] if row[3] else 0))
 
 
@@ -229,14 +234,19 @@ def seeds_setting(comparison: Comparison, run: RunFolder) -> str:
     return " ".join(f"{key}={value}" for key, value in setting) or "(the same settings)"
 
 
-def seeds_text(config: str, mean: float, std: float, n: int, missing: int) -> str:
-    """One setting's line of "Over seeds": mean ± std (n=...), and its seeds without a value."""
+def seeds_text(config: str, mean: float, std: float, n: int, missing: int, repeats: int = 0) -> str:
+    """One setting's line of "Over seeds": mean ± std (n=...), its seeds without a value, and
+    its runs of a seed run before (each seed's runs count once, by their mean)."""
     if n == 0:
         return f"{config}: no value (its {missing} seed(s) failed or have none)"
     text = f"{config}: mean {fmt(mean)} ± {fmt(std)}" if n > 1 else f"{config}: {fmt(mean)}"
     if missing:
-        return f"{text} (n={n} of {n + missing}: {missing} failed or without a value)"
-    return f"{text} (n={n})"
+        text = f"{text} (n={n} of {n + missing}: {missing} failed or without a value)"
+    else:
+        text = f"{text} (n={n})"
+    if repeats:
+        text += f" ({repeats} more run(s) of a seed already counted: one value a seed)"
+    return text
 
 
 def numeric_params(runs: list[RunFolder], varied: list[str]) -> list[str]:

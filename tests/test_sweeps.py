@@ -345,7 +345,10 @@ def test_a_sweep_stopped_by_a_signal_in_a_job_summarizes_the_jobs_that_ran(tmp_p
     from litlab.report import main as report
 
     report([str(sweep)])
-    said = f"the sweep stopped in its job {sweep / '1'}; the jobs after it did not run"
+    said = (
+        f"the sweep stopped in its job {sweep / '1'}; the 1 of 3 jobs after it did not run "
+        f"(their overrides: not_run in {sweep / 'sweep_summary.json'})"
+    )
     assert said in (sweep / "report.md").read_text()
 
 

@@ -52,9 +52,11 @@ def write_report(comparison: Comparison, folders: list[Path], out: Path) -> tupl
 
 
 def stopped_in(folders: list[Path]) -> list[str]:
-    """The job each of these sweep folders was stopped in by a signal (its sweep_summary.json
-    says "stopped": the local launcher's sweep ends with the job; the jobs after it never ran)."""
-    jobs = []
+    """Where each of these sweep folders was stopped by a signal (its sweep_summary.json says
+    "stopped": the local launcher's sweep ends with the job; the jobs after it never ran): the
+    job, and of a grid sweep how many of its planned jobs did not run (their overrides are its
+    "not_run")."""
+    stops = []
     for folder in folders:
         try:
             summary = json.loads((Path(folder) / "sweep_summary.json").read_text())
@@ -63,10 +65,20 @@ def stopped_in(folders: list[Path]) -> list[str]:
         if not isinstance(summary, dict) or not summary.get("stopped"):
             continue
         if summary.get("stopped_in"):  # (kept when a resumed job wrote the summary anew)
-            jobs.append(str(summary["stopped_in"]))
+            job = str(summary["stopped_in"])
         elif summary.get("interrupted"):  # a summary from before it was kept
-            jobs.append(str(summary["interrupted"][-1]["job_dir"]))
-    return jobs
+            job = str(summary["interrupted"][-1]["job_dir"])
+        else:
+            continue
+        after = "the jobs after it did not run"
+        not_run, planned = summary.get("not_run"), summary.get("planned")
+        if isinstance(not_run, list) and isinstance(planned, int):
+            after = (
+                f"the {len(not_run)} of {planned} jobs after it did not run (their overrides: "
+                f"not_run in {Path(folder) / 'sweep_summary.json'})"
+            )
+        stops.append(f"the sweep stopped in its job {job}; {after}")
+    return stops
 
 
 def fail(message: str) -> NoReturn:

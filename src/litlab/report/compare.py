@@ -37,7 +37,7 @@ class Comparison:
     varied: list[str]
     # each metric column's scale: the most common among the runs with a value there
     column_scales: dict[str, str]
-    # sweeps that a signal stopped (sweep_summary.json "stopped"): the job it stopped in
+    # sweeps that a signal stopped (sweep_summary.json "stopped"): where, and what did not run
     stopped_in: list[str] = field(default_factory=list)
 
     @property
@@ -340,8 +340,6 @@ def facts(comparison: Comparison) -> list[tuple[str, str]]:
             code += "; " if code else ""
             code += f"{len(dirty)} run(s) with uncommitted changes to the code: {shown}"
         lines.append(("Code", code))
-    for job in comparison.stopped_in:
-        lines.append(
-            ("Stopped", f"the sweep stopped in its job {job}; the jobs after it did not run")
-        )
+    for stop in comparison.stopped_in:
+        lines.append(("Stopped", stop))
     return lines

@@ -150,6 +150,33 @@ def test_a_study_made_in_the_other_direction_is_refused_before_any_trial(tmp_pat
     assert not list((tmp_path / "new" / "train" / "multirun").glob("*"))  # nor an empty folder
 
 
+def test_a_search_over_a_key_the_config_lacks_is_refused_before_any_trial(tmp_path):
+    """cnn_optuna searches model.net.width, which model/net=custom lacks (and a misspelled
+    key is alike): each job's config failed to compose in Hydra's advice to append it with +,
+    and the sweep ended with a FAIL trial and no summary (walkthrough 136). One line, which
+    says how to leave a key out; no trial, no sweep folder."""
+    result = run_cli(
+        "-m",
+        "hparams_search=cnn_optuna",
+        "hydra.sweeper.n_trials=1",
+        "model/net=custom",
+        "model.net._target_=tiny_mlp.TinyMLP",
+        "+model.net.in_features=choice(64,784)",  # searched, appended: not refused
+        "model.optimizer.lr=choice(0.01,0.02)",
+        "logger=csv",
+        *QUIET,
+        f"paths.log_dir={tmp_path}",
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(
+        "litlab: error: the Optuna study searches what the config does not have "
+        "(hydra.sweeper.params.model.net.width=choice(16, 32, 64)): "
+    ), line
+    assert "a copy of conf/hparams_search/cnn_optuna.yaml without it" in line
+    assert not list((tmp_path / "train" / "multirun").glob("*/*"))  # no sweep folder
+
+
 def test_the_other_direction_refusal_names_the_studys_own_objective(tmp_path, capsys):
     """A study that recorded its measure (val/loss, minimized) continued with objective=accuracy:
     the refusal named no metric of the study's and advised objective=accuracy, what the user

@@ -521,6 +521,42 @@ def _measures(key: str) -> bool:
     return key == "data" or any(key == k or key.startswith(f"{k}.") for k in _MEASURE_KEYS)
 
 
+def refuse_a_search_over_a_missing_key(config: Any, arguments: list[str], params: Any) -> None:
+    """One line where an Optuna study searches a key its jobs' config does not have (a typo,
+    ``model.net.widht=choice(16,32)``, or cnn_optuna's model.net.width under model/net=custom):
+    each job's config failed to compose, in Hydra's advice to append it with ``+`` (what a
+    misspelled key does not want), and the sweep ended with a failed trial and no summary.
+    Keys appended (``+``) or deleted (``~``), and config group choices, are Hydra's to check."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    swept = [
+        (o.get_key_element(), o.input_line)
+        for o in OverridesParser.create().parse_overrides(arguments)
+        if o.is_sweep_override()
+    ]
+    swept += [(str(k), f"hydra.sweeper.params.{k}={v}") for k, v in (params or {}).items()]
+    groups = set((OmegaConf.select(config, "hydra.runtime.choices") or {}).keys())
+    absent = object()
+    missing = [
+        given
+        for key, given in swept
+        if not key.startswith(("+", "~"))
+        and "/" not in key
+        and key not in groups
+        and OmegaConf.select(config, key, default=absent, throw_on_missing=False) is absent
+    ]
+    if missing:
+        preset = (OmegaConf.select(config, "hydra.runtime.choices") or {}).get("hparams_search")
+        copy = f"a copy of conf/hparams_search/{preset}.yaml" if preset else "a search space"
+        fail(
+            f"the Optuna study searches what the config does not have ({', '.join(missing)}): "
+            "a misspelled key, or one of another net or data; correct it, or leave it out of "
+            f"the search ({copy} without it, as conf/hparams_search/<name>.yaml, then "
+            "hparams_search=<name>: Hydra cannot delete a search parameter on the command "
+            "line); a key your net takes that its config lacks is searched as +key=choice(...)"
+        )
+
+
 def refuse_a_tuned_measure(arguments: list[str], params: Any) -> None:
     """One line where an Optuna study would search over what its objective measures
     (``'data=choice(digits,fashion_mnist)'``, ``data.val_fraction``, the objective itself): its

@@ -31,6 +31,7 @@ if optuna_sweeper is not None:
                 record_asked_trials,
                 record_measure,
                 refuse_a_found_value_searched,
+                refuse_a_search_over_a_missing_key,
                 refuse_a_tuned_measure,
                 refuse_a_tuned_seed,
                 refuse_an_unseeded_grid,
@@ -45,6 +46,7 @@ if optuna_sweeper is not None:
             try:
                 refuse_a_tuned_seed(arguments, sweeper.get("params"))
                 refuse_a_tuned_measure(arguments, sweeper.get("params"))
+                refuse_a_search_over_a_missing_key(impl.config, arguments, sweeper.get("params"))
                 refuse_a_found_value_searched(impl.config, arguments, sweeper.get("params"))
                 refuse_an_untrained_study(impl.config)
                 refuse_an_unseeded_grid(sweeper.sampler)

@@ -505,6 +505,21 @@ def test_repeats_over_seeds_get_their_mean_and_spread(tmp_path):
     )
 
 
+def test_a_loss_objective_shows_its_test_loss(tmp_path):
+    """Runs ranked by val/loss (data=digits' objective) showed test/acc and val/acc beside it,
+    not the objective's own test value, test/loss (walkthrough 136): its columns come first."""
+    from litlab.report.compare import compare
+
+    loss = {"metric": "val/loss", "mode": "min"}
+    for name, value in (("a", 0.30), ("b", 0.20)):
+        metrics = {"val/loss": value, "test/loss": value + 0.01, "val/acc": 0.9, "test/acc": 0.9}
+        summary = {"status": "completed", "objective": {**loss, "value": value}}
+        write_run(tmp_path / name, {**summary, "metrics": metrics}, [f"seed={name}"])
+    comparison = compare(find_runs([tmp_path]))
+    assert comparison.metric_columns == ["test/loss", "val/loss", "test/acc", "val/acc"]
+    assert comparison.cells(1, comparison.runs[0])[5] == "0.21"  # b's test/loss
+
+
 def test_a_seed_run_twice_counts_once_over_seeds(tmp_path):
     """The same settings and seed in two sweeps are one draw run twice (walkthrough 136: it
     read "mean 0.1506 ± 0 (n=2)", a spread over seeds of none): one value a seed, its runs'

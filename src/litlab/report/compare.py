@@ -24,6 +24,16 @@ ERROR_CHARS = 90
 STATUS_ORDER = ("completed", "failed", "interrupted", "running")
 
 
+def shown_metrics(objective: str | None) -> list[str]:
+    """The metric columns in order: an objective's own metric on the test split and its last
+    validation first (val/loss: test/loss, which the accuracy columns left out), then
+    KEY_METRICS."""
+    own = []
+    if objective and objective.startswith("val/") and not objective.endswith("_best"):
+        own = [f"test/{objective[4:]}", objective]
+    return [*own, *(m for m in KEY_METRICS if m not in own)]
+
+
 @dataclass
 class Comparison:
     """Runs ranked best first, with what the header and the table need to know about them."""
@@ -159,7 +169,9 @@ def compare(runs: list[RunFolder]) -> Comparison:
 
     ranked = sorted(runs, key=order)
     best = ranked[0] if comparable(ranked[0], metric, scale) else None
-    metric_columns = [m for m in KEY_METRICS if any(r.metric(m) is not None for r in runs)]
+    metric_columns = [
+        m for m in shown_metrics(metric) if any(r.metric(m) is not None for r in runs)
+    ]
     column_scales = {
         m: Counter(r.scale(m) for r in ranked if r.metric(m) is not None).most_common(1)[0][0]
         for m in metric_columns

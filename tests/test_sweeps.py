@@ -433,8 +433,9 @@ def test_a_trial_a_signal_stopped_is_told_to_its_study_when_its_job_is_resumed(t
 
 def test_a_trial_stopped_before_its_first_checkpoint_or_never_launched_is_told_failed(tmp_path):
     """Ctrl-C in a trial's first epoch (no checkpoint: resume= refuses its job), and a search
-    over config group options that do not exist (its job's config cannot be composed): each trial stayed RUNNING for
-    good, and a continued study counted it in flight. Now the study holds each as failed."""
+    over config group options that do not exist (its job's config cannot be composed): each
+    trial stayed RUNNING for good, and a continued study counted it in flight. Now the study
+    holds each as failed."""
     stop = [
         "+callbacks.stop._target_=helpers.SignalInJob", "+callbacks.stop.job=0",
         "+callbacks.stop.batch=2", f"+callbacks.stop.mark={tmp_path / 'signalled'}",

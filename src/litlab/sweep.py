@@ -542,8 +542,12 @@ def refuse_a_search_over_a_missing_key(config: Any, arguments: list[str], params
         for key, given in swept
         if not key.startswith(("+", "~"))
         and "/" not in key
+        and "@" not in key  # a config group's package
         and key not in groups
-        and OmegaConf.select(config, key, default=absent, throw_on_missing=False) is absent
+        and OmegaConf.select(
+            config, key, default=absent, throw_on_missing=False, throw_on_resolution_failure=False
+        )
+        is absent
     ]
     if missing:
         preset = (OmegaConf.select(config, "hydra.runtime.choices") or {}).get("hparams_search")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -788,7 +789,7 @@ class LazyNet(torch.nn.Module):
     """A user's net written with lazy layers (no input sizes: torch sizes them at the first
     forward pass)."""
 
-    def __init__(self, num_classes: int = 10, reach_all: bool = True) -> None:
+    def __init__(self, num_classes: int = 10, reach_all: bool = True, frozen: bool = False):
         super().__init__()
         nn = torch.nn
         self.body = nn.Sequential(
@@ -796,6 +797,25 @@ class LazyNet(torch.nn.Module):
         )
         self.head = nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes))
         self.unused = None if reach_all else nn.LazyLinear(3)
+        if frozen:  # a batch norm the user keeps in eval mode
+            self.body[1].eval()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
+
+
+class LazyGenerator(torch.nn.Module):
+    """A user's generator written with lazy layers: latent vectors to images in [-1, 1]."""
+
+    def __init__(self, image_shape: list[int], latent_dim: int = 16) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.latent_dim = latent_dim
+        shape = tuple(image_shape)
+        self.net = nn.Sequential(
+            nn.LazyLinear(32), nn.LazyBatchNorm1d(), nn.ReLU(), nn.LazyLinear(math.prod(shape)),
+            nn.Tanh(), nn.Unflatten(1, shape),
+        )  # fmt: skip
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z)

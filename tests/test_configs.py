@@ -354,7 +354,8 @@ def test_your_own_net_with_lazy_layers_trains_and_evaluates(tmp_path, capsys):
     failed in a traceback, "Attempted to use an uninitialized parameter", in the throughput
     callback) is sized for the data's images before anything reads its parameters: weight
     decay's grouping by shape too (an unsized weight reads as 1-D: it went undecayed), and
-    eval.py of its checkpoint tests it as the run did."""
+    eval.py of its checkpoint tests it as the run did (eval.py sizes the net before loading
+    the weights; torch's lazy load hook would size it from the state dict alone too)."""
     from litlab.evaluate import eval_task
 
     args = ["data=synthetic", "data.image_shape=[1,12,12]", "model/net=custom"]
@@ -379,6 +380,34 @@ def test_your_own_net_with_lazy_layers_trains_and_evaluates(tmp_path, capsys):
 
     unreached = make_cfg(tmp_path / "b", [*args, "+model.net.reach_all=false"])
     refused(capsys, train_task, unreached, "lazy layers are still unsized after one forward")
+
+
+def test_a_gan_of_lazy_nets_trains_its_ema_from_the_sized_generator(tmp_path):
+    """A GAN whose generator and discriminator have lazy layers: its EMA generator, a copy of
+    the generator, could not be made of unsized layers (the model failed to build: review
+    138); it is made once they are sized, with the generator's weights. A submodule the user
+    keeps in eval mode stays so through the sizing; wgan_gp refuses a lazy batch norm in D as
+    it refuses any other."""
+    from litlab.config import build_model
+    from litlab.models.lazy import has_lazy_tensors
+
+    args = ["model=dcgan", "data=synthetic", "data.image_shape=[1,8,8]", "~model.generator"]
+    args += ["+model.generator._target_=helpers.LazyGenerator"]
+    args += ["+model.generator.image_shape=${data.image_shape}", "~model.discriminator"]
+    args += ["+model.discriminator._target_=helpers.LazyNet", "+model.discriminator.num_classes=1"]
+    args += ["+model.discriminator.frozen=true", "data.source.train_size=256"]
+    args += ["data.batch_size=32", "trainer.max_epochs=1", "trainer.max_steps=2", "test=false"]
+    cfg = make_cfg(tmp_path, [*args, *QUIET_CSV])
+    model = build_model(cfg.model, build(cfg.data, "data"))
+    assert not has_lazy_tensors(model)
+    generator, average = model.generator.state_dict(), model.generator_ema.module.state_dict()
+    assert generator.keys() == average.keys()
+    assert all(torch.equal(generator[k], average[k]) for k in generator)
+    assert not model.discriminator.body[1].training and model.discriminator.head.training
+    train_task(cfg)
+    assert summary_of(cfg)["status"] == "completed"
+    with pytest.raises(ConfigError, match="batch norm in the discriminator"):
+        build(make_cfg(tmp_path / "w", [*args, "model.loss=wgan_gp"]).model, "model")
 
 
 def test_your_own_net_must_be_named(tmp_path):

@@ -12,6 +12,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ConstantLR
 from torch.optim.swa_utils import AveragedModel
@@ -25,6 +26,7 @@ from litlab.errors import ConfigError
 from litlab.metrics.aggregation import Mean
 from litlab.models.curves import StepCurves
 from litlab.models.diffaugment import diff_augment, parse_policy
+from litlab.models.lazy import has_lazy_tensors
 from litlab.models.optim import make_optimizer
 from litlab.rng import RankSeeded
 
@@ -204,8 +206,8 @@ class GAN(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         self.val_d_real, self.test_d_real = Mean(), Mean()
         if ema_decay is not None and not 0.0 < ema_decay < 1.0:
             raise ConfigError(f"ema_decay must lie in (0, 1) or be null, got {ema_decay}")
-        if loss == "wgan_gp" and any(
-            isinstance(m, nn.BatchNorm2d) for m in discriminator.modules()
+        if loss == "wgan_gp" and any(  # (any batch norm: lazy, 1-d, synchronized too)
+            isinstance(m, _BatchNorm) for m in discriminator.modules()
         ):
             raise ConfigError(
                 "the wgan_gp penalty treats samples independently, which batch norm in the "
@@ -215,10 +217,9 @@ class GAN(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         self.generator = generator
         self.discriminator = discriminator
         self.generator_ema = None
-        if ema_decay is not None:
-            self.generator_ema = AveragedCopy(
-                generator, multi_avg_fn=ema_with_warmup(ema_decay), use_buffers=True
-            ).requires_grad_(False)
+        self.ema_decay = ema_decay
+        if not has_lazy_tensors(generator):  # a lazy one is copied once sized (sized())
+            self.sized()
         self.g_optimizer_factory, self.d_optimizer_factory = g_optimizer, d_optimizer
         self.loss, self.n_critic, self.gp_weight = loss, n_critic, gp_weight
         self.max_g_steps, self.gradient_clip_val = max_g_steps, gradient_clip_val
@@ -244,6 +245,15 @@ class GAN(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         """Nets that litlab.callbacks.Speed may compile (no double backward through a compiled D)."""
         nets = ("generator", "generator_ema")
         return nets if self.loss == "wgan_gp" else (*nets, "discriminator")
+
+    def sized(self) -> None:
+        """The EMA generator, a copy of the generator (its average starts from the generator's
+        weights): at construction, or for a generator with lazy layers, which cannot be copied
+        unsized, once litlab.models.lazy.materialize has sized them (the same weights)."""
+        if self.ema_decay is not None and self.generator_ema is None:
+            self.generator_ema = AveragedCopy(
+                self.generator, multi_avg_fn=ema_with_warmup(self.ema_decay), use_buffers=True
+            ).requires_grad_(False)
 
     def example_input_shapes(self, image_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
         """One example's input to each net, by name (litlab.callbacks.ModelSummary's FLOPs)."""

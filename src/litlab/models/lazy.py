@@ -24,7 +24,8 @@ def materialize(model: Any, image_shape: tuple[int, ...]) -> None:
     classifier's net an image of the data's shape, a GAN's generator a latent vector, its
     discriminator an image), in eval mode and without gradients (BatchNorm's statistics and no
     random draw of dropout are touched; the new weights are drawn as their layers' own reset
-    draws them). Before anything reads the parameters: the optimizer's groups, weight decay's
+    draws them; each submodule's train/eval mode is kept as it was). A layer reached in
+    training alone (an auxiliary head) is not sized: refused. Before anything reads the parameters: the optimizer's groups, weight decay's
     grouping by shape (``parameter_ndims``), the model summary, the strategy's wrapping, the
     checkpoint's load. A module without lazy layers is left untouched."""
     if not has_lazy_tensors(model):
@@ -37,14 +38,17 @@ def materialize(model: Any, image_shape: tuple[int, ...]) -> None:
         net = getattr(model, name)
         if not has_lazy_tensors(net):
             continue
-        training = net.training
+        modes = {module: module.training for module in net.modules()}  # each its own
         net.eval()
         try:
             with torch.no_grad():
                 net(torch.zeros(shape))
         finally:
-            net.train(training)
+            for module, training in modes.items():
+                module.training = training
         sized.append(f"{name} (input {list(shape)})")
+    if hasattr(model, "sized"):  # what a module builds from its sized nets (a GAN's EMA copy)
+        model.sized()
     if hasattr(model, "parameter_ndims"):  # taken at construction, from unsized parameters
         from litlab.models.optim import parameter_ndims
 

@@ -177,6 +177,39 @@ def test_a_search_over_a_key_the_config_lacks_is_refused_before_any_trial(tmp_pa
     assert not list((tmp_path / "train" / "multirun").glob("*/*"))  # no sweep folder
 
 
+def test_the_missing_search_key_check_leaves_valid_searches_alone(capsys):
+    """The check reads the sweep's config, composed without the searched values: a key that a
+    group searched in the same study brings (resnet's model.optimizer.nesterov), a key whose
+    value is to be given (???), an appended key and a group's own choice all pass (review
+    138: the first two were refused); a typo is refused with advice for where it was given."""
+    from omegaconf import OmegaConf
+
+    from litlab.sweep import refuse_a_search_over_a_missing_key as check
+
+    config = OmegaConf.create(
+        {
+            "hydra": {"runtime": {"choices": {"model": "cnn", "hparams_search": "cnn_optuna"}}},
+            "model": {"optimizer": {"lr": 0.1}, "net": {"width": 8}},
+            "data": {"source": {"root": "???"}, "image_shape": [1, 8, 8]},
+        }
+    )
+    for arguments in (
+        ["model=choice(resnet,cnn)", "model.optimizer.nesterov=choice(true,false)"],
+        ["model/net=choice(resnet,custom)", "model.net.depth=choice(1,2)"],
+        ["data.source.root=choice(/a,/b)", "data.image_shape.0=choice(1,3)"],
+        ["+model.net.hidden=choice(8,16)", "model.net.width=choice(8,16)"],
+    ):
+        check(config, arguments, {"model.optimizer.lr": "interval(0.01, 0.1)"})
+    with pytest.raises(SystemExit):
+        check(config, ["model.net.widht=choice(8,16)"], {})
+    assert "correct it, or leave it out of the command;" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        check(config, [], {"model.net.depth": "choice(1,2)"})
+    said = capsys.readouterr().err
+    assert "(hydra.sweeper.params.model.net.depth=choice(1,2))" in said
+    assert "a copy of conf/hparams_search/cnn_optuna.yaml without it" in said
+
+
 def test_the_other_direction_refusal_names_the_studys_own_objective(tmp_path, capsys):
     """A study that recorded its measure (val/loss, minimized) continued with objective=accuracy:
     the refusal named no metric of the study's and advised objective=accuracy, what the user

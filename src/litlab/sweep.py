@@ -454,20 +454,22 @@ def refuse_a_used_sweep_folder(config: DictConfig) -> None:
     )
 
 
-def _searched(arguments: list[str], params: Any) -> list[tuple[str, str]]:
+def _searched(arguments: list[str], params: Any, prefixed: bool = False) -> list[tuple[str, str]]:
     """What an Optuna study searches: (key, as given) of each sweep on its command line, as
     Hydra's parser reads them (``seed=${oc.env:SEED,1}`` or ``seed=[1,2]`` are single values),
-    then of each of its ``hydra.sweeper.params``."""
+    then of each of its ``hydra.sweeper.params``; the keys without a leading + or ~, unless
+    ``prefixed``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    def name(key: Any) -> str:
+        return str(key) if prefixed else str(key).lstrip("+~")
+
     swept = [
-        (o.get_key_element().lstrip("+~"), o.input_line)
+        (name(o.get_key_element()), o.input_line)
         for o in OverridesParser.create().parse_overrides(arguments)
         if o.is_sweep_override()
     ]
-    return swept + [
-        (str(k).lstrip("+~"), f"hydra.sweeper.params.{k}={v}") for k, v in (params or {}).items()
-    ]
+    return swept + [(name(k), f"hydra.sweeper.params.{k}={v}") for k, v in (params or {}).items()]
 
 
 def _held_study(storage: str | None, study: str | None) -> Any:
@@ -526,39 +528,51 @@ def refuse_a_search_over_a_missing_key(config: Any, arguments: list[str], params
     ``model.net.widht=choice(16,32)``, or cnn_optuna's model.net.width under model/net=custom):
     each job's config failed to compose, in Hydra's advice to append it with ``+`` (what a
     misspelled key does not want), and the sweep ended with a failed trial and no summary.
-    Keys appended (``+``) or deleted (``~``), and config group choices, are Hydra's to check."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    swept = [
-        (o.get_key_element(), o.input_line)
-        for o in OverridesParser.create().parse_overrides(arguments)
-        if o.is_sweep_override()
-    ]
-    swept += [(str(k), f"hydra.sweeper.params.{k}={v}") for k, v in (params or {}).items()]
-    groups = set((OmegaConf.select(config, "hydra.runtime.choices") or {}).keys())
-    absent = object()
+    Keys appended (``+``) or deleted (``~``) are Hydra's to check; so is every key where the
+    study also searches a config group (``'model=choice(resnet,cnn)'``, an experiment): the
+    sweep's config, composed without its searched values, is not its jobs'. A key whose value
+    is to be given (``???``) is there."""
+    swept = _searched(arguments, params, prefixed=True)
+    choices = OmegaConf.select(config, "hydra.runtime.choices") or {}
+    if any("/" in key or "@" in key or key in choices for key, _ in swept):
+        return
     missing = [
         given
         for key, given in swept
-        if not key.startswith(("+", "~"))
-        and "/" not in key
-        and "@" not in key  # a config group's package
-        and key not in groups
-        and OmegaConf.select(
-            config, key, default=absent, throw_on_missing=False, throw_on_resolution_failure=False
-        )
-        is absent
+        if not key.startswith(("+", "~")) and not _has_key(config, key)
     ]
-    if missing:
-        preset = (OmegaConf.select(config, "hydra.runtime.choices") or {}).get("hparams_search")
+    if not missing:
+        return
+    if all(given.startswith("hydra.sweeper.params.") for given in missing):
+        preset = choices.get("hparams_search")
         copy = f"a copy of conf/hparams_search/{preset}.yaml" if preset else "a search space"
-        fail(
-            f"the Optuna study searches what the config does not have ({', '.join(missing)}): "
-            "a misspelled key, or one of another net or data; correct it, or leave it out of "
-            f"the search ({copy} without it, as conf/hparams_search/<name>.yaml, then "
-            "hparams_search=<name>: Hydra cannot delete a search parameter on the command "
-            "line); a key your net takes that its config lacks is searched as +key=choice(...)"
+        leave_out = (
+            f"leave it out of the search ({copy} without it, as conf/hparams_search/<name>.yaml, "
+            "then hparams_search=<name>: Hydra cannot delete a search parameter on the command "
+            "line)"
         )
+    else:
+        leave_out = "leave it out of the command"
+    fail(
+        f"the Optuna study searches what the config does not have ({', '.join(missing)}): "
+        f"a misspelled key, or one of another net or data; correct it, or {leave_out}; a key "
+        "your net takes that its config lacks is searched as +key=choice(...)"
+    )
+
+
+def _has_key(config: Any, key: str) -> bool:
+    """Whether ``key`` (dotted) is in ``config``, whatever its value (``???`` too)."""
+    parent, _, leaf = key.rpartition(".")
+    node = config
+    if parent:
+        node = OmegaConf.select(
+            config, parent, throw_on_missing=False, throw_on_resolution_failure=False
+        )
+    if isinstance(node, DictConfig):
+        return leaf in node.keys()  # noqa: SIM118 (a ??? value is not "in" a DictConfig)
+    if isinstance(node, ListConfig):
+        return leaf.isdigit() and int(leaf) < len(node)
+    return False
 
 
 def refuse_a_tuned_measure(arguments: list[str], params: Any) -> None:

@@ -177,6 +177,33 @@ def test_a_search_over_a_key_the_config_lacks_is_refused_before_any_trial(tmp_pa
     assert not list((tmp_path / "train" / "multirun").glob("*/*"))  # no sweep folder
 
 
+def test_a_grid_sweeps_planned_jobs_take_a_keys_later_value_as_hydra_does():
+    """A key given twice (a value, then a sweep of it; a sweeper param, then the command's
+    sweep): each planned job holds the value Hydra runs, the command's own spelling of the
+    others (review 138: not_run said seed=3 for jobs of seeds 1 and 2)."""
+    from omegaconf import OmegaConf
+
+    from litlab.sweep import planned_jobs
+
+    basic = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+    task = ["seed=3", "seed=1,2", "model.optimizer.lr=0.1,0.2", "extras.print_config=false"]
+    task += ["data.batch_size=64,128", "data.batch_size=32"]
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "sweeper": {"_target_": basic, "params": {"model.optimizer.lr": 0.5}},
+                "overrides": {"task": task},
+            }
+        }
+    )
+    assert planned_jobs(config) == [
+        ["model.optimizer.lr=0.1", "seed=1", "extras.print_config=false", "data.batch_size=32"],
+        ["model.optimizer.lr=0.1", "seed=2", "extras.print_config=false", "data.batch_size=32"],
+        ["model.optimizer.lr=0.2", "seed=1", "extras.print_config=false", "data.batch_size=32"],
+        ["model.optimizer.lr=0.2", "seed=2", "extras.print_config=false", "data.batch_size=32"],
+    ]
+
+
 def test_the_missing_search_key_check_leaves_valid_searches_alone(capsys):
     """The check reads the sweep's config, composed without the searched values: a key that a
     group searched in the same study brings (resnet's model.optimizer.nesterov), a key whose

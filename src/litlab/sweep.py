@@ -797,8 +797,14 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
     except Exception:
         return None
     # the overrides not swept as the command wrote them (Hydra writes its values again:
-    # extras.print_config=False); the later of two on one key, as Hydra takes it
-    written = {o.get_key_element(): o.input_line for o in parsed if not o.is_sweep_override()}
+    # extras.print_config=False); on a key given twice the later wins, as Hydra takes it (a
+    # sweep after a single value: the sweep's values, as Hydra writes them)
+    written: dict[str, str] = {}
+    for o in parsed:
+        if o.is_sweep_override():
+            written.pop(o.get_key_element(), None)
+        else:
+            written[o.get_key_element()] = o.input_line
     return [[written.get(o.split("=", 1)[0]) or o for o in job] for job in batch]
 
 

@@ -1604,11 +1604,21 @@ def test_a_resumed_offline_wandb_run_says_to_sync_all_its_parts_together(tmp_pat
     logs offline too, without trying the server: W&B drops the steps of an earlier part uploaded
     after a later part's."""
     args = ["logger=wandb", "extras.print_config=false", "callbacks.progress_bar=null"]
-    first = run_cli(*args, "trainer.max_epochs=1", f"paths.log_dir={tmp_path}")
+    args += ["data.batch_size=1294"]  # the digits' training split: one step an epoch
+    first = run_cli(*args, "trainer.max_epochs=2", f"paths.log_dir={tmp_path}")
     assert first.returncode == 0, first.stderr[-3000:]
     folder = run_folder(tmp_path)
     (part,) = (folder / "wandb").glob("offline-run-*")
-    online = run_cli(f"resume={folder}", "trainer.max_epochs=2", wandb_online=True)
+    # A resume refused once W&B has started (as the fit restores the schedule: a one-cycle
+    # warm-up of one step over 4 steps) leaves no part of its own: its part held the refusal
+    # alone, and syncing it closed the W&B run as failed (walkthrough 137).
+    links = {p.name: os.readlink(p) for p in (folder / "wandb").iterdir() if p.is_symlink()}
+    refused = run_cli(f"resume={folder}", "trainer.max_epochs=4")
+    assert refused.returncode == 2 and "one-cycle warm-up of exactly one step" in refused.stderr
+    assert list((folder / "wandb").glob("offline-run-*")) == [part]
+    assert {p.name: os.readlink(p) for p in (folder / "wandb").iterdir() if p.is_symlink()} == links
+    assert summary_status(folder) == "completed"
+    online = run_cli(f"resume={folder}", "trainer.max_epochs=3", wandb_online=True)
     assert online.returncode == 0, online.stderr[-3000:]
     said = online.stdout + online.stderr
     assert "this run's earlier part is offline and not uploaded" in said
@@ -1622,7 +1632,7 @@ def test_a_resumed_offline_wandb_run_says_to_sync_all_its_parts_together(tmp_pat
     # tries the server (online); the part it logs offline is the only one left to upload.
     for run in (folder / "wandb").glob("offline-run-*/run-*.wandb"):
         run.with_suffix(".wandb.synced").touch()
-    again = run_cli(f"resume={folder}", "trainer.max_epochs=3", wandb_online=True)
+    again = run_cli(f"resume={folder}", "trainer.max_epochs=5", wandb_online=True)
     assert again.returncode == 0, again.stderr[-3000:]
     said = again.stdout + again.stderr
     assert "W&B could not start online (127.0.0.1:9 not reachable" in said

@@ -11,6 +11,7 @@ import math
 import multiprocessing
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -140,6 +141,48 @@ def _cut_log_files(sizes: dict[str, int]) -> None:
             with contextlib.suppress(OSError):
                 if os.path.getsize(handler.baseFilename) > size:
                     os.truncate(handler.baseFilename, size)
+
+
+def _offline_wandb_parts(run_dir: Path) -> set[Path]:
+    """The W&B offline run folders (one a part of the run) in ``run_dir``'s wandb folder."""
+    from litlab.loggers import wandb_folder
+
+    return set(wandb_folder(run_dir).glob("offline-run-*"))
+
+
+def _drop_offline_wandb_parts(run_dir: Path, before: set[Path]) -> None:
+    """The offline W&B parts a resume refused after its loggers started made (a schedule that
+    cannot change its length, found as the fit restores it) go, as its log lines do: each held
+    that refusal alone, and `wandb sync` of the run's parts would have closed the W&B run as
+    failed over the run's completed one. wandb's links into a part gone (latest-run, its debug
+    logs) point into the newest part left. A part logged online is the server's."""
+    from litlab.loggers import wandb_folder
+
+    new = sorted(_offline_wandb_parts(run_dir) - before)
+    for part in new:
+        shutil.rmtree(part, ignore_errors=True)
+    if not new:
+        return
+    folder = wandb_folder(run_dir)
+    left = sorted(_offline_wandb_parts(run_dir), key=lambda part: part.name)
+    for link in folder.iterdir():
+        if not link.is_symlink() or link.exists():
+            continue
+        # latest-run -> the part; debug.log -> the part's logs/debug.log: the newest part left's
+        target = Path(os.readlink(link))
+        inside = target.relative_to(folder) if target.is_absolute() else target
+        link.unlink(missing_ok=True)
+        if not left or not inside.parts or inside.is_absolute():
+            continue
+        again = left[-1].joinpath(*inside.parts[1:])  # the same file of the part left
+        if again.exists():
+            with contextlib.suppress(OSError):
+                link.symlink_to(again if target.is_absolute() else again.relative_to(folder))
+    log.warning(
+        "W&B: the offline part this refused resume started (%s) is removed; the run's W&B "
+        "parts are as they were",
+        ", ".join(part.name for part in new),
+    )
 
 
 def build_list(node: DictConfig | None, path: str) -> list[Any]:
@@ -458,6 +501,7 @@ class Run:
         self._earlier_validation: tuple[int, dict[str, Any]] | None = None
         self._validated_before: tuple[int, dict[str, Any]] | None = None
         self._log_sizes: dict[str, int] = {}  # the log files' lengths as the run began (rank 0)
+        self._wandb_parts: set[Path] = set()  # its W&B offline parts as the run began (rank 0)
         self._spawned: dict[str, Any] = {}  # what a fit's and test's spawned rank 0 measured
 
     def __enter__(self) -> Run:
@@ -472,6 +516,7 @@ class Run:
             self._previous = read_summary(self.dir / "summary.json")
             self._completed = (self.dir / COMPLETED).is_file()
             self._log_sizes = _log_file_sizes()
+            self._wandb_parts = _offline_wandb_parts(self.dir)
             if self._previous is not None:
                 earlier = {k: v for k, v in self._previous.items() if k != "previous_summary"}
                 self.summary["previous_summary"] = earlier
@@ -665,6 +710,7 @@ class Run:
                 # folder's summary stays what it was
                 write_json(self.dir / "summary.json", self._previous)
                 _cut_log_files(self._log_sizes)  # and its log ends where it ended
+                _drop_offline_wandb_parts(self.dir, self._wandb_parts)  # (its W&B parts too)
             else:
                 self._write()
                 if exc is not None:  # the folder's summary no longer says its run completed

@@ -1373,7 +1373,9 @@ def test_a_resume_in_spawned_processes_that_fails_is_recorded_failed(tmp_path):
     by the main process, whether the fit began to train over the completed run (its
     .completed mark gone) and diverged before writing a checkpoint, or trained (a checkpoint
     written) and diverged after: the main process put the folder's previous summary
-    ("completed") back over the failure. One first run serves both: the second a copy."""
+    ("completed") back over the failure. One first run serves both: the second a copy,
+    without its .completed mark, so that only the checkpoint written can tell (review 138:
+    with the mark, a Run that ignored checkpoints written passed)."""
     args = ["data=synthetic", "data.image_shape=[1,16,16]", "data.source.train_size=512"]
     args += ["data.batch_size=32", "model.net.width=8", "model.scheduler=null", "test=false"]
     args += ["logger=csv", *QUIET, "trainer.accelerator=cpu", "trainer.devices=2"]
@@ -1383,6 +1385,9 @@ def test_a_resume_in_spawned_processes_that_fails_is_recorded_failed(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     assert summary_status(folder) == "completed"
     after = shutil.copytree(folder, tmp_path / "copy")
+    # the copy without its .completed mark: its failure is found by the checkpoint the resume
+    # wrote alone (with the mark, the mark's removal as the fit began would find it first)
+    (after / ".completed").unlink()
     written = (folder / "checkpoints" / "last.ckpt").read_bytes()
     diverge = ["+callbacks.nan._target_=helpers.InjectNaN", "+callbacks.nan.module=net"]
     diverge += ["callbacks.divergence_guard.check_every_n_steps=1"]

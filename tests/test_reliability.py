@@ -986,6 +986,8 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(
         )
         assert stopped.returncode == 143, stopped.stderr[-3000:]
         folder, changed, resumed_from = run_folder(tmp_path / "b"), [], steps_per_epoch
+        trained = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"]
+        assert trained == steps_per_epoch  # (CLF_STEPS_PER_EPOCH as the digits have it)
     resumed = run_cli(f"resume={folder}", f"trainer.max_epochs={epochs}", *changed)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # kept for the next resume= of the folder (its saved config stays the first command's)

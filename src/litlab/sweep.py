@@ -685,7 +685,9 @@ def refuse_another_direction(config: Any, storage: str | None, study: str | None
         made = (held.user_attrs.get("litlab_measure") or {}).get("metric")
         if made:
             its = f"its objective, {made}"
-            advice = f"continue it with the objective it was made with ({objective_override(made)})"
+            mode = "min" if have == ["minimize"] else "max"
+            override = objective_override(made, mode)
+            advice = f"continue it with the objective it was made with ({override})"
         else:
             its = "its objective"
             advice = (
@@ -700,15 +702,15 @@ def refuse_another_direction(config: Any, storage: str | None, study: str | None
         )
 
 
-def objective_override(metric: str) -> str:
-    """The command-line override that makes ``metric`` the objective: its conf/objective
-    preset where one measures it, else objective.metric= (and its mode)."""
+def objective_override(metric: str, mode: str) -> str:
+    """The command-line override that makes ``metric`` the objective (``mode``: min or max):
+    its conf/objective preset where one measures it, else objective.metric= and its mode."""
     from litlab.config import config_dir
 
     for preset in sorted((Path(config_dir()) / "objective").glob("*.yaml")):
         if OmegaConf.load(preset).get("metric") == metric:
             return f"objective={preset.stem}"
-    return f"objective.metric={metric} objective.mode=..."
+    return f"objective.metric={metric} objective.mode={mode}"
 
 
 def study_best(sweep_dir: Path) -> dict[str, Any] | None:
@@ -922,11 +924,11 @@ class SweepSummary(Callback):
             sweep_dir, stopped, planned=planned
         )
         if stopped:
-            after = "the jobs after it did not run"
+            from litlab.report.compare import jobs_not_run
+
+            after = jobs_not_run()
             if planned is not None:
-                after = (
-                    f"the {len(planned) - len(jobs)} of {len(planned)} jobs after it did not run"
-                )
+                after = jobs_not_run(len(planned) - len(jobs), len(planned))
             log.warning(
                 "the sweep stopped in its job %s, %s; %s holds the jobs that ran%s",
                 listed["interrupted"][-1]["job_dir"],

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from litlab.report.compare import Comparison, compare
+from litlab.report.compare import Comparison, compare, jobs_not_run
 from litlab.report.runs import ReportError, default_report_folder, find_runs
 
 PROG = "litlab-report"
@@ -70,12 +70,12 @@ def stopped_in(folders: list[Path]) -> list[str]:
             job = str(summary["interrupted"][-1]["job_dir"])
         else:
             continue
-        after = "the jobs after it did not run"
+        after = jobs_not_run()
         not_run, planned = summary.get("not_run"), summary.get("planned")
         if isinstance(not_run, list) and isinstance(planned, int):
             after = (
-                f"the {len(not_run)} of {planned} jobs after it did not run (their overrides: "
-                f"not_run in {Path(folder) / 'sweep_summary.json'})"
+                f"{jobs_not_run(len(not_run), planned)} (their overrides: not_run in "
+                f"{Path(folder) / 'sweep_summary.json'})"
             )
         stops.append(f"the sweep stopped in its job {job}; {after}")
     return stops

@@ -24,6 +24,14 @@ ERROR_CHARS = 90
 STATUS_ORDER = ("completed", "failed", "interrupted", "running")
 
 
+def jobs_not_run(left: int | None = None, planned: int | None = None) -> str:
+    """What a stopped sweep did not run: "the 1 of 3 jobs after it did not run" (a grid sweep
+    knows its plan), or without a plan, "the jobs after it did not run"."""
+    if left is None or planned is None:
+        return "the jobs after it did not run"
+    return f"the {left} of {planned} jobs after it did not run"
+
+
 def shown_metrics(objective: str | None) -> list[str]:
     """The metric columns in order: an objective's own metric on the test split and its last
     validation first (val/loss: test/loss, which the accuracy columns left out), then

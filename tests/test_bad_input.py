@@ -156,6 +156,13 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         (["ckpt_path=last"], "resume=<run folder>"),
         (["model=dcgan", "data.translate=2"], "augments the real images only"),
         (["model=dcgan", "trainer.precision=bf16-true"], "use trainer.precision=bf16-mixed"),
+        # a typo got Lightning's type in full, without litlab's auto (walkthrough 137)
+        (
+            ["trainer.precision=bf17"],
+            "trainer.precision=bf17 is not a precision: auto (the machine's fastest; eval.py's "
+            "default, trained: the run's), 32-true, bf16-mixed, 16-mixed, bf16-true, 16-true, "
+            "64-true",
+        ),
         (
             ["callbacks=ema", "+callbacks.ema.update_starting_at_epoch=1"],
             "use callbacks.ema.update_starting_at_step",

@@ -84,6 +84,12 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
     summary.json records: requested, chosen and why."""
     requested = str(trainer.get("precision", "32-true"))
     accelerator = str(trainer.get("accelerator", "auto"))
+    given = trainer.get("precision", "32-true") is not None  # (null: Lightning's default)
+    if given and requested not in (*PRECISIONS, "auto"):  # (Lightning's: its type, in full)
+        raise ConfigError(
+            f"trainer.precision={requested} is not a precision: auto (the machine's fastest; "
+            "eval.py's default, trained: the run's), " + ", ".join(PRECISIONS[:6])
+        )
     if requested == "auto":
         chosen, why = fastest_precision(accelerator)
         trainer.precision = chosen
@@ -115,6 +121,11 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
 
 # float16 autocast: a GPU's only (16-true, float16 weights, runs emulated on a CPU).
 GPU_ONLY_PRECISIONS = ("16-mixed", "16")
+# What Lightning's Trainer takes (its precision plugin's inputs), the named ones first
+PRECISIONS = (
+    "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true",
+    "transformer-engine", "transformer-engine-float16", "64", "32", "16", "bf16",
+)  # fmt: skip
 
 
 def check_hardware(trainer: DictConfig) -> bool:

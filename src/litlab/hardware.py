@@ -82,10 +82,11 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
     """Turn trainer.precision=auto into the fastest native precision (said in one line), and
     warn once when bf16 is asked for explicitly on a CPU that would emulate it. Returns what
     summary.json records: requested, chosen and why."""
-    requested = str(trainer.get("precision", "32-true"))
+    given = trainer.get("precision", "32-true")
+    requested = str(given)
     accelerator = str(trainer.get("accelerator", "auto"))
-    given = trainer.get("precision", "32-true") is not None  # (null: Lightning's default)
-    if given and requested not in (*PRECISIONS, "auto"):  # (Lightning's: its type, in full)
+    # (null: Lightning's default; Lightning's own refusal prints its type in full)
+    if given is not None and requested not in (*PRECISIONS, "auto"):
         raise ConfigError(
             f"trainer.precision={requested} is not a precision: auto (the machine's fastest; "
             "eval.py's default, trained: the run's), " + ", ".join(PRECISIONS[:6])

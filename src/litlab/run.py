@@ -151,11 +151,12 @@ def _offline_wandb_parts(run_dir: Path) -> set[Path]:
 
 
 def _drop_offline_wandb_parts(run_dir: Path, before: set[Path]) -> None:
-    """The offline W&B parts a resume refused after its loggers started made (a schedule that
-    cannot change its length, found as the fit restores it) go, as its log lines do: each held
-    that refusal alone, and `wandb sync` of the run's parts would have closed the W&B run as
-    failed over the run's completed one. wandb's links into a part gone (latest-run, its debug
-    logs) point into the newest part left. A part logged online is the server's."""
+    """The offline W&B parts made by a resume refused (or failed) after its loggers started,
+    before it touched the run (a schedule that cannot change its length, found as the fit
+    restores it), go, as its log lines do: each held that refusal alone, and `wandb sync` of
+    the run's parts would have closed the W&B run as failed over the run's completed one.
+    wandb's links into a part gone (latest-run, its debug logs) point into the newest part
+    left. A part logged online is the server's."""
     from litlab.loggers import wandb_folder
 
     new = sorted(_offline_wandb_parts(run_dir) - before)
@@ -179,7 +180,7 @@ def _drop_offline_wandb_parts(run_dir: Path, before: set[Path]) -> None:
             with contextlib.suppress(OSError):
                 link.symlink_to(again if target.is_absolute() else again.relative_to(folder))
     log.warning(
-        "W&B: the offline part this refused resume started (%s) is removed; the run's W&B "
+        "W&B: the offline part this resume started (%s) is removed with it; the run's W&B "
         "parts are as they were",
         ", ".join(part.name for part in new),
     )
@@ -516,8 +517,8 @@ class Run:
             self._previous = read_summary(self.dir / "summary.json")
             self._completed = (self.dir / COMPLETED).is_file()
             self._log_sizes = _log_file_sizes()
-            self._wandb_parts = _offline_wandb_parts(self.dir)
-            if self._previous is not None:
+            if self._previous is not None:  # (only a run continued here is put back)
+                self._wandb_parts = _offline_wandb_parts(self.dir)
                 earlier = {k: v for k, v in self._previous.items() if k != "previous_summary"}
                 self.summary["previous_summary"] = earlier
                 if earlier.get("task") == self.summary["task"]:

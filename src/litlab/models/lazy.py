@@ -25,9 +25,10 @@ def materialize(model: Any, image_shape: tuple[int, ...]) -> None:
     discriminator an image), in eval mode and without gradients (BatchNorm's statistics and no
     random draw of dropout are touched; the new weights are drawn as their layers' own reset
     draws them; each submodule's train/eval mode is kept as it was). A layer reached in
-    training alone (an auxiliary head) is not sized: refused. Before anything reads the parameters: the optimizer's groups, weight decay's
-    grouping by shape (``parameter_ndims``), the model summary, the strategy's wrapping, the
-    checkpoint's load. A module without lazy layers is left untouched."""
+    training alone (an auxiliary head) is not sized: refused. Before anything reads the
+    parameters: the optimizer's groups, weight decay's grouping by shape
+    (``parameter_ndims``), the model summary, the strategy's wrapping, the checkpoint's load.
+    A module without lazy layers is left untouched."""
     if not has_lazy_tensors(model):
         return
     shapes = getattr(model, "example_input_shapes", None)

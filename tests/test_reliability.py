@@ -957,24 +957,23 @@ def test_submitit_requeue_continues_in_the_same_folder(tmp_path, straight_classi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("epochs", "changed"), [(4, []), (3, ["stopped"]), (3, ["data.batch_size=256"])]
-)
-def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(
-    tmp_path, epochs, changed
-):
+@pytest.mark.parametrize("start", ["finished", "stopped"])
+def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(tmp_path, start):
     """Train further (or stop sooner) than planned, or on with larger batches from an epoch's
     end: OneCycleLR's length follows the run (the steps taken, then the rest at the new rate),
     so it neither fails when stepped past its old end nor stops half way down."""
     every_step = "trainer.log_every_n_steps=1"  # the LR in the logs at every step
     steps_per_epoch = CLF_STEPS_PER_EPOCH
-    if changed != ["stopped"]:  # a run of 2 epochs, resumed from its end
+    if start == "finished":  # a run of 2 epochs, resumed from its end: further, and (a copy)
+        # on with larger batches
         first = run_cli(*CLF, every_step, "trainer.max_epochs=2", f"paths.log_dir={tmp_path}")
         assert first.returncode == 0, first.stderr[-3000:]
         folder = run_folder(tmp_path)
         trained = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"]
         assert trained == 2 * steps_per_epoch
-        resumed_from = trained
+        copy = shutil.copytree(folder, tmp_path / "copy", symlinks=True)
+        resumed_further(folder, 4, [], trained)
+        resumed_further(copy, 3, ["data.batch_size=256"], trained)
     else:  # stopped by a signal after one epoch, then resumed shorter
         stopped = run_cli(
             *CLF,
@@ -985,9 +984,17 @@ def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(
             f"+callbacks.stop.batch={steps_per_epoch - 1}",
         )
         assert stopped.returncode == 143, stopped.stderr[-3000:]
-        folder, changed, resumed_from = run_folder(tmp_path / "b"), [], steps_per_epoch
+        folder = run_folder(tmp_path / "b")
         trained = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"]
         assert trained == steps_per_epoch  # (CLF_STEPS_PER_EPOCH as the digits have it)
+        resumed_further(folder, 3, [], trained)
+
+
+def resumed_further(folder: Path, epochs: int, changed: list[str], resumed_from: int) -> None:
+    """resume= the folder with trainer.max_epochs=<epochs> and the changed settings: the
+    one-cycle schedule ends where the run does, its LR at every step that of a run planned for
+    so many steps."""
+    steps_per_epoch = CLF_STEPS_PER_EPOCH
     resumed = run_cli(f"resume={folder}", f"trainer.max_epochs={epochs}", *changed)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # kept for the next resume= of the folder (its saved config stays the first command's)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import QUIET_CSV as QUIET
-from conftest import make_cfg, refused, run_cli, write_idx_dataset, write_png_folder
+from conftest import make_cfg, refused, run_cli, summary_of, write_idx_dataset, write_png_folder
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
 from litlab.loggers import check_forked_wandb
@@ -756,13 +756,20 @@ def test_eval_of_a_classifier_refuses_before_testing_and_takes_a_data_setting(tm
     assert batched == pytest.approx(eval_task(evaluated("a")), rel=1e-6)
 
 
-def test_an_objective_the_validation_does_not_log_is_refused_after_the_sanity_check(
-    tmp_path, capsys
-):
+def test_an_objective_the_validation_does_not_log_is_refused_before_the_data(tmp_path, capsys):
     """objective.metric=val/los (a typo) trained a whole epoch, then ended in Lightning's
-    MisconfigurationException traceback from the checkpoint (walkthrough): one line naming
-    what validation logs, after the sanity check's batches, before any training step."""
+    MisconfigurationException traceback from the checkpoint (walkthrough); then it was refused
+    after the sanity check, in every job of a sweep after its data's setup (walkthrough 136).
+    litlab's classifier: one line naming what its validation logs, before the data; a module
+    of one's own (a subclass that may log more): after the sanity check's batches."""
     cfg = make_cfg(tmp_path, ["objective.metric=val/los", "objective.mode=min", *QUIET])
+    said = refused(capsys, train_task, cfg, "objective.metric=val/los is not logged by this")
+    assert "(val/loss, val/acc, val/acc_top5, val/acc_best)" in said
+    assert "data" not in summary_of(cfg)  # refused before the data were set up
+    few = ["objective.metric=val/acc_top5", "objective.mode=max", "data.num_classes=5"]
+    refused(capsys, train_task, make_cfg(tmp_path / "few", few), "(val/loss, val/acc, val/acc_b")
+    own = ["objective.metric=val/los", "objective.mode=min", "model._target_=helpers.Classifier"]
+    cfg = make_cfg(tmp_path / "own", [*own, *QUIET])
     said = refused(capsys, train_task, cfg, "objective.metric=val/los is not logged by this")
     assert "(val/acc, val/acc_top5, val/loss)" in said
     assert not list(Path(cfg.paths.output_dir).rglob("*.ckpt"))

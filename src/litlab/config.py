@@ -442,6 +442,17 @@ def check_manual_optimization(cfg: DictConfig, model: Any) -> None:
 BETTER_WHEN = {"loss": "min", "fid": "min", "acc": "max", "acc_top5": "max", "acc_best": "max"}
 
 
+CLASSIFIER = "litlab.models.ImageClassifier"
+
+
+def objective_not_logged(metric: str, logged: Sequence[str]) -> ConfigError:
+    return ConfigError(
+        f"objective.metric={metric} is not logged by this model's validation "
+        f"({', '.join(logged)}); set objective.metric to one of them (objective=accuracy "
+        "or objective=loss choose val/acc or val/loss)"
+    )
+
+
 def check_objective(cfg: DictConfig) -> None:
     """Refuse an objective on the test split (it would choose the model it scores), one in the
     wrong direction for its metric (objective.metric=val/loss alone
@@ -457,6 +468,13 @@ def check_objective(cfg: DictConfig) -> None:
             "the best checkpoint and a sweep's best trial: the test set would choose the model "
             f"it then scores; set objective.metric=val/{metric.split('/', 1)[-1]}"
         )
+    if cfg.model.get("_target_") == CLASSIFIER and metric.startswith("val/"):
+        from litlab.models.classifier import validation_metrics
+
+        classes = OmegaConf.select(cfg, "data.num_classes", default=None, throw_on_missing=False)
+        logged = validation_metrics(classes if isinstance(classes, int) else None)
+        if metric not in logged:  # (a typo: refused before the data, and each job of a sweep)
+            raise objective_not_logged(metric, logged)
     better = BETTER_WHEN.get(metric.rsplit("/", 1)[-1])
     if better is not None and str(cfg.objective.mode) != better:
         raise ConfigError(

@@ -40,6 +40,7 @@ from litlab.config import (
     check_top_level,
     config_dir,
     in_sweep,
+    objective_not_logged,
 )
 from litlab.data.datamodule import part_of_a_split
 from litlab.distributed import (
@@ -209,7 +210,9 @@ class CoarseAccuracy(L.Callback):
     def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Also: a classifier's objective its validation does not log (a typo, val/los) is
         refused after the sanity check's batches, not by Lightning's checkpoint after a whole
-        epoch in a traceback (a GAN's val/fid is measured at an epoch's end only: not here)."""
+        epoch in a traceback (a GAN's val/fid is measured at an epoch's end only: not here).
+        litlab's own classifier is refused before (config.check_objective); this serves a
+        module of one's own built on it, which may log more."""
         from litlab.models import ImageClassifier
 
         logged = sorted(k for k in trainer.callback_metrics if k.startswith("val/"))
@@ -218,11 +221,7 @@ class CoarseAccuracy(L.Callback):
         if not isinstance(pl_module, ImageClassifier) or self.metric.endswith("_best"):
             return
         if logged and self.metric.startswith("val/") and self.metric not in logged:
-            raise ConfigError(
-                f"objective.metric={self.metric} is not logged by this model's validation "
-                f"({', '.join(logged)}); set objective.metric to one of them (objective=accuracy "
-                "or objective=loss choose val/acc or val/loss)"
-            )
+            raise objective_not_logged(self.metric, logged)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         datamodule = trainer.datamodule

@@ -46,14 +46,25 @@ def place_hits(logits: Tensor, labels: Tensor, k: int) -> Tensor:
     return (logits.topk(max(k, 1), dim=1).indices == labels[:, None]).sum(0)
 
 
+def accuracy_names(num_classes: int | None) -> list[str]:
+    """The accuracies logged for ``num_classes`` classes: top-1, and top-5 where there are more
+    than 5 classes (both where the number is not known yet)."""
+    return ["acc"] if num_classes is not None and num_classes <= 5 else ["acc", "acc_top5"]
+
+
+def validation_metrics(num_classes: int | None) -> list[str]:
+    """What the classifier's validation logs (val/acc_best from the first whole validation)."""
+    return ["val/loss", *(f"val/{name}" for name in accuracy_names(num_classes)), "val/acc_best"]
+
+
 def accuracy_metrics(num_classes: int, prefix: str) -> MetricCollection:
-    """Top-1 accuracy, and top-5 where there are more than 5 classes.
+    """Top-1 accuracy, and top-5 where there are more than 5 classes (``accuracy_names``).
 
     ``validate_args=False``: torchmetrics' input checks copy values to the host at every update
     (a device sync per training step); the loss already refuses labels out of range.
     """
     metrics = {"acc": MulticlassAccuracy(num_classes, average="micro", validate_args=False)}
-    if num_classes > 5:
+    if "acc_top5" in accuracy_names(num_classes):
         metrics["acc_top5"] = MulticlassAccuracy(
             num_classes, top_k=5, average="micro", validate_args=False
         )

@@ -533,13 +533,17 @@ def test_a_seed_run_twice_counts_once_over_seeds(tmp_path):
         lr = "0.1" if seed != "7" else "0.2"
         summary = {"status": "completed", "objective": {**acc, "value": value}}
         write_run(tmp_path / name, summary, [f"model.optimizer.lr={lr}", f"seed={seed}"])
+    # seed 1 again, the config's default (no override; review 138: a seed of its own)
+    summary = {"status": "completed", "objective": {**acc, "value": 0.90}}
+    write_run(tmp_path / "f", summary, ["model.optimizer.lr=0.1"])
+    (tmp_path / "f" / ".hydra" / "config.yaml").write_text("seed: 1\n")
     lines = dict(facts(compare(find_runs([tmp_path]))))
     assert lines["Over seeds"].startswith(
-        "model.optimizer.lr=0.1: mean 0.855 ± 0.06364 (n=2) (1 more run(s) of a seed already "
+        "model.optimizer.lr=0.1: mean 0.855 ± 0.06364 (n=2) (2 more run(s) of a seed already "
         "counted: one value a seed); model.optimizer.lr=0.2: 0.15 (n=1) (1 more run(s) of a "
         "seed already counted: one value a seed)"
     )
-    for name in ("a", "b", "c"):  # one setting, all of seed 7: nothing repeated over seeds
+    for name in ("a", "b", "c", "f"):  # one setting, all of seed 7: nothing repeated over seeds
         shutil.rmtree(tmp_path / name)
     assert "Over seeds" not in dict(facts(compare(find_runs([tmp_path]))))
 

@@ -226,8 +226,7 @@ def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int
             continue
         setting = seeds_setting(comparison, run)
         if comparison.comparable(run):
-            seed = tuple(run.params.get(key) for key in SEEDS)
-            values.setdefault(setting, {}).setdefault(seed, []).append(run.objective[2])
+            values.setdefault(setting, {}).setdefault(run.seeds, []).append(run.objective[2])
         elif run.failed or run.objective[2] is None:  # not one on another scale: not ranked
             missing[setting] += 1
     if all(len(seeds) < 2 for seeds in values.values()):

@@ -14,13 +14,42 @@ from typing import Any
 
 import yaml
 
-from litlab.overrides import RESUME_OVERRIDES, TUNED_KEYS, merged_overrides, override_key
+from litlab.overrides import (
+    RESUME_OVERRIDES,
+    SEEDS,
+    TUNED_KEYS,
+    merged_overrides,
+    override_key,
+)
 
 SUMMARY = "summary.json"
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 FAILED = ("failed", "unreadable")
 
 Curve = tuple[list[float], list[float]]
+
+
+def saved_config(run_dir: Path) -> Any:
+    """A run's composed config as Hydra saved it (.hydra/config.yaml); None if missing or bad."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    except Exception:  # missing, unreadable, not YAML
+        return None
+
+
+def config_value(config: Any, key: str) -> Any:
+    """``key``'s value in a saved config, its interpolations resolved (noise_seed: ${seed});
+    None where the config, the key or a resolver is missing."""
+    from omegaconf import OmegaConf
+
+    if config is None:
+        return None
+    try:
+        return OmegaConf.select(config, key, default=None, throw_on_missing=False)
+    except Exception:  # an interpolation to a resolver only a run registers
+        return None
 
 
 class ReportError(Exception):
@@ -212,6 +241,20 @@ class RunFolder:
                 # a resume's own value (resume=<run> data.batch_size=64) trained later parts
                 params.setdefault(key, str(tuned[name]))
         return params
+
+    @cached_property
+    def seeds(self) -> tuple[str | None, ...]:
+        """The run's seeds (overrides.SEEDS) as it drew them: an override's value, else its
+        saved config's (.hydra/config.yaml): a run at the default seed and one given that seed
+        are one draw (as overrides alone, two seeds: "± 0 (n=2)"). None where neither says."""
+        params, config = self.params, None
+        seeds: list[str | None] = []
+        for key in SEEDS:
+            if key not in params and config is None:
+                config = saved_config(self.path)
+            value = params[key] if key in params else config_value(config, key)
+            seeds.append(None if value is None else str(value))
+        return tuple(seeds)
 
     @cached_property
     def curves(self) -> dict[str, Curve]:

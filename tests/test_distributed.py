@@ -628,6 +628,9 @@ def test_ddp_and_ddp_spawn_sweeps_train_and_report_alike(tmp_path):
             logged.append(offline_run(wandb_dir)["config"]["model.optimizer.lr"])
             if strategy == "ddp":  # rank 1 ran this job, in this folder
                 assert (job / "train_ddp_process_1.log").is_file()
+                assert "results: " not in (job / "train_ddp_process_1.log").read_text()
+            # the job's figures in its log, once (rank 0's)
+            assert (job / "train.log").read_text().count("results: val/acc ") == 1
         assert logged == lrs
         assert len({offline_run(w)["id"] for w in wandb_runs(root)}) == len(lrs)  # finish()
         leftover = subprocess.run(["pgrep", "-f", str(root)], capture_output=True, text=True)

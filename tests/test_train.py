@@ -219,20 +219,30 @@ def test_tensorboard_and_no_logger(tmp_path):
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_eval_reproduces_the_test_figures_of_the_best_checkpoint(tmp_path, precision):
-    """eval.py tests in the precision the run trained with (trainer.precision=trained)."""
+def test_eval_reproduces_the_test_figures_of_the_best_checkpoint(tmp_path, precision, caplog):
+    """eval.py tests in the precision the run trained with (trainer.precision=trained). Both
+    say their figures in their log (train.log, eval.log held none of them)."""
     cfg = make_cfg(
         tmp_path / "train",
         ["logger=csv", "trainer.max_epochs=2", f"trainer.precision={precision}", *FAST],
     )
-    train_task(cfg)
+    with caplog.at_level("INFO", logger="litlab"):
+        train_task(cfg)
     trained = summary_of(cfg)
+    said = f"results: val/loss {trained['objective']['value']:.4g} (the objective), test/acc "
+    assert said + f"{trained['metrics']['test/acc']:.4g}, " in caplog.text
+    assert f"; tested {trained['best_checkpoint']}; all in {cfg.paths.output_dir}" in caplog.text
     eval_cfg = make_cfg(
         tmp_path / "eval",
         [f"ckpt_path={trained['best_checkpoint']}", "extras.print_config=false"],
         config_name="eval",
     )
-    value = eval_task(eval_cfg)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="litlab"):
+        value = eval_task(eval_cfg)
+    assert f"test/loss {value:.4g} (the objective); tested {trained['best_checkpoint']}" in (
+        caplog.text
+    )
     evaluated = summary_of(eval_cfg)
     assert evaluated["status"] == "completed" and evaluated["precision"]["chosen"] == precision
     assert value == trained["metrics"]["test/loss"]  # the objective's (val/loss) counterpart

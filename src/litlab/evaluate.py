@@ -141,6 +141,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
             with run.phase("generate"):
                 run.summary["generated"] = save_generated_images(model, count, folder)
             run.summary["generated_dir"] = str(folder)
+        run.say_results()
     except BaseException as e:
         ended = e
         raise

@@ -670,6 +670,27 @@ class Run:
             {k: to_number(v) for k, v in metrics.items() if not k.startswith(("perf/", "mem/"))}
         )
 
+    def say_results(self) -> None:
+        """One line into the run's log (train.log, eval.log) and the console: the objective and
+        every test/* value, with the checkpoint tested. They were in summary.json and in
+        Lightning's table on the console alone: the log file of a finished run (a cluster
+        job's record) held none of its figures, an eval's none at all. Rank 0's."""
+        metrics, objective = self.summary["metrics"], self.summary.get("objective") or {}
+        metric, value = objective.get("metric"), objective.get("value")
+        tested = {k: v for k, v in sorted(metrics.items()) if k.startswith("test/")}
+        figures = [
+            f"{k} {v:.4g}" + (" (the objective)" if k == metric else "")
+            for k, v in tested.items()
+            if isinstance(v, int | float)
+        ]
+        if value is not None and metric not in tested:  # a validation metric's best
+            figures.insert(0, f"{metric} {value:.4g} (the objective)")
+        if not figures or rank_zero_only.rank != 0:
+            return
+        checkpoint = self.summary.get("tested_checkpoint") or self.summary.get("checkpoint")
+        where = f"; tested {checkpoint}" if tested and checkpoint else ""
+        log.info("results: %s%s; all in %s", ", ".join(figures), where, self.dir / "summary.json")
+
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
         # a second SIGTERM while the summary is written: the default; not where the run set
         # another since (Preemption's hand-over ignores it: SLURM's SIGTERM after a requeue)

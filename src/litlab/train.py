@@ -160,6 +160,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         # before the loggers close: a NaN or missing objective fails the W&B run too
         # (a sweep of test-only jobs, train=false, validates nothing: no objective to require)
         objective_value(cfg, run, required=in_sweep() and bool(cfg.get("train")))
+        run.say_results()
     except BaseException as e:
         ended = e
         raise

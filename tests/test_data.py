@@ -1590,9 +1590,36 @@ def test_eval_on_the_train_folder_of_a_split_layout_run_is_refused(tmp_path, cap
     write_png_folder(tmp_path / "images" / "test", per_class=3)
     summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "data.batch_size=6", "test=false")
     eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "images" / "train")
-    line = refused(capsys, eval_task, eval_cfg, "files sampled from the run's training split")
-    assert "named as in its train/ folder" in line and "the run trained or validated on" in line
+    line = refused(capsys, eval_task, eval_cfg, "files sampled from the run's training and")
+    assert "named as in its train/ or val/ folder" in line
+    assert "the run trained or validated on" in line
     assert "+data.source.test_all=true tests every image of it as asked" in line
+
+
+def test_eval_on_the_validation_folder_of_a_split_layout_run_is_refused(tmp_path, capsys):
+    """A run on images/train/ beside images/val/ and images/test/ validated on val/, whose
+    images chose its best checkpoint: eval.py on images/val/, or on a copy of train/ and val/
+    (where val/ is the test split), tested them as new images and gave the run's val/acc as a
+    test figure, without a word (walkthrough 139). Both refused; the run's own folder tests its
+    test/ folder."""
+    import shutil
+
+    from litlab.evaluate import eval_task
+
+    images = tmp_path / "images"
+    write_png_folder(images / "train", per_class=12)
+    write_png_folder(images / "val", per_class=4, seed=1)
+    write_png_folder(images / "test", per_class=3, seed=2)
+    summary = train_on_folder(tmp_path, "trainer.max_epochs=1", "data.batch_size=6", "test=false")
+    for split in ("train", "val"):
+        shutil.copytree(images / split, tmp_path / "copy" / split)
+    for i, folder in enumerate([images / "val", tmp_path / "copy"]):
+        eval_cfg = eval_on_folder(tmp_path / str(i), summary, folder)
+        line = refused(capsys, eval_task, eval_cfg, "files sampled from the run's training and")
+        tested = folder if folder.name == "val" else folder / "val"  # (the copy's test split)
+        assert f"{tested} holds 12 of 48 files" in line  # all 12 of val/, 36 of train/ sampled
+        assert "named as in its train/ or val/ folder" in line
+    eval_task(eval_on_folder(tmp_path / "own", summary, images))  # its test/ folder
 
 
 def test_eval_on_a_copy_whose_names_changed_unicode_form_is_refused(tmp_path):

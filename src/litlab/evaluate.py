@@ -309,9 +309,11 @@ def other_folder(
     the checkpoint: a copy of the training folder, or the folder moved); a folder with a test/
     (or val/) folder is tested on that. +data.source.test_all=true: every image, as asked."""
     folder = another_folder(source, trained)
-    if folder is None or split_folders(folder) is not None:
+    if folder is None or source.get("test_all"):
         return
-    if source.get("test_all"):
+    layout = split_folders(folder)
+    if layout is not None:  # tested on its test/ (or val/) folder: a copy of the run's own?
+        refuse_a_split_folder_of_the_run(layout["test"], trained, trained_files)
         return
     converted = converted_from(trained)
     if converted is not None and folder == converted[0]:  # the run streamed this folder's chunks
@@ -343,16 +345,7 @@ def other_folder(
             trained.get("root"),
         )
         return
-    if inside := files_found_as_split(folder, trained_files or []):
-        raise ConfigError(
-            f"{folder} holds {inside} of {len(trained_files or [])} files sampled from the "
-            f"run's training split, byte for byte, named as in its train/ folder (the run "
-            f"trained on {trained.get('root')}, laid out in splits): that folder or a copy, "
-            "whose images the run trained or validated on, or images of it among others. Test "
-            "the run's own held-out split (eval.py ckpt_path=<checkpoint> without "
-            "data.source.root) or a folder without them; +data.source.test_all=true tests "
-            "every image of it as asked"
-        )
+    refuse_a_split_folder_of_the_run(folder, trained, trained_files)
     if files_found_renamed(folder, trained_files or []):
         names = [entry[0] for entry in trained_files or []]
         form = "nfc" if all(unicodedata.is_normalized("NFC", n) for n in names) else "nfd"
@@ -393,6 +386,24 @@ def other_folder(
         )
         return
     log.info("testing every image of %s (the model was trained on %s)", folder, trained_on(trained))
+
+
+def refuse_a_split_folder_of_the_run(
+    folder: Path, trained: dict[str, Any], trained_files: list[list[str]] | None
+) -> None:
+    """``folder`` (class folders, tested whole) holding files sampled from a split-layout run's
+    train/ or val/ folder, named as there: that folder or a copy, whose images the run trained
+    on or chose its checkpoint by, is refused."""
+    if inside := files_found_as_split(folder, trained_files or []):
+        raise ConfigError(
+            f"{folder} holds {inside} of {len(trained_files or [])} files sampled from the "
+            f"run's training and validation splits, byte for byte, named as in its train/ or "
+            f"val/ folder (the run trained on {trained.get('root')}, laid out in splits): that "
+            "folder or a copy, whose images the run trained or validated on, or images of it "
+            "among others. Test the run's own held-out split (eval.py ckpt_path=<checkpoint> "
+            "without data.source.root) or a folder without them; +data.source.test_all=true "
+            "tests every image of it as asked"
+        )
 
 
 def trained_on(trained: dict[str, Any]) -> Any:

@@ -370,7 +370,8 @@ class DataModule(L.LightningDataModule):
             state["classes"] = self.class_names
         if self._fingerprints is None and "fit" in self.datasets:
             sample = getattr(self.source, "fingerprints", None)  # image folders
-            self._fingerprints = (sample and sample(self.datasets["fit"])) or []
+            fit, val = self.datasets["fit"], self.datasets.get("val")
+            self._fingerprints = (sample and sample(fit, val)) or []
         if self._fingerprints:  # files trained on (litlab.data.fingerprint: eval.py)
             state["trained_files"] = self._fingerprints
         conversion = getattr(self.source, "conversion", None)  # streamed chunks

@@ -87,7 +87,8 @@ def files_found_renamed(folder: Path, sample: Sequence[Sequence[Any]]) -> int:
 
 def files_found_as_split(folder: Path, sample: Sequence[Sequence[Any]]) -> int:
     """How many of the sampled files of a run on a split layout (named under its root:
-    train/<class>/<file>) ``folder`` holds byte for byte as <class>/<file>: it is that run's
-    train/ folder (or a copy), every image of which the run trained or validated on."""
+    train/<class>/<file>, val/<class>/<file>) ``folder`` holds byte for byte as <class>/<file>:
+    it is that run's train/ or val/ folder (or a copy), whose every image the run trained on or
+    chose its checkpoints by."""
     inner = [[name.split("/", 1)[1], digest] for name, digest, *_ in sample if name.count("/") >= 2]
     return files_found(folder, inner)

@@ -373,19 +373,26 @@ class ImageFolder(Source):
             self._check_present(labels[val], classes, where, "validation")
         return keep, val
 
-    def fingerprints(self, trained: Dataset) -> list[list[Any]] | None:
+    def fingerprints(
+        self, trained: Dataset, validated: Dataset | None = None
+    ) -> list[list[Any]] | None:
         """A seeded sample of the files of ``trained`` (a split of this folder) with digests of
         their bytes: eval.py recognises a copy of this folder by them (where test images are
         held out by file name), resume= one moved (litlab.data.fingerprint);
-        in a split layout, of the training folder (named under the root: train/<class>/...)."""
+        in a split layout, of the training folder (named under the root: train/<class>/...),
+        and of the validation folder where it has one (val/<class>/...: its images chose the
+        checkpoints; eval.py on it tested them as new, walkthrough 139)."""
         if self.test_all:
             return None
-        names = file_names(trained)
         folders = self._split_folders()
-        if folders is not None:
-            below = folders["train"].relative_to(self.root).as_posix()
-            names = [f"{below}/{name}" for name in names]
-        return fingerprints(self.root, names)
+        if folders is None:
+            return fingerprints(self.root, file_names(trained))
+        sample = []
+        for split, dataset in (("train", trained), ("val", validated)):
+            if split in folders and dataset is not None:
+                below = folders[split].relative_to(self.root).as_posix()
+                sample += fingerprints(self.root, [f"{below}/{n}" for n in file_names(dataset)])
+        return sample
 
     def given_validation(self) -> Dataset | None:
         """root/val/ (or valid/, validation/) when it lies beside train/ and test/."""

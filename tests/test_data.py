@@ -709,6 +709,26 @@ def test_class_names_that_differ_only_in_their_encoding_are_said_to(tmp_path):
         source.prepare()
 
 
+def test_a_test_folder_beside_class_folders_is_said_to_be_taken_as_a_class(
+    tmp_path, capsys, caplog
+):
+    """root/{a,b,c,test/a}: without train/ beside it, test/ is a fourth class; the check told
+    the user to set data.num_classes=4, and a run so set trained a class named test without a
+    word (walkthrough 139). Both say it is named like a split."""
+    from litlab.data.check import main
+
+    write_png_folder(tmp_path / "images", classes=("a", "b", "c"), per_class=4)
+    write_png_folder(tmp_path / "images" / "test", classes=("a",), per_class=2)
+    status = main([str(tmp_path / "images"), "--workers", "1", "--num-classes", "3"])
+    out = capsys.readouterr().out
+    assert status == 2
+    assert "set data.num_classes=4 (or move test/ out: named like a split)" in out
+    source = ImageFolder(str(tmp_path / "images"), size=16, cache_dir=str(tmp_path / "c"))
+    with caplog.at_level("WARNING", logger="litlab"):
+        source.load("train")
+    assert "test/ named like a split, taken as class folder(s) of the 4" in caplog.text
+
+
 def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp_path, capsys):
     """The check's exit status was 0 ("every file is readable") for folders a run refuses, and
     rich's markup ate or choked on file names with brackets."""

@@ -34,6 +34,7 @@ import torch
 from PIL import Image
 
 from litlab.data.folder_index import (
+    SPLIT_NAMES,
     FolderIndex,
     check_classes_present,
     check_same_classes,
@@ -99,9 +100,11 @@ def refusals(
     try:
         classes = found["train" if "train" in found else "all"].classes
         if args.num_classes is not None and len(classes) != args.num_classes:
+            splits = [f"{c}/" for c in classes if c.lower() in SPLIT_NAMES]
             refused.append(
                 f"{len(classes)} class folders but --num-classes {args.num_classes}; "
                 f"set data.num_classes={len(classes)}"
+                + (f" (or move {', '.join(splits)} out: named like a split)" if splits else "")
             )
         if "all" in found:
             names, labels = files_and_labels("all", readable["all"])

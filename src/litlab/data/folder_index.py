@@ -341,6 +341,18 @@ def split_folders(root: Path) -> dict[str, Path] | None:
             f"lay it out as {root}/train/<class>/ beside {root}/test/<class>/ (or val/, valid/, "
             f"validation/), or as {root}/<class>/"
         )
+    splits = [n for n in names if n.lower() in SPLIT_NAMES]
+    if splits and root not in _LEFT_SAID:  # a test/ beside the class folders, no train/
+        _LEFT_SAID.add(root)
+        log.warning(
+            "%s: %s named like a split, taken as class folder(s) of the %d (a split layout has "
+            "%s/train/<class>/ beside %s/test/<class>/); move it out if it is not a class",
+            root,
+            ", ".join(f"{n}/" for n in splits),
+            len(names),
+            root,
+            root,
+        )
     return None
 
 

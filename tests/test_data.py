@@ -820,6 +820,12 @@ def test_the_cache_is_built_once_and_again_when_a_file_changes(tmp_path, caplog)
     assert len(list((tmp_path / "cache").iterdir())) == 2  # no half-built folder left
     said = f"1 cache(s) of {tmp_path / 'images'} from before its files changed stay in"
     assert said in caplog.text and first.path.name in caplog.text
+    # a gray build of the same files: the colour caches are not of an earlier state of them
+    # (they were named to be deleted: walkthrough 139)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="litlab"):
+        gray = cached_folder(tmp_path / "images", 16, 1, tmp_path / "cache")
+    assert gray.images.shape[1] == 1 and "from before its files changed" not in caplog.text
     # another folder of that name (train/ of two datasets) is not this one's earlier state,
     # nor a copy: its bytes differ where its names, sizes and times agree
     other = tmp_path / "other" / "images"

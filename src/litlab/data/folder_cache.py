@@ -116,7 +116,7 @@ def cached_folder(
     if (folder / "meta.json").is_file():  # the name is another folder's: this one's beside it
         folder = folder.with_name(f"{folder.name}-{_digest(str(root.resolve()))}")
     cache_dir.mkdir(parents=True, exist_ok=True)
-    _say_earlier_caches(cache_dir, root, size)
+    _say_earlier_caches(cache_dir, root, size, channels)
     # A folder of its own for each build, never an existing one: two builds in one folder wipe
     # each other's rows.
     building = folder.with_name(f"{folder.name}.building-{writer_tag()}")
@@ -158,14 +158,16 @@ def _same_bytes(cache: Path, root: Path) -> bool:
     return bool(sample) and files_found(root, sample) == len(sample)
 
 
-def _say_earlier_caches(cache_dir: Path, root: Path, size: int) -> None:
-    """Caches of this folder at this size from before its files changed stay, each as large as
-    the new one (a folder of a million images: tens of GB): said as a new one is built, not
-    deleted (another run may still read one)."""
+def _say_earlier_caches(cache_dir: Path, root: Path, size: int, channels: int) -> None:
+    """Caches of this folder at this size and number of channels from before its files changed
+    stay, each as large as the new one (a folder of a million images: tens of GB): said as a
+    new one is built, not deleted (another run may still read one). Not those of other
+    channels (data.source.channels=1 beside a 3-channel run's: walkthrough 139), which
+    the other runs still read."""
     earlier = [
         path
         for path in cache_dir.glob(f"folder-{glob_escape(root.name)}-{size}px-*")
-        if _built_from(path, root)
+        if _built_from(path, root) and _meta(path).get("shape", [None])[0] == channels
     ]
     if earlier:
         sizes = sum(f.stat().st_size for path in earlier for f in path.iterdir() if f.is_file())

@@ -707,6 +707,14 @@ def test_class_names_that_differ_only_in_their_encoding_are_said_to(tmp_path):
     source = ImageFolder(str(split), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
     with pytest.raises(DataError, match="differ only in how accented letters are encoded"):
         source.prepare()
+    # eval.py on a folder of some of the model's classes, one copied through a Mac (it said
+    # ['café'] is not among ['café', 'dog', 'fox'] alone: walkthrough 139)
+    some = tmp_path / "some"
+    write_png_folder(some, classes=(unicodedata.normalize("NFD", "café"),), per_class=2)
+    known = ["café", "dog", "fox"]
+    source = ImageFolder(str(some), size=16, cache_dir=str(tmp_path / "c"), classes=known)
+    with pytest.raises(DataError, match="not among the model's classes .* differ only in how"):
+        source.load("test")
 
 
 def test_a_test_folder_beside_class_folders_is_said_to_be_taken_as_a_class(

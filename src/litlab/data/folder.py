@@ -38,7 +38,7 @@ from litlab.data.folder_index import (
     check_classes_present,
     check_same_classes,
     class_names,
-    encoding_hint,
+    encoding_hint_among,
     file_names,
     scan,
     split_folders,
@@ -326,7 +326,7 @@ class ImageFolder(Source):
             raise DataError(
                 f"class folder(s) {unknown} of {folder} are not among the model's classes "
                 f"{self.classes}; test it on folders named as its classes (remove or rename "
-                f"these){encoding_hint(classes, self.classes)}"
+                f"these){encoding_hint_among(unknown, self.classes)}"
             )
 
     def _check_present(self, labels: torch.Tensor, classes: list[str], where: Path, split: str):

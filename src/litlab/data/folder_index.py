@@ -105,11 +105,23 @@ def encoding_hint(a: Sequence[str], b: Sequence[str]) -> str:
 
     if list(a) == list(b) or nfc(a) != nfc(b):
         return ""
-    return (
-        " (they differ only in how accented letters are encoded, Unicode NFD as macOS writes "
-        "names against NFC: rename them in one form, e.g. `convmv -r -f utf8 -t utf8 --nfc "
-        "--notest <folder>`)"
-    )
+    return ENCODED_OTHERWISE
+
+
+ENCODED_OTHERWISE = (
+    " (they differ only in how accented letters are encoded, Unicode NFD as macOS writes "
+    "names against NFC: rename them in one form, e.g. `convmv -r -f utf8 -t utf8 --nfc "
+    "--notest <folder>`)"
+)
+
+
+def encoding_hint_among(names: Sequence[str], known: Sequence[str]) -> str:
+    """encoding_hint for ``names`` not among ``known`` (some of a model's classes): where each
+    is one of them written in the other Unicode form, the sentence saying so; else ""."""
+    forms = {unicodedata.normalize("NFC", k) for k in known}
+    if names and all(unicodedata.normalize("NFC", n) in forms for n in names):
+        return ENCODED_OTHERWISE
+    return ""
 
 
 def lineage(path: str) -> list[str]:

@@ -713,7 +713,7 @@ def test_class_names_that_differ_only_in_their_encoding_are_said_to(tmp_path):
     write_png_folder(some, classes=(unicodedata.normalize("NFD", "café"),), per_class=2)
     known = ["café", "dog", "fox"]
     source = ImageFolder(str(some), size=16, cache_dir=str(tmp_path / "c"), classes=known)
-    with pytest.raises(DataError, match="not among the model's classes .* differ only in how"):
+    with pytest.raises(DataError, match=r"not among the model's classes .* differ only in how"):
         source.load("test")
 
 

@@ -107,6 +107,10 @@ def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
     stopped = json.loads((folder / "summary.json").read_text())
     assert stopped["last_checkpoint"] == str(folder / "checkpoints" / "last.ckpt")
     assert stopped["error"].endswith(f"continue with: python train.py resume={folder}")
+    # the steps reached, as its checkpoint saved at the stop (null in a first epoch, else the
+    # last epoch end's: walkthrough 139)
+    saved = load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"]
+    assert stopped["global_step"] == saved > 0
 
     resumed = run_cli(f"resume={folder}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -191,9 +191,10 @@ class FitMilestones(L.Callback):
     (SAVED_AT, for newest_checkpoint)."""
 
     def __init__(self, run: Run) -> None:
-        self.run, self.saved = run, False
+        self.run, self.saved, self.trained = run, False, False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.trained = True  # (its setup passed)
         self.run.training_began()
         self.run.fit_began_at(trainer.current_epoch, resumed=trainer.ckpt_path is not None)
         self.run.summary.pop("training_limit", None)
@@ -208,6 +209,15 @@ class FitMilestones(L.Callback):
         self.run.epoch_ended("trained", trainer.current_epoch + 1)
         # the steps: an epoch that trainer.max_steps or max_time cut counts as trained above
         self.run.summary["global_step"] = trainer.global_step
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        """A fit stopped part way (a signal, Ctrl-C, an error): the steps it reached, not the
+        last epoch end's (null in a first epoch: walkthrough 139); last_checkpoint says where
+        it resumes."""
+        if self.trained:
+            self.run.summary["global_step"] = trainer.global_step
 
     def spawned_record(self, trainer: L.Trainer) -> dict[str, Any]:
         """In the started rank 0 of a fit or test in spawned processes (ddp_spawn), at its end:

@@ -1187,7 +1187,7 @@ def test_two_builders_with_the_same_pid_never_share_a_build_folder(tmp_path, mon
 
 
 def test_train_beside_valid_or_validation_is_a_split_layout_and_unknown_splits_are_refused(
-    tmp_path,
+    tmp_path, caplog
 ):
     """Kaggle's and Keras' train/ beside validation/ (or valid/) was read as a folder of two
     classes named train and validation (and num_classes=2 advised); folders named like splits
@@ -1195,6 +1195,7 @@ def test_train_beside_valid_or_validation_is_a_split_layout_and_unknown_splits_a
     vehicle in CIFAR-100) is a class like any other."""
     from litlab.data.check import splits
 
+    caplog.set_level("INFO", logger="litlab")
     for held_out in ("valid", "validation"):
         root = tmp_path / held_out
         write_png_folder(root / "train")
@@ -1205,6 +1206,7 @@ def test_train_beside_valid_or_validation_is_a_split_layout_and_unknown_splits_a
         assert len(dm.datasets["train"]) + len(dm.datasets["val"]) == 18
         assert len(dm.datasets["test"]) == 6
         assert sorted(splits(root)) == ["test", "train"]  # as a run names them
+    assert f"test split: {root / 'validation'} (no test/ beside train/)" in caplog.text
     for odd in (("train", "dev"), ("train",), ("Train", "Test")):
         root = tmp_path / "-".join(odd)
         for name in odd:
@@ -1217,6 +1219,7 @@ def test_train_beside_valid_or_validation_is_a_split_layout_and_unknown_splits_a
     write_png_folder(vehicles, classes=("bus", "car", "train"), per_class=4)
     whole = ImageFolder(str(vehicles), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
     assert whole.load("train").classes == ["bus", "car", "train"]
+    assert "named like a split" not in caplog.text  # (a test/ among classes is said to be)
 
 
 def test_a_validation_folder_beside_train_and_test_is_the_validation_split(tmp_path):

@@ -34,7 +34,7 @@ import torch
 from PIL import Image
 
 from litlab.data.folder_index import (
-    SPLIT_NAMES,
+    HELD_OUT_FOLDERS,
     FolderIndex,
     check_classes_present,
     check_same_classes,
@@ -100,7 +100,7 @@ def refusals(
     try:
         classes = found["train" if "train" in found else "all"].classes
         if args.num_classes is not None and len(classes) != args.num_classes:
-            splits = [f"{c}/" for c in classes if c.lower() in SPLIT_NAMES]
+            splits = [f"{c}/" for c in classes if c.lower() in HELD_OUT_FOLDERS]
             refused.append(
                 f"{len(classes)} class folders but --num-classes {args.num_classes}; "
                 f"set data.num_classes={len(classes)}"

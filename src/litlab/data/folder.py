@@ -342,6 +342,8 @@ class ImageFolder(Source):
         self.prepare(test=split == "test")
         folders = self._split_folders()
         if folders is not None:
+            if split == "test" and folders["test"].name != "test":  # ImageNet's val/: said
+                log.info("test split: %s (no test/ beside train/)", folders["test"])
             whole = self._whole(folders[split], split)
             self._check_present(labels_of(whole), whole.classes, folders[split], split)
             return whole

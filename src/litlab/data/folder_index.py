@@ -353,8 +353,9 @@ def split_folders(root: Path) -> dict[str, Path] | None:
             f"lay it out as {root}/train/<class>/ beside {root}/test/<class>/ (or val/, valid/, "
             f"validation/), or as {root}/<class>/"
         )
-    splits = [n for n in names if n.lower() in SPLIT_NAMES]
-    if splits and root not in _LEFT_SAID:  # a test/ beside the class folders, no train/
+    # a test/ beside the class folders, no train/ (not train/: a class of CIFAR-100's)
+    splits = [n for n in names if n.lower() in HELD_OUT_FOLDERS]
+    if splits and root not in _LEFT_SAID:
         _LEFT_SAID.add(root)
         log.warning(
             "%s: %s named like a split, taken as class folder(s) of the %d (a split layout has "

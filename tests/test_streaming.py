@@ -555,6 +555,12 @@ def test_streaming_config_mistakes_are_one_clear_line(converted, tmp_path):
 
     with pytest.raises(ConfigError, match=re.escape("set data.num_classes=3")):
         setup("data.num_classes=5")
+    # a checkpoint of 5 classes tested on chunks of 3: eval.py said set data.num_classes=3,
+    # and so set, set it to 5 (walkthrough 139); the chunks' labels are not the model's
+    data = build(make_cfg(tmp_path, [*base, "data.num_classes=5"]).data, "data")
+    data.load_state_dict({"classes": ["ant", "cat", "dog", "emu", "fox"]})
+    with pytest.raises(DataError, match=r"test it on data of the model's classes \(an image"):
+        data.setup("test")
     with pytest.raises(ConfigError, match="train_fraction"):
         setup("data.num_classes=3", "data.train_fraction=0.5")
     with pytest.raises(ConfigError, match=re.escape("data.loader=auto")):

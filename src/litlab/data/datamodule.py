@@ -329,6 +329,15 @@ class DataModule(L.LightningDataModule):
             )
         classes, exact = _class_count(dataset)
         if classes > self.num_classes or (exact and classes != self.num_classes):
+            names = getattr(dataset, "classes", None)
+            if self.trained_classes is not None and names is not None:  # a checkpoint tested
+                raise DataError(  # (data.num_classes is the model's: set otherwise, refused)
+                    f"the model was trained with the {len(self.trained_classes)} classes "
+                    f"{self.trained_classes}, the {self.source.name} {split} split has "
+                    f"{classes}: {list(names)}; test it on data of the model's classes (an "
+                    "image folder of some of them is labelled by their names: data=image_folder "
+                    "data.source.root=<folder>)"
+                )
             raise ConfigError(self._class_count_error(split, classes))
         names = getattr(dataset, "classes", None)
         if names is not None:

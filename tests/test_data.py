@@ -727,14 +727,14 @@ def test_a_test_folder_beside_class_folders_is_said_to_be_taken_as_a_class(
 
     write_png_folder(tmp_path / "images", classes=("a", "b", "c"), per_class=4)
     write_png_folder(tmp_path / "images" / "test", classes=("a",), per_class=2)
+    source = ImageFolder(str(tmp_path / "images"), size=16, cache_dir=str(tmp_path / "c"))
+    with caplog.at_level("WARNING", logger="litlab"):
+        source.load("train")  # (first: said once a process, as the check would say it)
+    assert "test/ named like a split, taken as class folder(s) of the 4" in caplog.text
     status = main([str(tmp_path / "images"), "--workers", "1", "--num-classes", "3"])
     out = capsys.readouterr().out
     assert status == 2
     assert "set data.num_classes=4 (or move test/ out: named like a split)" in out
-    source = ImageFolder(str(tmp_path / "images"), size=16, cache_dir=str(tmp_path / "c"))
-    with caplog.at_level("WARNING", logger="litlab"):
-        source.load("train")
-    assert "test/ named like a split, taken as class folder(s) of the 4" in caplog.text
 
 
 def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp_path, capsys):
@@ -1633,7 +1633,7 @@ def test_eval_on_the_train_folder_of_a_split_layout_run_is_refused(tmp_path, cap
     assert "+data.source.test_all=true tests every image of it as asked" in line
 
 
-def test_eval_on_the_validation_folder_of_a_split_layout_run_is_refused(tmp_path, capsys):
+def test_eval_on_the_validation_folder_of_a_split_layout_run_is_refused(tmp_path, capsys, caplog):
     """A run on images/train/ beside images/val/ and images/test/ validated on val/, whose
     images chose its best checkpoint: eval.py on images/val/, or on a copy of train/ and val/
     (where val/ is the test split), tested them as new images and gave the run's val/acc as a
@@ -1657,6 +1657,15 @@ def test_eval_on_the_validation_folder_of_a_split_layout_run_is_refused(tmp_path
         assert f"{tested} holds 12 of 48 files" in line  # all 12 of val/, 36 of train/ sampled
         assert "named as in its train/ or val/ folder" in line
     eval_task(eval_on_folder(tmp_path / "own", summary, images))  # its test/ folder
+    # moved elsewhere, its test/ holding one training image too (files named by their content
+    # repeat across splits): tested, with a warning (review 144: refused as a copy of train/)
+    moved = shutil.copytree(images, tmp_path / "moved")
+    shutil.copy(images / "train" / "cat" / "5.png", moved / "test" / "cat" / "5.png")
+    with caplog.at_level("WARNING", logger="litlab"):
+        eval_task(eval_on_folder(tmp_path / "m", summary, moved))
+    assert f"{moved / 'test'} holds 1 of the 48 files sampled from the run's training and" in (
+        caplog.text
+    )
 
 
 def test_eval_on_a_copy_whose_names_changed_unicode_form_is_refused(tmp_path):

@@ -393,8 +393,20 @@ def refuse_a_split_folder_of_the_run(
 ) -> None:
     """``folder`` (class folders, tested whole) holding files sampled from a split-layout run's
     train/ or val/ folder, named as there: that folder or a copy, whose images the run trained
-    on or chose its checkpoint by, is refused."""
-    if inside := files_found_as_split(folder, trained_files or []):
+    on or chose its checkpoint by, is refused; a few of them (a dataset's duplicates across
+    its splits: files named by their content) are warned of, as under other names."""
+    inside = files_found_as_split(folder, trained_files or [])
+    split_sampled = sum(1 for entry in trained_files or [] if entry[0].count("/") >= 2)
+    if 0 < inside < min(RENAMED_COPIES, split_sampled):
+        log.warning(
+            "%s holds %d of the %d files sampled from the run's training and validation splits "
+            "(duplicates across the splits?): those count in its test figures though the run "
+            "trained or validated on them",
+            folder,
+            inside,
+            split_sampled,
+        )
+    elif inside:
         raise ConfigError(
             f"{folder} holds {inside} of {len(trained_files or [])} files sampled from the "
             f"run's training and validation splits, byte for byte, named as in its train/ or "

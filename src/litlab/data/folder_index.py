@@ -312,6 +312,7 @@ def train_folder(root: Path) -> Path:
 
 
 _LEFT_SAID: set[Path] = set()  # the split layouts whose unread entries were said
+_SPLIT_NAMED_SAID: set[Path] = set()  # roots whose split-named class folders were said
 
 
 def _say_what_a_split_layout_leaves(root: Path, folders: dict[str, Path]) -> None:
@@ -355,8 +356,8 @@ def split_folders(root: Path) -> dict[str, Path] | None:
         )
     # a test/ beside the class folders, no train/ (not train/: a class of CIFAR-100's)
     splits = [n for n in names if n.lower() in HELD_OUT_FOLDERS]
-    if splits and root not in _LEFT_SAID:
-        _LEFT_SAID.add(root)
+    if splits and root not in _SPLIT_NAMED_SAID:
+        _SPLIT_NAMED_SAID.add(root)
         log.warning(
             "%s: %s named like a split, taken as class folder(s) of the %d (a split layout has "
             "%s/train/<class>/ beside %s/test/<class>/); move it out if it is not a class",

@@ -120,7 +120,7 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         # MixUp/CutMix, one draw per batch).
         self.tta_flip, self.erasing, self.mix = tta_flip, erasing, mix
         self.num_classes = num_classes
-        self.top_k = 5 if num_classes > 5 else 0
+        self.top_k = 5 if "acc_top5" in accuracy_names(num_classes) else 0
         # The training epoch's sums: loss x images and the hits at each top-k place on the
         # device, the images on the host. Seven small tensor ops a step (torchmetrics' update and
         # Lightning's self.log cost more than a small net's step: docs/benchmarks.md, P1);

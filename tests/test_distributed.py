@@ -367,6 +367,29 @@ def test_slurm_sweep_with_devices_auto_or_swept_ends_in_one_line(tmp_path, monke
     assert not (tmp_path / "submitted").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
+def test_a_ddp_job_of_the_submitit_local_launcher_is_refused_and_recorded_failed(tmp_path):
+    """Hydra's submitit_local launcher runs each job in one process started by submitit's
+    script: Lightning started rank 1 by running that script again with Hydra's arguments, it
+    failed on them, the job waited 90 s, Hydra ended in a traceback and the run's summary stayed
+    "running" (walkthrough 142). Refused as the trainer is built: the job failed, the sweep
+    says so. (ddp_spawn runs there: not refused.)"""
+    out = run_cli(
+        "-m",
+        "hydra/launcher=submitit_local",
+        *SYNTH,
+        *QUIET_CSV,
+        *CPU_DDP,
+        "trainer.max_epochs=1",
+        f"paths.log_dir={tmp_path}",
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    (summary,) = summaries(tmp_path)
+    assert summary["status"] == "failed"
+    assert "hydra/launcher=submitit_local runs each job in one process" in summary["error"]
+    assert len(list(tmp_path.rglob("sweep_summary.json"))) == 1
+
+
 def test_the_slurm_launcher_where_slurm_is_not_installed_is_one_line(tmp_path, monkeypatch):
     """submitit looked for srun once Hydra had started the sweep: a Hydra traceback."""
     from litlab.distributed.launchers import check_slurm_launcher
@@ -378,6 +401,10 @@ def test_the_slurm_launcher_where_slurm_is_not_installed_is_one_line(tmp_path, m
     with pytest.raises(ConfigError, match="no srun"):
         check_slurm_launcher(["train.py", "--multirun", "+hydra/launcher=slurm", "seed=1,2"])
     check_slurm_launcher(["train.py", "-m", "seed=1,2"])  # no SLURM asked for: nothing to check
+    check_slurm_launcher([*argv, "--help"])  # prints, submits nothing (walkthrough 142)
+    # --cfg beside -m: Hydra's traceback (ValueError: Only one of --run, --multirun, --cfg...)
+    with pytest.raises(ConfigError, match="--cfg prints the config of one job, which Hydra"):
+        check_slurm_launcher([*argv, "--cfg", "job"])
     check_slurm_launcher(["train.py", "hydra/launcher=slurm"])  # no -m: Hydra runs it here
     (tmp_path / "srun").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "srun").chmod(0o755)

@@ -49,7 +49,7 @@ from litlab.distributed import (
     strategy_for,
 )
 from litlab.distributed.agree import OnePrecision
-from litlab.distributed.launchers import check_slurm_launcher
+from litlab.distributed.launchers import check_slurm_launcher, check_submitit_local
 from litlab.errors import ConfigError, TrainingDiverged, fail
 from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import check_forked_wandb, finish_loggers
@@ -412,6 +412,7 @@ def build_trainer(cfg: DictConfig, model: L.LightningModule, tuned: dict[str, An
     trainer = build(
         cfg.trainer, "trainer", callbacks=callbacks, logger=loggers, strategy=strategy, **extra
     )
+    check_submitit_local(trainer)
     compat.skip_batch_hooks_left_to_the_base_class(trainer)
     return compat.restart_finished_epochs_as_epoch_based(trainer)
 

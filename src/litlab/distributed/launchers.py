@@ -26,11 +26,42 @@ def check_slurm_launcher(argv: list[str]) -> None:
     args = argv[1:]
     multirun = "-m" in args or "--multirun" in args  # else Hydra runs here, no launcher
     slurm = any(re.fullmatch(r"\+{0,2}hydra/launcher=(submitit_)?slurm", a) for a in args)
-    if multirun and slurm and shutil.which("srun") is None:
+    shown = [a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in SHOWS_ONLY]
+    if multirun and set(shown) & ONE_JOB_ONLY:  # Hydra's ValueError traceback (walkthrough 142)
+        raise ConfigError(
+            f"{shown[0]} prints the config of one job, which Hydra does not take with -m: leave "
+            "-m out and give each swept key one of its values (e.g. seed=1, not seed=1,2,3)"
+        )
+    if multirun and slurm and not shown and shutil.which("srun") is None:
         raise ConfigError(
             "hydra/launcher=slurm submits the sweep's jobs to SLURM, which this machine does not "
             "have (no srun on PATH): run the command on the cluster's login node, or leave "
             "hydra/launcher=slurm out to run the jobs here"
+        )
+
+
+# Hydra's flags that print something and run no job; those it refuses beside -m.
+SHOWS_ONLY = {"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion"}
+ONE_JOB_ONLY = {"--cfg", "-c", "--info", "-i", "--shell-completion"}
+
+
+def check_submitit_local(trainer: Any) -> None:
+    """Refuse a job of Hydra's submitit_local launcher that Lightning would run on several
+    processes it starts itself: it starts them by running the command again, which there is
+    submitit's script, taking no Hydra arguments (rank 1 failed on them, the job waited for it,
+    Hydra ended in a traceback after 90 s and the run stayed "running": walkthrough 142).
+    ddp_spawn, and ranks started outside (torchrun, srun), are not refused."""
+    from lightning.pytorch.strategies.launchers.subprocess_script import (
+        _SubprocessScriptLauncher,
+    )
+
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if "SUBMITIT_LOCAL_JOB_ID" in os.environ and isinstance(launcher, _SubprocessScriptLauncher):
+        raise ConfigError(
+            f"hydra/launcher=submitit_local runs each job in one process, and Lightning cannot "
+            f"start the job's {trainer.world_size} processes there (it runs the command again: "
+            "submitit's script); run multi-process jobs with Hydra's default launcher (leave "
+            "hydra/launcher out) or torchrun, or set trainer.strategy=ddp_spawn"
         )
 
 

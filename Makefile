@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test test-fast lint format clean
+.PHONY: help install train test test-fast lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,11 +29,14 @@ test: install  ## the whole suite (GPU tests skip themselves without CUDA)
 test-fast: install  ## the suite without the slow tier
 	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(ARGS)
 
-lint: install
+lint: install  ## ruff check and ruff format --check
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-format: install
+format: install  ## ruff check --fix and ruff format
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
-clean:
+clean:  ## remove .venv and the caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+help:  ## list these targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12

@@ -108,10 +108,15 @@ def machine(device: torch.device) -> str:
     """One line naming the hardware and the versions, for the table's caption."""
     import torchvision
 
-    from litlab.hardware import cpu_has_native_bf16
+    from litlab.hardware import BF16_CPU_FLAGS, cpu_flags, cpu_has_native_bf16
 
     gpu = f"{torch.cuda.get_device_name(device)}, " if device.type == "cuda" else ""
-    bf16 = "AVX512-BF16/AMX" if cpu_has_native_bf16() else "no native bf16"
+    has = sorted(set(BF16_CPU_FLAGS) & set(cpu_flags() or ()))  # which (it read as both)
+    bf16 = (
+        ("native bf16: " + ", ".join(has or ["torch's probe"]))
+        if cpu_has_native_bf16()
+        else ("no native bf16")
+    )
     return (
         f"{gpu}{cpu_model()} ({bf16}), {os.cpu_count()} cores, "
         f"{torch.get_num_threads()} torch threads; "

@@ -104,6 +104,16 @@ def mfu(flops_per_image: float, images_per_s: float, peak: float) -> float:
     return flops_per_image * images_per_s / peak
 
 
+def _compile_warmup(pl_module: L.LightningModule) -> int:
+    """1 where a net of ``pl_module`` is compiled in place (callbacks.speed.compile): an
+    evaluation's first batch may compile (the test's, in evaluation mode; a fit's training
+    warm-up covers training alone), so it is not timed, and an evaluation of one batch has no
+    rate rather than its compilation's; else 0."""
+    return int(
+        any(getattr(c, "_compiled_call_impl", None) is not None for c in pl_module.children())
+    )
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -180,6 +190,7 @@ class Throughput(Callback):
         self._clocks: dict[str, _Clock] = {}
         self._net: nn.Module | None = None
         self._warmup = 0
+        self._eval_warmup = 0  # an evaluation's untimed first batch (a compiled net's)
         self._world = 1
         self._device = torch.device("cpu")
         self._labels: dict[str, str] = {}
@@ -313,12 +324,22 @@ class Throughput(Callback):
             return
         self._pause("train")  # validation inside a training epoch
         self._begin("val")
+        self._eval_warmup = _compile_warmup(pl_module)
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
     ) -> None:
         if not trainer.sanity_checking:
-            self._count("val", batch)
+            self._count_evaluated("val", batch)
+
+    def _count_evaluated(self, stage: str, batch: Any) -> None:
+        """An evaluation batch counted, or (a compiled net's first: its compilation, 10-20x the
+        rest on a CPU, walkthrough 142) the clock started anew after it."""
+        if self._eval_warmup:
+            self._eval_warmup = 0
+            self._begin(stage)
+        else:
+            self._count(stage, batch)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The FID callback evaluates at this hook too, after this one (callbacks/gan.yaml lists
@@ -328,11 +349,12 @@ class Throughput(Callback):
 
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._begin("test")
+        self._eval_warmup = _compile_warmup(pl_module)
 
     def on_test_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
     ) -> None:
-        self._count("test", batch)
+        self._count_evaluated("test", batch)
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._finish(trainer, pl_module, "test")

@@ -34,6 +34,7 @@ from litlab.data.fingerprint import (
     files_found_by_content,
     files_found_renamed,
     folder_of,
+    split_entries,
 )
 from litlab.data.folder_index import class_names, scan, split_folders
 from litlab.distributed.agree import OnePrecision
@@ -396,7 +397,7 @@ def refuse_a_split_folder_of_the_run(
     on or chose its checkpoint by, is refused; a few of them (a dataset's duplicates across
     its splits: files named by their content) are warned of, as under other names."""
     inside = files_found_as_split(folder, trained_files or [])
-    split_sampled = sum(1 for entry in trained_files or [] if entry[0].count("/") >= 2)
+    split_sampled = len(split_entries(trained_files or []))
     if 0 < inside < min(RENAMED_COPIES, split_sampled):
         log.warning(
             "%s holds %d of the %d files sampled from the run's training and validation splits "

@@ -328,8 +328,8 @@ class DataModule(L.LightningDataModule):
                 f"images are {list(shape)}; set {advice}"
             )
         classes, exact = _class_count(dataset)
+        names = getattr(dataset, "classes", None)
         if classes > self.num_classes or (exact and classes != self.num_classes):
-            names = getattr(dataset, "classes", None)
             if self.trained_classes is not None and names is not None:  # a checkpoint tested
                 raise DataError(  # (data.num_classes is the model's: set otherwise, refused)
                     f"the model was trained with the {len(self.trained_classes)} classes "
@@ -339,7 +339,6 @@ class DataModule(L.LightningDataModule):
                     "data.source.root=<folder>)"
                 )
             raise ConfigError(self._class_count_error(split, classes))
-        names = getattr(dataset, "classes", None)
         if names is not None:
             self.class_names = [str(name) for name in names]
             self._check_classes()

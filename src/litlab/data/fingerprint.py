@@ -90,5 +90,10 @@ def files_found_as_split(folder: Path, sample: Sequence[Sequence[Any]]) -> int:
     train/<class>/<file>, val/<class>/<file>) ``folder`` holds byte for byte as <class>/<file>:
     it is that run's train/ or val/ folder (or a copy), whose every image the run trained on or
     chose its checkpoints by."""
-    inner = [[name.split("/", 1)[1], digest] for name, digest, *_ in sample if name.count("/") >= 2]
-    return files_found(folder, inner)
+    return files_found(folder, split_entries(sample))
+
+
+def split_entries(sample: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """The sampled files of a split layout's folders (train/<class>/<file>, val/...) as
+    [<class>/<file>, digest]; none of a run on class folders alone (<class>/<file>)."""
+    return [[name.split("/", 1)[1], digest] for name, digest, *_ in sample if name.count("/") >= 2]

@@ -26,7 +26,7 @@ def check_slurm_launcher(argv: list[str]) -> None:
     args = argv[1:]
     multirun = "-m" in args or "--multirun" in args  # else Hydra runs here, no launcher
     slurm = any(re.fullmatch(r"\+{0,2}hydra/launcher=(submitit_)?slurm", a) for a in args)
-    shown = [a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in SHOWS_ONLY]
+    shown = [flag for flag in (a.split("=", 1)[0] for a in args) if flag in SHOWS_ONLY]
     if multirun and set(shown) & ONE_JOB_ONLY:  # Hydra's ValueError traceback (walkthrough 142)
         raise ConfigError(
             f"{shown[0]} prints the config of one job, which Hydra does not take with -m: leave "

@@ -110,11 +110,11 @@ def entropy(counts: Tensor) -> float:
 def classifier_from_checkpoint(path: str | Path) -> ClassifierFeatures:
     """A litlab classifier checkpoint (e.g. from experiment=fashion_cnn) as an FID extractor."""
     from litlab.checkpoint import load_checkpoint, stored_config
-    from litlab.config import build
+    from litlab.config import CLASSIFIER, build
 
     checkpoint = load_checkpoint(path)
     config = stored_config(checkpoint, path)
-    if config.model.get("_target_") != "litlab.models.ImageClassifier":
+    if config.model.get("_target_") != CLASSIFIER:
         raise CheckpointError(
             f"{path} is a {config.model.get('_target_')} checkpoint; the FID extractor must be an "
             "image classifier checkpoint (e.g. from python train.py experiment=fashion_cnn)"

@@ -390,25 +390,34 @@ def test_a_ddp_job_of_the_submitit_local_launcher_is_refused_and_recorded_failed
     assert len(list(tmp_path.rglob("sweep_summary.json"))) == 1
 
 
-def test_the_slurm_launcher_where_slurm_is_not_installed_is_one_line(tmp_path, monkeypatch):
-    """submitit looked for srun once Hydra had started the sweep: a Hydra traceback."""
-    from litlab.distributed.launchers import check_slurm_launcher
+def test_command_lines_that_hydra_or_submitit_end_in_a_traceback_are_one_line(
+    tmp_path, monkeypatch
+):
+    """submitit looked for srun once Hydra had started the sweep; Hydra refused --cfg beside -m
+    and resolved --cfg hydra without the run's paths: each a traceback."""
+    from litlab.distributed.launchers import check_command_line
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun
     argv = ["train.py", "-m", "hydra/launcher=slurm", "seed=1,2"]
     with pytest.raises(ConfigError, match=r"which this machine does not have \(no srun on PATH\)"):
-        check_slurm_launcher(argv)
+        check_command_line(argv)
     with pytest.raises(ConfigError, match="no srun"):
-        check_slurm_launcher(["train.py", "--multirun", "+hydra/launcher=slurm", "seed=1,2"])
-    check_slurm_launcher(["train.py", "-m", "seed=1,2"])  # no SLURM asked for: nothing to check
-    check_slurm_launcher([*argv, "--help"])  # prints, submits nothing (walkthrough 142)
+        check_command_line(["train.py", "--multirun", "+hydra/launcher=slurm", "seed=1,2"])
+    check_command_line(["train.py", "-m", "seed=1,2"])  # no SLURM asked for: nothing to check
+    check_command_line([*argv, "--help"])  # prints, submits nothing (walkthrough 142)
     # --cfg beside -m: Hydra's traceback (ValueError: Only one of --run, --multirun, --cfg...)
     with pytest.raises(ConfigError, match="--cfg prints the config of one job, which Hydra"):
-        check_slurm_launcher([*argv, "--cfg", "job"])
-    check_slurm_launcher(["train.py", "hydra/launcher=slurm"])  # no -m: Hydra runs it here
+        check_command_line([*argv, "--cfg", "job"])
+    check_command_line(["train.py", "hydra/launcher=slurm"])  # no -m: Hydra runs it here
+    # Hydra resolved its own node without the job's ${paths...}: InterpolationKeyError traceback
+    for shown in (["--cfg", "hydra"], ["--cfg=hydra"], ["-c", "hydra"]):
+        with pytest.raises(ConfigError, match="show them resolved with --cfg all --resolve"):
+            check_command_line(["eval.py", *shown, "--resolve"])
+    check_command_line(["train.py", "--cfg", "all", "--resolve"])
+    check_command_line(["train.py", "--cfg", "hydra"])
     (tmp_path / "srun").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "srun").chmod(0o755)
-    check_slurm_launcher(argv)
+    check_command_line(argv)
 
 
 LAUNCHER_VARS = (

@@ -43,6 +43,7 @@ from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve
 from litlab.loggers import check_forked_wandb, finish_loggers
 from litlab.run import HoldStopAfterTest, Run, build_list, config_digest, freeze_the_imports
 from litlab.train import (
+    check_argv,
     evaluation_limits,
     record_stage,
     resolved_config,
@@ -573,6 +574,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
 def main() -> None:
     """`python eval.py ...`: Hydra's command line."""
     freeze_the_imports()
+    check_argv()
     hydra_main()
 
 

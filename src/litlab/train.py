@@ -49,7 +49,7 @@ from litlab.distributed import (
     strategy_for,
 )
 from litlab.distributed.agree import OnePrecision
-from litlab.distributed.launchers import check_slurm_launcher, check_submitit_local
+from litlab.distributed.launchers import check_command_line, check_submitit_local
 from litlab.errors import ConfigError, TrainingDiverged, fail
 from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import check_forked_wandb, finish_loggers
@@ -566,12 +566,18 @@ def hydra_main(cfg: DictConfig) -> float | None:
 def main() -> None:
     """`python train.py ...`: Hydra's command line, plus `resume=<run folder>`."""
     freeze_the_imports()
-    try:
-        check_slurm_launcher(sys.argv)
-    except ConfigError as e:
-        fail(str(e))
+    check_argv()
     sys.argv = resume_argv(sys.argv)
     hydra_main()
+
+
+def check_argv() -> None:
+    """The scripts' command line checked before Hydra starts (check_command_line): a refusal
+    is one line and exit status 2."""
+    try:
+        check_command_line(sys.argv)
+    except ConfigError as e:
+        fail(str(e))
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ from litlab.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def check_slurm_launcher(argv: list[str]) -> None:
-    """Refuse ``hydra/launcher=slurm`` where SLURM is not installed, before Hydra starts:
-    submitit looks for ``srun`` when it starts submitting, and Hydra prints its error as a
-    traceback."""
+def check_command_line(argv: list[str]) -> None:
+    """Refuse, before Hydra starts, what Hydra would end in a traceback: a flag that shows one
+    job's config beside -m, ``--cfg hydra --resolve``, and ``hydra/launcher=slurm`` where SLURM
+    is not installed (submitit looks for ``srun`` when it starts submitting)."""
     import shutil
 
     args = argv[1:]
@@ -32,12 +32,27 @@ def check_slurm_launcher(argv: list[str]) -> None:
             f"{shown[0]} prints the config of one job, which Hydra does not take with -m: leave "
             "-m out and give each swept key one of its values (e.g. seed=1, not seed=1,2,3)"
         )
+    if "--resolve" in args and _shown_part(args) == "hydra":  # InterpolationKeyError traceback
+        raise ConfigError(
+            "--cfg hydra --resolve: Hydra resolves its own settings apart from the run's config, "
+            "where the run folder's ${paths...} are not found; show them resolved with --cfg all "
+            "--resolve (its hydra: part), or unresolved with --cfg hydra"
+        )
     if multirun and slurm and not shown and shutil.which("srun") is None:
         raise ConfigError(
             "hydra/launcher=slurm submits the sweep's jobs to SLURM, which this machine does not "
             "have (no srun on PATH): run the command on the cluster's login node, or leave "
             "hydra/launcher=slurm out to run the jobs here"
         )
+
+
+def _shown_part(args: list[str]) -> str | None:
+    """The part of the config ``--cfg``/``-c`` shows (job, hydra, all), None without one."""
+    for i, arg in enumerate(args):
+        flag, _, value = arg.partition("=")
+        if flag in ("--cfg", "-c"):
+            return value or (args[i + 1] if i + 1 < len(args) else None)
+    return None
 
 
 # Hydra's flags that print something and run no job; those it refuses beside -m.

@@ -527,9 +527,13 @@ def test_copying_debian_files_into_data_dir_works_too(tmp_path):
     assert len(source.load("test")) == 10000
 
 
-def test_device_is_the_default_and_keeps_the_splits_of_the_dataloader_path():
-    device, plain = make_dm(), make_dm(loader="dataloader")
-    device.setup(), plain.setup()
+def test_device_is_the_default_and_keeps_the_splits_of_the_dataloader_path(caplog):
+    device, plain = make_dm(num_workers=2), make_dm(loader="dataloader", num_workers=2)
+    with caplog.at_level(logging.INFO, logger="litlab"):
+        device.setup(), plain.setup()
+    # the workers asked for are not used by the device loader: said once (walkthrough 142)
+    (said,) = [r.getMessage() for r in caplog.records if "num_workers" in r.getMessage()]
+    assert "data.num_workers=2 is not used (it serves data.loader=dataloader)" in said
     assert isinstance(device.train_dataloader(), DeviceLoader)
     assert isinstance(plain.train_dataloader(), DataLoader)
     for split in ("val", "test"):  # unshuffled: the very same batches

@@ -257,6 +257,13 @@ class DataModule(L.LightningDataModule):
                 f"data.loader=device needs an in-memory source, but {self.source.name} reads "
                 "files as it goes; set data.loader=dataloader"
             )
+        if self.loader == "device" and self.num_workers > 0:  # (walkthrough 142: not a word)
+            log.info(
+                "data.loader=device: batches are cut from the split held in the run's device "
+                "memory, in the training process; data.num_workers=%d is not used (it serves "
+                "data.loader=dataloader)",
+                self.num_workers,
+            )
         self._check(train_full, "train")
         given = self.source.given_validation()
         if given is not None:  # the source's own validation split: all of train is trained on

@@ -595,6 +595,10 @@ def test_unreadable_files_are_counted_once_over_every_rank_and_pass(tmp_path):
     (summary,) = summaries(tmp_path / "out")
     assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
     assert summary["data"]["skipped_while_loading"] == 7
+    # and the run's log names every one, whichever rank read it (it named rank 0's alone)
+    (log,) = [p.read_text() for p in (tmp_path / "out").rglob("train.log")]
+    for broken in root.rglob("broken*.png"):
+        assert str(broken) in log, broken
 
 
 def test_a_spawned_copy_of_the_classifier_accumulates_into_tensors_of_its_own():

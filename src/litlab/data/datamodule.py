@@ -729,8 +729,17 @@ class DataModule(L.LightningDataModule):
             return
         everyone: list[list[str] | None] = [None] * trainer.world_size
         torch.distributed.all_gather_object(everyone, sorted(self.unreadable))
+        said = set(self.unreadable)
         for files in everyone:
             self.unreadable.update(files or [])
+        # the run's log (rank 0's) named only the files rank 0 read (walkthrough 139)
+        others = sorted(self.unreadable - said)
+        if others and trainer.is_global_zero:
+            log.warning(
+                "skipped unreadable image(s) that other ranks read (their logs say why): %s",
+                ", ".join(others[:20])
+                + (f" and {len(others) - 20} more" if len(others) > 20 else ""),
+            )
 
     def _reads_as_it_goes(self) -> bool:
         """Whether batches come from files or a stream read as they go (unreadable ones

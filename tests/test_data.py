@@ -1661,6 +1661,14 @@ def test_eval_on_the_validation_folder_of_a_split_layout_run_is_refused(tmp_path
         assert f"{tested} holds 12 of 48 files" in line  # all 12 of val/, 36 of train/ sampled
         assert "named as in its train/ or val/ folder" in line
     eval_task(eval_on_folder(tmp_path / "own", summary, images))  # its test/ folder
+    # test_all asked of it: still its test/ folder, said, and not recorded as every image
+    # (summary.json said test_all true: review 144)
+    every = eval_on_folder(tmp_path / "all", summary, images, "+data.source.test_all=true")
+    with caplog.at_level("WARNING", logger="litlab"):
+        eval_task(every)
+    assert f"its test split is {images / 'test'} alone" in caplog.text
+    tested = summary_of(every)["data"]
+    assert tested["splits"] == {"test": 9} and "test_all" not in tested
     # moved elsewhere, its test/ holding one training image too (files named by their content
     # repeat across splits): tested, with a warning (review 144: refused as a copy of train/)
     moved = shutil.copytree(images, tmp_path / "moved")

@@ -344,6 +344,13 @@ class ImageFolder(Source):
         if folders is not None:
             if split == "test" and folders["test"].name != "test":  # ImageNet's val/: said
                 log.info("test split: %s (no test/ beside train/)", folders["test"])
+            if split == "test" and self.report.pop("test_all", False):  # recorded true (144)
+                log.warning(
+                    "data.source.test_all: %s has split folders; its test split is %s alone (to "
+                    "test every image of a folder, give a folder of class folders)",
+                    self.root,
+                    folders["test"],
+                )
             whole = self._whole(folders[split], split)
             self._check_present(labels_of(whole), whole.classes, folders[split], split)
             return whole

@@ -82,6 +82,7 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
     """Turn trainer.precision=auto into the fastest native precision (said in one line), and
     warn once when bf16 is asked for explicitly on a CPU that would emulate it. Returns what
     summary.json records: requested, chosen and why."""
+    check_accelerator(trainer)
     given = trainer.get("precision", "32-true")
     requested = str(given)
     accelerator = str(trainer.get("accelerator", "auto"))
@@ -129,12 +130,10 @@ PRECISIONS = (
 )  # fmt: skip
 
 
-def check_hardware(trainer: DictConfig) -> bool:
-    """Refuse accelerator/precision/device choices this machine cannot run, saying what to use;
-    return whether the run is on the CPU."""
+def check_accelerator(trainer: DictConfig) -> None:
+    """Refuse an accelerator (or FSDP) this machine does not have, before anything is said of
+    it (trainer.precision=auto's line: walkthrough 142)."""
     accelerator = str(trainer.get("accelerator", "auto"))
-    precision = str(trainer.get("precision", "32-true"))
-    devices = trainer.get("devices", 1)
     cuda = torch.cuda.device_count()
     mps = torch.backends.mps.is_available()
     name = strategy_name(trainer.get("strategy", "auto"))
@@ -160,6 +159,18 @@ def check_hardware(trainer: DictConfig) -> bool:
         raise ConfigError(
             "trainer.accelerator=mps but Apple's MPS is not available; use trainer.accelerator=auto"
         )
+
+
+def check_hardware(trainer: DictConfig) -> bool:
+    """Refuse accelerator/precision/device choices this machine cannot run, saying what to use;
+    return whether the run is on the CPU."""
+    check_accelerator(trainer)
+    accelerator = str(trainer.get("accelerator", "auto"))
+    precision = str(trainer.get("precision", "32-true"))
+    devices = trainer.get("devices", 1)
+    cuda = torch.cuda.device_count()
+    mps = torch.backends.mps.is_available()
+    name = strategy_name(trainer.get("strategy", "auto"))
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not cuda and not mps)
     if on_cpu and precision in GPU_ONLY_PRECISIONS:  # Lightning would run bf16-mixed instead
         raise ConfigError(

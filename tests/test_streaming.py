@@ -1135,6 +1135,21 @@ def test_a_streamed_batch_draws_from_the_whole_chunk_not_a_fixed_block(one_chunk
     assert len(batches) == 6 and sum(spanning) >= 4, spanning
 
 
+def test_each_epoch_leaves_out_other_images_of_a_chunk(one_chunk):
+    """Whole batches leave 36 of the 420 training images out of an epoch. LitData cut them from
+    the last chunk's end before shuffling within it: with one chunk, the same 36 every epoch,
+    whatever the seed, never trained on (review 147). Now another stretch every epoch: over
+    four epochs every image is trained on, each epoch's images once."""
+    place = stored_positions(one_chunk)
+    left_out = []
+    for epoch in range(4):
+        trained = [image for batch in training_batches(one_chunk, epoch) for image in batch]
+        assert len(trained) == len(set(trained)) == 384
+        left_out.append(set(place) - set(trained))
+    assert len({frozenset(images) for images in left_out}) == 4
+    assert not set.intersection(*left_out)  # every image trained on in some epoch
+
+
 def test_an_epoch_stopped_with_litdatas_default_window_continues_with_it(one_chunk, caplog):
     """A mid-epoch checkpoint of a run from before (LitData's window of 256 items) continues
     that epoch as it would have gone on (LitData refused the state: ValueError), and says that
@@ -1152,10 +1167,11 @@ def test_an_epoch_stopped_with_litdatas_default_window_continues_with_it(one_chu
     from litlab.data.streaming import Streaming
 
     resumed = fingerprint_loader(Streaming(str(one_chunk), size=8).load("train"), 3, 64)
-    with caplog.at_level("WARNING", logger="litlab"):
+    with caplog.at_level("INFO", logger="litlab"):
         resumed.load_state_dict(state)
-    assert list(resumed) == rest
+    assert list(resumed) == rest  # and with LitData's cut of the epoch (review 147), as begun
     assert "data.source.shuffle_window=32 is not this run's" in caplog.text
+    assert "streamed with LitData's epoch cut" in caplog.text
 
 
 def test_a_streamed_split_of_fewer_images_than_ranks_is_one_clear_line(tmp_path):

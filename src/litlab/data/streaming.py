@@ -45,6 +45,8 @@ from litlab.data.sources import Source
 from litlab.distributed.agree import rank_and_world
 from litlab.errors import ConfigError, DataError
 
+log = logging.getLogger(__name__)
+
 META_FORMAT = 2  # bump when what DST holds changes (2: items in a random order)
 SPLITS = ("train", "val", "test")
 
@@ -248,8 +250,11 @@ class Streaming(Source):
         classes, image count and sample shape attached for the DataModule."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        _litdata()
+        from litlab.data.litdata_shuffle import StreamingDataset  # (imports LitData)
+
         try:
-            dataset = _litdata().StreamingDataset(
+            dataset = StreamingDataset(
                 join(self.input_dir, split),
                 cache_dir=self.cache_dir and join(self.cache_dir, split),
                 max_cache_size=self.max_cache_size,
@@ -338,8 +343,23 @@ def streaming_loader_class() -> type:
             for _ in range(self._padded - count):
                 yield skip_unreadable([])  # an empty batch, as of files all unreadable
 
+        def state_dict(self) -> dict[str, Any]:
+            from litlab.data.litdata_shuffle import CUT
+
+            return {**super().state_dict(), CUT: getattr(self.dataset, "cut_at_random", False)}
+
         def load_state_dict(self, state: dict[str, Any]) -> None:
+            from litlab.data.litdata_shuffle import CUT
+
             saved = state["dataset"]
+            if not state.get(CUT) and getattr(self.dataset, "cut_at_random", False):
+                # stopped by a litlab before 2026-12-07: its epochs go on as they began
+                self.dataset.cut_at_random, self.dataset.shuffler = False, None
+                log.info(
+                    "this checkpoint's run streamed with LitData's epoch cut (the same images "
+                    "left out of every epoch where its chunk order repeats): it goes on so; "
+                    "a new run leaves out other images every epoch"
+                )
             _, world_size = rank_and_world()
             now = (world_size, max(1, self.num_workers), self.batch_size)
             then = (saved["world_size"], saved["num_workers"], saved["batch_size"])

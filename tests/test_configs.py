@@ -177,21 +177,18 @@ def test_logger_none_is_a_setting_of_either_task(tmp_path):
 def test_plumbing_options_instantiate(group, tmp_path, caplog):
     for option in options(group):
         cfg = make_cfg(tmp_path, [f"{group}={option}"] if group != "hydra" else [])
+        with caplog.at_level("INFO", logger="litlab"):
+            resolve_precision(cfg.trainer)  # as the tasks do: precision=auto -> this machine's
+        check_all(cfg)
         if group == "trainer" and option in ("gpu", "fsdp") and not torch.cuda.is_available():
-            for check in (resolve_precision, check_hardware):
-                with (
-                    caplog.at_level("INFO", logger="litlab"),
-                    pytest.raises(
-                        ConfigError, match=r"has none; on CPU use trainer=|no CUDA GPU; use"
-                    ),
-                ):
-                    check(cfg.trainer)
-            # refused before a precision is chosen for it (walkthrough 142: "32-true (no
-            # measured faster precision on accelerator=gpu)", then the refusal)
+            with pytest.raises(
+                ConfigError, match=r"has none; on CPU use trainer=|no CUDA GPU; use"
+            ):
+                check_hardware(cfg.trainer)
+            # nothing said of a precision for it before the refusal (walkthrough 142: "32-true
+            # (no measured faster precision on accelerator=gpu)", then the refusal)
             assert "trainer.precision" not in caplog.text
             continue
-        resolve_precision(cfg.trainer)  # as the tasks do: trainer.precision=auto -> this machine's
-        check_all(cfg)
         check_hardware(cfg.trainer)
         callbacks = build_list(cfg.get("callbacks"), "callbacks")
         loggers = build_list(cfg.get("logger"), "logger")

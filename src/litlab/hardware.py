@@ -82,7 +82,6 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
     """Turn trainer.precision=auto into the fastest native precision (said in one line), and
     warn once when bf16 is asked for explicitly on a CPU that would emulate it. Returns what
     summary.json records: requested, chosen and why."""
-    check_accelerator(trainer)
     given = trainer.get("precision", "32-true")
     requested = str(given)
     accelerator = str(trainer.get("accelerator", "auto"))
@@ -95,7 +94,8 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
     if requested == "auto":
         chosen, why = fastest_precision(accelerator)
         trainer.precision = chosen
-        log.info("trainer.precision=auto: %s (%s)", chosen, why)
+        if not _refused(trainer):  # (said "on accelerator=gpu" before the refusal: 142)
+            log.info("trainer.precision=auto: %s (%s)", chosen, why)
         return {"requested": requested, "chosen": chosen, "why": why}
     emulated = (requested.startswith("bf16") and not cpu_has_native_bf16()) or requested in (
         "16-true",
@@ -131,8 +131,8 @@ PRECISIONS = (
 
 
 def check_accelerator(trainer: DictConfig) -> None:
-    """Refuse an accelerator (or FSDP) this machine does not have, before anything is said of
-    it (trainer.precision=auto's line: walkthrough 142)."""
+    """Refuse an accelerator (or FSDP) this machine does not have (check_hardware's first
+    checks; resolve_precision says nothing of a precision for it: walkthrough 142)."""
     accelerator = str(trainer.get("accelerator", "auto"))
     cuda = torch.cuda.device_count()
     mps = torch.backends.mps.is_available()
@@ -159,6 +159,15 @@ def check_accelerator(trainer: DictConfig) -> None:
         raise ConfigError(
             "trainer.accelerator=mps but Apple's MPS is not available; use trainer.accelerator=auto"
         )
+
+
+def _refused(trainer: DictConfig) -> bool:
+    """Whether check_accelerator refuses this trainer (check_hardware says it, later)."""
+    try:
+        check_accelerator(trainer)
+    except ConfigError:
+        return True
+    return False
 
 
 def check_hardware(trainer: DictConfig) -> bool:

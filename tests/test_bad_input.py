@@ -184,6 +184,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             "objective.metric=val/loss is better when lower, but objective.mode=max",
         ),
         (["model=dcgan", "objective.mode=max"], "set objective.mode=min"),
+        (  # Lightning's checkpoint refused it in a traceback after the first epoch (145)
+            ["model=dcgan", "objective=accuracy"],
+            "objective.metric=val/acc is not logged by a GAN's validation, which measures FID",
+        ),
         (  # a sweep then selected on the test set (and best.ckpt by it): no word said
             ["objective.metric=test/acc", "callbacks.model_checkpoint=null"],
             "the test set would choose the model it then scores; set objective.metric=val/acc",

@@ -135,6 +135,8 @@ def make_gan(**kwargs) -> GAN:
         (dict(loss="lsgan"), "loss must be bce, wgan_gp or hinge"),
         (dict(loss="wgan_gp"), "set model.discriminator.norm=layer"),
         (dict(ema_decay=1.5), "ema_decay must lie in"),
+        (dict(gp_weight=-1.0), "gp_weight must be >= 0"),  # a reward: trained silently (145)
+        (dict(max_g_steps=0), "max_g_steps must be at least 1"),  # took a G step
     ],
 )
 def test_bad_gan_settings(kwargs, message):

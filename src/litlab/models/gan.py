@@ -201,6 +201,10 @@ class GAN(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
             raise ConfigError(f"loss must be bce, wgan_gp or hinge, got {loss!r}")
         if n_critic < 1:
             raise ConfigError(f"n_critic must be at least 1, got {n_critic}")
+        if gp_weight < 0:  # the penalty would become a reward (walkthrough 145)
+            raise ConfigError(f"gp_weight must be >= 0, got {gp_weight}")
+        if max_g_steps is not None and max_g_steps < 1:  # 0 still took a generator step
+            raise ConfigError(f"max_g_steps must be at least 1 or null, got {max_g_steps}")
         # val/d_real, test/d_real: means over every held-out image (torchmetrics sums values and
         # weights over ranks; Lightning's mean averages the ranks' image counts as integers)
         self.val_d_real, self.test_d_real = Mean(), Mean()

@@ -782,6 +782,7 @@ def test_an_optuna_study_over_what_its_objective_measures_is_refused(tmp_path):
     assert "data=choice(digits,fashion_mnist)" in last and not (tmp_path / "s" / "0").exists()
     measured = ["data", "+data.val_fraction", "objective.metric", "data.source.test_fraction"]
     measured += ["model.tta_flip", "callbacks.fid.num_samples", "data.source"]
+    measured += ["+trainer.limit_val_batches"]  # part of the split: ranked as all (146)
     assert all(map(_measures, measured))
     loading = ["data.batch_size", "data.num_workers", "data.source.workers", "data.source.cache"]
     prepared = ["data.image_shape", "data.source.size", "data.mean", "data.std"]  # tuned freely
@@ -807,11 +808,50 @@ def test_a_study_continued_for_another_metric_or_data_is_refused(tmp_path, capsy
         (["objective=accuracy"], "objective.metric: val/loss -> val/acc"),
         (["objective=loss", "data.val_fraction=0.3"], "data.val_fraction: 0.1 -> 0.3"),
         (["objective=loss", "+model.tta_flip=true"], "model.tta_flip: None -> True"),
+        (
+            ["objective=loss", "+trainer.limit_val_batches=1"],  # (walkthrough 146)
+            "trainer.limit_val_batches: None -> 1",
+        ),
     ):
         with pytest.raises(SystemExit) as refused:
             refuse_another_measure(make_cfg(tmp_path / "c", other), storage, "s")
         assert refused.value.code == 2
         assert said in capsys.readouterr().err
+
+
+def test_a_sweeper_direction_against_the_objective_is_refused(tmp_path, capsys):
+    """hydra.sweeper.direction=maximize with val/loss (min): Optuna named the worst trial its
+    best and steered its sampler toward worse ones (walkthrough 146). cnn_optuna derives it
+    from objective.mode, which passes."""
+    from conftest import make_cfg
+    from litlab.sweep import refuse_a_direction_against_the_objective
+
+    refuse_a_direction_against_the_objective(make_cfg(tmp_path, ["hparams_search=cnn_optuna"]))
+    against = make_cfg(tmp_path, ["hparams_search=cnn_optuna", "hydra.sweeper.direction=maximize"])
+    with pytest.raises(SystemExit):
+        refuse_a_direction_against_the_objective(against)
+    said = capsys.readouterr().err
+    assert "hydra.sweeper.direction=maximize but the objective, val/loss, is minimized" in said
+
+
+def test_an_empty_search_space_or_grid_is_one_line_not_a_sweep_that_succeeded(tmp_path):
+    """interval(0.01,0.001) in a study: Optuna's ValueError was taken for a sweep whose trials
+    all failed, and the sweep ended with status 0 and a warning; a grid over range(64,16)
+    launched 0 jobs with status 0 (walkthrough 146)."""
+    study = run_cli(
+        "-m",
+        "hparams_search=cnn_optuna",
+        "hydra.sweeper.n_trials=1",
+        "model.optimizer.lr=interval(0.01,0.001)",
+        *QUIET,
+        f"hydra.sweep.dir={tmp_path / 'study'}",
+    )
+    assert study.returncode == 2, study.stderr[-3000:]
+    last = study.stderr.strip().splitlines()[-1]
+    assert last.startswith("litlab: error: the Optuna study cannot search its parameters (")
+    grid = run_cli("-m", "model.net.width=range(64,16)", *QUIET, f"hydra.sweep.dir={tmp_path}/g")
+    assert grid.returncode == 2, grid.stderr[-3000:]
+    assert "launched no job: a swept value list is empty" in grid.stderr.strip().splitlines()[-1]
 
 
 def test_an_optuna_study_of_untrained_trials_is_refused(tmp_path):

@@ -368,6 +368,20 @@ def _running_before(trial: Any, started: float) -> bool:
     return trial.datetime_start.timestamp() < started
 
 
+def refuse_a_search_space(error: ValueError) -> None:
+    """One line where Optuna refused the study's search space before any trial ran (a range
+    whose low is above its high: ``interval(0.01,0.001)``, ``range(64,16)``): the sweeper took
+    its ValueError for a sweep whose trials all failed, and the sweep ended with status 0 and
+    no reason (walkthrough 146)."""
+    if "Record does not exist" in str(error):  # no trial at all (n_trials=0): not the space
+        return
+    fail(
+        f"the Optuna study cannot search its parameters ({first_line(error)}); correct the "
+        "search space (hydra.sweeper.params, or the command's interval(low,high), "
+        "range(start,stop), choice(...))"
+    )
+
+
 def drop_empty_sweep_folder(sweep_dir: str) -> None:
     """A sweep refused before any trial: its folder (made for the study's SQLite file) goes
     where nothing was written into it, and its parent (the date's) where that is then empty;
@@ -502,12 +516,14 @@ def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
 # An Optuna study searching over one of these ranks values of different measures as one.
 # ("data" itself: the data group's choice; below it, the keys listed, but how images are
 # prepared for the net, a setting to tune like any other: size, channels, normalization.)
+# (trainer.limit_val_batches: a trial scored on part of the validation split was ranked with
+# the others, and could be named the study's best: walkthrough 146)
 _MEASURE_KEYS = ("objective", "data.source", "data.val_fraction", "data.num_classes")
-_MEASURE_KEYS += ("data.eval_crop", "model.tta_flip", "callbacks.fid")
+_MEASURE_KEYS += ("data.eval_crop", "model.tta_flip", "callbacks.fid", "trainer.limit_val_batches")
 _PREPARATION = frozenset({"data.image_shape", "data.mean", "data.std"})
 _PREPARATION |= {"data.source.size", "data.source.channels"}
 # what else the objective's value depends on, kept in the study with its metric and data
-_MEASURED_BY = ("data.eval_crop", "model.tta_flip", "callbacks.fid")
+_MEASURED_BY = ("data.eval_crop", "model.tta_flip", "callbacks.fid", "trainer.limit_val_batches")
 
 
 def _measures(key: str) -> bool:
@@ -665,6 +681,27 @@ def refuse_an_untrained_study(config: Any) -> None:
             "an Optuna study scores each trial by the objective its training validates, and "
             "train=false trains none; test settings over a grid instead: python train.py -m "
             "train=false <key>=<a>,<b>"
+        )
+
+
+def refuse_a_direction_against_the_objective(config: Any) -> None:
+    """One line where hydra.sweeper.direction is given against the objective's mode (the
+    presets derive it from objective.mode): Optuna maximized val/loss, named the worst trial
+    its best and steered its sampler toward worse ones, and sweep_summary.json's best and
+    study_best disagreed (walkthrough 146)."""
+    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+    mode = OmegaConf.select(config, "objective.mode", default=None)
+    if direction is None or mode not in ("min", "max"):
+        return
+    given = [str(d).lower() for d in (direction if OmegaConf.is_list(direction) else [direction])]
+    wanted = ["minimize" if mode == "min" else "maximize"]
+    if given != wanted:
+        metric = OmegaConf.select(config, "objective.metric")
+        fail(
+            f"hydra.sweeper.direction={','.join(given)} but the objective, {metric}, is "
+            f"{'minimized' if mode == 'min' else 'maximized'} (objective.mode={mode}): the study "
+            "would take the worst trial for the best; leave hydra.sweeper.direction out (it "
+            "follows objective.mode), and choose the objective with objective=... instead"
         )
 
 
@@ -923,6 +960,11 @@ class SweepSummary(Callback):
         jobs, best, failed, listed, other, study = _write_sweep_summary(
             sweep_dir, stopped, planned=planned
         )
+        if not jobs and not stopped:  # it ended with status 0 and no word (walkthrough 146)
+            fail(
+                f"the sweep in {sweep_dir} launched no job: a swept value list is empty (a "
+                "range whose start is past its stop, e.g. range(64,16)?); correct the sweep"
+            )
         if stopped:
             from litlab.report.compare import jobs_not_run
 

@@ -30,8 +30,10 @@ if optuna_sweeper is not None:
                 read_jobs,
                 record_asked_trials,
                 record_measure,
+                refuse_a_direction_against_the_objective,
                 refuse_a_found_value_searched,
                 refuse_a_search_over_a_missing_key,
+                refuse_a_search_space,
                 refuse_a_tuned_measure,
                 refuse_a_tuned_seed,
                 refuse_an_unseeded_grid,
@@ -50,6 +52,7 @@ if optuna_sweeper is not None:
                 refuse_a_found_value_searched(impl.config, arguments, sweeper.get("params"))
                 refuse_an_untrained_study(impl.config)
                 refuse_an_unseeded_grid(sweeper.sampler)
+                refuse_a_direction_against_the_objective(impl.config)
                 refuse_another_direction(impl.config, impl.storage, impl.study_name)
                 refuse_another_measure(impl.config, impl.storage, impl.study_name)
             except SystemExit:  # refused: no trial ran, the sweep's folder goes if it is empty
@@ -75,8 +78,11 @@ if optuna_sweeper is not None:
             sweep_dir, in_process = impl.config.hydra.sweep.dir, launches_in_process(impl.config)
             try:
                 return super().sweep(arguments)
-            except ValueError:  # optuna's study.best_trial: "Record does not exist."
-                if best_job(read_jobs(Path(impl.config.hydra.sweep.dir))) is not None:
+            except ValueError as e:  # optuna's study.best_trial: "Record does not exist."
+                jobs = read_jobs(Path(impl.config.hydra.sweep.dir))
+                if not jobs:  # Optuna refused the search space: no trial ran (walkthrough 146)
+                    refuse_a_search_space(e)
+                if best_job(jobs) is not None:
                     raise
                 return None  # no trial completed: the summary callback says so and exits
             except (SystemExit, KeyboardInterrupt):  # a signal stopped a job, and the sweep

@@ -1514,6 +1514,9 @@ def test_a_gan_resumed_without_its_ema_or_with_other_fixed_noise_is_refused(tmp_
     other += ["model.ema_decay=null", "model.num_fixed_noise=16"]
     line = refused(capsys, train_task, make_cfg(tmp_path, other), "holds another network")
     assert "(model.ema_decay: 0.999 -> None; model.num_fixed_noise: 64 -> 16)" in line
+    # another decay: another average than val/fid measured so far (walkthrough 145: trained on)
+    decay = make_cfg(tmp_path, [*gan, f"ckpt_path={last}", "model.ema_decay=0.9"])
+    line = refused(capsys, train_task, decay, "model.ema_decay: 0.999 -> 0.9 would change what")
 
 
 def test_a_resumes_run_control_keys_are_not_carried_to_the_next(tmp_path, monkeypatch):

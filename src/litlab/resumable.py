@@ -288,7 +288,9 @@ def _changed_seeds(stored: DictConfig, now: DictConfig) -> list[str]:
 
 # Model settings that say what validation measures (with the model's default where unset):
 # test-time flips average each image's logits with its mirror's.
-_MEASURES = {"tta_flip": False}
+# (a GAN's ema_decay: val/fid measures the averaged generator, which another decay makes
+# another average part way; walkthrough 145)
+_MEASURES = {"tta_flip": False, "ema_decay": None}
 # What FID (a GAN's val/fid, its objective) compares: its feature extractor and how many
 # generated and real images.
 _FID_MEASURE = [

@@ -231,9 +231,16 @@ def test_the_sync_free_average_is_torchs_to_the_bit_across_a_checkpoint():
 
 
 @pytest.mark.parametrize("model", ["dcgan", "dcgan_wgangp", "dcgan_hinge"])
-def test_every_loss_trains_on_synthetic_data(tmp_path, model):
+def test_every_loss_trains_on_synthetic_data(tmp_path, model, caplog):
     cfg = make_cfg(tmp_path, [f"model={model}", *SMALL, "trainer.max_epochs=1", *QUIET])
-    train_task(cfg)
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(cfg)
+    # N=64 against the domain extractor's 128 features: said once a stage (walkthrough 145)
+    few = [
+        r.getMessage() for r in caplog.records if "no more than the extractor's" in r.getMessage()
+    ]
+    assert [line.split("/", 1)[0] for line in few] == ["val", "test"], few
+    assert "compares 64 generated and 230 real images, no more than the extractor's 128" in few[0]
     summary = summary_of(cfg)
     assert summary["status"] == "completed"
     metrics = summary["metrics"]

@@ -92,6 +92,7 @@ class FID(Callback):
         self._floor: float | None = None
         self._real_count = 0  # images in the real statistics (num_real, or the smaller split)
         self._restored: dict[str, Any] | None = None  # a checkpoint's state given before setup
+        self._said_few: set[str] = set()  # stages whose N at or below the features was said
 
     def _build_extractor(self, trainer: L.Trainer) -> torch.nn.Module:
         dm = trainer.datamodule
@@ -300,6 +301,7 @@ class FID(Callback):
             metric.reset()
         if self._floor is not None:
             values[f"{stage}/fid_floor"] = self._floor
+        self._say_few_images(trainer, stage, total)
         values[f"{stage}/fid_samples"] = float(total)  # N: FIDs compare only at the same N
         values[f"{stage}/fid_real_samples"] = float(self._real_count)  # and the same N_real
         has_ema = getattr(pl_module, "generator_ema", None) is not None
@@ -323,6 +325,28 @@ class FID(Callback):
         if (g_steps := getattr(pl_module, "g_steps", None)) is not None:
             log_job_value(pl_module, "g/step" if stage == "val" else "test/g_step", float(g_steps))
         return values
+
+    def _say_few_images(self, trainer: L.Trainer, stage: str, total: int) -> None:
+        """Once a stage: FID on no more images than the extractor has features, where both
+        covariances are rank-deficient and the value is mostly the estimator's bias (a folder
+        of 120 images: N=26 against 128 features, reported as any FID; walkthrough 145)."""
+        features = self.metric.real_features_sum.numel()
+        fewest = min(total, self._real_count)
+        if fewest > features or stage in self._said_few or not trainer.is_global_zero:
+            return
+        self._said_few.add(stage)
+        log.warning(
+            "%s/fid compares %d generated and %d real images, no more than the extractor's %d "
+            "features: their covariances are rank-deficient and the value is mostly the "
+            "estimator's bias (%s/fid_floor shows how much); compare it only with FIDs at the "
+            "same N, or give FID more images (callbacks.fid.num_samples, num_real, a larger "
+            "test split)",
+            stage,
+            total,
+            self._real_count,
+            features,
+            stage,
+        )
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:

@@ -209,15 +209,22 @@ def domain_classifier(
     epochs = math.ceil(RECIPE["images_seen"] / len(images))
     epochs = min(RECIPE["max_epochs"], max(RECIPE["min_epochs"], epochs))
     batch = RECIPE["batch_size"]
-    for _ in range(epochs):
-        order = torch.randperm(len(images), generator=generator).to(device)
-        for start in range(0, len(images), batch):
-            idx = order[start : start + batch]
-            x = (images[idx].float() / 255 - m) / s
-            loss = F.cross_entropy(net(x), labels[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+    from rich.progress import Progress
+
+    # a bar while it trains (a minute or more on a CPU: a first GAN run looked hung; 145)
+    with Progress(transient=True) as progress:
+        steps = epochs * math.ceil(len(images) / batch)
+        task = progress.add_task(f"training the FID extractor ({epochs} epochs)", total=steps)
+        for _ in range(epochs):
+            order = torch.randperm(len(images), generator=generator).to(device)
+            for start in range(0, len(images), batch):
+                idx = order[start : start + batch]
+                x = (images[idx].float() / 255 - m) / s
+                loss = F.cross_entropy(net(x), labels[idx])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                progress.advance(task)
     net.cpu()
     with atomic_file(path) as f:  # a sweep's jobs may build the same one at once
         torch.save(net.state_dict(), f)

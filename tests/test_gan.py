@@ -542,6 +542,10 @@ def test_auto_fid_extractor_on_one_class_without_inception_weights_says_what_to_
     message = str(error.value)
     assert "\n" not in message and "one class" in message
     assert "callbacks.fid.inception_weights=" in message and "6726825d.pth" in message
+    # a file given that is not the weights: not "could not get" them (walkthrough 145)
+    (tmp_path / "garbage.pth").write_bytes(b"not weights")
+    with pytest.raises(ConfigError, match=r"garbage.pth is not InceptionV3's weights for FID \("):
+        InceptionFeatures(str(tmp_path / "garbage.pth"))
 
 
 def test_domain_classifier_refuses_labels_of_one_class(tmp_path):

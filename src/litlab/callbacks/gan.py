@@ -175,9 +175,12 @@ class FID(Callback):
         extractor = self._build_extractor(trainer)
         shape = tuple(trainer.datamodule.image_shape)
         if isinstance(extractor, ClassifierFeatures) and extractor.image_shape != shape:
+            # (auto on one class is InceptionV3, which downloads its weights: walkthrough 145)
+            auto = "auto" if trainer.datamodule.num_classes > 1 else "inception (auto, one class)"
             raise ConfigError(
                 f"the FID extractor was trained on {list(extractor.image_shape)} images but this data "
-                f"is {list(shape)}; use a classifier trained on this data or callbacks.fid.extractor=auto"
+                f"is {list(shape)}; use a classifier trained on this data or "
+                f"callbacks.fid.extractor={auto}"
             )
         self.tag = extractor.tag
         self.metric = FrechetInceptionDistance(feature=extractor, reset_real_features=False)

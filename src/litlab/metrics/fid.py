@@ -264,7 +264,13 @@ class InceptionFeatures(nn.Module):
                 feature_extractor_weights_path=weights_path,
                 antialias=False,
             )
-        except Exception as e:  # the download of the weights failed
+        except Exception as e:  # the download of the weights failed, or the file is not them
+            if weights_path is not None:  # (read as if the file were missing: walkthrough 145)
+                raise ConfigError(
+                    f"callbacks.fid.inception_weights={weights_path} is not InceptionV3's weights "
+                    f"for FID ({first_line(e)}): give the file {URL_INCEPTION_V3} downloads, or "
+                    f"{alternative}"
+                ) from e
             raise ConfigError(
                 f"could not get InceptionV3's weights ({first_line(e)}): download {URL_INCEPTION_V3} "
                 f"where there is internet and set callbacks.fid.inception_weights=<that file>, "

@@ -562,6 +562,13 @@ def test_resume_of_a_completed_job_tells_its_study_what_it_never_learned(tmp_pat
     assert told.value.code == 0
     (held,) = study_trials_named(storage, "s")
     assert held.state == optuna.trial.TrialState.COMPLETE and held.value == 0.25
+    # its trial told, a resume with other settings says nothing of it (it said "it stays
+    # RUNNING" of the COMPLETE trial: walkthrough 146)
+    (job / "summary.json").write_text(json.dumps(summary))
+    caplog.clear()
+    with pytest.raises(SystemExit):
+        resume_argv(["train.py", f"resume={job}"])
+    assert "stays RUNNING" not in caplog.text
 
 
 def test_a_copied_sweep_folders_job_tells_the_copys_study(tmp_path):

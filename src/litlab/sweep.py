@@ -159,14 +159,6 @@ def tell_the_study(summary: dict[str, Any], job_dir: Path) -> str | None:
     try:
         storage = sweep_storage(str(trial["storage"]), job_dir.resolve().parent)
         name, number = trial["study_name"], trial["number"]
-        if summary.get("config_digest") != trial.get("config_digest"):
-            log.warning(
-                "the Optuna study %s's trial %d is not told this run's result: the run's config "
-                "is not its trial's (a resume with other settings); it stays RUNNING",
-                name,
-                number,
-            )
-            return None
         database = sqlite_file(storage)
         if database is not None and not database.is_file():
             log.warning(
@@ -180,6 +172,15 @@ def tell_the_study(summary: dict[str, Any], job_dir: Path) -> str | None:
 
         study = study_running(storage, name, number)
         if study is None:
+            return None
+        # (said of a RUNNING trial only: a finished one was said to stay RUNNING; 146)
+        if summary.get("config_digest") != trial.get("config_digest"):
+            log.warning(
+                "the Optuna study %s's trial %d is not told this run's result: the run's config "
+                "is not its trial's (a resume with other settings); it stays RUNNING",
+                name,
+                number,
+            )
             return None
         value = (summary.get("objective") or {}).get("value")
         if value is not None and not math.isnan(value):

@@ -732,7 +732,8 @@ def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_any_job(tmp_pat
     first = run_cli(*args, "model.net.width=4")
     assert first.returncode == 0, first.stderr[-3000:]
     summary = (folder / "0" / "summary.json").read_bytes()
-    again = run_cli(*args, "model.net.width=4")
+    # its overrides in another order (walkthrough 146: refused as another sweep)
+    again = run_cli("-m", "model.net.width=4", *reversed(args[1:-1]), args[-1])
     assert again.returncode == 0, again.stderr[-3000:]
     assert (folder / "0" / "summary.json").read_bytes() == summary  # completed: not trained
     written = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
@@ -741,6 +742,15 @@ def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_any_job(tmp_pat
     told = f"litlab: error: hydra.sweep.dir={folder} holds the jobs of another sweep (1, "
     assert other.stderr.strip().splitlines()[-1].startswith(told)
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == written
+
+
+def test_a_grid_is_the_same_sweep_whatever_the_order_of_its_fixed_overrides():
+    from litlab.sweep import same_grid
+
+    grid = ["a=1,2", "b=3,4", "c=5", "d=6"]
+    assert same_grid(grid, ["d=6", "a=1,2", "c=5", "b=3,4"])
+    assert not same_grid(grid, ["b=3,4", "a=1,2", "c=5", "d=6"])  # other job numbers
+    assert not same_grid(grid, ["a=1,2", "b=3,4", "c=5", "d=7"])
 
 
 def test_an_optuna_study_run_again_in_its_folder_is_refused(tmp_path):

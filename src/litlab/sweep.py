@@ -459,7 +459,7 @@ def refuse_a_used_sweep_folder(config: DictConfig) -> None:
     previous = sweep_dir / "multirun.yaml"
     if "BasicSweeper" in str(config.hydra.sweeper.get("_target_")) and previous.is_file():
         before = OmegaConf.load(previous).hydra.overrides.task
-        if list(before) == list(config.hydra.overrides.task):
+        if same_grid(list(before), list(config.hydra.overrides.task)):
             return
     fail(
         f"hydra.sweep.dir={sweep_dir} holds the jobs of another sweep ({len(earlier)}, e.g. "
@@ -467,6 +467,21 @@ def refuse_a_used_sweep_folder(config: DictConfig) -> None:
         f"an Optuna study: hydra.sweeper.storage=sqlite:///<its folder>/optuna.db and a new "
         f"hydra.sweep.dir)"
     )
+
+
+def same_grid(before: list[str], now: list[str]) -> bool:
+    """Whether two grid sweeps' overrides launch the same jobs under the same numbers: the same
+    overrides, the swept ones in the same order (Hydra numbers the jobs of their product in
+    that order); the others in any (walkthrough 146: the same grid, two keys given in another
+    order, was refused as another sweep)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+
+    def swept(overrides: list[str]) -> list[str]:
+        return [o.input_line for o in parser.parse_overrides(overrides) if o.is_sweep_override()]
+
+    return sorted(before) == sorted(now) and swept(before) == swept(now)
 
 
 def _searched(arguments: list[str], params: Any, prefixed: bool = False) -> list[tuple[str, str]]:

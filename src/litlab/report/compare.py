@@ -167,13 +167,14 @@ def compare(runs: list[RunFolder]) -> Comparison:
     objectives = counted(scored=True) or counted(scored=False)
     metric, mode, scale = objectives.most_common(1)[0][0] if objectives else (None, "max", "")
 
-    def order(run: RunFolder) -> tuple[int, float]:
-        if run.failed:
-            return 2, 0.0
-        if not comparable(run, metric, scale):
-            return 1, 0.0
-        _, run_mode, value = run.objective
-        return 0, -value if run_mode == "max" else value
+    def order(run: RunFolder) -> tuple[int, str, float]:
+        run_metric, run_mode, value = run.objective
+        if run.failed or value is None:
+            return 2 + run.failed, "", 0.0
+        signed = -value if run_mode == "max" else value
+        if not comparable(run, metric, scale):  # after the ranked: each measure's best first
+            return 1, f"{run_metric} [{run.objective_scale}]", signed  # (walkthrough 146)
+        return 0, "", signed
 
     ranked = sorted(runs, key=order)
     best = ranked[0] if comparable(ranked[0], metric, scale) else None

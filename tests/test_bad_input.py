@@ -306,7 +306,8 @@ def test_truncated_data_file_names_the_file(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "content", [None, b"not a checkpoint", b"PK\x03\x04truncated zip", "a run folder"]
+    "content",
+    [None, b"not a checkpoint", b"PK\x03\x04truncated zip", "a run folder", "a sweep folder"],
 )
 def test_eval_with_a_missing_or_corrupt_checkpoint(tmp_path, capsys, content):
     path = tmp_path / "model.ckpt"
@@ -316,10 +317,16 @@ def test_eval_with_a_missing_or_corrupt_checkpoint(tmp_path, capsys, content):
         path = tmp_path / "run"
         (path / "checkpoints").mkdir(parents=True)
         (path / "checkpoints" / "best.ckpt").write_bytes(b"")
+    best = str(tmp_path / "sweep" / "3" / "checkpoints" / "best.ckpt")
+    if content == "a sweep folder":  # its best job's checkpoint named (walkthrough 146)
+        path = tmp_path / "sweep"
+        path.mkdir()
+        (path / "sweep_summary.json").write_text(json.dumps({"best": {"best_checkpoint": best}}))
     cfg = make_cfg(tmp_path, [f"ckpt_path={path}", "extras.print_config=false"], config_name="eval")
     needle = {
         None: "does not exist",
         "a run folder": f"is a folder; pass a .ckpt file, e.g. {path}",
+        "a sweep folder": f"is a folder; pass a .ckpt file, e.g. the sweep's best, {best}",
     }
     fails_with(capsys, eval_task, cfg, needle.get(content, "is not a readable checkpoint"))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +51,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         )
     if path.is_dir():  # a run folder: resume= takes one, ckpt_path a file in it
         found = sorted(str(p) for p in path.glob("checkpoints/*.ckpt"))
+        best = _sweeps_best(path)  # a sweep's folder: its best job's (walkthrough 146)
         raise CheckpointError(
             f"ckpt_path={path} is a folder; pass a .ckpt file"
             + (
-                f", e.g. {found[0]} (of {len(found)} there)"
+                f", e.g. the sweep's best, {best}"
+                if best
+                else f", e.g. {found[0]} (of {len(found)} there)"
                 if found
                 else " (none in its checkpoints/)"
             )
@@ -111,3 +115,12 @@ def data_state(checkpoint: dict[str, Any], stored: DictConfig) -> dict[str, Any]
     """The training DataModule's state in the checkpoint (Lightning keys it by class name)."""
     target = str(OmegaConf.select(stored, "data._target_") or "")
     return checkpoint.get(target.rsplit(".", 1)[-1], {})
+
+
+def _sweeps_best(folder: Path) -> str | None:
+    """The best job's checkpoint a sweep folder's sweep_summary.json names, if any."""
+    try:
+        summary = json.loads((folder / "sweep_summary.json").read_text())
+        return (summary.get("best") or {}).get("best_checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -259,6 +259,14 @@ def test_wandb_under_ranks_forked_from_the_run_is_refused(tmp_path, capsys):
     check_forked_wandb(make_cfg(tmp_path / "c", [*QUIET, *fork]))
 
 
+@pytest.mark.parametrize("metric", ["val/d_real", "val/fid_g", "val/class_entropy"])
+def test_a_gan_objective_its_validation_logs_is_accepted(tmp_path, metric):
+    """val/d_real was refused as "not logged by a GAN's validation" (review 148)."""
+    from litlab.config import check_objective
+
+    check_objective(make_cfg(tmp_path, ["model=dcgan", f"objective.metric={metric}"]))
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

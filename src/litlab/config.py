@@ -476,13 +476,14 @@ def check_objective(cfg: DictConfig) -> None:
         logged = validation_metrics(classes if isinstance(classes, int) else None)
         if metric not in logged:  # (a typo: refused before the data, and each job of a sweep)
             raise objective_not_logged(metric, logged)
-    gan_metric = metric.startswith("val/fid") or metric == "val/class_entropy"
+    # (val/d_real too: a run may choose by it; review 148)
+    gan_metric = metric.startswith("val/fid") or metric in ("val/class_entropy", "val/d_real")
     if cfg.model.get("_target_") == GAN and metric.startswith("val/") and not gan_metric:
         # (val/acc: refused by Lightning's checkpoint after the first epoch; walkthrough 145)
         raise ConfigError(
             f"objective.metric={metric} is not logged by a GAN's validation, which measures "
-            "FID (val/fid: the averaged generator's, val/fid_g: the trained one's); set "
-            "objective=fid (model=dcgan's own)"
+            "FID (val/fid: the averaged generator's, val/fid_g: the trained one's), "
+            "val/class_entropy and val/d_real; set objective=fid (model=dcgan's own)"
         )
     better = BETTER_WHEN.get(metric.rsplit("/", 1)[-1])
     if better is not None and str(cfg.objective.mode) != better:

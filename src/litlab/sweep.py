@@ -976,7 +976,9 @@ class SweepSummary(Callback):
         jobs, best, failed, listed, other, study = _write_sweep_summary(
             sweep_dir, stopped, planned=planned
         )
-        if not jobs and not stopped:  # it ended with status 0 and no word (walkthrough 146)
+        # it ended with status 0 and no word (walkthrough 146); rank 0's: under torchrun or
+        # srun the other ranks' sweep folders are scratch ones, without summaries (review 148)
+        if not jobs and not stopped and global_rank() == 0:
             fail(
                 f"the sweep in {sweep_dir} launched no job: a swept value list is empty (a "
                 "range whose start is past its stop, e.g. range(64,16)?); correct the sweep"

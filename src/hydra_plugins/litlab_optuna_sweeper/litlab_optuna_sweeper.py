@@ -79,10 +79,9 @@ if optuna_sweeper is not None:
             try:
                 return super().sweep(arguments)
             except ValueError as e:  # optuna's study.best_trial: "Record does not exist."
-                jobs = read_jobs(Path(impl.config.hydra.sweep.dir))
-                if not jobs:  # Optuna refused the search space: no trial ran (walkthrough 146)
+                if impl.job_idx == 0:  # before any job: Optuna refused the search space (146)
                     refuse_a_search_space(e)
-                if best_job(jobs) is not None:
+                if best_job(read_jobs(Path(impl.config.hydra.sweep.dir))) is not None:
                     raise
                 return None  # no trial completed: the summary callback says so and exits
             except (SystemExit, KeyboardInterrupt):  # a signal stopped a job, and the sweep

@@ -629,6 +629,34 @@ def test_test_fid_draws_other_latents_than_val_fid_and_repeats(tmp_path):
     assert eval_task(again) == metrics["test/fid"]
 
 
+def test_eval_measures_a_gans_fid_through_another_extractor_when_asked(tmp_path, capsys):
+    """A run trained with the auto extractor could not be measured through another (InceptionV3,
+    the published FIDs' scale; a classifier of one's own) afterwards: eval.py had no setting for
+    it (walkthrough 145). Here a litlab classifier of the same images; a classifier's checkpoint
+    asked for an FID extractor is refused."""
+    gan = make_cfg(tmp_path / "gan", [*TINY_GAN, "trainer.max_steps=2", *QUIET])
+    gan.callbacks.fid.num_samples = 16
+    train_task(gan)
+    own = summary_of(gan)  # (read now: its folder resolves through Hydra's current config)
+    data = [*TINY_GAN_DATA[:2], "model.net.width=8", "trainer.max_steps=2", "test=false"]
+    classifier = make_cfg(tmp_path / "clf", [*data, *QUIET])
+    train_task(classifier)
+    extractor = summary_of(classifier)["best_checkpoint"]
+    asked = ["extras.print_config=false", f"fid_extractor={extractor}"]
+    other = make_cfg(
+        tmp_path / "eval",
+        [f"ckpt_path={own['best_checkpoint']}", *asked],
+        config_name="eval",
+    )
+    eval_task(other)
+    tags = {name for name in summary_of(other)["metrics"] if name.startswith("test/fid_")}
+    assert {"test/fid_g", "test/fid_floor"} < tags
+    (theirs,) = {tag for tag in tags if tag.startswith("test/fid_domain")} - set(own["metrics"])
+    assert summary_of(other)["metrics"]["test/fid"] != own["metrics"]["test/fid"], theirs
+    clf = make_cfg(tmp_path / "e2", [f"ckpt_path={extractor}", *asked], config_name="eval")
+    refused(capsys, eval_task, clf, "and this checkpoint's run measured none")
+
+
 def test_inception_features_resize_as_torch_fidelity_and_tensorflow(inception_weights):
     """litlab's InceptionV3 features are torch-fidelity's reference ones (TensorFlow 1's bilinear
     resize to 299, as the published FIDs), not torchmetrics' default antialiased resize."""

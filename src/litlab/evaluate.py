@@ -118,8 +118,11 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     loggers = build_list(cfg.get("logger"), "logger")
     # Evaluation callbacks of the trained run (a GAN's FID and sample grids) test it the same
     # way; the others are not built (their classes may not be importable here).
-    callbacks = build_list(eval_callbacks(stored.get("callbacks")), "callbacks")
-    give_checkpoint_state(callbacks, checkpoint)  # FID through the run's own extractor
+    kept = eval_callbacks(stored.get("callbacks"))
+    other = other_fid_extractor(cfg, kept)
+    callbacks = build_list(kept, "callbacks")
+    if not other:
+        give_checkpoint_state(callbacks, checkpoint)  # FID through the run's own extractor
     callbacks += [*trained_numerics(stored), OnePrecision(), HoldStopAfterTest(run)]
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
     ended: BaseException | None = None
@@ -512,6 +515,34 @@ def trained_numerics(stored: DictConfig) -> list[Speed]:
     if not precision and not channels_last:
         return []
     return [Speed(matmul_precision=precision, channels_last=channels_last)]
+
+
+def other_fid_extractor(cfg: DictConfig, callbacks: DictConfig) -> bool:
+    """Whether the test measures FID through another extractor than the run's (eval.py's
+    ``fid_extractor``, e.g. inception for the published FIDs' scale: a run trained with the
+    auto extractor could not be measured so afterwards; walkthrough 145), set into the
+    stored FID callback's config; refused for a checkpoint without FID (a classifier's)."""
+    extractor = cfg.get("fid_extractor")
+    weights = cfg.get("fid_inception_weights")
+    if extractor is None and weights is None:
+        return False
+    if "fid" not in callbacks:
+        raise ConfigError(
+            "fid_extractor and fid_inception_weights choose how eval.py measures a GAN's FID, "
+            "and this checkpoint's run measured none (a classifier, or callbacks.fid off); "
+            "leave them out"
+        )
+    with open_dict(callbacks):
+        if extractor is not None:
+            callbacks.fid.extractor = str(extractor)
+        if weights is not None:
+            callbacks.fid.inception_weights = str(weights)
+    log.info(
+        "FID through callbacks.fid.extractor=%s, not the run's own: test/fid is not on the "
+        "scale of the run's val/fid",
+        callbacks.fid.extractor,
+    )
+    return True
 
 
 def eval_callbacks(callbacks: DictConfig | None) -> DictConfig:

@@ -1033,6 +1033,38 @@ def test_a_dataset_on_a_parallel_filesystem_is_shuffled_as_on_a_local_disk(tmp_p
         assert seen[rank, 0] != seen[rank, 1] != seen[rank, 2]
 
 
+def test_epochs_on_several_nodes_give_every_rank_the_same_whole_batches_once(tmp_path):
+    """LitData dealt the epochs after the first on several nodes among each node's own ranks:
+    a node holding more items gave its ranks more batches (48 and 56 items: DDP's ranks then
+    wait for each other), and a chunk two nodes shared in the first epoch was read by both in
+    every later one (review 148). 2 nodes x 2 ranks here, dealt as LitData does; 10 chunks
+    (LitData's epochs 2-4: 12, 12, 16 and 16 items a rank)."""
+    from litdata.utilities.env import _DistributedEnv
+
+    from litlab.data.streaming import Streaming
+
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=24)
+    dst = tmp_path / "chunks"
+    convert(root, str(dst), test_fraction=0.1, val_fraction=0.1, workers=1, chunk_bytes="40KB")
+    dataset = Streaming(str(dst), size=8).load("train")
+    len(fingerprint_loader(dataset, 3, 4))  # (LitData makes its shuffler for the training)
+    two_nodes = _DistributedEnv(world_size=4, global_rank=0, num_nodes=2)
+    for epoch in range(1, 5):
+        chunks, intervals = dataset.shuffler.get_chunks_and_intervals_per_workers(
+            two_nodes, 1, 4, epoch
+        )
+        counts = {sum(end - first for _, first, end, _ in rank) for rank in intervals}
+        assert len(counts) == 1 and counts.pop() % 4 == 0, epoch  # the same whole batches
+        items = [
+            (chunk, item)
+            for rank_chunks, rank in zip(chunks, intervals, strict=True)
+            for chunk, (_, first, end, _) in zip(rank_chunks, rank, strict=True)
+            for item in range(first, end)
+        ]
+        assert len(items) == len(set(items)), epoch  # each item once
+
+
 def fingerprint(image: torch.Tensor) -> bytes:
     return image.numpy().tobytes()
 
@@ -1172,6 +1204,12 @@ def test_an_epoch_stopped_with_litdatas_default_window_continues_with_it(one_chu
     assert list(resumed) == rest  # and with LitData's cut of the epoch (review 147), as begun
     assert "data.source.shuffle_window=32 is not this run's" in caplog.text
     assert "streamed with LitData's epoch cut" in caplog.text
+    # the epochs after it are cut as a new run's (they kept LitData's for good: review 148)
+    from litlab.data.litdata_shuffle import CUT
+
+    assert not resumed.state_dict()[CUT]
+    next_epoch = list(resumed)
+    assert resumed.state_dict()[CUT] and len(next_epoch) == len(rest) + 1
 
 
 def test_a_streamed_split_of_fewer_images_than_ranks_is_one_clear_line(tmp_path):

@@ -13,12 +13,16 @@ which chunks a rank reads and in what order, the items' shuffle within chunks, r
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from litdata import StreamingDataset as _StreamingDataset
 from litdata.streaming.shuffle import FullShuffle
-from litdata.utilities.shuffle import _associate_chunks_and_intervals_to_workers
+from litdata.utilities.shuffle import (
+    _associate_chunks_and_intervals_to_workers,
+    node_shard_fits_in_cache,
+)
 
 
 def rotated(
@@ -40,7 +44,31 @@ def rotated(
 
 
 class RotatedFullShuffle(FullShuffle):
-    """LitData's FullShuffle, each training epoch's stream begun at a seeded random item."""
+    """LitData's FullShuffle, each training epoch's stream begun at a seeded random item; on
+    several nodes too, every epoch dealt over all ranks as on one node. LitData's own later
+    epochs on several nodes deal each node's chunks of the first epoch among that node's ranks
+    alone (to keep them in its cache): a node holding more items gave its ranks more batches
+    than the other node's (48 and 56 items, review 148; DDP ranks then wait for each other at
+    the end), and a chunk shared by two nodes in the first epoch was read by both in every
+    later one (its items twice an epoch)."""
+
+    @lru_cache(maxsize=10)  # noqa: B019 - as LitData's (one shuffler a dataset)
+    def get_chunks_and_intervals_per_workers(
+        self, distributed_env: Any, num_workers: int, batch_size: int, current_epoch: int
+    ) -> Any:
+        if distributed_env.num_nodes == 1 or not self.drop_last:
+            return super().get_chunks_and_intervals_per_workers(
+                distributed_env, num_workers, batch_size, current_epoch
+            )
+        total = sum(self._chunk_byte_sizes())
+        self.node_shard_fits = node_shard_fits_in_cache(total, self._max_cache_size())
+        return self._global_assign(
+            distributed_env,
+            self.cache.get_chunk_intervals(),
+            num_workers,
+            batch_size,
+            current_epoch,
+        )
 
     def _global_assign(
         self,

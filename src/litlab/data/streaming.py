@@ -316,6 +316,7 @@ def streaming_loader_class() -> type:
             super().__init__(dataset, *args, **kwargs)
             self._trained, self._epoch = trained, epoch
             self._continued = False  # a pass from a loaded state (load_state_dict) has begun
+            self._old_cut = False  # continuing an epoch cut as LitData does (load_state_dict)
             # asked once, on every rank together (the answer is a collective)
             self._padded = pad_to(super().__len__()) if pad_to is not None else None
 
@@ -329,6 +330,8 @@ def streaming_loader_class() -> type:
             if self.restore and self._continued:
                 self.restore = False
             self._continued = self.restore
+            if not self.restore and self._old_cut:  # the checkpoint's epoch done (review 148)
+                self.dataset.cut_at_random, self.dataset.shuffler, self._old_cut = True, None, False
             if not self.restore and self._epoch is not None:
                 self.current_epoch = self._epoch()  # LitData counts from 1: it adds 1 here
             if self._padded is None:
@@ -353,12 +356,13 @@ def streaming_loader_class() -> type:
 
             saved = state["dataset"]
             if not state.get(CUT) and getattr(self.dataset, "cut_at_random", False):
-                # stopped by a litlab before 2026-12-07: its epochs go on as they began
+                # stopped by a litlab before 2026-12-07: its epoch goes on as it began
                 self.dataset.cut_at_random, self.dataset.shuffler = False, None
+                self._old_cut = True
                 log.info(
                     "this checkpoint's run streamed with LitData's epoch cut (the same images "
-                    "left out of every epoch where its chunk order repeats): it goes on so; "
-                    "a new run leaves out other images every epoch"
+                    "left out of every epoch where its chunk order repeats): the epoch it "
+                    "stopped in goes on so, the later ones leave out other images every epoch"
                 )
             _, world_size = rank_and_world()
             now = (world_size, max(1, self.num_workers), self.batch_size)

@@ -529,8 +529,10 @@ def test_copying_debian_files_into_data_dir_works_too(tmp_path):
 
 def test_device_is_the_default_and_keeps_the_splits_of_the_dataloader_path(caplog):
     device, plain = make_dm(num_workers=2), make_dm(loader="dataloader", num_workers=2)
+    chosen = make_dm(loader="auto", num_workers=2)  # (data=image_folder's defaults: not said)
     with caplog.at_level(logging.INFO, logger="litlab"):
-        device.setup(), plain.setup()
+        device.setup(), plain.setup(), chosen.setup()
+    assert chosen.loader == "device"
     # the workers asked for are not used by the device loader: said once (walkthrough 142)
     (said,) = [r.getMessage() for r in caplog.records if "num_workers" in r.getMessage()]
     assert "data.num_workers=2 is not used (it serves data.loader=dataloader)" in said

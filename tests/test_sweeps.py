@@ -844,6 +844,11 @@ def test_a_sweeper_direction_against_the_objective_is_refused(tmp_path, capsys):
     from litlab.sweep import refuse_a_direction_against_the_objective
 
     refuse_a_direction_against_the_objective(make_cfg(tmp_path, ["hparams_search=cnn_optuna"]))
+    from hydra_plugins.hydra_optuna_sweeper.config import Direction
+
+    from litlab.sweep import directions
+
+    assert directions(Direction.minimize) == ["minimize"]  # the sweeper's own default (148)
     against = make_cfg(tmp_path, ["hparams_search=cnn_optuna", "hydra.sweeper.direction=maximize"])
     with pytest.raises(SystemExit):
         refuse_a_direction_against_the_objective(against)

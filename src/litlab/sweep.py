@@ -700,6 +700,14 @@ def refuse_an_untrained_study(config: Any) -> None:
         )
 
 
+def directions(direction: Any) -> list[str]:
+    """hydra.sweeper.direction as Optuna's words (minimize, maximize), one a direction: given
+    as strings, or as the sweeper's Direction enum (its structured config's default, whose
+    str() is "Direction.minimize")."""
+    given = direction if OmegaConf.is_list(direction) else [direction]
+    return [str(getattr(d, "name", d)).lower() for d in given]
+
+
 def refuse_a_direction_against_the_objective(config: Any) -> None:
     """One line where hydra.sweeper.direction is given against the objective's mode (the
     presets derive it from objective.mode): Optuna maximized val/loss, named the worst trial
@@ -709,7 +717,7 @@ def refuse_a_direction_against_the_objective(config: Any) -> None:
     mode = OmegaConf.select(config, "objective.mode", default=None)
     if direction is None or mode not in ("min", "max"):
         return
-    given = [str(d).lower() for d in (direction if OmegaConf.is_list(direction) else [direction])]
+    given = directions(direction)
     wanted = ["minimize" if mode == "min" else "maximize"]
     if given != wanted:
         metric = OmegaConf.select(config, "objective.metric")
@@ -730,7 +738,7 @@ def refuse_another_direction(config: Any, storage: str | None, study: str | None
     held = _held_study(storage, study) if direction is not None else None
     if held is None:
         return
-    wanted = [str(d).lower() for d in (direction if OmegaConf.is_list(direction) else [direction])]
+    wanted = directions(direction)
     have = [d.name.lower() for d in held.directions]
     if wanted != have:
         objective = config.get("objective") or {}

@@ -250,6 +250,7 @@ class DataModule(L.LightningDataModule):
             self._setup_given_splits()
             return
         train_full = self.source.load("train")
+        asked = self.loader  # (auto's choice of the device loader: not said, review 148)
         if self.loader == "auto":
             self.loader = "device" if _in_memory(train_full) else "dataloader"
         if self.loader == "device" and not _in_memory(train_full):
@@ -257,7 +258,7 @@ class DataModule(L.LightningDataModule):
                 f"data.loader=device needs an in-memory source, but {self.source.name} reads "
                 "files as it goes; set data.loader=dataloader"
             )
-        if self.loader == "device" and self.num_workers > 0:  # (walkthrough 142: not a word)
+        if asked == "device" and self.num_workers > 0:  # (walkthrough 142: not a word)
             log.info(
                 "data.loader=device: batches are cut from the split held in the run's device "
                 "memory, in the training process; data.num_workers=%d is not used (it serves "

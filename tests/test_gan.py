@@ -641,7 +641,7 @@ def test_eval_measures_a_gans_fid_through_another_extractor_when_asked(tmp_path,
     data = [*TINY_GAN_DATA[:2], "model.net.width=8", "trainer.max_steps=2", "test=false"]
     classifier = make_cfg(tmp_path / "clf", [*data, *QUIET])
     train_task(classifier)
-    extractor = summary_of(classifier)["best_checkpoint"]
+    extractor = best = summary_of(classifier)["best_checkpoint"]
     asked = ["extras.print_config=false", f"fid_extractor={extractor}"]
     other = make_cfg(
         tmp_path / "eval",
@@ -653,6 +653,10 @@ def test_eval_measures_a_gans_fid_through_another_extractor_when_asked(tmp_path,
     assert {"test/fid_g", "test/fid_floor"} < tags
     (theirs,) = {tag for tag in tags if tag.startswith("test/fid_domain")} - set(own["metrics"])
     assert summary_of(other)["metrics"]["test/fid"] != own["metrics"]["test/fid"], theirs
+    # InceptionV3's weights file alone: still the run's own extractor (review 149: not kept)
+    weights = [f"ckpt_path={own['best_checkpoint']}", *asked[:1], f"fid_inception_weights={best}"]
+    same = make_cfg(tmp_path / "same", weights, config_name="eval")
+    assert eval_task(same) == own["metrics"]["test/fid"]
     clf = make_cfg(tmp_path / "e2", [f"ckpt_path={extractor}", *asked], config_name="eval")
     refused(capsys, eval_task, clf, "and this checkpoint's run measured none")
 

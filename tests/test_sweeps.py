@@ -751,6 +751,9 @@ def test_a_grid_is_the_same_sweep_whatever_the_order_of_its_fixed_overrides():
     assert same_grid(grid, ["d=6", "a=1,2", "c=5", "b=3,4"])
     assert not same_grid(grid, ["b=3,4", "a=1,2", "c=5", "d=6"])  # other job numbers
     assert not same_grid(grid, ["a=1,2", "b=3,4", "c=5", "d=7"])
+    # a key given twice: its last value, at its first place (review 149: judged the same)
+    assert not same_grid(["a=1,2", "a=3"], ["a=3", "a=1,2"])
+    assert not same_grid(["c=5", "c=6", "a=1,2"], ["c=6", "c=5", "a=1,2"])
 
 
 def test_an_optuna_study_run_again_in_its_folder_is_refused(tmp_path):

@@ -533,10 +533,11 @@ def other_fid_extractor(cfg: DictConfig, callbacks: DictConfig) -> bool:
             "leave them out"
         )
     with open_dict(callbacks):
-        if extractor is not None:
-            callbacks.fid.extractor = str(extractor)
-        if weights is not None:
+        if weights is not None:  # where the run's own InceptionV3 (or this one) is read from
             callbacks.fid.inception_weights = str(weights)
+        if extractor is None or str(extractor) == str(callbacks.fid.get("extractor")):
+            return False  # the run's own extractor, from its checkpoint (review 149)
+        callbacks.fid.extractor = str(extractor)
     log.info(
         "FID through callbacks.fid.extractor=%s, not the run's own: test/fid is not on the "
         "scale of the run's val/fid",

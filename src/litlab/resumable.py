@@ -290,7 +290,7 @@ def _changed_seeds(stored: DictConfig, now: DictConfig) -> list[str]:
 # test-time flips average each image's logits with its mirror's.
 # (a GAN's ema_decay: val/fid measures the averaged generator, which another decay makes
 # another average part way; walkthrough 145)
-_MEASURES = {"tta_flip": False, "ema_decay": None}
+_MEASURES = {"tta_flip": False, "ema_decay": 0.999}  # (the GAN's default: review 149)
 # What FID (a GAN's val/fid, its objective) compares: its feature extractor and how many
 # generated and real images.
 _FID_MEASURE = [

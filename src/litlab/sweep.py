@@ -470,18 +470,24 @@ def refuse_a_used_sweep_folder(config: DictConfig) -> None:
 
 
 def same_grid(before: list[str], now: list[str]) -> bool:
-    """Whether two grid sweeps' overrides launch the same jobs under the same numbers: the same
-    overrides, the swept ones in the same order (Hydra numbers the jobs of their product in
-    that order); the others in any (walkthrough 146: the same grid, two keys given in another
-    order, was refused as another sweep)."""
+    """Whether two grid sweeps' overrides launch the same jobs under the same numbers, as
+    Hydra's basic sweeper expands them (a key given twice: its last value, at its first place;
+    the jobs numbered in the order of the swept keys), each job's overrides in any order
+    (walkthrough 146: the same grid, two fixed keys given in another order, was refused as
+    another sweep; review 149: compared as strings, a repeated key passed for the same)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
 
-    def swept(overrides: list[str]) -> list[str]:
-        return [o.input_line for o in parser.parse_overrides(overrides) if o.is_sweep_override()]
+    def jobs(overrides: list[str]) -> list[list[str]]:
+        (batch,) = BasicSweeper.split_arguments(parser.parse_overrides(overrides), None)
+        return [sorted(job) for job in batch]
 
-    return sorted(before) == sorted(now) and swept(before) == swept(now)
+    try:
+        return jobs(before) == jobs(now)
+    except Exception:  # a sweep Hydra's basic sweeper does not expand: not the same
+        return False
 
 
 def _searched(arguments: list[str], params: Any, prefixed: bool = False) -> list[tuple[str, str]]:

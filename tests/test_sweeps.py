@@ -569,6 +569,13 @@ def test_resume_of_a_completed_job_tells_its_study_what_it_never_learned(tmp_pat
     with pytest.raises(SystemExit):
         resume_argv(["train.py", f"resume={job}"])
     assert "stays RUNNING" not in caplog.text
+    # a study that cannot be read: not "resume= its folder again" for a run never told (149)
+    gone = {**summary, "optuna_trial": {**trial, "study_name": "another"}}
+    (job / "summary.json").write_text(json.dumps(gone))
+    caplog.clear()
+    with pytest.raises(SystemExit):
+        resume_argv(["train.py", f"resume={job}"])
+    assert "this run's config is not its trial's, so it is not told" in caplog.text
 
 
 def test_a_copied_sweep_folders_job_tells_the_copys_study(tmp_path):

@@ -190,11 +190,14 @@ def tell_the_study(summary: dict[str, Any], job_dir: Path) -> str | None:
             study.tell(number, state=optuna.trial.TrialState.FAIL)
             said = "failed (no objective)"
     except Exception as e:  # a study locked, moved, or optuna not installed
+        other = summary.get("config_digest") != trial.get("config_digest")  # never told (149)
         log.warning(
-            "the Optuna study of trial %s could not be told this run's result (resume= its "
-            "folder again to tell it): %s",
+            "the Optuna study of trial %s could not be read (%s)%s",
             trial.get("number"),
             first_line(e),
+            ": this run's config is not its trial's, so it is not told this run's result"
+            if other
+            else "; resume= its folder again to tell it this run's result",
         )
         return None
     return f"the Optuna study {name} now holds its trial {number}: {said}"

@@ -649,6 +649,9 @@ def test_eval_measures_a_gans_fid_through_another_extractor_when_asked(tmp_path,
         config_name="eval",
     )
     eval_task(other)
+    # the loggers' config names it too (hparams.yaml, W&B; review 149)
+    hparams = (Path(other.paths.output_dir) / "csv" / "hparams.yaml").read_text()
+    assert f"fid_extractor: {extractor}" in hparams
     tags = {name for name in summary_of(other)["metrics"] if name.startswith("test/fid_")}
     assert {"test/fid_g", "test/fid_floor"} < tags
     (theirs,) = {tag for tag in tags if tag.startswith("test/fid_domain")} - set(own["metrics"])

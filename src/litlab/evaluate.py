@@ -106,20 +106,22 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     model.on_load_checkpoint(checkpoint)  # as Lightning's loads do: a GAN's step counts (g/step)
     if count:
         require_gan(model, "generate=N", "generate=0")  # before the test, not after it
+    # Evaluation callbacks of the trained run (a GAN's FID and sample grids) test it the same
+    # way; the others are not built (their classes may not be importable here).
+    kept = eval_callbacks(stored.get("callbacks"))
+    other = other_fid_extractor(cfg, kept)
     # For the loggers, as a training run's (W&B's config, hparams.yaml): the config the model
-    # was trained with, the data tested and the checkpoint (an eval's W&B run had no config).
+    # was trained with, the data tested and the checkpoint (an eval's W&B run had no config),
+    # and the FID extractor the test measures through where it is another (review 149)
     model.save_hyperparameters(
         {
             **resolved_config(stored),
             "data": OmegaConf.to_container(parts.data, resolve=True),
             "ckpt_path": str(path),
+            **({"fid_extractor": str(kept.fid.extractor)} if other else {}),
         }
     )
     loggers = build_list(cfg.get("logger"), "logger")
-    # Evaluation callbacks of the trained run (a GAN's FID and sample grids) test it the same
-    # way; the others are not built (their classes may not be importable here).
-    kept = eval_callbacks(stored.get("callbacks"))
-    other = other_fid_extractor(cfg, kept)
     callbacks = build_list(kept, "callbacks")
     if not other:
         give_checkpoint_state(callbacks, checkpoint)  # FID through the run's own extractor

@@ -78,18 +78,14 @@ class RotatedFullShuffle(FullShuffle):
         batch_size: int,
         seed_shift: int,
     ) -> tuple[Any, Any]:
-        if not self.drop_last:  # nothing cut: LitData's as it is
+        items = sum(end - first for _, first, end, _ in chunk_intervals)
+        if not self.drop_last or items == 0:  # nothing cut: LitData's as it is
             return super()._global_assign(
                 distributed_env, chunk_intervals, num_workers, batch_size, seed_shift
             )
         # LitData's chunk order (FullShuffle._global_assign), then the start
         order = np.random.RandomState([self.seed, seed_shift]).permutation(len(chunk_intervals))
         intervals = np.asarray(chunk_intervals)[order].tolist()
-        items = sum(end - first for _, first, end, _ in intervals)
-        if items == 0:
-            return super()._global_assign(
-                distributed_env, chunk_intervals, num_workers, batch_size, seed_shift
-            )
         start = int(np.random.RandomState([self.seed, seed_shift, 1]).randint(items))
         indexes, intervals = rotated(order.tolist(), intervals, start)
         return _associate_chunks_and_intervals_to_workers(

@@ -283,6 +283,7 @@ def streaming_loader_class() -> type:
     """LitData's ``StreamingDataLoader``, with what resuming needs (built on first use, so
     that LitData is imported only by runs that stream)."""
     litdata = _litdata()
+    from litlab.data.litdata_shuffle import CUT  # (imports LitData)
 
     class StreamingLoader(litdata.StreamingDataLoader):
         """Streams each pass in the order of the trainer's epoch at that pass (``epoch``: a run
@@ -347,13 +348,9 @@ def streaming_loader_class() -> type:
                 yield skip_unreadable([])  # an empty batch, as of files all unreadable
 
         def state_dict(self) -> dict[str, Any]:
-            from litlab.data.litdata_shuffle import CUT
-
             return {**super().state_dict(), CUT: getattr(self.dataset, "cut_at_random", False)}
 
         def load_state_dict(self, state: dict[str, Any]) -> None:
-            from litlab.data.litdata_shuffle import CUT
-
             saved = state["dataset"]
             if not state.get(CUT) and getattr(self.dataset, "cut_at_random", False):
                 # stopped by a litlab before 2026-12-07: its epoch goes on as it began

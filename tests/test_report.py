@@ -135,8 +135,10 @@ def test_failed_and_valueless_runs_sort_last(sweep, tmp_path, capsys):
         f'title="{error}"' in rows[3][2]
         and "failed: RuntimeError: CUDA out of memory" in rows[3][2]
     )
+    # only ranked runs are numbered: a number on an unranked row read as a rank (review 152)
+    assert [row.split("|")[1].strip() for row in md_rows(md)] == ["1", "2", "", ""]
     last = md_rows(md)[-1]
-    assert last.startswith("| 4 | `2` |") and "failed: RuntimeError: CUDA out of memory" in last
+    assert last.startswith("|  | `2` |") and "failed: RuntimeError: CUDA out of memory" in last
     assert "3.0 s" in last and "…" in last and error.strip() not in last  # shortened
     assert "4 (2 completed, 1 failed, 1 running)" in md
 
@@ -186,10 +188,12 @@ def test_gan_runs_show_their_sample_grids(tmp_path, capsys):
     assert "<figcaption>a (final weights)<br><code>seed=1</code></figcaption>" in html
     assert "<figcaption>b (G step 1000)<br><code>seed=2</code></figcaption>" in html
     md = (out / "report.md").read_text()
-    # The objective is the best epoch's; the other columns say which values they are.
+    # The objective is the best epoch's; the other columns say which values they are: a GAN's
+    # losses are one batch's (the last step logged), not an epoch's mean (review 152: "last
+    # epoch")
     assert (
-        "| objective (val/fid, min) | val/fid (last validation) | g/loss (last epoch) "
-        "| d/loss (last epoch) |" in md
+        "| objective (val/fid, min) | val/fid (last validation) | g/loss (last logged step) "
+        "| d/loss (last logged step) |" in md
     )
 
 
@@ -615,3 +619,99 @@ def test_runs_of_other_commits_are_named_as_such(tmp_path):
     (tmp_path / "c" / "summary.json").write_text(json.dumps({**summary, "git_dirty": True}))
     lines = dict(facts(compare(find_runs([tmp_path]))))
     assert lines["Code"].endswith("; 1 run(s) with uncommitted changes to the code: c")
+
+
+def test_settings_compare_by_value_not_by_how_they_were_typed(tmp_path):
+    """One sweep gave model.optimizer.lr=3e-3, another left it at its default, 0.003: the
+    report made them two settings, "(the same settings)" and "model.optimizer.lr=0.003", each
+    n=2, and left the second sweep out of the objective-vs-lr plot (review 152). A key a run
+    does not override has the value its saved config holds; a config group's, Hydra's choice."""
+    from litlab.report.compare import compare, facts, numeric_params
+    from litlab.report.plots import sweep_points
+
+    loss = {"metric": "val/loss", "mode": "min"}
+
+    def run(name: str, value: float, overrides: list[str], config: str, model: str) -> None:
+        summary = {"status": "completed", "objective": {**loss, "value": value}}
+        write_run(tmp_path / name, summary, overrides)
+        (tmp_path / name / ".hydra" / "config.yaml").write_text(config)
+        choices = f"hydra:\n  runtime:\n    choices:\n      model: {model}\n"
+        (tmp_path / name / ".hydra" / "hydra.yaml").write_text(choices)
+
+    default = "seed: 1\nmodel:\n  optimizer:\n    lr: 0.003\n"
+    run("a1", 0.15, ["model.optimizer.lr=3e-3", "seed=1"], default, "cnn")
+    run("a2", 0.24, ["model.optimizer.lr=3e-3", "seed=2"], default, "cnn")
+    run("b1", 0.30, ["model.optimizer.lr=1e-3", "seed=1"], default, "cnn")
+    run("b2", 0.40, ["model.optimizer.lr=1e-3", "seed=2"], default, "cnn")
+    run("e1", 0.15, ["seed=1"], default, "cnn")
+    run("e2", 0.24, ["seed=2"], default, "cnn")
+    comparison = compare(find_runs([tmp_path]))
+    lines = dict(facts(comparison))
+    assert lines["Over seeds"].startswith(
+        "model.optimizer.lr=0.003: mean 0.195 ± 0.06364 (n=2) (2 more run(s) of a seed already "
+        "counted: one value a seed); model.optimizer.lr=0.001: mean 0.35 ± 0.07071 (n=2)"
+    ), lines["Over seeds"]
+    assert "(the same settings)" not in lines["Over seeds"]
+    assert numeric_params(comparison.runs, comparison.varied) == ["model.optimizer.lr"]
+    points = sweep_points(comparison, "model.optimizer.lr")
+    assert sorted(run.name for _, _, run in points) == ["a1", "a2", "b1", "b2", "e1", "e2"]
+    assert {x for x, _, run in points if run.name.startswith("e")} == {0.003}
+    # a config group given in one run at the choice the others had by default varies nothing
+    run("c1", 0.5, ["model=cnn", "seed=3"], default, "cnn")
+    assert "model" not in compare(find_runs([tmp_path])).varied
+    run("d1", 0.5, ["model=resnet", "seed=3"], default, "resnet")
+    comparison = compare(find_runs([tmp_path]))
+    assert "model" in comparison.varied
+    assert {run.name: run.setting("model") for run in comparison.runs}["e1"] == "cnn"
+
+
+def test_a_running_run_whose_process_is_gone_is_lost(tmp_path):
+    """A run killed hard (SIGKILL, out of memory) stays "running" in its summary.json: the
+    report showed it running for good (review 152). Where its process ran on this machine and
+    is gone it is "lost", with the resume= line that continues it; a live one, or one on
+    another machine (nothing can be told), stays running."""
+    import platform
+    from datetime import datetime, timezone
+
+    from litlab.files import pid_namespace
+    from litlab.report.compare import compare, facts
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        here = {"status": "running", "host": platform.node(), "pid_namespace": pid_namespace()}
+        write_run(tmp_path / "killed", {**here, "pid": ended.pid, "started_at": now})
+        write_run(tmp_path / "live", {**here, "pid": live.pid, "started_at": now})
+        elsewhere = {**here, "host": f"not-{platform.node()}", "pid": ended.pid}
+        write_run(tmp_path / "elsewhere", {**elsewhere, "started_at": now})
+        comparison = compare(find_runs([tmp_path]))
+        status = {run.name: run.status for run in comparison.runs}
+        assert status == {"killed": "lost", "live": "running", "elsewhere": "running"}
+        killed = next(run for run in comparison.runs if run.name == "killed")
+        assert f"resume={tmp_path / 'killed'}" in killed.error
+        assert dict(facts(comparison))["Runs"] == "3 (1 lost, 2 running)"
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_tie_for_best_is_said_and_a_run_of_another_direction_is_not_ranked(tmp_path):
+    """Equal objective values (common: 144 validation images move val/acc in steps of 0.7%)
+    named the first folder given best without a word; and a run that maximized val/loss
+    (an old summary, or a metric of no known direction) was ranked among those minimizing
+    it, its worst value "best" (review 152)."""
+    from litlab.report.compare import compare, facts
+
+    loss = {"metric": "val/loss", "mode": "min"}
+    for name, value in [("a", 0.2), ("b", 0.1), ("c", 0.1), ("d", 0.3)]:
+        write_run(tmp_path / name, {"status": "completed", "objective": {**loss, "value": value}})
+    maxed = {"status": "completed", "objective": {**loss, "mode": "max", "value": 0.9}}
+    write_run(tmp_path / "e", maxed)
+    comparison = compare(find_runs([tmp_path]))
+    assert [run.name for run in comparison.runs] == ["b", "c", "a", "d", "e"]
+    assert comparison.best.name == "b" and not comparison.comparable(comparison.runs[-1])
+    best = dict(facts(comparison))["Best run"]
+    assert best.startswith("b: val/loss = 0.1") and "(tied with 1 other run(s): c;" in best
+    assert comparison.cells(5, comparison.runs[-1])[0] == ""

@@ -9,13 +9,15 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import platform
 import socket
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 ABANDONED_AFTER_S = 3600  # a temporary file unchanged this long was left by a killed writer
 
@@ -27,6 +29,59 @@ def pid_namespace() -> int:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return 0
+
+
+def started_s(summary: dict[str, Any] | None) -> float | None:
+    """When a summary's run part started (its "started_at", seconds since the epoch); None
+    where it says none readable."""
+    try:
+        return datetime.fromisoformat((summary or {})["started_at"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def run_process(summary: dict[str, Any] | None) -> tuple[str | None, int | None]:
+    """Whether the process of a run its summary says is running still runs: ("alive", pid)
+    where it runs on this machine and is the one that started the run; ("gone", pid) where it
+    ran here and is gone (a run killed hard, SIGKILL, out of memory, left "running"; a zombie,
+    or a later process given its number); (None, None) where nothing can be told: another
+    machine, another pid namespace (containers on one host with its name, --network host,
+    number their processes apart; older summaries say none), or a summary not "running"."""
+    if not summary or summary.get("status") != "running" or summary.get("host") != platform.node():
+        return None, None
+    if summary.get("pid_namespace") != pid_namespace() or not pid_namespace():
+        return None, None
+    pid = summary.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid == os.getpid():
+        return None, None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone", pid
+    except PermissionError:  # another user's process: alive
+        pass
+    began, started = process_start(pid), started_s(summary)
+    if began is not None and (began == -1 or (started is not None and began > started + 5)):
+        return "gone", pid  # a zombie, or a later process under the number
+    return "alive", pid
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch; -1 for a zombie), from Linux's
+    /proc; None where that cannot be read (another system)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    fields = stat.rpartition(")")[2].split()  # after the command's name, which may hold spaces
+    if fields[0] == "Z":
+        return -1
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def writer_tag() -> str:

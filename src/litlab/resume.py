@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ from litlab.data.datamodule import part_of_a_split
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, ConfigError, fail
-from litlab.files import pid_namespace
+from litlab.files import run_process, started_s
 from litlab.loggers import wandb_folder
 from litlab.overrides import RESUME_OVERRIDES, merged_overrides, override_key
 from litlab.run import (
@@ -53,7 +52,6 @@ from litlab.run import (
     Run,
     config_digest,
     read_summary,
-    started_s,
 )
 from litlab.tune import take_tuned_values
 
@@ -386,47 +384,10 @@ def _stopped_while_testing(folder: Path) -> bool:
 
 def process_of_a_live_run(summary: dict[str, Any] | None) -> int | None:
     """The process of the run a summary says is running, where it runs on this machine and is
-    the one that started it (not a later process given its number); None otherwise. A run
-    killed hard (SIGKILL, out of memory, a node lost) also left "running": its process is gone.
-    On another machine nothing can be told: None."""
-    if not summary or summary.get("status") != "running" or summary.get("host") != platform.node():
-        return None
-    # containers on one host with its name (--network host) number their processes apart:
-    # the run's number names a process here only in this pid namespace (older summaries say
-    # none: not known)
-    if summary.get("pid_namespace") != pid_namespace() or not pid_namespace():
-        return None
-    pid = summary.get("pid")
-    if not isinstance(pid, int) or pid == os.getpid():
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:  # another user's process: alive
-        pass
-    began, started = process_start(pid), started_s(summary)
-    if began is not None and (began == -1 or (started is not None and began > started + 5)):
-        return None  # a zombie, or a later process under the number
-    return pid
-
-
-def process_start(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch; -1 for a zombie), from Linux's
-    /proc; None where that cannot be read (another system)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, StopIteration, ValueError, IndexError):
-        return None
-    fields = stat.rpartition(")")[2].split()  # after the command's name, which may hold spaces
-    if fields[0] == "Z":
-        return -1
-    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    the one that started it (files.run_process); None otherwise: gone (a run killed hard also
+    left "running") or on another machine, where nothing can be told."""
+    state, pid = run_process(summary)
+    return pid if state == "alive" else None
 
 
 def tell_a_completed_trial(folder: Path) -> None:

@@ -41,7 +41,7 @@ from litlab.errors import (
     fail,
     first_line,
 )
-from litlab.files import atomic_file, pid_namespace
+from litlab.files import atomic_file, pid_namespace, started_s
 from litlab.folders import restore_saved_config
 
 log = logging.getLogger("litlab")
@@ -334,15 +334,6 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return summary if isinstance(summary, dict) else None
-
-
-def started_s(summary: dict[str, Any] | None) -> float | None:
-    """When a summary's run part started (its "started_at", seconds since the epoch); None
-    where it says none readable."""
-    try:
-        return datetime.fromisoformat((summary or {})["started_at"]).timestamp()
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def killed_part_s(folder: Path, summary: dict[str, Any]) -> float | None:

@@ -20,8 +20,10 @@ KEY_METRICS = (
     "g/loss",
     "d/loss",
 )
+# a GAN's curves (models/curves.py): each value one batch's, at the steps Lightning writes
+STEP_CURVES = ("d/", "g/")
 ERROR_CHARS = 90
-STATUS_ORDER = ("completed", "failed", "interrupted", "running")
+STATUS_ORDER = ("completed", "failed", "interrupted", "lost", "running")
 
 
 def jobs_not_run(left: int | None = None, planned: int | None = None) -> str:
@@ -90,6 +92,8 @@ class Comparison:
                 titles.append(f"{title} ({' or '.join(kinds)})")
             elif name.startswith("val/"):
                 titles.append(f"{title} (last validation)")
+            elif name.startswith(STEP_CURVES):  # one batch's value, not an epoch's mean
+                titles.append(f"{title} (last logged step)")
             else:
                 titles.append(f"{title} (last epoch)")
         return titles
@@ -101,12 +105,13 @@ class Comparison:
 
     def comparable(self, run: RunFolder) -> bool:
         """Whether the run has a value for the report's objective (and did not fail)."""
-        return comparable(run, self.metric, self.scale)
+        return comparable(run, self.metric, self.scale, self.mode)
 
     def cells(self, rank: int, run: RunFolder) -> list[str]:
-        """The plain-text table cells of one run, in column order."""
+        """The plain-text table cells of one run, in column order; its rank only where it is
+        ranked (the others, after the ranked runs, are numbered by none)."""
         return [
-            str(rank),
+            str(rank) if self.comparable(run) else "",
             f"{run.name} (eval)" if run.evaluation else run.name,
             " ".join(run.overrides),
             status_text(run),
@@ -172,12 +177,12 @@ def compare(runs: list[RunFolder]) -> Comparison:
         if run.failed or value is None:
             return 2 + run.failed, "", 0.0
         signed = -value if run_mode == "max" else value
-        if not comparable(run, metric, scale):  # after the ranked: each measure's best first
-            return 1, f"{run_metric} [{run.objective_scale}]", signed  # (walkthrough 146)
+        if not comparable(run, metric, scale, mode):  # after the ranked: each measure's best
+            return 1, f"{run_metric} [{run.objective_scale}] {run_mode}", signed  # first
         return 0, "", signed
 
     ranked = sorted(runs, key=order)
-    best = ranked[0] if comparable(ranked[0], metric, scale) else None
+    best = ranked[0] if comparable(ranked[0], metric, scale, mode) else None
     metric_columns = [
         m for m in shown_metrics(metric) if any(r.metric(m) is not None for r in runs)
     ]
@@ -194,18 +199,21 @@ def scaled(metric: str, scale: str) -> str:
     return f"{metric} [{scale}]" if scale else metric
 
 
-def comparable(run: RunFolder, metric: str | None, scale: str = "") -> bool:
-    """Whether a run that did not fail has a value for the given objective metric and scale."""
-    run_metric, _, value = run.objective
-    same = run_metric == metric and run.objective_scale == scale
+def comparable(run: RunFolder, metric: str | None, scale: str = "", mode: str = "max") -> bool:
+    """Whether a run that did not fail has a value for the given objective metric and scale,
+    ranked in the same direction (a run that maximized val/loss is no rival of one that
+    minimized it: review 152)."""
+    run_metric, run_mode, value = run.objective
+    same = run_metric == metric and run.objective_scale == scale and run_mode == mode
     return not run.failed and value is not None and same
 
 
 def varied_params(runs: list[RunFolder]) -> list[str]:
-    """Override keys set to different values in different runs, or in some runs only, in order
-    of first appearance."""
+    """Override keys whose runs had different values (RunFolder.setting: the override's, else
+    the saved config's), in order of first appearance. A key given in some runs only, at the
+    value the others had by default, is not varied (review 152: it split one setting in two)."""
     keys = dict.fromkeys(key for run in runs for key in run.params)
-    return [k for k in keys if len({run.params.get(k) for run in runs}) > 1]
+    return [k for k in keys if len({run.setting(k) for run in runs}) > 1]
 
 
 def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int, int]]:
@@ -247,9 +255,9 @@ def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int
 def seeds_setting(comparison: Comparison, run: RunFolder) -> str:
     """A run's setting apart from its seed: the varied overrides but the seeds, in key order."""
     setting = sorted(
-        (key, run.params.get(key))
+        (key, value)
         for key in comparison.varied
-        if key not in SEEDS and key in run.params
+        if key not in SEEDS and (value := run.setting(key)) is not None
     )
     return " ".join(f"{key}={value}" for key, value in setting) or "(the same settings)"
 
@@ -276,8 +284,7 @@ def numeric_params(runs: list[RunFolder], varied: list[str]) -> list[str]:
     for key in varied:
         if key in SEEDS:
             continue
-        values = [run.params[key] for run in runs if key in run.params]
-        parsed = [number(v) for v in values]
+        parsed = [number(v) for run in runs if (v := run.setting(key)) is not None]
         if all(p is not None and math.isfinite(p) for p in parsed) and len(set(parsed)) > 1:
             numeric.append(key)
     return numeric
@@ -328,7 +335,18 @@ def facts(comparison: Comparison) -> list[tuple[str, str]]:
     if best:
         overrides = " ".join(best.overrides) or "(no overrides)"
         value = fmt(best.objective[2])
-        lines.append(("Best run", f"{best.name}: {comparison.metric} = {value}; {overrides}"))
+        text = f"{best.name}: {comparison.metric} = {value}; {overrides}"
+        tied = [
+            run.name
+            for run in comparison.runs
+            if run is not best
+            and comparison.comparable(run)
+            and run.objective[2] == best.objective[2]
+        ]
+        if tied:  # the first of equal values in the order given (review 152: unsaid)
+            shown = ", ".join(tied[:5]) + (", ..." if len(tied) > 5 else "")
+            text += f" (tied with {len(tied)} other run(s): {shown}; the first given is named)"
+        lines.append(("Best run", text))
     else:
         lines.append(("Best run", "none: no run that did not fail has an objective value"))
     groups = over_seeds(comparison)

@@ -38,7 +38,7 @@ tbody tr.best{background:#fff8c5}
   background:#bf8700;color:#fff;font-size:.72rem;font-weight:700;white-space:nowrap}
 .status-completed{color:#1a7f37}
 .status-failed,.status-unreadable{color:#cf222e}
-.status-interrupted,.status-running{color:#9a6700}
+.status-interrupted,.status-lost,.status-running{color:#9a6700}
 td.ov{min-width:14rem;max-width:34rem}
 td.ckpt code{word-break:break-all;color:#59636e}
 .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:1rem}
@@ -168,7 +168,8 @@ def render_html(comparison: Comparison, folders: list[Path]) -> str:
 <p class="meta">{escape(sources)} · generated {generated}</p>
 <dl class="facts">{items}</dl>
 <h2>Runs</h2>
-<p class="note">Sorted by {escape(order)}; runs without a value, then failed runs, come last.
+<p class="note">Sorted by {escape(order)}, the ranked runs numbered; runs measured otherwise
+(each measure's best first), runs without a value, then failed runs, come last, unnumbered.
 Highlighted overrides differ between runs; hover a status for the full error.</p>
 {table_html(comparison)}
 <h2>Learning curves</h2>

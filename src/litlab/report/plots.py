@@ -90,7 +90,7 @@ def sweep_points(comparison: Comparison, key: str) -> list[tuple[float, float, R
     """(parameter value, objective value, run) for runs comparable on the objective."""
     points = []
     for run in comparison.runs:
-        x = number(run.params.get(key))
+        x = number(run.setting(key))
         if x is not None and comparison.comparable(run):
             points.append((x, run.objective[2], run))
     return points

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from litlab.files import run_process
 from litlab.overrides import (
     RESUME_OVERRIDES,
     SEEDS,
@@ -29,14 +30,40 @@ FAILED = ("failed", "unreadable")
 Curve = tuple[list[float], list[float]]
 
 
-def saved_config(run_dir: Path) -> Any:
-    """A run's composed config as Hydra saved it (.hydra/config.yaml); None if missing or bad."""
+def saved_config(run_dir: Path, name: str = "config.yaml") -> Any:
+    """A run's composed config as Hydra saved it (.hydra/config.yaml; hydra.yaml: Hydra's own,
+    with the config groups' choices); None if missing or bad."""
     from omegaconf import OmegaConf
 
     try:
-        return OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+        return OmegaConf.load(run_dir / ".hydra" / name)
     except Exception:  # missing, unreadable, not YAML
         return None
+
+
+def same_text(value: Any) -> str:
+    """A setting's value as text that is equal where the values are: numbers by value (3e-3,
+    0.003 and 0.0030; 1, 1.0), booleans, null, lists and dicts as JSON (an override's
+    ``[1,2]`` and a config's [1, 2]); other text as it is."""
+    if isinstance(value, str):
+        if number(value) is not None:
+            value = number(value)
+        else:
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError:
+                return value
+            if not (parsed is None or isinstance(parsed, bool | list | dict)):
+                return value
+            value = parsed
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        value = int(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def config_value(config: Any, key: str) -> Any:
@@ -132,21 +159,30 @@ class RunFolder:
     summary: dict
     overrides: list[str]
 
-    @property
+    @cached_property
     def status(self) -> str:
-        """completed, failed, interrupted, running (or unreadable when summary.json is broken)."""
-        return str(self.summary.get("status") or "unknown")
+        """completed, failed, interrupted, running (or unreadable when summary.json is broken);
+        lost: "running", but its process, on this machine, is gone (killed hard: SIGKILL, out
+        of memory; it could write no end), where a run on another machine stays "running"."""
+        status = str(self.summary.get("status") or "unknown")
+        return "lost" if run_process(self.summary)[0] == "gone" else status
+
+    @property
+    def error(self) -> str | None:
+        """The recorded error message, if any; a lost run's: what became of it."""
+        if self.status == "lost":
+            return (
+                f"its process {self.summary.get('pid')} on this machine ended without a word "
+                f"(killed: out of memory, SIGKILL?); python train.py resume={self.path} "
+                "continues it from its newest checkpoint"
+            )
+        error = self.summary.get("error")
+        return str(error) if error else None
 
     @property
     def failed(self) -> bool:
         """Failed runs sort last and never count as the best."""
         return self.status in FAILED
-
-    @property
-    def error(self) -> str | None:
-        """The recorded error message, if any."""
-        error = self.summary.get("error")
-        return str(error) if error else None
 
     @property
     def metrics(self) -> dict:
@@ -244,17 +280,36 @@ class RunFolder:
 
     @cached_property
     def seeds(self) -> tuple[str | None, ...]:
-        """The run's seeds (overrides.SEEDS) as it drew them: an override's value, else its
-        saved config's (.hydra/config.yaml): a run at the default seed and one given that seed
-        are one draw (as overrides alone, two seeds: "± 0 (n=2)"). None where neither says."""
-        params, config = self.params, None
-        seeds: list[str | None] = []
-        for key in SEEDS:
-            if key not in params and config is None:
-                config = saved_config(self.path)
-            value = params[key] if key in params else config_value(config, key)
-            seeds.append(None if value is None else str(value))
-        return tuple(seeds)
+        """The run's seeds (overrides.SEEDS) as it drew them (``setting``): a run at the
+        default seed and one given that seed are one draw (as overrides alone, two seeds: "±
+        0 (n=2)"). None where neither its overrides nor its saved config say."""
+        return tuple(self.setting(key) for key in SEEDS)
+
+    def setting(self, key: str) -> str | None:
+        """What the run had for an override's key, as comparable text (``same_text``): its
+        override's value (or a finder's, ``params``), else its saved config's (a default: one
+        sweep's ``model.optimizer.lr=3e-3`` and another's default 0.003 are one setting), a
+        config group's choice from Hydra's record; None where none of them says."""
+        if key in self.params:
+            return same_text(self.params[key])
+        choices = config_value(self._saved("hydra.yaml"), "hydra.runtime.choices") or {}
+        if key in choices:
+            return same_text(choices[key])
+        value = config_value(self._saved("config.yaml"), key)
+        if value is None:
+            return None
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        return same_text(value)
+
+    def _saved(self, name: str) -> Any:
+        """One of the run's saved Hydra files (.hydra/<name>), read once; None if unreadable."""
+        cache = self.__dict__.setdefault("_saved_files", {})
+        if name not in cache:
+            cache[name] = saved_config(self.path, name)
+        return cache[name]
 
     @cached_property
     def curves(self) -> dict[str, Curve]:

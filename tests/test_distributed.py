@@ -601,6 +601,42 @@ def test_unreadable_files_are_counted_once_over_every_rank_and_pass(tmp_path):
         assert str(broken) in log, broken
 
 
+def test_an_evaluation_split_of_fewer_images_than_ranks_is_refused_not_counted_twice(tmp_path):
+    """A val/ folder of 1 image on 2 ranks: each rank's loader was padded by repeating the
+    image, so val/acc and val/loss, the objective, counted it twice (a val split of 2 images on
+    3 ranks gave val/acc 0.6667 where 1 of 2 was right; review 151), without a word. Refused
+    before the fit trains, in the line a streamed split gets."""
+    root = tmp_path / "images"
+    write_png_folder(root / "train", per_class=6)
+    write_png_folder(root / "val", classes=("cat",), per_class=1)
+    for other in ("dog", "fox"):
+        (root / "val" / other).mkdir()  # the same classes, without validation images
+    write_png_folder(root / "test", per_class=2)
+    result = run_cli(
+        *CPU_DDP,
+        *QUIET_CSV,
+        "data=image_folder",
+        f"data.source.root={root}",
+        "data.source.size=20",
+        "data.image_shape=[3,16,16]",
+        "data.num_classes=3",
+        "data.num_workers=0",
+        "data.batch_size=4",
+        "model.net.width=8",
+        "model.scheduler=null",
+        "trainer.max_epochs=1",
+        f"paths.log_dir={tmp_path / 'out'}",
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "litlab: error: the image_folder val split holds 1 image(s), fewer than the run's 2 "
+        "processes, each of which evaluates images of its own (repeated images would count "
+        "twice); add images to the split, or run on fewer processes"
+    )
+    (summary,) = summaries(tmp_path / "out")
+    assert summary["status"] == "failed" and not list((tmp_path / "out").rglob("*.ckpt"))
+
+
 def test_a_spawned_copy_of_the_classifier_accumulates_into_tensors_of_its_own():
     """What ddp_spawn's processes get: the module sent through torch.multiprocessing, its
     tensors in shared memory (Lightning unshares parameters and buffers only). Set up, the

@@ -311,7 +311,7 @@ class DataModule(L.LightningDataModule):
         if _images(dataset) == 0:
             raise DataError(f"the {self.source.name} {split} split is empty")
         world = self.trainer.world_size if self.trainer else 1
-        if _streams(dataset) and dataset.images < world:  # (an image folder pads: loader.py)
+        if _streams(dataset) and dataset.images < world:  # (the others: _loader)
             raise DataError(
                 f"the {self.source.name} {split} split holds {dataset.images} image(s), fewer "
                 f"than the run's {world} processes, and LitData gives each process whole "
@@ -461,6 +461,8 @@ class DataModule(L.LightningDataModule):
             rank=trainer.global_rank if trainer else 0,
             world_size=trainer.world_size if trainer else 1,
         )
+        if not train and order["world_size"] > 1:
+            self._refuse_fewer_images_than_ranks(split, order["world_size"])
         trained = self._trained_batches() if train else None
         sampled = self._read_in_part(split, train)
         if self.loader == "dataloader":
@@ -493,6 +495,20 @@ class DataModule(L.LightningDataModule):
             trained=trained,
             **order,  # type: ignore[arg-type]
         )
+
+    def _refuse_fewer_images_than_ranks(self, split: str, world: int) -> None:
+        """An evaluation split of fewer images than the run's processes: a sampler that deals
+        each image once leaves some ranks none, and every rank must run the same batches (each
+        rank's loader padded by repeating images, which then counted twice: a val split of 2
+        images on 3 ranks measured val/acc over 3; review 151). The same line as a streamed
+        split's (_check)."""
+        size = len(self.datasets[split])
+        if size < world:
+            raise DataError(
+                f"the {self.source.name} {split} split holds {size} image(s), fewer than the "
+                f"run's {world} processes, each of which evaluates images of its own (repeated "
+                "images would count twice); add images to the split, or run on fewer processes"
+            )
 
     def _on_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         """One copy of an in-memory array on the run's device, shared by the loaders that read

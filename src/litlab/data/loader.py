@@ -73,9 +73,10 @@ class ShardSampler(DistributedSampler):
     ``batch_size`` deals every sample exactly once, in the same number of batches on every rank
     (each rank's evaluation steps may be collectives, as under FSDP), at ``batch_size`` or the
     nearest size that allows it (``even_batch_size``: below, or above for batches of one or
-    two); with fewer samples than ranks, and without a batch size, the order is padded by
-    repeating its start, as Lightning's DistributedSampler does, so up to W-1 samples count
-    twice. ``batch_size`` is then the size to batch with.
+    two); with fewer samples than ranks (an evaluation split the DataModule refuses), and
+    without a batch size, the order is padded by repeating its start, as Lightning's
+    DistributedSampler does, so up to W-1 samples count twice. ``batch_size`` is then the size
+    to batch with.
 
     A DistributedSampler, so that Lightning keeps it on a torch DataLoader under DDP (it
     replaces any other sampler with its own); iterating it leaves out the first ``skip``

@@ -1832,3 +1832,71 @@ def test_a_corrupt_cifar10_batch_says_how_to_fetch_it_again_and_that_works(tmp_p
     batch.unlink()
     source.prepare()
     assert fetched == [str(tmp_path)] and len(source.load("train")) == 40
+
+
+def test_copies_of_training_files_among_the_held_out_images_are_said_and_recorded(tmp_path, caplog):
+    """Byte-for-byte copies of training images in val/ and test/ (walkthrough 150: 15 of each
+    split's 90 images, test/acc 1, not a word, where eval.py on the test folder alone refused
+    it), and in a folder without split folders a copy under another name ("img copy.png"),
+    whose name hashes it into another split than its original: said once a split, with an
+    example, and recorded for summary.json. Files read as they go (cache=false) are not
+    digested: nothing is said there."""
+    from litlab.data.folder_index import file_names
+
+    root = tmp_path / "split"
+    write_png_folder(root / "train", per_class=10)
+    write_png_folder(root / "val", per_class=3, seed=1)
+    write_png_folder(root / "test", per_class=3, seed=2)
+    for i in range(2):  # 2 training images copied into val/, 3 into test/ (one of them twice)
+        shutil.copy(root / "train" / "dog" / f"{i}.png", root / "val" / "dog" / f"dup{i}.png")
+    for i, name in enumerate(("0.png", "1.png", "1.png")):
+        shutil.copy(root / "train" / "fox" / name, root / "test" / "fox" / f"dup{i}.png")
+    shutil.copy(root / "val" / "cat" / "0.png", root / "test" / "cat" / "val_copy.png")
+    source = ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+    dm = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=4, loader="auto")
+    with caplog.at_level("WARNING", logger="litlab"):
+        dm.setup()
+    assert dm.copies["val"] == [("val/dog/dup0.png", "train/dog/0.png"),
+                                ("val/dog/dup1.png", "train/dog/1.png")]  # fmt: skip
+    assert (
+        "2 of the 11 validation images are byte-for-byte copies of files the run trains on (e.g. "
+        "val/dog/dup0.png is train/dog/0.png): val/* and the checkpoints chosen by them count "
+        "them as unseen images" in caplog.text
+    )
+    assert dm.copies["test"] == [
+        ("test/cat/val_copy.png", "val/cat/0.png"),  # a validation image, which chose the best
+        ("test/fox/dup0.png", "train/fox/0.png"),
+        ("test/fox/dup1.png", "train/fox/1.png"),
+        ("test/fox/dup2.png", "train/fox/1.png"),
+    ]
+    assert "4 of the 13 test images are byte-for-byte copies of files the run trains or " in (
+        caplog.text
+    )
+    report = dm.report()["copies_of_training"]
+    assert report["val"]["images"] == 2 and report["test"]["first"][0] == [
+        "test/cat/val_copy.png",
+        "val/cat/0.png",
+    ]
+    # no split folders: copies under other names fall into other splits than their original
+    flat = tmp_path / "flat"
+    write_png_folder(flat, per_class=20)
+    group = ["cat/3.png", *(f"cat/3 copy{i}.png" for i in range(8))]
+    for name in group[1:]:
+        shutil.copy(flat / group[0], flat / name)
+    source = ImageFolder(str(flat), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+    dm = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=4, loader="auto")
+    dm.setup()
+    trained = [name for name in file_names(dm.datasets["train"]) if name in group]
+    held = {
+        split: [name for name in file_names(dm.datasets[split]) if name in group]
+        for split in ("val", "test")
+    }
+    assert trained and held["val"] and held["test"]  # (the names spread the group so)
+    assert dm.copies == {
+        split: [(name, trained[0]) for name in names] for split, names in held.items()
+    }
+    # files read as they go are not digested
+    source = ImageFolder(str(root), size=16, cache=False, workers=1)
+    dm = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=4, loader="auto")
+    dm.setup()
+    assert not dm.copies and "copies_of_training" not in dm.report()

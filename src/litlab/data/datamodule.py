@@ -207,6 +207,8 @@ class DataModule(L.LightningDataModule):
         # unreadable files dropped by the file-reading loader: each once, whatever reads it
         # again (every epoch, evaluation); every rank's after a fit or test (gather_unreadable, train.record_stage)
         self.unreadable: set[str] = set()
+        # copies of training files among an evaluation split's (_say_copies), by split
+        self.copies: dict[str, list[tuple[str, str]]] = {}
         # An image folder's class names, in label order (None: a source without names), and
         # those of the checkpoint a run continues or tests (checked at setup or when restored).
         self.class_names: list[str] | None = None
@@ -243,6 +245,35 @@ class DataModule(L.LightningDataModule):
         if "test" not in self.datasets and self._reads_test(stage):
             self.datasets["test"] = self.source.load("test")
             self._check(self.datasets["test"], "test")
+            self._say_copies("test", ("train", "val"))
+
+    def _say_copies(self, split: str, trained: tuple[str, ...]) -> None:
+        """Images of an evaluation split whose files are byte-for-byte copies of files of the
+        ``trained`` splits (Source.copies, where a source can tell): said, and recorded for
+        summary.json (data.copies_of_training), once a split. Its metrics count them as unseen
+        images (walkthrough 150: 15 of a test split's 90 images copies of training files,
+        test/acc 1, not a word). Not refused: the folder is the user's data to mend."""
+        copies_of = getattr(self.source, "copies", None)
+        if copies_of is None or split in self.copies or split not in self.datasets:
+            return
+        splits = {name: self.datasets[name] for name in trained if name in self.datasets}
+        found = copies_of(splits, (split, self.datasets[split]))
+        if not found:
+            return
+        self.copies[split] = found
+        if self.trainer is None or self.trainer.is_global_zero:
+            measured = "val/* and the checkpoints chosen by them" if split == "val" else "test/*"
+            log.warning(
+                "%d of the %d %s images are byte-for-byte copies of files the run %s (e.g. %s "
+                "is %s): %s count them as unseen images; remove the copies from the folder "
+                "(the first 20: summary.json, data.copies_of_training)",
+                len(found),
+                len(self.datasets[split]),
+                "validation" if split == "val" else split,
+                "trains on" if split == "val" else "trains or validates on",
+                *found[0],
+                measured,
+            )
 
     def _setup_splits(self) -> None:
         """The training, validation and fit splits (the test split: ``setup``)."""
@@ -286,6 +317,7 @@ class DataModule(L.LightningDataModule):
             )
             self.datasets["fit"] = Subset(train, keep.tolist())
         self.datasets["val"] = given if val_idx is None else Subset(train_full, val_idx.tolist())
+        self._say_copies("val", ("train",))
 
     def _setup_given_splits(self) -> None:
         """A source that holds its own train, val and test splits (streamed datasets, split
@@ -694,6 +726,11 @@ class DataModule(L.LightningDataModule):
         }
         if splits:
             report["splits"] = splits
+        if self.copies:
+            report["copies_of_training"] = {
+                split: {"images": len(found), "first": [list(pair) for pair in found[:20]]}
+                for split, found in self.copies.items()
+            }
         if self.unreadable:
             report["skipped_while_loading"] = len(self.unreadable)
             if lost := self.classes_never_read():

@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
@@ -39,6 +40,7 @@ from litlab.data.folder_index import (
     check_same_classes,
     class_names,
     encoding_hint_among,
+    file_digests,
     file_names,
     scan,
     split_folders,
@@ -290,6 +292,7 @@ class ImageFolder(Source):
         dataset = TensorDataset(cached.images, labels)
         dataset.classes = classes  # type: ignore[attr-defined]
         dataset.files = cached.files  # type: ignore[attr-defined]
+        dataset.digests = cached.digests  # type: ignore[attr-defined]
         if split not in self.report:
             self.report[split] = {"images": len(cached.labels), "skipped": len(cached.skipped)}
             if cached.skipped:
@@ -402,6 +405,41 @@ class ImageFolder(Source):
                 below = folders[split].relative_to(self.root).as_posix()
                 sample += fingerprints(self.root, [f"{below}/{n}" for n in file_names(dataset)])
         return sample
+
+    def copies(
+        self, trained: dict[str, Dataset], held: tuple[str, Dataset]
+    ) -> list[tuple[str, str]] | None:
+        """(held-out file, training file) for each image of ``held`` (a split's name and
+        images) whose file is a byte-for-byte copy of one of ``trained``'s (splits by name): a
+        duplicate in a split layout's val/ or test/, or a copy under another name in a folder
+        without split folders, whose names hash the two into other splits (walkthrough 150:
+        "img copy.JPG"), is measured as unseen. Names under the root. None where the files'
+        digests are not known (cache=false; a cache built before 2026-12-07)."""
+        if self.test_all:
+            return None
+        folders = self._split_folders()
+
+        def named(split: str, dataset: Dataset) -> tuple[list[str], np.ndarray | None]:
+            below = ""
+            if folders is not None and split in folders:
+                below = folders[split].relative_to(self.root).as_posix() + "/"
+            return [below + name for name in file_names(dataset)], file_digests(dataset)
+
+        held_names, held_digests = named(*held)
+        first: dict[int, str] = {}
+        for split, dataset in trained.items():
+            names, digests = named(split, dataset)
+            if digests is None:
+                return None
+            for name, digest in zip(names, digests.tolist(), strict=True):
+                first.setdefault(digest, name)
+        if held_digests is None:
+            return None
+        return [
+            (name, first[digest])
+            for name, digest in zip(held_names, held_digests.tolist(), strict=True)
+            if digest in first
+        ]
 
     def given_validation(self) -> Dataset | None:
         """root/val/ (or valid/, validation/) when it lies beside train/ and test/."""

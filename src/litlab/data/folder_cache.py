@@ -1,11 +1,13 @@
 """An image folder decoded once, by every core, into a memory-mapped uint8 array under the
-cache folder (images.u8, labels.npy, meta.json), keyed by the folder's file list, sizes and
-times and reused while they are unchanged; files that do not decode are left out and listed
-(meta.json "skipped")."""
+cache folder (images.u8, labels.npy, digests.npy, meta.json), keyed by the folder's file list,
+sizes and times and reused while they are unchanged; files that do not decode are left out and
+listed (meta.json "skipped"). digests.npy: a 64-bit digest of each image file's bytes, read as
+it is decoded (copies of one file among the splits: litlab.data.folder)."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -31,19 +33,29 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 2  # bump when what the cache holds changes (2: EXIF orientation applied)
 
 
+def bytes_digest(data: bytes) -> int:
+    """A 64-bit digest of a file's bytes (int64): equal for copies of one file."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
 def _decode_into(
     paths: list[str], start: int, target: str, shape: tuple[int, ...]
-) -> list[tuple[int, str]]:
-    """Worker: decode files start.. into rows of the memory-mapped array; return the failures."""
+) -> tuple[list[tuple[int, str]], list[int]]:
+    """Worker: decode files start.. into rows of the memory-mapped array; return the failures
+    and each file's bytes_digest (0 for one that cannot be read)."""
     images = np.memmap(target, dtype=np.uint8, mode="r+", shape=shape)
-    failed = []
+    failed, digests = [], []
     for offset, path in enumerate(paths):
+        digest = 0
         try:
-            images[start + offset] = load_image(path, shape[-1], shape[1])
+            data = Path(path).read_bytes()  # read once: digested, then decoded
+            digest = bytes_digest(data)
+            images[start + offset] = load_image(io.BytesIO(data), shape[-1], shape[1])
         except Exception as e:  # PIL raises many kinds for damaged files; every one is a skip
             failed.append((start + offset, why_unreadable(e)))
+        digests.append(digest)
     images.flush()
-    return failed
+    return failed, digests
 
 
 def cache_key(index: FolderIndex, size: int, channels: int) -> str:
@@ -74,6 +86,7 @@ class CachedFolder:
     skipped: list[dict[str, str]]
     path: Path
     files: list[str]
+    digests: np.ndarray | None = None  # each image file's bytes_digest (caches before: none)
 
 
 def _open(folder: Path, index: FolderIndex) -> CachedFolder:
@@ -88,7 +101,8 @@ def _open(folder: Path, index: FolderIndex) -> CachedFolder:
     files = [f for f in index.files if f not in skipped]
     if len(files) != count:
         raise DataError(f"the cache {folder} does not match its folder; delete it and run again")
-    return CachedFolder(images, labels, meta["classes"], meta["skipped"], folder, files)
+    digests = np.load(folder / "digests.npy") if (folder / "digests.npy").is_file() else None
+    return CachedFolder(images, labels, meta["classes"], meta["skipped"], folder, files, digests)
 
 
 def cached_folder(
@@ -194,19 +208,20 @@ def _build(
     workers = max(1, workers or os.cpu_count() or 1)
     chunk = max(64, min(4096, len(paths) // (workers * 8) or 1))
     failed: list[tuple[int, str]] = []
+    digests = np.zeros(len(paths), dtype=np.int64)
     from rich.progress import Progress
 
     with Progress(transient=True) as progress, ProcessPoolExecutor(workers) as pool:
         task = progress.add_task(f"decoding {root} once ({size} px)", total=len(paths))
         jobs = {
-            pool.submit(_decode_into, paths[i : i + chunk], i, str(target), shape): len(
-                paths[i : i + chunk]
-            )
+            pool.submit(_decode_into, paths[i : i + chunk], i, str(target), shape): i
             for i in range(0, len(paths), chunk)
         }
         for job in as_completed(jobs):
-            failed += job.result()
-            progress.advance(task, jobs[job])
+            failures, digested = job.result()
+            failed += failures
+            digests[jobs[job] : jobs[job] + len(digested)] = digested
+            progress.advance(task, len(digested))
     keep = np.setdiff1d(np.arange(len(paths)), [i for i, _ in failed])
     if failed:  # compact: the cache holds the readable images only
         images = np.memmap(target, dtype=np.uint8, mode="r+", shape=shape)
@@ -217,6 +232,7 @@ def _build(
         os.truncate(target, len(keep) * int(np.prod(shape[1:])))
     skipped = [{"file": index.files[i], "reason": reason} for i, reason in sorted(failed)]
     np.save(building / "labels.npy", np.asarray(index.labels, dtype=np.int64)[keep])
+    np.save(building / "digests.npy", digests[keep])
     meta = {"count": len(keep), "shape": list(shape[1:]), "classes": index.classes}
     meta.update(root=str(root), files=len(paths), skipped=skipped, format=CACHE_FORMAT)
     meta["sample"] = fingerprints(root, index.files)  # a copy elsewhere: the same bytes

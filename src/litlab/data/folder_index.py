@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
@@ -162,6 +163,15 @@ def file_names(dataset: Dataset) -> list[str]:
         names = file_names(dataset.dataset)
         return [names[i] for i in dataset.indices]
     return list(dataset.files)  # type: ignore[attr-defined]
+
+
+def file_digests(dataset: Dataset) -> np.ndarray | None:
+    """Each item's file's bytes digest (a cached image folder's: folder_cache.bytes_digest);
+    None where they are not known (files read as they go, a cache from before digests)."""
+    if isinstance(dataset, Subset):
+        digests = file_digests(dataset.dataset)
+        return None if digests is None else digests[np.asarray(dataset.indices, dtype=np.int64)]
+    return getattr(dataset, "digests", None)
 
 
 def scan(root: Path) -> FolderIndex:

@@ -730,6 +730,17 @@ def test_a_checkpoint_refuses_class_folders_renamed_since(tmp_path, capsys):
     refused(capsys, eval_task, tested, needle)
     (root / "wolf").rename(root / "dog")  # the same folders again: tested as trained
     assert 0.0 <= eval_task(tested) <= 1.0
+    # an empty class folder added since (walkthrough 150): both named it "4 classes, set
+    # data.num_classes=4", then refused that count as not the model's: the folder is named
+    (root / "aaa").mkdir()
+    new = "class folder(s) ['aaa'] are new (an empty folder is a class too)); use class folders"
+    refused(capsys, train_task, resumed, new)
+    refused(capsys, eval_task, tested, new)
+    # a new run on it: the folder is said to be empty (it read: unreadable, or held out)
+    fresh = make_cfg(tmp_path / "n", [*folder, "data.num_classes=4", "trainer.max_epochs=1"])
+    line = refused(capsys, train_task, fresh, "class folder(s) ['aaa'] of ")
+    assert line.endswith("hold no image file: every class folder is a class, and each needs "
+                         "training images; add images to them or remove the folders")  # fmt: skip
 
 
 def test_eval_of_a_classifier_refuses_before_testing_and_takes_a_data_setting(tmp_path, capsys):

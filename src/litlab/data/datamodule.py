@@ -223,9 +223,12 @@ class DataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         trainer = self.trainer
         known = self.source.known_classes()  # before a decode (a large folder's: an hour)
+        # a checkpoint's classes first (eval.py, a fit continued): a class folder added since
+        # is named, where the count's advice (data.num_classes=5) was refused next for the
+        # model's own count (walkthrough 150)
+        self._check_classes(known)
         if known is not None and len(known) != self.num_classes:
             raise ConfigError(self._class_count_error("train", len(known)))
-        self._check_classes(known)  # a fit continued (continues): its class folders
         self.source.prepare(test=self._reads_test(trainer.state.fn if trainer else None))
 
     def _reads_test(self, stage: str | None) -> bool:
@@ -400,10 +403,16 @@ class DataModule(L.LightningDataModule):
         moved = [
             f"{i}: {a} -> {b}" for i, (a, b) in enumerate(zip(trained, now, strict=False)) if a != b
         ]
+        new, gone = [c for c in now if c not in trained], [c for c in trained if c not in now]
+        which = "; ".join(
+            [f"class folder(s) {new} are new (an empty folder is a class too)"] * bool(new)
+            + [f"{gone} are missing"] * bool(gone)
+        )
         raise DataError(
             f"the model was trained with the classes {trained}, this data has {now} (labels "
-            f"{', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}); use class folders of "
-            f"the same names{encoding_hint(trained, now)}"
+            f"{', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}"
+            f"{'; ' + which if which else ''}); use class folders of the same names"
+            f"{encoding_hint(trained, now)}"
         )
 
     def state_dict(self) -> dict[str, Any]:

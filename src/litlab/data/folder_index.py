@@ -293,6 +293,16 @@ def _read_linked_images_once(
         index.labels = [index.labels[i] for i in kept]
 
 
+def _holds_an_image_file(folder: Path) -> bool:
+    """Whether ``folder`` (a class folder) or a folder below it holds a file named as an image,
+    hidden ones aside (as ``scan`` reads them)."""
+    for _, dirs, files in os.walk(folder, followlinks=True):
+        dirs[:] = [d for d in dirs if not left_out(d)]
+        if any(_is_image_name(f) and not left_out(f) for f in files):
+            return True
+    return False
+
+
 def _is_image_name(name: str) -> bool:
     return not left_out(name) and os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
 
@@ -401,10 +411,18 @@ def check_classes_present(
     if not empty:
         return
     if split == "train":
+        bare = [c for c in empty if not _holds_an_image_file(where / c)]
+        if bare == empty:  # (walkthrough 150: an empty folder was told its files were unreadable)
+            raise DataError(
+                f"class folder(s) {bare} of {where} hold no image file: every class folder is a "
+                "class, and each needs training images; add images to them or remove the folders"
+            )
         raise DataError(
             f"class folder(s) {empty} of {where} leave no readable image for training (their "
             "files are unreadable, or all fall in the share held out for testing or validation, "
-            "chosen file by file from the names); add images to them or remove the folders"
+            "chosen file by file from the names"
+            + (f"; {bare} hold no image file" if bare else "")
+            + "); add images to them or remove the folders"
         )
     log.warning("the %s split of %s holds no image of class(es) %s", split, where, empty)
 

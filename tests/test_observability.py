@@ -644,3 +644,24 @@ def test_the_printed_config_shows_the_values_the_finders_found(tmp_path, capsys)
     printed = capsys.readouterr().out
     data = printed.split("data", 1)[1].split("model", 1)[0]
     assert f"batch_size: {found}\n" in data, data
+
+
+def test_whole_batches_leaving_much_of_each_epoch_out_are_said(tmp_path, caplog):
+    """Training takes whole batches: a small folder's 222 images at the default batch of 128
+    trained 128 of them an epoch, not a word (walkthrough 150). Said where more than a tenth
+    of the split is left out of each epoch; not for the digits' default run (14 of 1,294)."""
+    cfg = make_cfg(tmp_path / "a", [*FAST, "data.batch_size=500", "trainer.max_epochs=1",
+                                    "test=false", "model.scheduler=null", "model.net.width=4"])  # fmt: skip
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(cfg)
+    assert (
+        "data.batch_size=500 on 1294 training images: 2 batch(es) an epoch, 294 images (23%) "
+        "left out of each epoch (other ones each epoch); a smaller data.batch_size trains on "
+        "more of them" in caplog.text
+    )
+    caplog.clear()
+    cfg = make_cfg(tmp_path / "b", [*FAST, "trainer.max_epochs=1", "test=false",
+                                    "model.net.width=4"])  # fmt: skip
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(cfg)
+    assert "left out of each epoch" not in caplog.text

@@ -992,7 +992,7 @@ def test_streamed_jpegs_decoded_on_the_device_train_to_the_end(converted, tmp_pa
     datamodule = build(cfg.data, "data")
     datamodule.setup()
     # its splits were fixed at conversion: more validation images come from another conversion
-    assert datamodule.more_validation.startswith("convert again with more (a larger --val-frac")
+    assert datamodule.more_validation.startswith("convert again with a larger --val-fraction")
     loaders = (
         datamodule.train_dataloader(),
         datamodule.val_dataloader(),

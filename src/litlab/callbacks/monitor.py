@@ -212,9 +212,13 @@ class Throughput(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Under several processes, what one batch of the job is: data.batch_size is each
         process's, so N processes train on N times its images a step, in 1/N of the steps an
-        epoch (the LR schedule's steps too)."""
+        epoch (the LR schedule's steps too). And where whole batches leave out much of each
+        epoch (a small folder: 94 of 222 images at batch 128, not a word; walkthrough 150)."""
         per_process = getattr(trainer.datamodule, "batch_size", None)
-        if trainer.world_size < 2 or not trainer.is_global_zero or not isinstance(per_process, int):
+        if not trainer.is_global_zero or not isinstance(per_process, int):
+            return
+        self._say_images_left_out(trainer, per_process)
+        if trainer.world_size < 2:
             return
         accumulate = trainer.accumulate_grad_batches
         batches = trainer.num_training_batches
@@ -227,6 +231,32 @@ class Throughput(Callback):
             said += " (x accumulate_grad_batches=%d: %d images, %d optimizer steps an epoch)"
             values += [accumulate, values[2] * accumulate, math.ceil(batches / accumulate)]
         log.info(said, *values)
+
+    @staticmethod
+    def _say_images_left_out(trainer: L.Trainer, per_process: int) -> None:
+        """Each training epoch takes whole batches, in a new order: the images that do not fill
+        one (fewer than ranks x data.batch_size) are left out of that epoch, other ones each
+        epoch. Said where they are more than a tenth of the training split."""
+        datamodule, batches = trainer.datamodule, trainer.num_training_batches
+        if batches == float("inf") or trainer.limit_train_batches != 1.0:
+            return  # (a loader without a length; part of each epoch on purpose)
+        try:
+            images = datamodule.split_size("fit")
+        except (AttributeError, KeyError):  # a DataModule of one's own
+            return
+        left = images - batches * per_process * trainer.world_size
+        if images > 0 and left > images / 10:
+            log.warning(
+                "data.batch_size=%d%s on %d training images: %d batch(es) an epoch, %d images "
+                "(%.0f%%) left out of each epoch (other ones each epoch); a smaller "
+                "data.batch_size trains on more of them",
+                per_process,
+                f" x {trainer.world_size} processes" if trainer.world_size > 1 else "",
+                images,
+                batches,
+                left,
+                100 * left / images,
+            )
 
     def _begin(self, stage: str) -> None:
         _sync(self._device)

@@ -336,7 +336,7 @@ class DataModule(L.LightningDataModule):
                 "set data.loader=auto"
             )
         self.loader = "dataloader"
-        self.more_validation = "convert again with more (a larger --val-fraction, or more in val/)"
+        self.more_validation = "convert again with a larger --val-fraction, or more images in val/"
         for split in ("train", "val", "test"):
             self.datasets[split] = self.source.load(split)
             self._check(self.datasets[split], split)

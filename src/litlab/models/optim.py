@@ -312,7 +312,8 @@ def _check_one_cycle(warm_up_steps: float) -> None:
         raise ConfigError(
             "model.scheduler: a one-cycle warm-up of exactly one step (pct_start x the run's "
             "optimizer steps = 1), which torch's OneCycleLR cannot schedule (it divides by the "
-            "phase's length, 0); train more steps or set another model.scheduler.pct_start"
+            "phase's length, 0); train more steps (more epochs, or a smaller data.batch_size: more "
+            "steps an epoch) or set another model.scheduler.pct_start"
         )
 
 

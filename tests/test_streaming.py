@@ -503,6 +503,25 @@ def test_a_large_16_bit_image_is_shrunk_not_skipped(tmp_path):
         assert abs(np.asarray(image).mean() - 127.5) < 3  # the ramp's 16 bits, scaled to 8
 
 
+def test_chunks_converted_smaller_than_the_decoded_size_are_said(tmp_path, caplog):
+    """--max-side 32 chunks streamed at data.source.size=40: every image enlarged, not a word
+    (walkthrough 150). Said once; not at a size within --max-side."""
+    from litlab.data.streaming import Streaming
+
+    root = tmp_path / "images"
+    write_png_folder(root, per_class=4)
+    convert(root, str(tmp_path / "chunks"), max_side=32, workers=1)
+    with caplog.at_level("WARNING", logger="litlab"):
+        source = Streaming(str(tmp_path / "chunks"), size=40)
+        source.prepare()
+        source.prepare()
+        Streaming(str(tmp_path / "chunks"), size=32).prepare()
+    assert caplog.text.count("was converted with --max-side 32, below data.source.size=40") == 1
+    assert "convert again with --max-side 40 or more, or set data.source.size=32 or less" in (
+        caplog.text
+    )
+
+
 def test_an_interrupted_conversion_over_an_earlier_one_is_not_taken_as_finished(
     converted, tmp_path, monkeypatch
 ):

@@ -225,6 +225,7 @@ class Streaming(Source):
         self.size, self.channels = size, channels
         self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
         self._meta: dict[str, Any] | None = None
+        self._said_upscaled = False
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -243,7 +244,19 @@ class Streaming(Source):
         return {"streamed_from": self.input_dir, **self.meta["splits"]}
 
     def prepare(self, test: bool = True) -> None:
-        self.meta  # noqa: B018 - fails early, with what to do, when input_dir holds no dataset
+        max_side = (self.meta.get("options") or {}).get("max_side")  # fails early, with what
+        if max_side and max_side < self.size and not self._said_upscaled:  # to do, where none
+            self._said_upscaled = True
+            log.warning(  # (walkthrough 150: not a word)
+                "%s was converted with --max-side %d, below data.source.size=%d: every image "
+                "is enlarged to be decoded at that size; convert again with --max-side %d or "
+                "more, or set data.source.size=%d or less",
+                self.input_dir,
+                max_side,
+                self.size,
+                self.size,
+                max_side,
+            )
 
     def load(self, split: str) -> Any:
         """The split as a ``StreamingDataset`` of (uint8 [C, size, size], label), with its

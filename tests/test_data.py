@@ -786,7 +786,7 @@ def test_the_check_says_what_a_run_would_refuse_and_prints_names_as_they_are(tmp
     assert status == 2 and "different class folders" in out
     (good / "emu").mkdir()  # an empty class folder
     status, out = check(good)
-    assert status == 2 and "['emu']" in out and "no readable image for training" in out
+    assert status == 2 and "['emu']" in out and "hold no image file" in out  # (walkthrough 150)
     assert f"readable images a run holds: train {sizes['train']}, " in out  # (was left out)
     status, out = check(write_folder_losing_a_class_to_validation(tmp_path))
     assert status == 2 and "['fox']" in out  # its one training image held out for validation
@@ -1834,7 +1834,9 @@ def test_a_corrupt_cifar10_batch_says_how_to_fetch_it_again_and_that_works(tmp_p
     assert fetched == [str(tmp_path)] and len(source.load("train")) == 40
 
 
-def test_copies_of_training_files_among_the_held_out_images_are_said_and_recorded(tmp_path, caplog):
+def test_copies_of_training_files_among_the_held_out_images_are_said_and_recorded(
+    tmp_path, caplog, capsys
+):
     """Byte-for-byte copies of training images in val/ and test/ (walkthrough 150: 15 of each
     split's 90 images, test/acc 1, not a word, where eval.py on the test folder alone refused
     it), and in a folder without split folders a copy under another name ("img copy.png"),
@@ -1872,6 +1874,16 @@ def test_copies_of_training_files_among_the_held_out_images_are_said_and_recorde
     assert "4 of the 13 test images are byte-for-byte copies of files the run trains or " in (
         caplog.text
     )
+    # the pre-flight check says them as the run does (walkthrough 150: "every file is readable")
+    from litlab.data.check import main
+
+    assert main([str(root), "--size", "16", "--batch-size", "4", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "warning: 2 of the 11 validation images are byte-for-byte copies of files a run trains "
+        "on (e.g. val/dog/dup0.png is train/dog/0.png)" in out
+    )
+    assert "warning: 4 of the 13 test images are byte-for-byte copies of files a run " in out
     report = dm.report()["copies_of_training"]
     assert report["val"]["images"] == 2 and report["test"]["first"][0] == [
         "test/cat/val_copy.png",

@@ -9,7 +9,8 @@ as the first run's cache would (about as long as that first decode); the rate is
 run's rules are applied to the readable files: the same classes in every split folder, every
 class with training images once the test and validation files (held out by name, as a run
 holds them out) are set aside, at least --batch-size training images for each of --processes
-(of the --train-fraction trained on), and --num-classes when given. The images each split would hold are printed.
+(of the --train-fraction trained on), and --num-classes when given. The images each split would hold are printed,
+and validation or test images that are byte-for-byte copies of files a run would train on.
 
 Output: plain lines; each unreadable file on a line of its own, tab-separated:
 "unreadable<TAB><path><TAB><reason>". Files without an image suffix (.heic, .txt, ...) and hidden
@@ -22,6 +23,7 @@ counting them in summary.json); 2 a run would be refused (the reasons are printe
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -33,6 +35,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from litlab.data.folder_cache import bytes_digest
 from litlab.data.folder_index import (
     HELD_OUT_FOLDERS,
     FolderIndex,
@@ -49,17 +52,23 @@ from litlab.data.pixels import check_decoded_shape, load_image, why_unreadable
 from litlab.errors import DataError, LitlabError, fail
 
 
-def probe(path: str, size: int, channels: int) -> tuple[str, tuple[int, int] | None, str | None]:
-    """(mode, (width, height), None) of a readable file, else (.., None, reason)."""
+def probe(
+    path: str, size: int, channels: int
+) -> tuple[str, tuple[int, int] | None, str | None, int]:
+    """(mode, (width, height), None, digest of its bytes) of a readable file, else (.., None,
+    reason, ..)."""
+    digest = 0
     try:
+        data = Path(path).read_bytes()
+        digest = bytes_digest(data)
         with warnings.catch_warnings():  # a decompression bomb is a finding, not a stray warning
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
+            with Image.open(io.BytesIO(data)) as image:
                 mode, dims = image.mode, image.size
-        load_image(path, size, channels)
-        return mode, dims, None
+        load_image(io.BytesIO(data), size, channels)
+        return mode, dims, None, digest
     except Exception as e:  # every failure of a damaged file is a finding here
-        return "?", None, why_unreadable(e)
+        return "?", None, why_unreadable(e), digest
 
 
 def splits(root: Path) -> dict[str, FolderIndex]:
@@ -75,18 +84,45 @@ def splits(root: Path) -> dict[str, FolderIndex]:
 SPLIT_ORDER = ("train", "val", "test")
 
 
+def copies_said(
+    root: Path, held: dict[str, list[Path]], trained: list[Path], digests: dict[Path, int]
+) -> list[str]:
+    """A warning for each held-out split with byte-for-byte copies of files a run would train
+    on (for the test split: or validate on), as a run says them (DataModule._say_copies)."""
+    notes, known = [], {}
+    for path in trained:
+        known.setdefault(digests[path], path)
+    for split in ("val", "test"):
+        found = [(path, known[digests[path]]) for path in held.get(split, [])
+                 if digests[path] in known]  # fmt: skip
+        if found:
+            first = " is ".join(os.path.relpath(path, root) for path in found[0])
+            notes.append(
+                f"{len(found)} of the {len(held[split])} "
+                f"{'validation' if split == 'val' else split} images are byte-for-byte copies of "
+                f"files a run {'trains on' if split == 'val' else 'trains or validates on'} "
+                f"(e.g. {first}): their metrics would count them as unseen images"
+            )
+        for path in held.get(split, []):
+            known.setdefault(digests[path], path)
+    return notes
+
+
 def refusals(
     root: Path,
     found: dict[str, FolderIndex],
     readable: dict[str, list[int]],
     args: argparse.Namespace,
+    digests: dict[Path, int] | None = None,
 ) -> tuple[list[str], list[str], dict[str, int]]:
     """(why a run would refuse the folder, warnings, the images of each split) with only the
     ``readable`` files (positions in each split's index), as ImageFolder.load and its
-    validation split decide."""
+    validation split decide; ``digests`` (each file's bytes): copies of training files among
+    the held-out ones are warned of."""
     refused: list[str] = []
     notes: list[str] = []
     sizes: dict[str, int] = {}
+    held: dict[str, list[Path]] = {}
 
     def files_and_labels(split: str, keep: list[int]) -> tuple[list[str], torch.Tensor]:
         index = found[split]
@@ -112,20 +148,25 @@ def refusals(
             held_out("test", labels[test], classes)
             sizes["test"] = len(test)
             where = root
+            held["test"] = [root / names[i] for i in test.tolist()]
         else:
             for split, index in found.items():
                 if split != "train":
                     check_same_classes(found["train"].root, index.root)
-                    held = files_and_labels(split, readable[split])[1]
-                    held_out(split, held, classes)
-                    sizes[split] = len(held)
+                    files, split_labels = files_and_labels(split, readable[split])
+                    held_out(split, split_labels, classes)
+                    sizes[split] = len(split_labels)
+                    held[split] = [index.root / name for name in files]
             names, labels = files_and_labels("train", readable["train"])
             keep, where = torch.arange(len(names)), found["train"].root
         if "val" not in found:  # validation is carved out of the training files
             train, val = validation_split([names[i] for i in keep], args.val_fraction, args.seed)
             held_out("validation", labels[keep][val], classes)
             sizes["val"] = len(val)
+            held["val"] = [where / names[i] for i in keep[val].tolist()]
             keep = keep[train]
+        if digests is not None:
+            notes += copies_said(root, held, [where / names[i] for i in keep.tolist()], digests)
         fit = max(1, round(len(keep) * args.train_fraction))  # data.train_fraction's share
         sizes["train"] = fit  # what trains, as a run's summary.json counts it (refused too)
         check_classes_present(labels[keep], classes, where, "train")
@@ -186,16 +227,17 @@ def main(argv: list[str] | None = None) -> int:
         found = splits(args.root)
     except DataError as e:
         fail(str(e))
-    bad_total, readable = 0, {}
+    bad_total, readable, digests = 0, {}, {}
     for split, index in found.items():
         paths = [str(index.root / f) for f in index.files]
         start = time.perf_counter()
         with ProcessPoolExecutor(args.workers) as pool:
             jobs = len(paths) * [args.size], len(paths) * [args.channels]
             results = list(pool.map(probe, paths, *jobs, chunksize=64))
+        digests.update((Path(path), result[3]) for path, result in zip(paths, results, strict=True))
         seconds = time.perf_counter() - start
-        bad = [i for i, (_, _, why) in enumerate(results) if why]
-        readable[split] = [i for i, (_, _, why) in enumerate(results) if not why]
+        bad = [i for i, (_, _, why, _) in enumerate(results) if why]
+        readable[split] = [i for i, (_, _, why, _) in enumerate(results) if not why]
         bad_total += len(bad)
         classes = len(index.classes)
         print(f"{index.root} ({split}): {len(paths)} image files, {classes} class(es)")
@@ -204,17 +246,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'class':<{width}}  {'images':>8}  {'unreadable':>10}")
         for label, name in enumerate(index.classes):
             print(f"  {name:<{width}}  {images[label]:>8}  {unreadable[label]:>10}")
-        dims = sorted(d[0] * d[1] for _, d, _ in results if d)
+        dims = sorted(d[0] * d[1] for _, d, _, _ in results if d)
         if dims:
             sides = [int(d**0.5) for d in (dims[0], dims[len(dims) // 2], dims[-1])]
             print(f"sides (sqrt of pixels): min {sides[0]}, median {sides[1]}, max {sides[2]}")
-        print(f"modes: {dict(Counter(mode for mode, d, _ in results if d))}")
+        print(f"modes: {dict(Counter(mode for mode, d, _, _ in results if d))}")
         print(f"decoded at {args.size} px: {len(paths) / seconds:,.0f} images/s")
         if note := unread(index):
             print(note)
         for i in bad:
             print(f"unreadable\t{paths[i]}\t{results[i][2]}")
-    refused, notes, sizes = refusals(args.root, found, readable, args)
+    refused, notes, sizes = refusals(args.root, found, readable, args, digests)
     if sizes:
         print("readable images a run holds: " + ", ".join(f"{k} {v}" for k, v in sizes.items()))
     for note in notes:

@@ -665,3 +665,10 @@ def test_whole_batches_leaving_much_of_each_epoch_out_are_said(tmp_path, caplog)
     with caplog.at_level("WARNING", logger="litlab"):
         train_task(cfg)
     assert "left out of each epoch" not in caplog.text
+    # part of each epoch asked for (an int 1 is one batch, though it equals 1.0): not said
+    cfg = make_cfg(tmp_path / "c", [*FAST, "data.batch_size=500", "trainer.max_epochs=1",
+                                    "+trainer.limit_train_batches=1", "test=false",
+                                    "model.scheduler=null", "model.net.width=4"])  # fmt: skip
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(cfg)
+    assert "left out of each epoch" not in caplog.text

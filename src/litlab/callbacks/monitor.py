@@ -238,7 +238,9 @@ class Throughput(Callback):
         one (fewer than ranks x data.batch_size) are left out of that epoch, other ones each
         epoch. Said where they are more than a tenth of the training split."""
         datamodule, batches = trainer.datamodule, trainer.num_training_batches
-        if batches == float("inf") or trainer.limit_train_batches != 1.0:
+        limit = trainer.limit_train_batches  # (an int 1 is one batch: not the whole epoch)
+        whole = isinstance(limit, float) and limit == 1.0 and not trainer.overfit_batches
+        if batches == float("inf") or not whole:
             return  # (a loader without a length; part of each epoch on purpose)
         try:
             images = datamodule.split_size("fit")

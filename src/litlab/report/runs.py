@@ -46,7 +46,9 @@ def same_text(value: Any) -> str:
     0.003 and 0.0030; 1, 1.0), booleans, null, lists and dicts as JSON (an override's
     ``[1,2]`` and a config's [1, 2]); other text as it is."""
     if isinstance(value, str):
-        if number(value) is not None:
+        if value.strip().lstrip("+-").isdigit():  # exactly (a seed beyond a float's 53 bits)
+            value = int(value)
+        elif number(value) is not None:
             value = number(value)
         else:
             try:

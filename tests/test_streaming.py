@@ -1301,3 +1301,41 @@ def test_overfit_on_a_stream_trains_the_same_batches_every_epoch(converted, tmp_
     epochs = [seen[f"epoch{e}"] for e in range(3)]
     assert len(epochs[0]) == 2 and all(len(batch) == 4 for batch in epochs[0])
     assert epochs[1] == epochs[0] and epochs[2] == epochs[0]
+
+
+def test_copies_among_the_converted_splits_are_said_by_the_conversion_and_the_run(
+    tmp_path, capsys, caplog
+):
+    """A folder's test/ holding copies of train/ files (walkthrough 150): the conversion
+    digests each file it reads and says them, the chunks' meta records them, and a run on the
+    chunks says them and records them in summary.json as a run on the folder does."""
+    root = tmp_path / "images"
+    write_png_folder(root / "train", per_class=8)
+    write_png_folder(root / "test", per_class=3, seed=1)
+    for i in range(2):
+        shutil.copy(root / "train" / "dog" / f"{i}.png", root / "test" / "dog" / f"dup{i}.png")
+    meta = convert(root, str(tmp_path / "chunks"), workers=2)
+    found = sorted(tuple(pair) for pair in meta["copies_of_training"]["test"])
+    # each copy's original, in the split the conversion put it in (validation is carved out
+    # of train/, file by file)
+    assert [held for held, _ in found] == ["test:dog/dup0.png", "test:dog/dup1.png"]
+    assert [original.split(":") for _, original in found] in [
+        [[a, "dog/0.png"], [b, "dog/1.png"]] for a in ("train", "val") for b in ("train", "val")
+    ]
+    assert list(meta["copies_of_training"]) == ["test"]
+    assert "warning: 2 of the 11 test images are byte-for-byte copies of files converted" in (
+        capsys.readouterr().err
+    )
+    from litlab.data import DataModule
+    from litlab.data.streaming import Streaming
+
+    source = Streaming(str(tmp_path / "chunks"), size=8)
+    dm = DataModule(source, [3, 8, 8], 3, [0.5], [0.25], batch_size=4, loader="auto")
+    with caplog.at_level("WARNING", logger="litlab"):
+        dm.setup()
+    assert sorted(dm.copies["test"]) == found
+    assert "val" not in dm.copies  # (none there)
+    assert "2 of the 11 test images are byte-for-byte copies of files the run trains" in (
+        caplog.text
+    )
+    assert dm.report()["copies_of_training"]["test"]["images"] == 2

@@ -268,8 +268,9 @@ class DataModule(L.LightningDataModule):
             measured = "val/* and the checkpoints chosen by them" if split == "val" else "test/*"
             log.warning(
                 "%d of the %d %s images are byte-for-byte copies of files the run %s (e.g. %s "
-                "is %s): %s count them as unseen images; remove the copies from the folder "
-                "(the first 20: summary.json, data.copies_of_training)",
+                "is %s): %s count them as unseen images; remove the copies (streamed data: from "
+                "its image folder, then convert it again; the first 20: summary.json, "
+                "data.copies_of_training)",
                 len(found),
                 len(self.datasets[split]),
                 "validation" if split == "val" else split,
@@ -341,6 +342,8 @@ class DataModule(L.LightningDataModule):
             self.datasets[split] = self.source.load(split)
             self._check(self.datasets[split], split)
         self.datasets["fit"] = self.datasets["train"]
+        self._say_copies("val", ("train",))
+        self._say_copies("test", ("train", "val"))
 
     def _check(self, dataset: Dataset, split: str) -> None:
         if _images(dataset) == 0:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from litlab.data.folder_cache import cache_key
+from litlab.data.folder_cache import bytes_digest, cache_key
 from litlab.data.folder_index import (
     FolderIndex,
     check_classes_present,
@@ -142,6 +142,7 @@ def encode(item: Item, max_side: int | None, quality: int) -> Any:
     path, label, name = item
     try:
         data = Path(path).read_bytes()
+        digest = bytes_digest(data)  # the file's own bytes (copies among the splits)
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as image:
@@ -162,11 +163,40 @@ def encode(item: Item, max_side: int | None, quality: int) -> Any:
     record = os.environ.get(LABELS_VARIABLE)
     if record:  # this worker's items in the order it writes them (LitData's writer rank)
         rank = int(os.environ.get("DATA_OPTIMIZER_GLOBAL_RANK", "0"))
-        path = str(Path(record) / f"{rank}.txt")
-        if path not in _RECORDS:  # one handle per worker and split; each line written at once
-            _RECORDS[path] = open(path, "a", buffering=1)  # noqa: SIM115 - closed at exit
-        _RECORDS[path].write(f"{label}\n")
+        _record(Path(record) / f"{rank}.txt", f"{label}\n")
+        _record(Path(record) / f"{rank}.digests", json.dumps([digest, name]) + "\n")
     yield {"image": data, "label": label, "name": name}
+
+
+def _record(path: Path, line: str) -> None:
+    """One line appended to a worker's record file (one handle per file, written at once)."""
+    if str(path) not in _RECORDS:
+        _RECORDS[str(path)] = open(path, "a", buffering=1)  # noqa: SIM115 - closed at exit
+    _RECORDS[str(path)].write(line)
+
+
+def recorded_copies(records: dict[str, Path]) -> dict[str, list[list[str]]]:
+    """Each held-out split's images whose source files are byte-for-byte copies of files
+    converted into an earlier split (val: of train; test: of train or val), as [held-out name,
+    training name] (``<split>:<class>/<file>``), from the digests encode() recorded in each
+    split's record folder."""
+    first: dict[int, str] = {}
+    copies: dict[str, list[list[str]]] = {}
+    for split in ("train", "val", "test"):
+        if split not in records:
+            continue
+        entries = [
+            json.loads(line)
+            for f in sorted(records[split].glob("*.digests"))
+            for line in f.read_text().splitlines()
+        ]
+        if split != "train":
+            found = [[f"{split}:{name}", first[d]] for d, name in entries if d in first]
+            if found:
+                copies[split] = found
+        for digest, name in entries:
+            first.setdefault(digest, f"{split}:{name}")
+    return copies
 
 
 # Where encode() records the labels it writes, one file per LitData writer rank: LitData's index
@@ -320,9 +350,9 @@ def convert(
         # An earlier conversion's meta would mark this one finished while its splits are rewritten:
         # until the end, DST/meta says "unfinished" (a run refuses it; a new conversion redoes it).
         _write_meta(dst, {"format": META_FORMAT, "unfinished": True, "source": str(src)})
-        report, labels = {}, {}
+        report, labels, records = {}, {}, {}
         for split, items in splits.items():
-            record = private / "labels" / split
+            record = records[split] = private / "labels" / split
             record.mkdir(parents=True)
             os.environ[LABELS_VARIABLE] = str(record)  # the forked workers inherit it
             try:
@@ -367,6 +397,16 @@ def convert(
             "options": options,
             "fractions": {"test": test_fraction, "val": val_fraction},
         }
+        copies = recorded_copies(records)
+        for split, found in copies.items():  # (a run on the chunks says them again)
+            print(
+                f"warning: {len(found)} of the {report[split]['images']} {split} images are "
+                f"byte-for-byte copies of files converted into the training split"
+                f"{'' if split == 'val' else ' or the validation split'} (e.g. {found[0][0]} is "
+                f"{found[0][1]}): their metrics count them as unseen images",
+                file=sys.stderr,
+            )
+        meta["copies_of_training"] = copies  # (a conversion before 2026-12-07: none recorded)
         _write_meta(dst, meta, labels)  # last: the conversion is finished
         return read_meta(dst)
 

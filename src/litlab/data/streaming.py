@@ -238,6 +238,18 @@ class Streaming(Source):
         fractions, the same in a copy of the chunks (kept in checkpoints: resume= elsewhere)."""
         return self.meta.get("source_key")
 
+    def copies(
+        self, trained: dict[str, Any], held: tuple[str, Any]
+    ) -> list[tuple[str, str]] | None:
+        """(held-out image, training image) for each image of the ``held`` split whose source
+        file was a byte-for-byte copy of a file converted into an earlier split, as the
+        conversion recorded them (``<split>:<class>/<file>``; DataModule._say_copies says
+        them); None for a conversion from before they were recorded."""
+        recorded = self.meta.get("copies_of_training")
+        if recorded is None:
+            return None
+        return [(held_out, trained) for held_out, trained in recorded.get(held[0], [])]
+
     @property
     def report(self) -> dict[str, Any]:
         """For summary.json: images per split and the files the conversion skipped."""

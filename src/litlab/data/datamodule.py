@@ -248,18 +248,24 @@ class DataModule(L.LightningDataModule):
         if "test" not in self.datasets and self._reads_test(stage):
             self.datasets["test"] = self.source.load("test")
             self._check(self.datasets["test"], "test")
-            self._say_copies("test", ("train", "val"))
+            self._say_copies("test", ("fit", "val"))
 
     def _say_copies(self, split: str, trained: tuple[str, ...]) -> None:
         """Images of an evaluation split whose files are byte-for-byte copies of files of the
-        ``trained`` splits (Source.copies, where a source can tell): said, and recorded for
+        ``trained`` splits ("fit": the images trained on; Source.copies, where a source can tell): said, and recorded for
         summary.json (data.copies_of_training), once a split. Its metrics count them as unseen
         images (walkthrough 150: 15 of a test split's 90 images copies of training files,
         test/acc 1, not a word). Not refused: the folder is the user's data to mend."""
         copies_of = getattr(self.source, "copies", None)
         if copies_of is None or split in self.copies or split not in self.datasets:
             return
-        splits = {name: self.datasets[name] for name in trained if name in self.datasets}
+        # by the folder's split names: "fit" (what trains: all of train, or its train_fraction)
+        # is of the training split
+        splits = {
+            "train" if name == "fit" else name: self.datasets[name]
+            for name in trained
+            if name in self.datasets
+        }
         found = copies_of(splits, (split, self.datasets[split]))
         if not found:
             return
@@ -321,7 +327,7 @@ class DataModule(L.LightningDataModule):
             )
             self.datasets["fit"] = Subset(train, keep.tolist())
         self.datasets["val"] = given if val_idx is None else Subset(train_full, val_idx.tolist())
-        self._say_copies("val", ("train",))
+        self._say_copies("val", ("fit",))
 
     def _setup_given_splits(self) -> None:
         """A source that holds its own train, val and test splits (streamed datasets, split
@@ -342,8 +348,8 @@ class DataModule(L.LightningDataModule):
             self.datasets[split] = self.source.load(split)
             self._check(self.datasets[split], split)
         self.datasets["fit"] = self.datasets["train"]
-        self._say_copies("val", ("train",))
-        self._say_copies("test", ("train", "val"))
+        self._say_copies("val", ("fit",))
+        self._say_copies("test", ("fit", "val"))
 
     def _check(self, dataset: Dataset, split: str) -> None:
         if _images(dataset) == 0:

@@ -1297,13 +1297,13 @@ def test_a_class_without_training_images_is_refused_and_one_missing_from_the_tes
         load("train")
     shutil.rmtree(root / "train" / "fox")
     (root / "train" / "fox").mkdir()
-    for cache in (True, False):
-        with pytest.raises(DataError, match=r"\['fox'\] .*no readable image for training"):
+    for cache in (True, False):  # an empty folder: said to be empty (walkthrough 150)
+        with pytest.raises(DataError, match=r"\['fox'\] .*hold no image file: every class"):
             load("train", cache)
     flat = tmp_path / "flat"
     write_png_folder(flat, classes=("cat", "dog"), per_class=4)
     (flat / "fox").mkdir()
-    with pytest.raises(DataError, match=r"\['fox'\] .*no readable image for training"):
+    with pytest.raises(DataError, match=r"\['fox'\] .*hold no image file: every class"):
         ImageFolder(str(flat), size=16, cache_dir=str(tmp_path / "cache"), workers=1).load("train")
     write_png_folder(root / "train", per_class=4)
     shutil.rmtree(root / "test" / "fox")
@@ -1884,6 +1884,10 @@ def test_copies_of_training_files_among_the_held_out_images_are_said_and_recorde
         "on (e.g. val/dog/dup0.png is train/dog/0.png)" in out
     )
     assert "warning: 4 of the 13 test images are byte-for-byte copies of files a run " in out
+    # eval.py (the test stage) measures no val/*: its copies are not said (review 154)
+    tested = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=4, loader="auto")
+    tested.setup("test")
+    assert list(tested.copies) == ["test"]
     report = dm.report()["copies_of_training"]
     assert report["val"]["images"] == 2 and report["test"]["first"][0] == [
         "test/cat/val_copy.png",

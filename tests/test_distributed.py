@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -612,21 +613,11 @@ def test_an_evaluation_split_of_fewer_images_than_ranks_is_refused_not_counted_t
     for other in ("dog", "fox"):
         (root / "val" / other).mkdir()  # the same classes, without validation images
     write_png_folder(root / "test", per_class=2)
-    result = run_cli(
-        *CPU_DDP,
-        *QUIET_CSV,
-        "data=image_folder",
-        f"data.source.root={root}",
-        "data.source.size=20",
-        "data.image_shape=[3,16,16]",
-        "data.num_classes=3",
-        "data.num_workers=0",
-        "data.batch_size=4",
-        "model.net.width=8",
-        "model.scheduler=null",
-        "trainer.max_epochs=1",
-        f"paths.log_dir={tmp_path / 'out'}",
-    )
+    args = [*CPU_DDP, *QUIET_CSV, "data=image_folder", f"data.source.root={root}"]
+    args += ["data.source.size=20", "data.image_shape=[3,16,16]", "data.num_classes=3"]
+    args += ["data.num_workers=0", "data.batch_size=4", "model.net.width=8"]
+    args += ["model.scheduler=null", "trainer.max_epochs=1"]
+    result = run_cli(*args, f"paths.log_dir={tmp_path / 'out'}")
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
         "litlab: error: the image_folder val split holds 1 image(s), fewer than the run's 2 "
@@ -635,6 +626,23 @@ def test_an_evaluation_split_of_fewer_images_than_ranks_is_refused_not_counted_t
     )
     (summary,) = summaries(tmp_path / "out")
     assert summary["status"] == "failed" and not list((tmp_path / "out").rglob("*.ckpt"))
+    # a test/ of 1 image: refused before the fit, not after it (its folder is decoded at the
+    # test; review 154)
+    write_png_folder(root / "val", per_class=2)
+    shutil.rmtree(root / "test")
+    write_png_folder(root / "test", classes=("cat",), per_class=1)
+    for other in ("dog", "fox"):
+        (root / "test" / other).mkdir()
+    again = run_cli(*args, f"paths.log_dir={tmp_path / 'out2'}")
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert (
+        again.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "litlab: error: the image_folder test split holds 1 image(s), fewer than the run's 2 "
+        )
+    )
+    assert not list((tmp_path / "out2").rglob("*.ckpt"))  # nothing trained
 
 
 def test_a_spawned_copy_of_the_classifier_accumulates_into_tensors_of_its_own():
@@ -1138,3 +1146,30 @@ def test_torchrun_continues_an_optuna_study_once_on_every_rank(tmp_path):
         ranks = [torch.load(tmp_path / "weights" / str(job) / f"rank{r}.pt") for r in (0, 1)]
         for name, value in ranks[0].items():
             assert torch.equal(value, ranks[1][name]), (job, name)
+
+
+def test_a_fit_continued_on_another_number_of_processes_is_refused_unless_asked_for(tmp_path):
+    """A run trained on 2 processes continued on 1 (a plain `python train.py resume=` of a run
+    torchrun started, as its own "continue with" line said; walkthrough 153): each step half
+    the images, the schedule refit, exit 0 with two warnings of other causes. Refused in one
+    line naming how it ran; given trainer.devices, continued on purpose, with one warning."""
+    out = tmp_path / "out"
+    args = [*QUIET_CSV, "model.net.width=4", "data.batch_size=64"]
+    first = run_cli(*CPU_DDP, *args, "trainer.max_epochs=1", f"paths.log_dir={out}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (last,) = out.rglob("last.ckpt")
+    folder = last.parent.parent
+    again = [*args, f"ckpt_path={last}", "trainer.max_epochs=2", f"paths.log_dir={tmp_path / 'b'}"]
+    refused = run_cli(*again)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"litlab: error: {last} was written by a run on 2 process(es) (trainer.devices=2 "
+        "trainer.num_nodes=1), and this one runs on 1: each step would take data.batch_size x 1 "
+        "images, not x 2, and the LR schedule would be refit. Continue it on 2: under the "
+        f"torchrun or srun command it ran with, train.py resume={folder}, or python train.py "
+        f"resume={folder} trainer.devices=2 trainer.num_nodes=1; to continue on 1 on purpose, "
+        "give trainer.devices (and trainer.num_nodes)"
+    )
+    asked = run_cli(*again, "trainer.devices=1")
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    assert "continuing on 1 process(es) a run that trained on 2" in asked.stdout + asked.stderr

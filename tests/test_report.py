@@ -663,6 +663,16 @@ def test_settings_compare_by_value_not_by_how_they_were_typed(tmp_path):
     comparison = compare(find_runs([tmp_path]))
     assert "model" in comparison.varied
     assert {run.name: run.setting("model") for run in comparison.runs}["e1"] == "cnn"
+    # a node one run sets to null, the other's default holding an interpolation to Hydra's
+    # resolver, which the report's process has not (review 154: a traceback)
+    node = "callbacks:\n  ckpt:\n    dirpath: ${paths.out}/checkpoints\npaths:\n  out: ${hydra:runtime.output_dir}\n"
+    run("f1", 0.5, ["callbacks.ckpt=null", "seed=4"], default + node, "cnn")
+    run("f2", 0.5, ["seed=5"], default + node, "cnn")
+    comparison = compare(find_runs([tmp_path]))
+    assert "callbacks.ckpt" in comparison.varied
+    assert {run.name: run.setting("callbacks.ckpt") for run in comparison.runs}["f2"] == (
+        '{"dirpath": "${paths.out}/checkpoints"}'
+    )
 
 
 def test_a_running_run_whose_process_is_gone_is_lost(tmp_path):

@@ -6,6 +6,7 @@ train.py for ``ckpt_path=``."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -16,6 +17,52 @@ from litlab.data.fingerprint import files_found, folder_of
 from litlab.errors import CheckpointError, LitlabError
 
 log = logging.getLogger("litlab")
+
+
+PROCESS_KEYS = ("trainer", "trainer.devices", "trainer.num_nodes")
+
+
+def check_processes(checkpoint: dict[str, Any], world: int, cfg: DictConfig) -> None:
+    """A fit continued on another number of processes than its checkpoint's: each step's batch
+    is data.batch_size x processes, so the run would go on with other batches and a refit
+    step-counted schedule. Refused unless this command (or an earlier resume of the run) sets
+    trainer.devices or trainer.num_nodes (then said once): a plain ``python train.py resume=``
+    of a run torchrun trained on 2 processes continued it on 1, exit 0 (walkthrough 153). The
+    checkpoint's count: its RNGState, one random state per process (older ones hold one)."""
+    ranks = ((checkpoint.get("callbacks") or {}).get("RNGState") or {}).get("ranks")
+    if not cfg.get("train") or not isinstance(ranks, list) or len(ranks) == world:
+        return
+    from litlab.overrides import override_key
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        given = list(HydraConfig.get().overrides.task)
+    except ValueError:  # not under Hydra (a notebook, a test's composed config)
+        given = []
+    then = len(ranks)
+    stored = stored_config(checkpoint, cfg.ckpt_path).get("trainer") or {}
+    layout = f"trainer.devices={stored.get('devices')} trainer.num_nodes={stored.get('num_nodes')}"
+    if any(override_key(o) in PROCESS_KEYS for o in given):
+        log.warning(
+            "continuing on %d process(es) a run that trained on %d: each step now takes "
+            "data.batch_size x %d images (was x %d), and step-counted schedules are refit to "
+            "the new number of steps",
+            world,
+            then,
+            world,
+            then,
+        )
+        return
+    folder = Path(cfg.ckpt_path).parent.parent  # (checkpoints/<name>.ckpt of its run)
+    raise CheckpointError(
+        f"{cfg.ckpt_path} was written by a run on {then} process(es) ({layout}), and this one "
+        f"runs on {world}: each step would take data.batch_size x {world} images, not x {then}, "
+        f"and the LR schedule would be refit. Continue it on {then}: under the torchrun or srun "
+        f"command it ran with, train.py resume={folder}, or python train.py resume={folder} "
+        f"{layout}; to continue on {world} on purpose, give trainer.devices (and "
+        "trainer.num_nodes)"
+    )
 
 
 def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:

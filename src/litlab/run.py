@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 import litlab
 from litlab.checkpoint import resumable_checkpoints
 from litlab.config import absolute_data_paths, build, in_sweep
+from litlab.distributed.launchers import as_launched
 from litlab.errors import (
     AlreadyCompleted,
     ConfigError,
@@ -293,10 +294,10 @@ def ended_as(
                     "checkpoint to test (checkpoints were off)"
                 )
             return "interrupted", (
-                f"stopped by a signal after its fit trained to its end; test it with: python "
-                f"train.py resume={folder} (its {Path(tested).name}, training nothing), or "
-                f"train it further with: python train.py resume={folder} "
-                "trainer.max_epochs=<more>"
+                f"stopped by a signal after its fit trained to its end; test it with: "
+                f"{as_launched(f'python train.py resume={folder}')} (its {Path(tested).name}, "
+                "training nothing), or train it further with: "
+                f"{as_launched(f'python train.py resume={folder} trainer.max_epochs=<more>')}"
             )
         if task == "eval":
             return "interrupted", "stopped by a signal; run eval.py again"
@@ -307,7 +308,8 @@ def ended_as(
             since = "" if exact else " from its last checkpoint"
             return (
                 "interrupted",
-                f"stopped by a signal; continue{since} with: python train.py resume={folder}",
+                f"stopped by a signal; continue{since} with: "
+                f"{as_launched(f'python train.py resume={folder}')}",
             )
         return "interrupted", (
             "stopped by a signal before its first checkpoint (each epoch's end; SIGTERM and "

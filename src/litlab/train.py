@@ -54,7 +54,7 @@ from litlab.errors import ConfigError, TrainingDiverged, fail
 from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import check_forked_wandb, finish_loggers
 from litlab.models.optim import schedules_left_unfinished
-from litlab.resumable import check_resumable
+from litlab.resumable import check_processes, check_resumable
 from litlab.resume import FitMilestones, continue_in_place, resume_argv
 from litlab.run import (
     HoldStopAfterTest,
@@ -114,6 +114,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     model.save_hyperparameters(resolved_config(cfg))
     trainer = build_trainer(cfg, model, tuned)
     if checkpoint is not None:
+        check_processes(checkpoint, trainer.world_size, cfg)
         give_checkpoint_state(trainer.callbacks, checkpoint)
     del checkpoint, continued  # Lightning reads the file again (its weights onto the device)
     run.summary["world_size"] = trainer.world_size
@@ -126,6 +127,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 # first: its on_fit_end holds a SIGTERM before the other callbacks' run
                 trainer.callbacks.insert(0, FitMilestones(run))
                 trainer.callbacks.append(CoarseAccuracy(cfg.objective.metric))
+                if cfg.get("test") and hasattr(datamodule, "refuse_a_test_split_too_small"):
+                    datamodule.refuse_a_test_split_too_small(trainer.world_size)
                 with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 record_stage(trainer, datamodule, run, "val")

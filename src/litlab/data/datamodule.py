@@ -209,6 +209,7 @@ class DataModule(L.LightningDataModule):
         self.unreadable: set[str] = set()
         # copies of training files among an evaluation split's (_say_copies), by split
         self.copies: dict[str, list[tuple[str, str]]] = {}
+        self._stage: str | None = None  # setup's
         # An image folder's class names, in label order (None: a source without names), and
         # those of the checkpoint a run continues or tests (checked at setup or when restored).
         self.class_names: list[str] | None = None
@@ -242,6 +243,7 @@ class DataModule(L.LightningDataModule):
         return any(getattr(c, "reads_test_split", False) for c in callbacks)
 
     def setup(self, stage: str | None = None) -> None:
+        self._stage = stage
         if not self.datasets:
             self._check_classes(self.source.known_classes())  # (every rank, before a decode)
             self._setup_splits()
@@ -259,6 +261,8 @@ class DataModule(L.LightningDataModule):
         copies_of = getattr(self.source, "copies", None)
         if copies_of is None or split in self.copies or split not in self.datasets:
             return
+        if split == "val" and self._stage not in (None, "fit", "validate"):
+            return  # eval.py measures no val/* (review 154: it was told of them)
         # by the folder's split names: "fit" (what trains: all of train, or its train_fraction)
         # is of the training split
         splits = {
@@ -278,7 +282,7 @@ class DataModule(L.LightningDataModule):
                 "its image folder, then convert it again; the first 20: summary.json, "
                 "data.copies_of_training)",
                 len(found),
-                len(self.datasets[split]),
+                _images(self.datasets[split]),  # (a stream's len() is this rank's share)
                 "validation" if split == "val" else split,
                 "trains on" if split == "val" else "trains or validates on",
                 *found[0],
@@ -546,19 +550,30 @@ class DataModule(L.LightningDataModule):
             **order,  # type: ignore[arg-type]
         )
 
-    def _refuse_fewer_images_than_ranks(self, split: str, world: int) -> None:
+    def _refuse_fewer_images_than_ranks(
+        self, split: str, world: int, size: int | None = None
+    ) -> None:
         """An evaluation split of fewer images than the run's processes: a sampler that deals
         each image once leaves some ranks none, and every rank must run the same batches (each
         rank's loader padded by repeating images, which then counted twice: a val split of 2
         images on 3 ranks measured val/acc over 3; review 151). The same line as a streamed
-        split's (_check)."""
-        size = len(self.datasets[split])
+        split's (_check). ``size``: the split's, where it is not loaded yet."""
+        size = len(self.datasets[split]) if size is None else size
         if size < world:
             raise DataError(
                 f"the {self.source.name} {split} split holds {size} image(s), fewer than the "
                 f"run's {world} processes, each of which evaluates images of its own (repeated "
                 "images would count twice); add images to the split, or run on fewer processes"
             )
+
+    def refuse_a_test_split_too_small(self, world: int) -> None:
+        """Before a fit that will be tested: a test split of fewer images than processes, where
+        the source can count it without decoding it (an image folder's test/ is decoded at the
+        test: the refusal came after the whole fit; review 154)."""
+        files_in = getattr(self.source, "files_in", None)
+        count = files_in("test") if files_in is not None and world > 1 else None
+        if count is not None:
+            self._refuse_fewer_images_than_ranks("test", world, count)
 
     def _on_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         """One copy of an in-memory array on the run's device, shared by the loaders that read

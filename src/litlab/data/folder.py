@@ -406,6 +406,23 @@ class ImageFolder(Source):
                 sample += fingerprints(self.root, [f"{below}/{n}" for n in file_names(dataset)])
         return sample
 
+    def files_in(self, split: Split) -> int | None:
+        """How many image files ``split`` holds, from a scan (unreadable ones too: known only
+        once read); None where the folder is not there (prepare says so) or for eval.py's
+        folder tested whole."""
+        if self.test_all or not self.root.is_dir():
+            return None
+        folders = self._split_folders()
+        if folders is not None:
+            if split not in folders:
+                return None
+            self._scanned(folders[split])
+            return len(self._opened[folders[split]].files)
+        self._scanned(self.root)
+        names = self._opened[self.root].files
+        held = test_split(names, self.test_fraction)[1] if len(names) >= 2 else names
+        return len(held) if split == "test" else None
+
     def copies(
         self, trained: dict[str, Dataset], held: tuple[str, Dataset]
     ) -> list[tuple[str, str]] | None:

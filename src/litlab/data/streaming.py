@@ -261,13 +261,14 @@ class Streaming(Source):
             self._said_upscaled = True
             log.warning(  # (walkthrough 150: not a word)
                 "%s was converted with --max-side %d, below data.source.size=%d: every image "
-                "is enlarged to be decoded at that size; convert again with --max-side %d or "
-                "more, or set data.source.size=%d or less",
+                "is enlarged to be decoded at that size (the centre square of its shorter "
+                "side); convert again with a --max-side at least data.source.size x the "
+                "images' longer/shorter side (e.g. %d for 4:3 images), or decode smaller "
+                "(data.source.size and data.image_shape)",
                 self.input_dir,
                 max_side,
                 self.size,
-                self.size,
-                max_side,
+                -(-self.size * 4 // 3),
             )
 
     def load(self, split: str) -> Any:

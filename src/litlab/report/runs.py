@@ -173,10 +173,14 @@ class RunFolder:
     def error(self) -> str | None:
         """The recorded error message, if any; a lost run's: what became of it."""
         if self.status == "lost":
+            again = (
+                "run eval.py again"
+                if self.evaluation
+                else f"python train.py resume={self.path} continues it from its newest checkpoint"
+            )
             return (
                 f"its process {self.summary.get('pid')} on this machine ended without a word "
-                f"(killed: out of memory, SIGKILL?); python train.py resume={self.path} "
-                "continues it from its newest checkpoint"
+                f"(killed: out of memory, SIGKILL?); {again}"
             )
         error = self.summary.get("error")
         return str(error) if error else None
@@ -303,7 +307,10 @@ class RunFolder:
         from omegaconf import OmegaConf
 
         if OmegaConf.is_config(value):
-            value = OmegaConf.to_container(value, resolve=True)
+            try:
+                value = OmegaConf.to_container(value, resolve=True)
+            except Exception:  # an interpolation to a resolver only a run registers (${hydra:})
+                value = OmegaConf.to_container(value, resolve=False)
         return same_text(value)
 
     def _saved(self, name: str) -> Any:

@@ -725,3 +725,30 @@ def test_a_tie_for_best_is_said_and_a_run_of_another_direction_is_not_ranked(tmp
     best = dict(facts(comparison))["Best run"]
     assert best.startswith("b: val/loss = 0.1") and "(tied with 1 other run(s): c;" in best
     assert comparison.cells(5, comparison.runs[-1])[0] == ""
+
+
+def test_runs_on_other_numbers_of_processes_are_other_settings(tmp_path):
+    """A torchrun run on 2 processes and a plain one on 1 have the same overrides and saved
+    config (torchrun's layout is not an override): the report made them one setting over
+    seeds, "(the same settings) n=2" (walkthrough 153). Each step's batch is data.batch_size x
+    processes: summary.json's world_size sets them apart, shown beside the overrides."""
+    from litlab.report.compare import compare, facts
+
+    loss = {"metric": "val/loss", "mode": "min"}
+    for name, world, seed, value in [("a", 2, 1, 0.1), ("b", 2, 2, 0.2), ("c", 1, 1, 0.3)]:
+        summary = {"status": "completed", "objective": {**loss, "value": value}}
+        write_run(tmp_path / name, {**summary, "world_size": world}, [f"seed={seed}"])
+    write_run(
+        tmp_path / "d", {"status": "completed", "objective": {**loss, "value": 0.4}}, ["seed=2"]
+    )  # fmt: skip  (a summary before world_size was recorded: unknown)
+    comparison = compare(find_runs([tmp_path]))
+    assert comparison.varied == ["seed", "processes"]
+    assert dict(facts(comparison))["Over seeds"].startswith(
+        "processes=2: mean 0.15 ± 0.07071 (n=2); processes=1: 0.3 (n=1)"
+    )
+    assert comparison.cells(1, comparison.runs[0])[2] == "seed=1 processes=2"
+    assert comparison.cells(4, comparison.runs[3])[2] == "seed=2"
+    # all on one number of processes: nothing said
+    for name in "bc":
+        shutil.rmtree(tmp_path / name)
+    assert compare(find_runs([tmp_path])).varied == ["seed"]

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from litlab.overrides import SEEDS, override_key
-from litlab.report.runs import RunFolder, number
+from litlab.report.runs import PROCESSES, RunFolder, number
 
 KEY_METRICS = (
     "test/acc",
@@ -113,7 +113,7 @@ class Comparison:
         return [
             str(rank) if self.comparable(run) else "",
             f"{run.name} (eval)" if run.evaluation else run.name,
-            " ".join(run.overrides),
+            " ".join(self.shown_overrides(run)),
             status_text(run),
             self.objective_text(run),
             *(self.metric_text(run, m) for m in self.metric_columns),
@@ -145,9 +145,15 @@ class Comparison:
             return fmt(value)
         return f"{scaled(metric, run.objective_scale)}={fmt(value)}"
 
+    def shown_overrides(self, run: RunFolder) -> list[str]:
+        """The run's overrides, and its processes where runs differ in them."""
+        world = run.setting(PROCESSES) if PROCESSES in self.varied else None
+        return [*run.overrides, f"{PROCESSES}={world}"] if world is not None else run.overrides
+
     def varied_overrides(self, run: RunFolder) -> list[str]:
-        """The run's overrides whose key takes different values across runs."""
-        return [o for o in run.overrides if override_key(o) in self.varied]
+        """The run's overrides whose key takes different values across runs (and its
+        processes, where those differ: no override says them under torchrun or srun)."""
+        return [o for o in self.shown_overrides(run) if override_key(o) in self.varied]
 
     def label(self, run: RunFolder) -> str:
         """A legend label: the run name and the overrides that set it apart."""
@@ -213,7 +219,10 @@ def varied_params(runs: list[RunFolder]) -> list[str]:
     the saved config's), in order of first appearance. A key given in some runs only, at the
     value the others had by default, is not varied (review 152: it split one setting in two)."""
     keys = dict.fromkeys(key for run in runs for key in run.params)
-    return [k for k in keys if len({run.setting(k) for run in runs}) > 1]
+    varied = [k for k in keys if len({run.setting(k) for run in runs}) > 1]
+    # the processes that trained them (each step data.batch_size x processes): where known
+    known = {world for run in runs if (world := run.setting(PROCESSES)) is not None}
+    return [*varied, PROCESSES] if len(known) > 1 else varied
 
 
 def over_seeds(comparison: Comparison) -> list[tuple[str, float, float, int, int, int]]:

@@ -22,7 +22,7 @@ def table_md(comparison: Comparison) -> str:
     for rank, run in enumerate(comparison.runs, 1):
         cells = [md_cell(text) for text in comparison.cells(rank, run)]
         cells[1] = f"`{cells[1]}`" + (" ★ best" if run is comparison.best else "")
-        cells[2] = " ".join(f"`{md_cell(o)}`" for o in run.overrides)
+        cells[2] = " ".join(f"`{md_cell(o)}`" for o in comparison.shown_overrides(run))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -67,7 +67,7 @@ def overrides_html(comparison: Comparison, run: RunFolder) -> str:
     varied = set(comparison.varied_overrides(run))
     chips = (
         f'<code class="varied">{escape(o)}</code>' if o in varied else f"<code>{escape(o)}</code>"
-        for o in run.overrides
+        for o in comparison.shown_overrides(run)
     )
     return "".join(chips)
 

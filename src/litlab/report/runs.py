@@ -26,6 +26,9 @@ from litlab.overrides import (
 SUMMARY = "summary.json"
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 FAILED = ("failed", "unreadable")
+# A setting no override names: the processes that trained a run (torchrun's or srun's, which
+# the saved config does not record; data.batch_size is each one's, walkthrough 153)
+PROCESSES = "processes"
 
 Curve = tuple[list[float], list[float]]
 
@@ -296,6 +299,9 @@ class RunFolder:
         override's value (or a finder's, ``params``), else its saved config's (a default: one
         sweep's ``model.optimizer.lr=3e-3`` and another's default 0.003 are one setting), a
         config group's choice from Hydra's record; None where none of them says."""
+        if key == PROCESSES:  # not a config key: how many processes trained it (summary.json)
+            world = self.summary.get("world_size")
+            return same_text(world) if isinstance(world, int) else None
         if key in self.params:
             return same_text(self.params[key])
         choices = config_value(self._saved("hydra.yaml"), "hydra.runtime.choices") or {}

@@ -146,6 +146,39 @@ def test_a_run_stopped_before_its_first_checkpoint_does_not_say_to_resume_it(tmp
             )
 
 
+def test_a_rank_lost_by_the_others_and_a_stop_under_torchrun_say_how_to_continue(
+    tmp_path, monkeypatch
+):
+    """A DDP rank killed (SIGKILL, out of memory): rank 0's collective failed with gloo's
+    "Connection reset by peer ... GLHF!" and summary.json held that alone (walkthrough 153),
+    though resume= continues the run. And under torchrun, "continue with: python train.py
+    resume=" continued it on one process: the line repeats torchrun's layout."""
+    from litlab.run import ended_as
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    gloo = RuntimeError(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+        "[127.0.0.1]:22409: Connection reset by peer. This is typically caused by a remote "
+        "worker hanging or bugs in the application. GLHF!"
+    )
+    status, error = ended_as(gloo, tmp_path)
+    assert status == "failed" and error.startswith("another process of the run ended (killed, ")
+    assert error.endswith(
+        f"; continue from the newest checkpoint with: python train.py resume={tmp_path}"
+    )
+    assert ended_as(RuntimeError("CUDA error: an illegal memory access"), tmp_path)[1] == (
+        "RuntimeError: CUDA error: an illegal memory access"  # not another process's end
+    )
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert ended_as(SystemExit(1), tmp_path)[1] == (
+        "stopped by a signal; continue from its last checkpoint with: torchrun --nnodes=1 "
+        f"--nproc_per_node=2 train.py resume={tmp_path}"
+    )
+
+
 @pytest.mark.slow
 def test_ctrl_c_says_on_the_console_how_to_continue(tmp_path):
     """Ctrl-C (SIGINT) ended a run with Lightning's "Detected KeyboardInterrupt" alone: how to

@@ -315,7 +315,27 @@ def ended_as(
             "stopped by a signal before its first checkpoint (each epoch's end; SIGTERM and "
             "SIGUSR1 save one, Ctrl-C does not): nothing to resume, start it again"
         )
+    if lost_a_peer(exc) and task == "train" and resumable_checkpoints(folder):
+        return "failed", (
+            f"another process of the run ended (killed, out of memory, its node lost? its own "
+            f"log or the launcher's output says why), and this one lost it "
+            f"({type(exc).__name__}: {first_line(exc)}); continue from the newest "
+            f"checkpoint with: {as_launched(f'python train.py resume={folder}')}"
+        )
     return "failed", f"{type(exc).__name__}: {exc}"
+
+
+def lost_a_peer(exc: BaseException) -> bool:
+    """Whether a collective failed because another rank's process is gone: gloo's "Connection
+    reset by peer" / "closed by peer" RuntimeError, NCCL's DistBackendError (walkthrough 153: a
+    rank killed, and rank 0's summary held gloo's message alone)."""
+    dist_error = getattr(torch.distributed, "DistNetworkError", ())
+    if dist_error and isinstance(exc, dist_error):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        cue in text for cue in ("Connection reset by peer", "Connection closed by peer")
+    )
 
 
 def to_number(value: Any) -> float | None:

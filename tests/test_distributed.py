@@ -1023,6 +1023,9 @@ def test_torchrun_multirun_leaves_one_sweep_folder_with_every_job(tmp_path):
     assert json.loads((sweep / "sweep_summary.json").read_text())["jobs"] == 2
     assert [s["status"] for s in summaries(sweep)] == ["completed", "completed"]
     assert sorted(p.name for p in (tmp_path / "out").rglob(".hydra")) == [".hydra"] * 2
+    # rank 1 said its scratch sweep folder had "no job ... with an objective value"
+    # (walkthrough 153): rank 0 alone sums up the sweep
+    assert "has an objective value" not in out and out.count("compare the runs offline") == 1
     for seed in (1, 2):
         weights = [
             torch.load(tmp_path / "weights" / str(seed) / f"rank{r}.pt", weights_only=True)

@@ -989,6 +989,8 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, stopped: bool = False, **kwargs: Any) -> None:
         atexit.unregister(self._stopped)
         sweep_dir = Path(config.hydra.sweep.dir)
+        if global_rank() != 0 and is_rank_scratch(sweep_dir):
+            return  # a torchrun or srun rank's scratch copy: rank 0 sums up the sweep (153)
         planned = planned_jobs(config) if stopped else None
         jobs, best, failed, listed, other, study = _write_sweep_summary(
             sweep_dir, stopped, planned=planned

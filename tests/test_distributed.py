@@ -1166,13 +1166,15 @@ def test_a_fit_continued_on_another_number_of_processes_is_refused_unless_asked_
     refused = run_cli(*again)
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines()[-1] == (
-        f"litlab: error: {last} was written by a run on 2 process(es) (trainer.devices=2 "
-        "trainer.num_nodes=1), and this one runs on 1: each step would take data.batch_size x 1 "
-        "images, not x 2, and the LR schedule would be refit. Continue it on 2: under the "
-        f"torchrun or srun command it ran with, train.py resume={folder}, or python train.py "
+        f"litlab: error: {last} was written by a run on 2 process(es), and this one runs on 1: "
+        "each step would take data.batch_size x 1 images, not x 2, and the LR schedule would be "
+        "refit. Continue it on 2 (trainer.devices=2 trainer.num_nodes=1): under the torchrun or "
+        f"srun command it ran with, train.py resume={folder}, or python train.py "
         f"resume={folder} trainer.devices=2 trainer.num_nodes=1; to continue on 1 on purpose, "
         "give trainer.devices (and trainer.num_nodes)"
     )
+    # trainer=cpu chooses an accelerator, not a number of processes (review 155)
+    assert run_cli(*again, "trainer=cpu").returncode == 2
     asked = run_cli(*again, "trainer.devices=1")
     assert asked.returncode == 0, asked.stderr[-3000:]
     assert "continuing on 1 process(es) a run that trained on 2" in asked.stdout + asked.stderr

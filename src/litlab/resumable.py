@@ -6,9 +6,11 @@ train.py for ``ckpt_path=``."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from litlab.checkpoint import data_state, stored_config
@@ -19,49 +21,78 @@ from litlab.errors import CheckpointError, LitlabError
 log = logging.getLogger("litlab")
 
 
-PROCESS_KEYS = ("trainer", "trainer.devices", "trainer.num_nodes")
+PROCESS_KEYS = ("trainer.devices", "trainer.num_nodes")
+
+
+def _processes_of(checkpoint: dict[str, Any], stored: Any) -> int | None:
+    """How many processes wrote a checkpoint: its RNGState's states (one a process), else its
+    config's trainer.devices x trainer.num_nodes where both are numbers (a launcher's layout is
+    written there); None where neither says."""
+    ranks = ((checkpoint.get("callbacks") or {}).get("RNGState") or {}).get("ranks")
+    if isinstance(ranks, list):
+        return len(ranks)
+    devices, nodes = stored.get("devices"), stored.get("num_nodes") or 1
+    if isinstance(devices, int) and devices > 0 and isinstance(nodes, int):
+        return devices * nodes
+    return None
+
+
+def _given_now() -> list[str]:
+    """This command's own overrides: under resume=, those it gave (not what earlier resumes
+    recorded, which its composed overrides hold too); else Hydra's task overrides."""
+    from litlab.resume import _PENDING
+
+    pending = os.environ.get(_PENDING)
+    if pending:
+        return [str(o) for o in (yaml.safe_load(pending) or {}).get("overrides") or []]
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # not under Hydra (a notebook, a test's composed config)
+        return []
 
 
 def check_processes(checkpoint: dict[str, Any], world: int, cfg: DictConfig) -> None:
     """A fit continued on another number of processes than its checkpoint's: each step's batch
     is data.batch_size x processes, so the run would go on with other batches and a refit
-    step-counted schedule. Refused unless this command (or an earlier resume of the run) sets
-    trainer.devices or trainer.num_nodes (then said once): a plain ``python train.py resume=``
-    of a run torchrun trained on 2 processes continued it on 1, exit 0 (walkthrough 153). The
-    checkpoint's count: its RNGState, one random state per process (older ones hold one)."""
-    ranks = ((checkpoint.get("callbacks") or {}).get("RNGState") or {}).get("ranks")
-    if not cfg.get("train") or not isinstance(ranks, list) or len(ranks) == world:
-        return
+    step-counted schedule. Refused unless this command sets trainer.devices or
+    trainer.num_nodes (then said once): a plain ``python train.py resume=`` of a run torchrun
+    trained on 2 processes continued it on 1, exit 0 (walkthrough 153)."""
+    from litlab.distributed.launchers import global_rank
     from litlab.overrides import override_key
 
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        given = list(HydraConfig.get().overrides.task)
-    except ValueError:  # not under Hydra (a notebook, a test's composed config)
-        given = []
-    then = len(ranks)
     stored = stored_config(checkpoint, cfg.ckpt_path).get("trainer") or {}
-    layout = f"trainer.devices={stored.get('devices')} trainer.num_nodes={stored.get('num_nodes')}"
-    if any(override_key(o) in PROCESS_KEYS for o in given):
-        log.warning(
-            "continuing on %d process(es) a run that trained on %d: each step now takes "
-            "data.batch_size x %d images (was x %d), and step-counted schedules are refit to "
-            "the new number of steps",
-            world,
-            then,
-            world,
-            then,
-        )
+    then = _processes_of(checkpoint, stored)
+    if not cfg.get("train") or then is None or then == world:
         return
-    folder = Path(cfg.ckpt_path).parent.parent  # (checkpoints/<name>.ckpt of its run)
+    if any(override_key(o) in PROCESS_KEYS for o in _given_now()):
+        if global_rank() == 0:
+            log.warning(
+                "continuing on %d process(es) a run that trained on %d: each step now takes "
+                "data.batch_size x %d images (was x %d), and step-counted schedules are refit "
+                "to the new number of steps",
+                world,
+                then,
+                world,
+                then,
+            )
+        return
+    nodes = stored.get("num_nodes") if isinstance(stored.get("num_nodes"), int) else 1
+    layout = f"trainer.devices={then // nodes} trainer.num_nodes={nodes}"
+    path = Path(cfg.ckpt_path)
+    folder = path.parent.parent
+    if path.parent.name == "checkpoints" and (folder / ".hydra").is_dir():
+        again = f"train.py resume={folder}"  # (its run folder)
+    else:
+        again = f"train.py ckpt_path={path}"
+    plain = f", or python {again} {layout}" if nodes == 1 else ""
     raise CheckpointError(
-        f"{cfg.ckpt_path} was written by a run on {then} process(es) ({layout}), and this one "
-        f"runs on {world}: each step would take data.batch_size x {world} images, not x {then}, "
-        f"and the LR schedule would be refit. Continue it on {then}: under the torchrun or srun "
-        f"command it ran with, train.py resume={folder}, or python train.py resume={folder} "
-        f"{layout}; to continue on {world} on purpose, give trainer.devices (and "
-        "trainer.num_nodes)"
+        f"{cfg.ckpt_path} was written by a run on {then} process(es), and this one runs on "
+        f"{world}: each step would take data.batch_size x {world} images, not x {then}, and the "
+        f"LR schedule would be refit. Continue it on {then} ({layout}): under the torchrun or "
+        f"srun command it ran with, {again}{plain}; to continue on {world} on purpose, give "
+        "trainer.devices (and trainer.num_nodes)"
     )
 
 

@@ -327,15 +327,10 @@ def ended_as(
 
 def lost_a_peer(exc: BaseException) -> bool:
     """Whether a collective failed because another rank's process is gone: gloo's "Connection
-    reset by peer" / "closed by peer" RuntimeError, NCCL's DistBackendError (walkthrough 153: a
-    rank killed, and rank 0's summary held gloo's message alone)."""
-    dist_error = getattr(torch.distributed, "DistNetworkError", ())
-    if dist_error and isinstance(exc, dist_error):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        cue in text for cue in ("Connection reset by peer", "Connection closed by peer")
-    )
+    reset by peer" / "closed by peer", NCCL's "closed by remote peer" (walkthrough 153: a rank
+    killed, and rank 0's summary held gloo's message alone); not a setup error (a port in use)."""
+    cues = ("Connection reset by peer", "Connection closed by peer", "closed by remote peer")
+    return isinstance(exc, RuntimeError) and any(cue in str(exc) for cue in cues)
 
 
 def to_number(value: Any) -> float | None:

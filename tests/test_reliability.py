@@ -1822,3 +1822,17 @@ def test_a_signal_at_the_last_training_batch_lets_the_run_end(tmp_path):
     assert "a signal came at the last training batch" in result.stdout + result.stderr
     summary = json.loads((run_folder(tmp_path) / "summary.json").read_text())
     assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
+
+
+def test_a_checkpoint_s_processes_are_counted_without_its_random_states():
+    """callbacks.rng_state=null leaves no per-process states in a checkpoint: its processes
+    are then its config's trainer.devices x num_nodes (a launcher's layout is written there),
+    unknown for devices=auto (review 155: such a run was continued on 1 process unchecked)."""
+    from litlab.resumable import _processes_of
+
+    states = {"callbacks": {"RNGState": {"ranks": [{}, {}, {}]}}}
+    assert _processes_of(states, {"devices": 1, "num_nodes": 1}) == 3
+    assert _processes_of({"callbacks": {}}, {"devices": 2, "num_nodes": 2}) == 4
+    assert _processes_of({}, {"devices": 2}) == 2
+    assert _processes_of({}, {"devices": "auto", "num_nodes": 1}) is None
+    assert _processes_of({}, {"devices": -1, "num_nodes": 1}) is None

@@ -313,10 +313,9 @@ class RunFolder:
         from omegaconf import OmegaConf
 
         if OmegaConf.is_config(value):
-            try:
-                value = OmegaConf.to_container(value, resolve=True)
-            except Exception:  # an interpolation to a resolver only a run registers (${hydra:})
-                value = OmegaConf.to_container(value, resolve=False)
+            # as written: its interpolations may name resolvers only a run has (${hydra:...}:
+            # review 154), or resolve to this process's values, not the run's
+            value = OmegaConf.to_container(value, resolve=False)
         return same_text(value)
 
     def _saved(self, name: str) -> Any:

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from litlab.data.fingerprint import copies_among
 from litlab.data.folder_cache import bytes_digest
 from litlab.data.folder_index import (
     HELD_OUT_FOLDERS,
@@ -89,12 +90,11 @@ def copies_said(
 ) -> list[str]:
     """A warning for each held-out split with byte-for-byte copies of files a run would train
     on (for the test split: or validate on), as a run says them (DataModule._say_copies)."""
-    notes, known = [], {}
-    for path in trained:
-        known.setdefault(digests[path], path)
+    notes, earlier = [], [(path, digests[path]) for path in trained]
     for split in ("val", "test"):
-        found = [(path, known[digests[path]]) for path in held.get(split, [])
-                 if digests[path] in known]  # fmt: skip
+        files = [(path, digests[path]) for path in held.get(split, [])]
+        found = copies_among(earlier, files)
+        earlier += files  # (the test split's: copies of validation files too)
         if found:
             first = " is ".join(os.path.relpath(path, root) for path in found[0])
             notes.append(
@@ -103,8 +103,6 @@ def copies_said(
                 f"files a run {'trains on' if split == 'val' else 'trains or validates on'} "
                 f"(e.g. {first}): their metrics would count them as unseen images"
             )
-        for path in held.get(split, []):
-            known.setdefault(digests[path], path)
     return notes
 
 

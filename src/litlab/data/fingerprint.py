@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,19 @@ def fingerprints(root: Path, names: Sequence[str], seed: int = 0) -> list[list[A
         [names[i], file_digest(root / names[i]), file_size(root / names[i])]
         for i in sorted(chosen.tolist())
     ]
+
+
+def copies_among(
+    trained: Iterable[tuple[str, int]], held: Iterable[tuple[str, int]]
+) -> list[tuple[str, str]]:
+    """(held name, trained name) for each held-out file whose bytes digest is a trained file's
+    (named by the first trained file of that digest): validation or test images that are
+    copies of files trained on (an image folder's cache, litlab.data.check and the streaming
+    conversion digest what they read)."""
+    first: dict[int, str] = {}
+    for name, digest in trained:
+        first.setdefault(digest, name)
+    return [(name, first[digest]) for name, digest in held if digest in first]
 
 
 def files_found(folder: Path, sample: Sequence[Sequence[Any]]) -> int:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from litlab.data.fingerprint import fingerprints
+from litlab.data.fingerprint import copies_among, fingerprints
 from litlab.data.folder_cache import CachedFolder, cached_folder
 from litlab.data.folder_index import (
     FolderIndex,
@@ -442,21 +442,11 @@ class ImageFolder(Source):
                 below = folders[split].relative_to(self.root).as_posix() + "/"
             return [below + name for name in file_names(dataset)], file_digests(dataset)
 
-        held_names, held_digests = named(*held)
-        first: dict[int, str] = {}
-        for split, dataset in trained.items():
-            names, digests = named(split, dataset)
-            if digests is None:
-                return None
-            for name, digest in zip(names, digests.tolist(), strict=True):
-                first.setdefault(digest, name)
-        if held_digests is None:
+        files = [named(*held), *(named(*split) for split in trained.items())]
+        if any(digests is None for _, digests in files):
             return None
-        return [
-            (name, first[digest])
-            for name, digest in zip(held_names, held_digests.tolist(), strict=True)
-            if digest in first
-        ]
+        pairs = [list(zip(names, digests.tolist(), strict=True)) for names, digests in files]
+        return copies_among([pair for split in pairs[1:] for pair in split], pairs[0])
 
     def given_validation(self) -> Dataset | None:
         """root/val/ (or valid/, validation/) when it lies beside train/ and test/."""

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from litlab.data.fingerprint import copies_among
 from litlab.data.folder_cache import bytes_digest, cache_key
 from litlab.data.folder_index import (
     FolderIndex,
@@ -180,22 +181,19 @@ def recorded_copies(records: dict[str, Path]) -> dict[str, list[list[str]]]:
     converted into an earlier split (val: of train; test: of train or val), as [held-out name,
     training name] (``<split>:<class>/<file>``), from the digests encode() recorded in each
     split's record folder."""
-    first: dict[int, str] = {}
+    earlier: list[tuple[str, int]] = []
     copies: dict[str, list[list[str]]] = {}
     for split in ("train", "val", "test"):
         if split not in records:
             continue
-        entries = [
-            json.loads(line)
+        files = [
+            (f"{split}:{name}", digest)
             for f in sorted(records[split].glob("*.digests"))
-            for line in f.read_text().splitlines()
+            for digest, name in map(json.loads, f.read_text().splitlines())
         ]
-        if split != "train":
-            found = [[f"{split}:{name}", first[d]] for d, name in entries if d in first]
-            if found:
-                copies[split] = found
-        for digest, name in entries:
-            first.setdefault(digest, f"{split}:{name}")
+        if found := copies_among(earlier, files):
+            copies[split] = [list(pair) for pair in found]
+        earlier += files
     return copies
 
 

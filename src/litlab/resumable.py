@@ -6,11 +6,9 @@ train.py for ``ckpt_path=``."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from litlab.checkpoint import data_state, stored_config
@@ -40,11 +38,11 @@ def _processes_of(checkpoint: dict[str, Any], stored: Any) -> int | None:
 def _given_now() -> list[str]:
     """This command's own overrides: under resume=, those it gave (not what earlier resumes
     recorded, which its composed overrides hold too); else Hydra's task overrides."""
-    from litlab.resume import _PENDING
+    from litlab.resume import this_resume_overrides
 
-    pending = os.environ.get(_PENDING)
-    if pending:
-        return [str(o) for o in (yaml.safe_load(pending) or {}).get("overrides") or []]
+    given = this_resume_overrides()
+    if given is not None:
+        return given
     try:
         from hydra.core.hydra_config import HydraConfig
 

@@ -141,6 +141,14 @@ def _recorded_overrides(folder: Path) -> list[str]:
     return _carried(list(yaml.safe_load(path.read_text()) or [])) if path.is_file() else []
 
 
+def this_resume_overrides() -> list[str] | None:
+    """The overrides this process's ``resume=`` command gave (not what earlier resumes of the
+    run recorded, which its composed config holds too); None outside a resume= not yet
+    recorded (record_resume_overrides)."""
+    pending = os.environ.get(_PENDING)
+    return None if pending is None else list(yaml.safe_load(pending)["overrides"])
+
+
 def record_resume_overrides(run_dir: str | Path) -> None:
     """Once a `resume=` run writes its first checkpoint (not when it is refused or fails before),
     add its overrides to the run folder's record, so that the next `resume=` continues from

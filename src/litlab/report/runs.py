@@ -304,10 +304,10 @@ class RunFolder:
             return same_text(world) if isinstance(world, int) else None
         if key in self.params:
             return same_text(self.params[key])
-        choices = config_value(self._saved("hydra.yaml"), "hydra.runtime.choices") or {}
+        choices = config_value(self._hydra_record, "hydra.runtime.choices") or {}
         if key in choices:
             return same_text(choices[key])
-        value = config_value(self._saved("config.yaml"), key)
+        value = config_value(self._config, key)
         if value is None:
             return None
         from omegaconf import OmegaConf
@@ -318,12 +318,15 @@ class RunFolder:
             value = OmegaConf.to_container(value, resolve=False)
         return same_text(value)
 
-    def _saved(self, name: str) -> Any:
-        """One of the run's saved Hydra files (.hydra/<name>), read once; None if unreadable."""
-        cache = self.__dict__.setdefault("_saved_files", {})
-        if name not in cache:
-            cache[name] = saved_config(self.path, name)
-        return cache[name]
+    @cached_property
+    def _config(self) -> Any:
+        """The run's saved config (.hydra/config.yaml), read once; None if unreadable."""
+        return saved_config(self.path)
+
+    @cached_property
+    def _hydra_record(self) -> Any:
+        """Hydra's record of the run (.hydra/hydra.yaml: its config groups' choices)."""
+        return saved_config(self.path, "hydra.yaml")
 
     @cached_property
     def curves(self) -> dict[str, Curve]:

@@ -668,6 +668,39 @@ def test_links_are_read_once_hidden_files_left_out_and_a_broken_link_skipped(
     assert "not read: 1 .txt (no image suffix" in out and "(e.g. loose.png)" in out
 
 
+def test_the_folders_a_nas_or_a_drive_writes_are_not_classes_nor_images(tmp_path, caplog):
+    """A folder copied from a Synology NAS holds @eaDir/<image>/SYNOPHOTO_THUMB_*.jpg beside every
+    image (its thumbnails, at other sizes): they were trained on as the class's images and drawn
+    into validation and test too (near-copies the byte check cannot catch), and a @eaDir or
+    #recycle folder at the top was a class. Left out, as __MACOSX is; not named as unread."""
+    from PIL import Image
+
+    from litlab.data.folder_index import scan, split_folders
+
+    root = tmp_path / "nas"
+    write_png_folder(root / "train", classes=("cat", "dog"), per_class=3)
+    write_png_folder(root / "test", classes=("cat", "dog"), per_class=2)
+    for image in sorted(root.glob("*/*/*.png")):
+        thumbs = image.parent / "@eaDir" / image.name
+        thumbs.mkdir(parents=True)
+        for size in ("S", "M"):
+            Image.open(image).save(thumbs / f"SYNOPHOTO_THUMB_{size}.jpg")
+    for top in (root, root / "train"):
+        (top / "@eaDir" / "train").mkdir(parents=True)
+        (top / "#recycle" / "cat").mkdir(parents=True)
+        shutil.copy(root / "train" / "cat" / "0.png", top / "#recycle" / "cat" / "old.png")
+    index = scan(root / "train")
+    assert index.classes == ["cat", "dog"]
+    assert index.files == [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(3)]
+    assert index.ignored == [] and index.outside == []
+    assert set(split_folders(root)) == {"train", "test"}
+    source = ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+    with caplog.at_level(logging.WARNING, logger="litlab"):
+        source.prepare()
+        assert len(source.load("train")) == 6 and len(source.load("test")) == 4
+    assert not [r for r in caplog.records if "not read" in r.getMessage()]
+
+
 def test_a_folder_linked_into_two_classes_or_two_splits_is_refused(tmp_path, capsys):
     """A class folder linked into the test split (test/cat -> train/cat) put training images in
     the test (test/acc 1.0), and one folder linked in as a second class (kitty -> cat) gave its

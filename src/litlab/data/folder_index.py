@@ -55,10 +55,27 @@ class FolderIndex:
     outside: list[str] = field(default_factory=list)  # images beside the class folders
 
 
+# Folders that systems write beside or inside the user's own: a Mac zip's __MACOSX (``._name``
+# files), a Synology NAS's @eaDir (a thumbnail JPEG of each image, in every folder: trained on,
+# they would be near-copies of the images, at other sizes, in every split), its recycle bin and
+# snapshots, Windows' at a drive's root, ext4's lost+found.
+SYSTEM_FOLDERS = frozenset(
+    {
+        "__MACOSX",
+        "@eaDir",
+        "#recycle",
+        "#snapshot",
+        "$RECYCLE.BIN",
+        "System Volume Information",
+        "lost+found",
+    }
+)
+
+
 def left_out(name: str) -> bool:
-    """A hidden file or folder (``.ipynb_checkpoints``, macOS's ``._name``), or the
-    ``__MACOSX`` folder of a zip made on a Mac (those ``._name`` files again)."""
-    return name.startswith(".") or name == "__MACOSX"
+    """A hidden file or folder (``.ipynb_checkpoints``, macOS's ``._name``), or a folder a
+    system writes (SYSTEM_FOLDERS: a Mac zip's ``__MACOSX``, a Synology NAS's ``@eaDir``)."""
+    return name.startswith(".") or name in SYSTEM_FOLDERS
 
 
 def class_names(root: Path) -> list[str]:
@@ -177,8 +194,9 @@ def file_digests(dataset: Dataset) -> np.ndarray | None:
 def scan(root: Path) -> FolderIndex:
     """``root/<class>/**/<image>``, classes and files sorted (torchvision's ImageFolder order).
 
-    Hidden files and folders (``.ipynb_checkpoints``, macOS's ``._name`` files, ``__MACOSX``) are
-    left out; links are followed, but a folder or image already read (a link back up the tree,
+    Hidden files and folders (``.ipynb_checkpoints``, macOS's ``._name`` files) and the folders
+    systems write (``__MACOSX``, a Synology NAS's ``@eaDir`` thumbnails: SYSTEM_FOLDERS) are left
+    out; links are followed, but a folder or image already read (a link back up the tree,
     a second name for an image) is not read again, and one folder or image in two classes is
     refused. Files without an image suffix are listed in ``ignored``."""
     if not root.is_dir():
@@ -343,9 +361,7 @@ def _say_what_a_split_layout_leaves(root: Path, folders: dict[str, Path]) -> Non
         return
     _LEFT_SAID.add(root)
     read = {path.name for path in folders.values()}
-    left = sorted(
-        p.name for p in root.iterdir() if p.name not in read and not p.name.startswith(".")
-    )
+    left = sorted(p.name for p in root.iterdir() if p.name not in read and not left_out(p.name))
     if left:
         log.warning(
             "%s is laid out in splits (%s): %s beside them not read",

@@ -878,7 +878,18 @@ def test_torchrun_single_node(tmp_path):
     proc = torchrun(["--standalone", "--nproc_per_node=2", *run_args(tmp_path)], tmp_path)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
-    assert_one_run_identical_weights(tmp_path, 2)
+    summary = assert_one_run_identical_weights(tmp_path, 2)
+    # eval.py under the same torchrun: it kept trainer.devices=1 against torchrun's 2 processes
+    # (Lightning's "does not match the world size" after the data and model were built)
+    evaluation = [str(REPO / "eval.py"), f"ckpt_path={summary['best_checkpoint']}"]
+    evaluation += ["extras.print_config=false", "logger=wandb"]
+    evaluation += ["trainer.accelerator=cpu", f"paths.log_dir={tmp_path / 'eval'}"]
+    proc = torchrun(["--standalone", "--nproc_per_node=2", *evaluation], tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    (tested,) = summaries(tmp_path / "eval")
+    assert tested["status"] == "completed" and tested["world_size"] == 2
+    assert tested["metrics"]["test/acc"] == summary["metrics"]["test/acc"]
 
 
 @pytest.mark.dist

@@ -37,6 +37,7 @@ from litlab.data.fingerprint import (
     split_entries,
 )
 from litlab.data.folder_index import class_names, scan, split_folders
+from litlab.distributed import adopt_launcher_layout
 from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
@@ -59,6 +60,9 @@ USAGE = "python eval.py ckpt_path=outputs/train/<date>/<time>/checkpoints/best.c
 def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     """Test the checkpoint on the stored data config (or data=... given here)."""
     check_top_level(cfg, "eval")
+    # Under torchrun or srun, the processes' layout (trainer.devices=1 against torchrun's 2:
+    # Lightning's "does not match the world size", after the data and model were built)
+    adopt_launcher_layout(cfg.trainer)
     refuse_an_objective_given()
     path = require(cfg, "ckpt_path", USAGE)
     checkpoint = load_checkpoint(path)
@@ -127,6 +131,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
         give_checkpoint_state(callbacks, checkpoint)  # FID through the run's own extractor
     callbacks += [*trained_numerics(stored), OnePrecision(), HoldStopAfterTest(run)]
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
+    run.summary["world_size"] = trainer.world_size  # as a training run's (the report's processes)
     ended: BaseException | None = None
     try:
         with run.phase("test"):

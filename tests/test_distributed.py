@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -462,7 +463,7 @@ def test_nodes_nothing_started_and_a_spawning_strategy_under_a_launcher_are_refu
     assert adopt_launcher_layout(trainer("ddp")) == {"devices": 2, "num_nodes": 1}
 
 
-def test_devices_and_nodes_follow_the_processes_srun_started(monkeypatch):
+def test_devices_and_nodes_follow_the_processes_srun_started(monkeypatch, caplog):
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
     assert launcher_layout(1, 1) == {}
@@ -478,7 +479,10 @@ def test_devices_and_nodes_follow_the_processes_srun_started(monkeypatch):
     monkeypatch.setenv("SLURM_NTASKS", "6")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x3)")
     monkeypatch.setenv("SLURM_NNODES", "3")
-    assert launcher_layout(4, 1) == {"devices": 2, "num_nodes": 3}
+    with caplog.at_level(logging.INFO, logger="litlab"):
+        assert launcher_layout(4, 1) == {"devices": 2, "num_nodes": 3}
+    # what it replaced is said too (walkthrough 153: the 4 asked for was not in the line)
+    assert "using trainer.devices=2 trainer.num_nodes=3 (the config's: 4 and 1)" in caplog.text
     for per_node, nodes in [("2(x2),1", "3"), ("2", "2")]:  # uneven; 6 tasks are not 2 x 2
         monkeypatch.setenv("SLURM_NTASKS_PER_NODE", per_node)
         monkeypatch.setenv("SLURM_NNODES", nodes)

@@ -203,12 +203,14 @@ def launcher_layout(devices: Any, num_nodes: int) -> dict[str, int]:
     if layout and (devices, num_nodes) != (layout["devices"], layout["num_nodes"]):
         log.info(
             "%s started %d process(es) per node on %d node(s): using trainer.devices=%d "
-            "trainer.num_nodes=%d",
+            "trainer.num_nodes=%d (the config's: %s and %s)",
             "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "srun",
             layout["devices"],
             layout["num_nodes"],
             layout["devices"],
             layout["num_nodes"],
+            devices,
+            num_nodes,
         )
     return layout
 

@@ -358,13 +358,8 @@ class DataModule(L.LightningDataModule):
     def _check(self, dataset: Dataset, split: str) -> None:
         if _images(dataset) == 0:
             raise DataError(f"the {self.source.name} {split} split is empty")
-        world = self.trainer.world_size if self.trainer else 1
-        if _streams(dataset) and dataset.images < world:  # (the others: _loader)
-            raise DataError(
-                f"the {self.source.name} {split} split holds {dataset.images} image(s), fewer "
-                f"than the run's {world} processes, and LitData gives each process whole "
-                "batches of its own; add images to the split, or run on fewer processes"
-            )
+        if _streams(dataset) and self.trainer is not None:  # (the others: _loader)
+            self._refuse_fewer_images_than_ranks(split, self.trainer.world_size, dataset.images)
         shape = _sample_shape(dataset)
         self.stored_shape = shape  # what a batch decoded on the device is made into
         want = self.image_shape
@@ -557,13 +552,19 @@ class DataModule(L.LightningDataModule):
         each image once leaves some ranks none, and every rank must run the same batches (each
         rank's loader padded by repeating images, which then counted twice: a val split of 2
         images on 3 ranks measured val/acc over 3; review 151). The same line as a streamed
-        split's (_check). ``size``: the split's, where it is not loaded yet."""
+        split's, training's too (_check: LitData's loader gives each rank whole batches of its
+        own). ``size``: the split's, where it is not loaded yet."""
         size = len(self.datasets[split]) if size is None else size
         if size < world:
+            why = (
+                "and LitData gives each process whole batches of its own"
+                if _streams(self.datasets.get(split))
+                else "each of which evaluates images of its own (repeated images would count twice)"
+            )
             raise DataError(
                 f"the {self.source.name} {split} split holds {size} image(s), fewer than the "
-                f"run's {world} processes, each of which evaluates images of its own (repeated "
-                "images would count twice); add images to the split, or run on fewer processes"
+                f"run's {world} processes, {why}; add images to the split, or run on fewer "
+                "processes"
             )
 
     def refuse_a_test_split_too_small(self, world: int) -> None:

@@ -1913,10 +1913,11 @@ def test_copies_of_training_files_among_the_held_out_images_are_said_and_recorde
     assert main([str(root), "--size", "16", "--batch-size", "4", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert (
-        "warning: 2 of the 11 validation images are byte-for-byte copies of files a run trains "
-        "on (e.g. val/dog/dup0.png is train/dog/0.png)" in out
+        "warning: 2 of the 11 validation images are byte-for-byte copies of files the run "
+        "trains on (e.g. val/dog/dup0.png is train/dog/0.png): val/* and the checkpoints chosen "
+        "by them count them as unseen images" in out
     )
-    assert "warning: 4 of the 13 test images are byte-for-byte copies of files a run " in out
+    assert "warning: 4 of the 13 test images are byte-for-byte copies of files the run " in out
     # eval.py (the test stage) measures no val/*: its copies are not said (review 154)
     tested = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=4, loader="auto")
     tested.setup("test")

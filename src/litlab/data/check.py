@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from litlab.data.fingerprint import copies_among
+from litlab.data.fingerprint import copies_among, copies_sentence
 from litlab.data.folder_cache import bytes_digest
 from litlab.data.folder_index import (
     HELD_OUT_FOLDERS,
@@ -96,13 +96,8 @@ def copies_said(
         found = copies_among(earlier, files)
         earlier += files  # (the test split's: copies of validation files too)
         if found:
-            first = " is ".join(os.path.relpath(path, root) for path in found[0])
-            notes.append(
-                f"{len(found)} of the {len(held[split])} "
-                f"{'validation' if split == 'val' else split} images are byte-for-byte copies of "
-                f"files a run {'trains on' if split == 'val' else 'trains or validates on'} "
-                f"(e.g. {first}): their metrics would count them as unseen images"
-            )
+            named = [tuple(os.path.relpath(path, root) for path in pair) for pair in found]
+            notes.append(copies_sentence(named, len(held[split]), split))
     return notes
 
 

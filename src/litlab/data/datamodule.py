@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, Tenso
 
 from litlab.compat import epoch_to_train
 from litlab.data.decode import Encoded, decode, kept, skip_unreadable, stack_samples
+from litlab.data.fingerprint import copies_sentence
 from litlab.data.folder import FileImages
 from litlab.data.folder_index import encoding_hint, file_names
 from litlab.data.loader import DeviceLoader, ResumableDataLoader, ShardSampler, reader_context
@@ -275,18 +276,11 @@ class DataModule(L.LightningDataModule):
             return
         self.copies[split] = found
         if self.trainer is None or self.trainer.is_global_zero:
-            measured = "val/* and the checkpoints chosen by them" if split == "val" else "test/*"
             log.warning(
-                "%d of the %d %s images are byte-for-byte copies of files the run %s (e.g. %s "
-                "is %s): %s count them as unseen images; remove the copies (streamed data: from "
-                "its image folder, then convert it again; the first 20: summary.json, "
-                "data.copies_of_training)",
-                len(found),
-                _images(self.datasets[split]),  # (a stream's len() is this rank's share)
-                "validation" if split == "val" else split,
-                "trains on" if split == "val" else "trains or validates on",
-                *found[0],
-                measured,
+                "%s; remove the copies (streamed data: from its image folder, then convert it "
+                "again; the first 20: summary.json, data.copies_of_training)",
+                # (a stream's len() is this rank's share: _images counts the split's)
+                copies_sentence(found, _images(self.datasets[split]), split),
             )
 
     def _setup_splits(self) -> None:

@@ -61,6 +61,20 @@ def copies_among(
     return [(name, first[digest]) for name, digest in held if digest in first]
 
 
+def copies_sentence(found: Sequence[tuple[str, str]], images: int, split: str) -> str:
+    """The one wording of an evaluation split's copies of training files (a run's warning,
+    litlab.data.check's, the streaming conversion's): how many, of what, an example; each
+    caller says after it what to do there."""
+    if split == "val":
+        what, of, measured = "validation", "trains on", "val/* and the checkpoints chosen by them"
+    else:
+        what, of, measured = split, "trains or validates on", "test/*"
+    return (
+        f"{len(found)} of the {images} {what} images are byte-for-byte copies of files the run "
+        f"{of} (e.g. {found[0][0]} is {found[0][1]}): {measured} count them as unseen images"
+    )
+
+
 def files_found(folder: Path, sample: Sequence[Sequence[Any]]) -> int:
     """How many of the sampled files ``folder`` holds under the same name, byte for byte."""
     return sum(1 for name, digest, *_ in sample if digest and file_digest(folder / name) == digest)

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from litlab.data.fingerprint import copies_among
+from litlab.data.fingerprint import copies_among, copies_sentence
 from litlab.data.folder_cache import bytes_digest, cache_key
 from litlab.data.folder_index import (
     FolderIndex,
@@ -398,10 +398,9 @@ def convert(
         copies = recorded_copies(records)
         for split, found in copies.items():  # (a run on the chunks says them again)
             print(
-                f"warning: {len(found)} of the {report[split]['images']} {split} images are "
-                f"byte-for-byte copies of files converted into the training split"
-                f"{'' if split == 'val' else ' or the validation split'} (e.g. {found[0][0]} is "
-                f"{found[0][1]}): their metrics count them as unseen images",
+                f"warning: {copies_sentence(found, report[split]['images'], split)} (recorded "
+                "with the chunks; runs on them say it again): remove the copies from the image "
+                "folder and convert it again",
                 file=sys.stderr,
             )
         meta["copies_of_training"] = copies  # (a conversion before 2026-12-07: none recorded)

@@ -34,6 +34,16 @@ def test_no_credentials_means_offline(no_wandb_env, caplog):
     )  # asked for online, but it would prompt: offline instead
 
 
+def test_the_no_credentials_line_is_said_by_rank_0_alone(no_wandb_env, monkeypatch, caplog):
+    """Every DDP rank builds its loggers: each printed the line (walkthrough 153)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    with caplog.at_level("INFO", logger="litlab"):
+        assert wandb_mode("auto") == "offline" and wandb_mode("online") == "offline"
+    assert not caplog.records
+
+
 def test_api_key_or_netrc_means_online(no_wandb_env, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert wandb_mode("auto") == "online"

@@ -117,11 +117,12 @@ def wandb_mode(requested: Mode) -> str:
             setting = f"logger.wandb.mode={requested}"
         raise ConfigError(f"{setting} is not a W&B mode; use online, offline or disabled")
     if mode in ("auto", "online") and not wandb_credentials():
-        if mode == "online":
+        said = rank_zero_only.rank == 0  # each rank builds its loggers: one line a run (153)
+        if said and mode == "online":
             log.warning(
                 "W&B online mode was asked for but no credentials were found: logging offline"
             )
-        else:  # W&B's own line then says "run `wandb online`", which needs a login first
+        elif said:  # W&B's own line then says "run `wandb online`", which needs a login first
             log.info(
                 "W&B: no credentials (WANDB_API_KEY or `wandb login`): logging offline into the "
                 "run folder; `wandb sync <run>/wandb/offline-run-*` uploads it later"

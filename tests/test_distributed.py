@@ -820,8 +820,11 @@ def free_port() -> int:
 
 
 def torchrun(args: list[str], tmp_path: Path) -> subprocess.Popen:
+    """torchrun ``args``, its temporary folder (ranks > 0's scratch: rank_scratch) in tmp_path."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     env = {
         **os.environ,
+        "TMPDIR": str(tmp_path / "tmp"),
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
@@ -894,6 +897,8 @@ def test_torchrun_single_node(tmp_path):
     (tested,) = summaries(tmp_path / "eval")
     assert tested["status"] == "completed" and tested["world_size"] == 2
     assert tested["metrics"]["test/acc"] == summary["metrics"]["test/acc"]
+    # rank 1's Hydra files and log (a scratch folder each run) are gone once its runs completed
+    assert not list((tmp_path / "tmp").glob("litlab-ranks-*/*"))
 
 
 @pytest.mark.dist
@@ -913,6 +918,9 @@ def test_ranks_resolving_different_precisions_are_refused(tmp_path):
     assert needle in out, out[-3000:]
     (summary,) = summaries(tmp_path / "out")
     assert summary["status"] == "failed" and summary["precision"]["chosen"] == "bf16-mixed"
+    # rank 1's log is kept where the run failed (its scratch folder): its own precision's line
+    (log,) = (tmp_path / "tmp").glob("litlab-ranks-*/*-rank1/train.log")
+    assert "trainer.precision=auto: 32-true (this CPU has no native bfloat16" in log.read_text()
 
 
 def streamed_digits(tmp_path: Path) -> list[str]:

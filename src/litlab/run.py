@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 import litlab
 from litlab.checkpoint import resumable_checkpoints
 from litlab.config import absolute_data_paths, build, in_sweep
-from litlab.distributed.launchers import as_launched
+from litlab.distributed.launchers import as_launched, is_rank_scratch
 from litlab.errors import (
     AlreadyCompleted,
     ConfigError,
@@ -752,6 +752,8 @@ class Run:
                 _refresh_its_sweep(self.dir)
         # how to go on, once (every rank of a DDP run has the same to say)
         said = rank_zero_only.rank == 0
+        if exc is None and not said and is_rank_scratch(self.dir):  # torchrun's, srun's ranks
+            shutil.rmtree(self.dir, ignore_errors=True)  # > 0: their log, kept where they fail
         if isinstance(exc, SIGTERMException):
             if said:
                 log.warning("litlab: %s", self.summary["error"])

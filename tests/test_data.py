@@ -1867,6 +1867,40 @@ def test_a_corrupt_cifar10_batch_says_how_to_fetch_it_again_and_that_works(tmp_p
     assert fetched == [str(tmp_path)] and len(source.load("train")) == 40
 
 
+def test_copies_are_matched_on_digest_arrays_each_to_the_first_trained_file_of_its_bytes(
+    tmp_path,
+):
+    """copies_among works on int64 digest arrays (a conversion of a million files held 0.3 GB of
+    names and digests as Python objects); the conversion reads its records' names for the
+    copies alone. Each copy names the first training file of its bytes; a held-out file
+    repeated within its own split is not a copy of training."""
+    from litlab.data.fingerprint import copies_among
+    from litlab.data.optimize import recorded_copies
+
+    top = np.iinfo(np.int64)
+    trained = np.array([5, top.min, 7, 5, top.max], dtype=np.int64)
+    assert copies_among(trained, np.array([7, 8, 5, 5, top.max, 9, top.min])) == [
+        (0, 2), (2, 0), (3, 0), (4, 4), (6, 1)
+    ]  # fmt: skip
+    assert copies_among([], [1, 2]) == [] and copies_among([1, 2], []) == []
+    records = {}
+    for split, lines in {
+        "train": [[3, "cat/a.png"], [4, "dog/b.png"], [3, "cat/a2.png"]],
+        "val": [[9, "cat/v.png"], [4, "dog/v.png"]],
+        "test": [[9, "cat/t.png"], [3, "cat/t2.png"], [1, "dog/t.png"], [1, "dog/t3.png"]],
+    }.items():
+        (tmp_path / split).mkdir()
+        half = len(lines) // 2  # two writers' files, read in their sorted order
+        for rank, part in enumerate((lines[:half], lines[half:])):
+            text = "".join(json.dumps(line) + "\n" for line in part)
+            (tmp_path / split / f"{rank}.digests").write_text(text)
+        records[split] = tmp_path / split
+    assert recorded_copies(records) == {
+        "val": [["val:dog/v.png", "train:dog/b.png"]],
+        "test": [["test:cat/t.png", "val:cat/v.png"], ["test:cat/t2.png", "train:cat/a.png"]],
+    }
+
+
 def test_copies_of_training_files_among_the_held_out_images_are_said_and_recorded(
     tmp_path, caplog, capsys
 ):

@@ -90,14 +90,17 @@ def copies_said(
 ) -> list[str]:
     """A warning for each held-out split with byte-for-byte copies of files a run would train
     on (for the test split: or validate on), as a run says them (DataModule._say_copies)."""
-    notes, earlier = [], [(path, digests[path]) for path in trained]
+    notes, earlier = [], list(trained)
     for split in ("val", "test"):
-        files = [(path, digests[path]) for path in held.get(split, [])]
-        found = copies_among(earlier, files)
-        earlier += files  # (the test split's: copies of validation files too)
+        files = held.get(split, [])
+        found = copies_among([digests[p] for p in earlier], [digests[p] for p in files])
         if found:
-            named = [tuple(os.path.relpath(path, root) for path in pair) for pair in found]
-            notes.append(copies_sentence(named, len(held[split]), split))
+            named = [
+                (os.path.relpath(files[h], root), os.path.relpath(earlier[t], root))
+                for h, t in found
+            ]
+            notes.append(copies_sentence(named, len(files), split))
+        earlier += files  # (the test split's: copies of validation files too)
     return notes
 
 

@@ -436,17 +436,21 @@ class ImageFolder(Source):
             return None
         folders = self._split_folders()
 
-        def named(split: str, dataset: Dataset) -> tuple[list[str], np.ndarray | None]:
-            below = ""
+        def below(split: str) -> str:
             if folders is not None and split in folders:
-                below = folders[split].relative_to(self.root).as_posix() + "/"
-            return [below + name for name in file_names(dataset)], file_digests(dataset)
+                return folders[split].relative_to(self.root).as_posix() + "/"
+            return ""
 
-        files = [named(*held), *(named(*split) for split in trained.items())]
-        if any(digests is None for _, digests in files):
+        splits = [held, *trained.items()]
+        digests = [file_digests(dataset) for _, dataset in splits]
+        if any(d is None for d in digests):
             return None
-        pairs = [list(zip(names, digests.tolist(), strict=True)) for names, digests in files]
-        return copies_among([pair for split in pairs[1:] for pair in split], pairs[0])
+        found = copies_among(np.concatenate(digests[1:]), digests[0])
+        if not found:
+            return []
+        names = [[below(split) + n for n in file_names(dataset)] for split, dataset in splits]
+        trained_names = [name for split in names[1:] for name in split]
+        return [(names[0][h], trained_names[t]) for h, t in found]
 
     def given_validation(self) -> Dataset | None:
         """root/val/ (or valid/, validation/) when it lies beside train/ and test/."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -81,6 +84,81 @@ def test_pretrained_weights_fine_tune_on_other_classes(
     assert isinstance(logits, torch.Tensor) and logits.shape == (2, 7)
     torch.nn.functional.cross_entropy(logits, torch.tensor([0, 6])).backward()
     assert all(p.grad is not None for p in net.parameters())
+
+
+@pytest.mark.parametrize(
+    ("name", "weights", "built", "size"),
+    [
+        ("resnet18", "IMAGENET1K_V1", {}, 32),
+        ("googlenet", "DEFAULT", {"aux_logits": True, "init_weights": False}, 64),  # its input
+        ("squeezenet1_0", "DEFAULT", {}, 64),  # transform (transform_input) comes with weights
+    ],
+)
+def test_a_net_whose_weights_a_checkpoint_gives_is_built_as_the_weights_build_it(
+    tmp_path, monkeypatch, name, weights, built, size
+):
+    """eval.py, resume= and a test of a checkpoint downloaded the pretrained weights (which
+    the checkpoint's then replace): on a machine without internet a fine-tuned checkpoint could
+    be neither tested nor continued. Built without them, the net takes the same state dict and
+    computes the same outputs (a gray image's input scaling, GoogLeNet's input transform)."""
+    from litlab.nets.torchvision_net import weights_from_checkpoint
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "cached"))
+    cached_weights(tmp_path / "cached", name, weights, **built)
+    tuned = TorchvisionNet(name, in_channels=1, num_classes=7, weights=weights).eval()
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "nothing"))
+    (tmp_path / "nothing").write_text("a file: torch's hub cannot be made there")
+    with weights_from_checkpoint():
+        rebuilt = TorchvisionNet(name, in_channels=1, num_classes=7, weights=weights).eval()
+    rebuilt.load_state_dict(tuned.state_dict())  # strict: the same parameters and buffers
+    images = torch.randn(2, 1, size, size)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(images), tuned(images), rtol=0, atol=0)
+    # outside, the weights are downloaded: torch's cache cannot be made, in one line saying
+    # where the file goes on a machine without internet
+    with pytest.raises(ConfigError, match=r"could not download .* weights .*; where there is no"):
+        TorchvisionNet(name, in_channels=1, num_classes=7, weights=weights)
+
+
+def test_a_fine_tuned_checkpoint_is_tested_and_continued_without_internet(tmp_path, monkeypatch):
+    """A fine-tune of pretrained weights (torch's cache filled, as by a download), then eval.py
+    and resume= where torch's cache holds nothing and nothing can be downloaded."""
+    from conftest import QUIET_CSV, run_cli
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "cached"))
+    cached_weights(tmp_path / "cached", "resnet18", "IMAGENET1K_V1")
+    small = [
+        "data=synthetic",
+        "data.image_shape=[3,32,32]",
+        "data.source.train_size=96",
+        "data.source.test_size=32",
+        "data.batch_size=32",
+        "model=torchvision",
+        "model.net.weights=IMAGENET1K_V1",
+        "model.scheduler=null",  # (a one-cycle warm-up of 6 steps is refused)
+        "data.mean=[0.485,0.456,0.406]",
+        "data.std=[0.229,0.224,0.225]",
+        *QUIET_CSV,
+    ]
+    result = run_cli(*small, "trainer.max_epochs=1", f"paths.log_dir={tmp_path / 'out'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (trained,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("summary.json")]
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "nothing"))
+    (tmp_path / "nothing").write_text("a file: torch's hub cannot be made there")
+    tested = run_cli(
+        f"ckpt_path={trained['best_checkpoint']}",
+        "extras.print_config=false",
+        f"paths.log_dir={tmp_path / 'eval'}",
+        script="eval.py",
+    )
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    (evaluation,) = [json.loads(p.read_text()) for p in (tmp_path / "eval").rglob("summary.json")]
+    assert evaluation["metrics"]["test/acc"] == trained["metrics"]["test/acc"]
+    resumed = run_cli(f"resume={trained['run_dir']}", "trainer.max_epochs=2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    continued = json.loads((Path(trained["run_dir"]) / "summary.json").read_text())
+    assert continued["status"] == "completed"
+    assert continued["global_step"] == 2 * trained["global_step"] > 0  # (one epoch more)
 
 
 def test_a_gray_image_reaches_pretrained_weights_as_a_gray_photo(tmp_path, monkeypatch):

@@ -42,6 +42,7 @@ from litlab.distributed.agree import OnePrecision
 from litlab.errors import ConfigError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
 from litlab.loggers import check_forked_wandb, finish_loggers
+from litlab.nets.torchvision_net import weights_from_checkpoint
 from litlab.run import HoldStopAfterTest, Run, build_list, config_digest, freeze_the_imports
 from litlab.train import (
     check_argv,
@@ -105,7 +106,8 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     datamodule = build(parts.data, "data")
     # the class names the model learned (image folders), checked when the data is set up
     datamodule.load_state_dict(data_state(checkpoint, stored))
-    model = build_model(parts.model, datamodule)
+    with weights_from_checkpoint():  # (a pretrained net's: the checkpoint's, not downloaded)
+        model = build_model(parts.model, datamodule)
     model.load_state_dict(checkpoint["state_dict"])
     model.on_load_checkpoint(checkpoint)  # as Lightning's loads do: a GAN's step counts (g/step)
     if count:

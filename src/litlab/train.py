@@ -54,6 +54,7 @@ from litlab.errors import ConfigError, TrainingDiverged, fail
 from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import check_forked_wandb, finish_loggers
 from litlab.models.optim import schedules_left_unfinished
+from litlab.nets.torchvision_net import weights_from_checkpoint
 from litlab.resumable import check_processes, check_resumable
 from litlab.resume import FitMilestones, continue_in_place, resume_argv
 from litlab.run import (
@@ -100,7 +101,9 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = build(cfg.data, "data")
-    model = build_model(cfg.model, datamodule)
+    # a checkpoint's weights replace a pretrained net's: those are not downloaded (offline)
+    with weights_from_checkpoint() if cfg.get("ckpt_path") else contextlib.nullcontext():
+        model = build_model(cfg.model, datamodule)
     checkpoint = None
     if cfg.get("ckpt_path"):  # one clear line for a missing, corrupt or foreign checkpoint
         checkpoint = continued or load_checkpoint(cfg.ckpt_path)
@@ -151,7 +154,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                             os.path.join(cfg.paths.output_dir, "checkpoints", "tested.ckpt")
                         )
                         trainer.save_checkpoint(tested)
-                    model = build_model(cfg.model, datamodule)  # wrapped afresh for the test
+                    with weights_from_checkpoint():  # wrapped afresh for the test
+                        model = build_model(cfg.model, datamodule)
                     model.save_hyperparameters(resolved_config(cfg))
                 run.summary["tested_checkpoint"] = tested
                 if not cfg.get("train"):  # a run tested again (its fit record taken, a

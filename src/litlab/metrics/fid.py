@@ -111,6 +111,7 @@ def classifier_from_checkpoint(path: str | Path) -> ClassifierFeatures:
     """A litlab classifier checkpoint (e.g. from experiment=fashion_cnn) as an FID extractor."""
     from litlab.checkpoint import load_checkpoint, stored_config
     from litlab.config import CLASSIFIER, build
+    from litlab.nets.torchvision_net import weights_from_checkpoint
 
     checkpoint = load_checkpoint(path)
     config = stored_config(checkpoint, path)
@@ -119,7 +120,8 @@ def classifier_from_checkpoint(path: str | Path) -> ClassifierFeatures:
             f"{path} is a {config.model.get('_target_')} checkpoint; the FID extractor must be an "
             "image classifier checkpoint (e.g. from python train.py experiment=fashion_cnn)"
         )
-    net = build(config.model.net, "model.net")
+    with weights_from_checkpoint():  # (a pretrained net's: the checkpoint's, not downloaded)
+        net = build(config.model.net, "model.net")
     prefix = "net."
     net.load_state_dict(
         {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
 
 import torch
 import torchvision
@@ -14,6 +18,52 @@ AUX_HEADED = ("googlenet", "inception_v3")
 # (name, image shape) pairs checked in this process: the run's other builds of the same net (the
 # finders' throwaway copies, FSDP's model for the test) skip the blank forward pass
 TAKES: set[tuple[str, tuple[int, ...]]] = set()
+
+
+_FROM_CHECKPOINT: ContextVar[bool] = ContextVar("weights_from_checkpoint", default=False)
+
+
+@contextmanager
+def weights_from_checkpoint() -> Iterator[None]:
+    """Nets built within take none of their pretrained ``weights``: a checkpoint's replace
+    every one of them (eval.py, resume=, a test of a checkpoint). They are built as the weights
+    would build them (``architecture_of``), and nothing is downloaded: on a machine without
+    internet, a fine-tuned checkpoint could be neither tested nor continued."""
+    token = _FROM_CHECKPOINT.set(True)
+    try:
+        yield
+    finally:
+        _FROM_CHECKPOINT.reset(token)
+
+
+def architecture_of(name: str, weights: Any) -> nn.Module:
+    """The net ``get_model(name, weights=weights)`` builds, without loading the weights: the
+    arguments torchvision's builders take from them (torchvision 0.29: the weights' classes;
+    GoogLeNet's and Inception v3's input transform and auxiliary heads; a ViT's or MaxViT's
+    image size), so that the same state dict fits and the forward pass is the same."""
+    kwargs: dict[str, Any] = {"num_classes": len(weights.meta["categories"])}
+    if name in AUX_HEADED:
+        kwargs.update(transform_input=True, aux_logits=True, init_weights=False)
+    if name.startswith("vit_"):
+        kwargs["image_size"] = weights.meta["min_size"][0]
+    if name.startswith("maxvit_"):
+        kwargs["input_size"] = weights.meta["min_size"]
+    return torchvision.models.get_model(name, **kwargs)
+
+
+def pretrained(name: str, weights: Any) -> nn.Module:
+    """``get_model(name, weights=weights)``; a download that fails (no internet: a cluster's
+    compute node) in one line saying where torch looks for the file first."""
+    try:
+        return torchvision.models.get_model(name, weights=weights)
+    except OSError as e:  # urllib's URLError and HTTPError, a full disk, an unwritable cache
+        cache = Path(torch.hub.get_dir()) / "checkpoints"
+        raise ConfigError(
+            f"could not download {name}'s {weights.name} weights ({first_line(e, 120)}); "
+            f"where there is no internet, put {weights.url.rsplit('/', 1)[-1]} (from "
+            f"{weights.url}) in {cache}/ (torch's cache, $TORCH_HOME/hub/checkpoints), or "
+            "train from scratch with model.net.weights=null"
+        ) from e
 
 
 def drop_auxiliary_heads(model: nn.Module) -> None:
@@ -89,7 +139,10 @@ class TorchvisionNet(nn.Module):
                     f"{name} has no weights {weights!r}; pick one of "
                     f"{[w.name for w in torchvision.models.get_model_weights(name)]}"
                 ) from None
-            self.model = torchvision.models.get_model(name, weights=known)
+            if _FROM_CHECKPOINT.get():
+                self.model = architecture_of(name, known)
+            else:
+                self.model = pretrained(name, known)
             if name in AUX_HEADED:
                 drop_auxiliary_heads(self.model)
             classes = len(known.meta["categories"])

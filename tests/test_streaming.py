@@ -1338,3 +1338,41 @@ def test_copies_among_the_converted_splits_are_said_by_the_conversion_and_the_ru
         caplog.text
     )
     assert dm.report()["copies_of_training"]["test"]["images"] == 2
+
+
+def test_nodes_sharing_litdatas_default_cache_are_told_and_local_chunks_stay_as_given(
+    tmp_path, monkeypatch, caplog
+):
+    """Chunks read as remote ones (an object store's; LitData's ``local:`` folder) are
+    downloaded into a cache, LitData's default one under the home folder, which a cluster's
+    nodes share: max_cache_size bounds each node's share of one folder (review 158). Said once
+    a run of several nodes, with what to give; not with a cache_dir of its own. And a
+    ``local:`` input_dir was made into <cwd>/local:<path> in the checkpoints: resume= and
+    eval.py looked for that."""
+    import lightning as L
+
+    from litlab.config import absolute_data_paths
+    from litlab.data import DataModule
+    from litlab.data.streaming import Streaming
+
+    monkeypatch.delenv("LITDATA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    write_png_folder(tmp_path / "images", per_class=8)
+    convert(tmp_path / "images", str(tmp_path / "chunks"), workers=1)
+    remote = f"local:{tmp_path / 'chunks'}"
+
+    def said(nodes: int, cache_dir: str | None = None) -> list[str]:
+        source = Streaming(remote, size=8, cache_dir=cache_dir)
+        dm = DataModule(source, [3, 8, 8], 3, [0.5], [0.25], batch_size=2, loader="auto")
+        dm.trainer = L.Trainer(accelerator="cpu", devices=1, num_nodes=nodes, logger=False)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="litlab"):
+            dm.setup()
+        return [r.getMessage() for r in caplog.records if "cache_dir is not set" in r.getMessage()]
+
+    (line,) = said(2)
+    assert str(tmp_path / "home" / ".lightning" / "chunks") in line
+    assert "data.source.cache_dir=/tmp/litdata" in line
+    assert said(1) == [] and said(2, str(tmp_path / "node-cache")) == []
+    config = {"data": {"source": {"input_dir": remote}}}
+    assert absolute_data_paths(config)["data"]["source"]["input_dir"] == remote

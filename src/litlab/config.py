@@ -103,9 +103,15 @@ DATA_PATH_KEYS = ("root", "input_dir", "data_dir")
 
 
 def local_path(value: Any) -> bool:
-    """Whether a data path is a local one as written (not a bucket's URL, ~ or an
-    interpolation): relative or absolute."""
-    return isinstance(value, str) and bool(value) and "://" not in value and value[0] not in "~$"
+    """Whether a data path is a local one as written (not a bucket's URL, LitData's ``local:``
+    folder read as a remote one, ~ or an interpolation): relative or absolute."""
+    return (
+        isinstance(value, str)
+        and bool(value)
+        and "://" not in value
+        and not value.startswith("local:")
+        and value[0] not in "~$"
+    )
 
 
 def absolute_data_paths(config: dict[str, Any]) -> dict[str, Any]:

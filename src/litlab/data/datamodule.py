@@ -348,6 +348,11 @@ class DataModule(L.LightningDataModule):
         self.datasets["fit"] = self.datasets["train"]
         self._say_copies("val", ("fit",))
         self._say_copies("test", ("fit", "val"))
+        shared_cache = getattr(self.source, "shared_cache", None)
+        if shared_cache and self.trainer is not None and self.trainer.is_global_zero:
+            said = shared_cache(self.trainer.num_nodes)
+            if said:
+                log.warning(said)
 
     def _check(self, dataset: Dataset, split: str) -> None:
         if _images(dataset) == 0:

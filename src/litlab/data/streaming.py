@@ -238,6 +238,24 @@ class Streaming(Source):
         fractions, the same in a copy of the chunks (kept in checkpoints: resume= elsewhere)."""
         return self.meta.get("source_key")
 
+    def shared_cache(self, nodes: int) -> str | None:
+        """Where ``nodes`` (> 1) nodes would download remote chunks into one cache: LitData's
+        default, under the home folder, which most clusters share between nodes (review 158:
+        ``max_cache_size`` then bounds each node's share of one folder, and the chunks' reference
+        counts that keep a node from deleting a chunk another reads rely on file locks across
+        nodes); a warning saying what to give instead, else None."""
+        remote = "://" in self.input_dir or self.input_dir.startswith("local:")
+        if nodes < 2 or not remote or self.cache_dir or os.environ.get("LITDATA_CACHE_DIR"):
+            return None
+        home = os.path.join(os.path.expanduser("~"), ".lightning", "chunks")
+        return (
+            f"data.source.cache_dir is not set: the {nodes} nodes download {self.input_dir}'s "
+            f"chunks into LitData's default cache, {home}, one folder for all of them where the "
+            "home folder is shared (most clusters): data.source.max_cache_size then bounds each "
+            "node's share of it, and one node's deletions depend on file locks across nodes; "
+            "give each node a cache on its own disk, e.g. data.source.cache_dir=/tmp/litdata"
+        )
+
     def copies(
         self, trained: dict[str, Any], held: tuple[str, Any]
     ) -> list[tuple[str, str]] | None:

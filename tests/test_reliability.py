@@ -106,6 +106,9 @@ def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(
     assert (folder / "checkpoints" / "last.ckpt").is_file()
     stopped = json.loads((folder / "summary.json").read_text())
     assert stopped["last_checkpoint"] == str(folder / "checkpoints" / "last.ckpt")
+    # and its best so far (walkthrough 157: best.ckpt there, no best_checkpoint in the summary)
+    best = folder / "checkpoints" / "best.ckpt"
+    assert stopped["best_checkpoint"] == (str(best) if best.is_file() else None)
     assert stopped["error"].endswith(f"continue with: python train.py resume={folder}")
     # the steps reached, as its checkpoint saved at the stop (null in a first epoch, else the
     # last epoch end's: walkthrough 139)

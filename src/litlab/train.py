@@ -123,6 +123,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
     run.summary["world_size"] = trainer.world_size
 
     ended: BaseException | None = None  # what ended the run early, if anything did
+    recorded = False  # the fit's checkpoints in the summary
     try:
         with ranks_run_this_job(cfg, trainer):
             if cfg.get("train"):
@@ -136,6 +137,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 record_stage(trainer, datamodule, run, "val")
                 record_checkpoints(trainer, run, cfg.objective.metric)
+                recorded = True
                 say_the_time_cut_the_schedule(trainer, cfg)
                 restore_spawned_progress(trainer, run)
                 run.mark_trained()
@@ -175,6 +177,9 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         if ended is not None and not run.summary["metrics"]:  # stopped or failed in the fit:
             with contextlib.suppress(Exception):  # (a device in error: its values unreadable)
                 run.record_metrics(trainer.callback_metrics)  # the values it logged last
+        if ended is not None and cfg.get("train") and not recorded:  # its best.ckpt so far too
+            with contextlib.suppress(Exception):  # (walkthrough 157: last_checkpoint alone)
+                record_checkpoints(trainer, run, cfg.objective.metric)
         record_performance(trainer, datamodule, run)
         status, _ = ended_as(ended, run.dir)
         finish_loggers(trainer.loggers, ended, run_facts(cfg, run, status))

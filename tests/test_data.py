@@ -1867,6 +1867,29 @@ def test_a_corrupt_cifar10_batch_says_how_to_fetch_it_again_and_that_works(tmp_p
     assert fetched == [str(tmp_path)] and len(source.load("train")) == 40
 
 
+def test_images_decoded_well_above_the_nets_input_are_said(tmp_path, caplog):
+    """data.source.size=64 alone trained on 32-pixel crops (data.image_shape's default) without
+    a word (walkthrough 157): said once, with the shape to set; a crop's margin is not."""
+    write_png_folder(tmp_path / "images", per_class=4)
+    for size, said in ((48, True), (20, False)):
+        source = ImageFolder(str(tmp_path / "images"), size=size, cache_dir=str(tmp_path / "c"))
+        dm = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=2, loader="auto")
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="litlab"):
+            dm.setup()
+            dm.setup("test")
+        lines = [r.getMessage() for r in caplog.records if "the net sees" in r.getMessage()]
+        assert lines == (
+            [
+                "data.source.size=48 decodes the images at 48 px, and the net sees "
+                "data.image_shape [3, 16, 16]: each crop is resized to 16 px; to train at 48 px, "
+                "set data.image_shape=[3,48,48] (and data.source.size about 54, a crop's margin)"
+            ]
+            if said
+            else []
+        )
+
+
 def test_copies_are_matched_on_digest_arrays_each_to_the_first_trained_file_of_its_bytes(
     tmp_path,
 ):

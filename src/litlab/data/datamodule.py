@@ -216,6 +216,7 @@ class DataModule(L.LightningDataModule):
         self.class_names: list[str] | None = None
         self.trained_classes: list[str] | None = None
         self.stored_shape: tuple[int, ...] = self.image_shape  # the split's, set at setup
+        self._said_fewer_pixels = False
         # Set by litlab.callbacks.Speed(channels_last=True) to match the model's weights.
         self.memory_format = torch.contiguous_format
         self.datasets: dict[str, Dataset] = {}
@@ -377,6 +378,7 @@ class DataModule(L.LightningDataModule):
                 f"data.image_shape is {list(want)} but the {self.source.name} {split} "
                 f"images are {list(shape)}; set {advice}"
             )
+        self._say_the_net_sees_fewer_pixels(shape)
         classes, exact = _class_count(dataset)
         names = getattr(dataset, "classes", None)
         if classes > self.num_classes or (exact and classes != self.num_classes):
@@ -543,6 +545,31 @@ class DataModule(L.LightningDataModule):
             trained=trained,
             **order,  # type: ignore[arg-type]
         )
+
+    def _say_the_net_sees_fewer_pixels(self, stored: tuple[int, ...]) -> None:
+        """Once: images decoded at a size (data.source.size) well above data.image_shape's,
+        which every crop is resized to (walkthrough 157: data.source.size=64 alone trained on
+        32-pixel crops, not a word)."""
+        size = getattr(self.source, "size", None)
+        want = max(self.image_shape[1:])
+        if self._said_fewer_pixels or size is None or max(stored[1:]) < 1.5 * want:
+            return
+        self._said_fewer_pixels = True
+        if self.trainer is None or self.trainer.is_global_zero:
+            log.warning(
+                "data.source.size=%d decodes the images at %d px, and the net sees "
+                "data.image_shape %s: each crop is resized to %d px; to train at %d px, set "
+                "data.image_shape=[%d,%d,%d] (and data.source.size about %d, a crop's margin)",
+                size,
+                max(stored[1:]),
+                list(self.image_shape),
+                want,
+                size,
+                self.image_shape[0],
+                size,
+                size,
+                -(-size * 9 // 8),
+            )
 
     def _refuse_fewer_images_than_ranks(
         self, split: str, world: int, size: int | None = None

@@ -566,6 +566,11 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
     # and the loss: each rank's images weigh what they are (127 and 128 here)
     single = summary_of(cfg)["metrics"]["test/loss"]
     assert summary["metrics"]["test/loss"] == pytest.approx(single, rel=1e-6)
+    # and each class's counts (synced over the ranks), so the classes' mean accuracy too
+    assert summary["test_per_class"] == summary_of(cfg)["test_per_class"]
+    assert sum(c["images"] for c in summary["test_per_class"].values()) == 255
+    macro = summary_of(cfg)["metrics"]["test/acc_macro"]
+    assert summary["metrics"]["test/acc_macro"] == pytest.approx(macro, abs=1e-7)
 
 
 @pytest.mark.dist

@@ -1058,3 +1058,54 @@ def test_make_image_folder_refuses_a_folder_that_is_not_empty(tmp_path):
     assert again.returncode == 1 and "is not an empty folder" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
     assert sorted(out.rglob("*")) == before
+
+
+def test_each_class_of_an_unbalanced_folder_is_measured_and_said(tmp_path, caplog):
+    """A model that never predicts the small classes of an unbalanced folder read test/acc
+    0.976, not a word (walkthrough 157). The training split's imbalance is said; the test gives
+    test/acc_macro (the classes' accuracies averaged: scikit-learn's balanced accuracy), each
+    class's images, accuracy and predictions in summary.json, and names the classes never
+    predicted; the images of each class and split are in summary.json too."""
+    from conftest import write_png_folder
+
+    root = tmp_path / "images"
+    for name, train, test in (("cat", 20, 6), ("dog", 6, 3), ("fox", 2, 1)):
+        write_png_folder(root / "train", classes=(name,), per_class=train)
+        write_png_folder(root / "test", classes=(name,), per_class=test, seed=1)
+    cfg = make_cfg(
+        tmp_path / "run",
+        [
+            "data=image_folder",
+            f"data.source.root={root}",
+            "data.num_classes=3",
+            "data.source.size=16",
+            "data.image_shape=[3,16,16]",
+            "data.val_fraction=0.25",
+            "model/net=custom",
+            "model.net._target_=helpers.FavouriteClassNet",  # predicts cat, whatever the image
+            "+model.net.num_classes=3",
+            "train=false",  # the model as built, tested
+            "logger=csv",
+            *FAST,
+        ],
+    )
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(cfg)
+    summary = summary_of(cfg)
+    metrics = summary["metrics"]
+    assert metrics["test/acc"] == pytest.approx(0.6) and metrics["test/acc_macro"] == (
+        pytest.approx(1 / 3)
+    )
+    assert summary["test_per_class"] == {
+        "cat": {"images": 6, "accuracy": 1.0, "predicted": 10},
+        "dog": {"images": 3, "accuracy": 0.0, "predicted": 0},
+        "fox": {"images": 1, "accuracy": 0.0, "predicted": 0},
+    }
+    assert "the test never predicted class(es) dog (3), fox (1)" in caplog.text
+    counts = summary["data"]["class_images"]
+    assert counts["test"] == {"cat": 6, "dog": 3, "fox": 1}
+    assert sum(counts["train"].values()) + sum(counts["val"].values()) == 28
+    fewest, most = min(counts["train"].values()), max(counts["train"].values())
+    assert f"the training images are unbalanced: class fox has {fewest}, class cat {most}" in (
+        caplog.text
+    )

@@ -752,3 +752,23 @@ def test_runs_on_other_numbers_of_processes_are_other_settings(tmp_path):
     for name in "bc":
         shutil.rmtree(tmp_path / name)
     assert compare(find_runs([tmp_path])).varied == ["seed"]
+
+
+def test_an_eval_run_beside_training_runs_varies_none_of_their_settings(tmp_path):
+    """Two runs of two learning rates and an eval.py run of one of them: the report said 12
+    keys varied (walkthrough 157), the eval run having none of the training's settings and
+    its own; what varies is what sets the training runs apart."""
+    from litlab.report.compare import compare
+
+    done = {"status": "completed", "objective": {"metric": "val/acc", "mode": "max", "value": 0.9}}
+    same = ["data=image_folder", "data.num_classes=3", "model=torchvision"]
+    write_run(tmp_path / "1", done, ["model.optimizer.lr=0.01", *same])
+    write_run(tmp_path / "2", done, ["model.optimizer.lr=0.003", *same])
+    evaluated = {"status": "completed", "metrics": {"test/acc": 0.85}}
+    evaluated = {"task": "eval", **evaluated}
+    write_run(tmp_path / "3", evaluated, ["ckpt_path=/r/1/best.ckpt", "data=image_folder"])
+    assert compare(find_runs([tmp_path])).varied == ["model.optimizer.lr"]
+    alone = tmp_path / "evals"
+    for name, path in (("a", "/r/1/best.ckpt"), ("b", "/r/2/best.ckpt")):  # eval runs alone
+        write_run(alone / name, evaluated, [f"ckpt_path={path}"])
+    assert compare(find_runs([alone])).varied == ["ckpt_path"]

@@ -217,7 +217,11 @@ def comparable(run: RunFolder, metric: str | None, scale: str = "", mode: str = 
 def varied_params(runs: list[RunFolder]) -> list[str]:
     """Override keys whose runs had different values (RunFolder.setting: the override's, else
     the saved config's), in order of first appearance. A key given in some runs only, at the
-    value the others had by default, is not varied (review 152: it split one setting in two)."""
+    value the others had by default, is not varied (review 152: it split one setting in two).
+    Among training runs alone where there are any: an eval.py run's settings are its task's
+    (ckpt_path, data=...), none of the training's (walkthrough 157: with one beside two runs of
+    two learning rates, 12 keys "varied", each run's every override)."""
+    runs = [run for run in runs if not run.evaluation] or runs
     keys = dict.fromkeys(key for run in runs for key in run.params)
     varied = [k for k in keys if len({run.setting(k) for run in runs}) > 1]
     # the processes that trained them (each step data.batch_size x processes): where known

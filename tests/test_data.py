@@ -754,6 +754,18 @@ def test_class_names_that_differ_only_in_their_encoding_are_said_to(tmp_path):
     source = ImageFolder(str(some), size=16, cache_dir=str(tmp_path / "c"), classes=known)
     with pytest.raises(DataError, match=r"not among the model's classes .* differ only in how"):
         source.load("test")
+    # or spelled in other case (walkthrough 157: Anemone/ refused for anemone, no hint)
+    cased = tmp_path / "cased"
+    write_png_folder(cased, classes=("Café",), per_class=2)
+    source = ImageFolder(str(cased), size=16, cache_dir=str(tmp_path / "c"), classes=known)
+    with pytest.raises(DataError, match=r"not among .* differ only in upper and lower case"):
+        source.load("test")
+    split = tmp_path / "cased_split"
+    write_png_folder(split / "train", classes=("cat", "dog"), per_class=4)
+    write_png_folder(split / "test", classes=("Cat", "dog"), per_class=2)
+    source = ImageFolder(str(split), size=16, cache_dir=str(tmp_path / "cache"), workers=1)
+    with pytest.raises(DataError, match="differ only in upper and lower case"):
+        source.prepare()
 
 
 def test_a_test_folder_beside_class_folders_is_said_to_be_taken_as_a_class(

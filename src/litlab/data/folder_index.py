@@ -116,14 +116,28 @@ def check_same_classes(train: Path, test: Path) -> None:
 def encoding_hint(a: Sequence[str], b: Sequence[str]) -> str:
     """Where two lists of class names differ only in how their letters are encoded (macOS
     writes "é" as e and an accent, NFD; most systems as one letter, NFC: the names look the
-    same but are not), a sentence saying so; else ""."""
+    same but are not), or only in upper and lower case, a sentence saying so; else ""."""
 
-    def nfc(names: Sequence[str]) -> list[str]:
-        return sorted(unicodedata.normalize("NFC", n) for n in names)
+    def nfc(names: Sequence[str], fold: bool = False) -> list[str]:
+        return sorted(_form(n, fold) for n in names)
 
-    if list(a) == list(b) or nfc(a) != nfc(b):
+    if list(a) == list(b):
         return ""
-    return ENCODED_OTHERWISE
+    if nfc(a) == nfc(b):
+        return ENCODED_OTHERWISE
+    return CASED_OTHERWISE if nfc(a, fold=True) == nfc(b, fold=True) else ""
+
+
+def _form(name: str, fold: bool) -> str:
+    """A name in Unicode's NFC form, and case-folded where ``fold``."""
+    name = unicodedata.normalize("NFC", name)
+    return name.casefold() if fold else name
+
+
+CASED_OTHERWISE = (
+    " (they differ only in upper and lower case: class names are compared exactly, as labels; "
+    "rename them to one spelling)"
+)
 
 
 ENCODED_OTHERWISE = (
@@ -135,10 +149,12 @@ ENCODED_OTHERWISE = (
 
 def encoding_hint_among(names: Sequence[str], known: Sequence[str]) -> str:
     """encoding_hint for ``names`` not among ``known`` (some of a model's classes): where each
-    is one of them written in the other Unicode form, the sentence saying so; else ""."""
-    forms = {unicodedata.normalize("NFC", k) for k in known}
-    if names and all(unicodedata.normalize("NFC", n) in forms for n in names):
-        return ENCODED_OTHERWISE
+    is one of them written in the other Unicode form, or in other upper and lower case, the
+    sentence saying so; else ""."""
+    for fold, hint in ((False, ENCODED_OTHERWISE), (True, CASED_OTHERWISE)):
+        forms = {_form(k, fold) for k in known}
+        if names and all(_form(n, fold) in forms for n in names):
+            return hint
     return ""
 
 

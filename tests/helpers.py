@@ -830,10 +830,10 @@ class FavouriteClassNet(torch.nn.Module):
     """A net that predicts one class whatever the image (the model of an unbalanced folder
     that never predicts its small classes)."""
 
-    def __init__(self, num_classes: int, favourite: int = 0) -> None:
+    def __init__(self, num_classes: int, favourite: int = 0, scale: float = 1.0) -> None:
         super().__init__()
         self.logits = torch.nn.Parameter(
-            torch.nn.functional.one_hot(torch.tensor(favourite), num_classes).float()
+            scale * torch.nn.functional.one_hot(torch.tensor(favourite), num_classes).float()
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1109,3 +1109,19 @@ def test_each_class_of_an_unbalanced_folder_is_measured_and_said(tmp_path, caplo
     assert f"the training images are unbalanced: class fox has {fewest}, class cat {most}" in (
         caplog.text
     )
+
+
+def test_a_classifier_whose_loss_diverged_without_a_nan_is_said_to_have(tmp_path, caplog):
+    """val/loss 7.2e5 on 3 classes, test/acc at chance, status completed and not a word
+    (walkthrough 157: a learning rate for another batch size): finite, so the divergence
+    guard let it be. Said, with what to change."""
+    sure = ["model/net=custom", "model.net._target_=helpers.FavouriteClassNet"]
+    sure += ["+model.net.num_classes=10", "+model.net.scale=1000"]  # wrong, and sure of it
+    cfg = make_cfg(tmp_path, [*sure, "trainer.max_epochs=1", "test=false", "logger=csv", *FAST])
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(cfg)
+    loss = summary_of(cfg)["metrics"]["val/loss"]
+    assert loss > 100
+    assert f"val/loss {loss:.4g} is {loss / math.log(10):.0f} times a uniform guess's" in (
+        caplog.text
+    )

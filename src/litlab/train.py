@@ -136,6 +136,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 record_stage(trainer, datamodule, run, "val")
+                say_a_loss_far_above_chance(trainer, run)
                 record_checkpoints(trainer, run, cfg.objective.metric)
                 recorded = True
                 say_the_time_cut_the_schedule(trainer, cfg)
@@ -186,6 +187,34 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         if isinstance(ended, SIGTERMException):  # checkpoint saved, loggers closed: a cluster
             hand_over_preemption(trainer)  # scheduler may requeue now
     return run.summary["metrics"]
+
+
+# A classifier's evaluation loss this many times a guess's (ln of the classes) or more: its
+# predictions are confidently wrong, diverged without a NaN (an overfit model's stays within a
+# few times the guess's)
+FAR_ABOVE_CHANCE = 10
+
+
+def say_a_loss_far_above_chance(trainer: L.Trainer, run: Run) -> None:
+    """A classifier whose last val/loss is FAR_ABOVE_CHANCE times a uniform guess's or more:
+    diverged, though finite, so the divergence guard (NaN, infinity) let it finish "completed"
+    (walkthrough 157: val/loss 7.2e5 on 3 classes, test/acc at chance, not a word)."""
+    classes = getattr(trainer.lightning_module, "num_classes", None)
+    loss = run.summary["metrics"].get("val/loss")
+    if not isinstance(classes, int) or classes < 2 or loss is None or not trainer.is_global_zero:
+        return
+    guess = math.log(classes)
+    if loss >= FAR_ABOVE_CHANCE * guess:
+        log.warning(
+            "val/loss %.4g is %.0f times a uniform guess's (ln %d = %.3g): the model diverged "
+            "without a NaN (its predictions confidently wrong); lower model.optimizer.lr (a "
+            "rate for a larger batch, data.batch_size x processes?) or clip gradients "
+            "(trainer.gradient_clip_val)",
+            loss,
+            loss / guess,
+            classes,
+            guess,
+        )
 
 
 def say_the_time_cut_the_schedule(trainer: L.Trainer, cfg: DictConfig) -> None:

@@ -687,8 +687,9 @@ def test_the_folders_a_nas_or_a_drive_writes_are_not_classes_nor_images(tmp_path
             Image.open(image).save(thumbs / f"SYNOPHOTO_THUMB_{size}.jpg")
     for top in (root, root / "train"):
         (top / "@eaDir" / "train").mkdir(parents=True)
-        (top / "#recycle" / "cat").mkdir(parents=True)
-        shutil.copy(root / "train" / "cat" / "0.png", top / "#recycle" / "cat" / "old.png")
+        for bin_ in ("#recycle", "@Recycle", "$Recycle.Bin"):  # Synology's, QNAP's, Windows'
+            (top / bin_ / "cat").mkdir(parents=True)
+            shutil.copy(root / "train" / "cat" / "0.png", top / bin_ / "cat" / "old.png")
     index = scan(root / "train")
     assert index.classes == ["cat", "dog"]
     assert index.files == [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(3)]
@@ -699,6 +700,10 @@ def test_the_folders_a_nas_or_a_drive_writes_are_not_classes_nor_images(tmp_path
         source.prepare()
         assert len(source.load("train")) == 6 and len(source.load("test")) == 4
     assert not [r for r in caplog.records if "not read" in r.getMessage()]
+    # a run begun before they were left out trained on them: its resume= is refused, saying
+    # why (review 159: "put the folder back as it was", the folder unchanged)
+    with pytest.raises(DataError, match=r"it holds .*@eaDir.*: folders a NAS or a drive writes"):
+        source.check_files({"v": 1, "key": "the files with the thumbnails", "files": 30})
 
 
 def test_a_folder_linked_into_two_classes_or_two_splits_is_refused(tmp_path, capsys):
@@ -1881,13 +1886,14 @@ def test_a_corrupt_cifar10_batch_says_how_to_fetch_it_again_and_that_works(tmp_p
 
 def test_images_decoded_well_above_the_nets_input_are_said(tmp_path, caplog):
     """data.source.size=64 alone trained on 32-pixel crops (data.image_shape's default) without
-    a word (walkthrough 157): said once, with the shape to set; a crop's margin is not."""
+    a word (walkthrough 157): said once (a line: storing large and training small is also a
+    recipe's choice), with the shape to set; a crop's margin is not."""
     write_png_folder(tmp_path / "images", per_class=4)
     for size, said in ((48, True), (20, False)):
         source = ImageFolder(str(tmp_path / "images"), size=size, cache_dir=str(tmp_path / "c"))
         dm = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=2, loader="auto")
         caplog.clear()
-        with caplog.at_level("WARNING", logger="litlab"):
+        with caplog.at_level("INFO", logger="litlab"):
             dm.setup()
             dm.setup("test")
         lines = [r.getMessage() for r in caplog.records if "the net sees" in r.getMessage()]
@@ -1900,6 +1906,29 @@ def test_images_decoded_well_above_the_nets_input_are_said(tmp_path, caplog):
             if said
             else []
         )
+
+
+def test_the_training_balance_is_said_where_a_fit_trains_and_not_by_a_test(tmp_path, caplog):
+    """eval.py (the test stage) said the training split's balance and recorded its images by
+    class beside the test's alone (review 159)."""
+    from litlab.evaluate import tested_data
+
+    root = tmp_path / "images"
+    write_png_folder(root, classes=("cat",), per_class=30)
+    write_png_folder(root, classes=("dog",), per_class=2, seed=1)
+    source = ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "c"), workers=1)
+    said = []
+    for stage in ("test", "fit"):
+        dm = DataModule(source, [3, 16, 16], 2, [0.5], [0.25], batch_size=2, loader="auto")
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="litlab"):
+            dm.setup(stage)
+        said.append("the training images are unbalanced" in caplog.text)
+    assert said == [False, True]
+    dm.setup("test")  # (a run's test after its fit)
+    report = dm.report()
+    assert set(report["class_images"]) == {"train", "val", "test"}
+    assert set(tested_data(report, [])["class_images"]) == {"test"}
 
 
 def test_copies_are_matched_on_digest_arrays_each_to_the_first_trained_file_of_its_bytes(

@@ -183,6 +183,10 @@ def test_a_gray_image_reaches_pretrained_weights_as_a_gray_photo(tmp_path, monke
         (lambda: SmallCNN(1, 10, width=0), "width >= 1"),
         (lambda: ResNet(1, 10, depth=[]), "non-empty depth"),
         (lambda: TorchvisionNet("resnet9000", 3, 10), "unknown torchvision model"),
+        (  # (review 159: a TypeError)
+            lambda: TorchvisionNet("vgg16", 3, 10, weights="IMAGENET1K_FEATURES"),
+            r"a feature extractor's, .* pick one of \['IMAGENET1K_V1'\]",
+        ),
     ],
 )
 def test_bad_arguments_are_config_errors(build, message):

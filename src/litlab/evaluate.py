@@ -191,9 +191,12 @@ def tested_data(report: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:
     """The DataModule's report of what an evaluation read: the test split (the images tested,
     the files skipped), and the training split where an FID's real statistics come from it;
     not the training and validation sizes a classifier's test never read."""
-    splits = report.get("splits")
-    if splits and not any(isinstance(c, FID) for c in callbacks):
-        report["splits"] = {k: v for k, v in splits.items() if k == "test"}
+    splits, classes = report.get("splits"), report.get("class_images")
+    if not any(isinstance(c, FID) for c in callbacks):
+        if splits:
+            report["splits"] = {k: v for k, v in splits.items() if k == "test"}
+        if classes:  # (review 159: the training split's, beside the test alone)
+            report["class_images"] = {k: v for k, v in classes.items() if k == "test"}
     return report
 
 

@@ -753,7 +753,7 @@ class Run:
         # how to go on, once (every rank of a DDP run has the same to say)
         said = rank_zero_only.rank == 0
         if exc is None and not said and is_rank_scratch(self.dir):  # torchrun's, srun's ranks
-            shutil.rmtree(self.dir, ignore_errors=True)  # > 0: their log, kept where they fail
+            _remove_rank_scratch(self.dir)  # > 0: their log, kept where they fail
         if isinstance(exc, SIGTERMException):
             if said:
                 log.warning("litlab: %s", self.summary["error"])
@@ -797,6 +797,15 @@ class Run:
             versions=versions(),
         )
         write_json(self.dir / "summary.json", self.summary)
+
+
+def _remove_rank_scratch(folder: Path) -> None:
+    """A completed run's scratch folder of a rank other than 0 (under torchrun or srun): its
+    Hydra files and log; one holding anything else (a profiler's file of this rank: review
+    159) is left as it is."""
+    entries = list(folder.iterdir()) if folder.is_dir() else []
+    if all(e.name == ".hydra" or (e.is_file() and e.suffix == ".log") for e in entries):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _ctrl_c(exc: BaseException | None) -> bool:

@@ -346,6 +346,8 @@ class DataModule(L.LightningDataModule):
         """Once: a training split whose largest class has ten times the images of its smallest
         or more (walkthrough 157: 110, 101 and 6 images, test/acc 0.976 with the small class
         never predicted, not a word). Where the labels are read without decoding the images."""
+        if self._stage not in (None, "fit", "validate"):
+            return  # eval.py trains nothing (review 159: it said the training split's balance)
         counts = self._class_images("fit")
         if counts is None:
             return
@@ -596,8 +598,10 @@ class DataModule(L.LightningDataModule):
         if self._said_fewer_pixels or size is None or max(stored[1:]) < 1.5 * want:
             return
         self._said_fewer_pixels = True
-        if self.trainer is None or self.trainer.is_global_zero:
-            log.warning(
+        # (a line, not a warning: storing large and training small is also a recipe's choice,
+        # FFCV's 256-pixel images and 160-pixel crops; review 159)
+        if self._stage in (None, "fit") and (self.trainer is None or self.trainer.is_global_zero):
+            log.info(
                 "data.source.size=%d decodes the images at %d px, and the net sees "
                 "data.image_shape %s: each crop is resized to %d px; to train at %d px, set "
                 "data.image_shape=[%d,%d,%d] (and data.source.size about %d, a crop's margin)",

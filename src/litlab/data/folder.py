@@ -44,6 +44,7 @@ from litlab.data.folder_index import (
     file_names,
     scan,
     split_folders,
+    system_folders_in,
     test_split,
     train_folder,
     unread,
@@ -239,11 +240,19 @@ class ImageFolder(Source):
             return
         if trained.get("key") == now["key"]:
             return
+        system = system_folders_in(self.root)
+        why = (
+            f" (it holds {', '.join(system)}: folders a NAS or a drive writes, which litlab "
+            "has left out since 2026-12-07 and a run begun before trained on: such a run "
+            "cannot go on with the same images; start a new run)"
+            if system
+            else ""
+        )
         raise DataError(
             f"{self.label} changed since the checkpoint was written ({trained.get('files')} "
             f"training and validation image files then, {now['files']} now; or files renamed "
             "or moved to another class, an unreadable one removed too): a resumed run would go "
-            "on with other images; put the folder back as it was, or start a new run on it"
+            f"on with other images; put the folder back as it was, or start a new run on it{why}"
         )
 
     def _split_folders(self) -> dict[str, Path] | None:

@@ -58,24 +58,44 @@ class FolderIndex:
 # Folders that systems write beside or inside the user's own: a Mac zip's __MACOSX (``._name``
 # files), a Synology NAS's @eaDir (a thumbnail JPEG of each image, in every folder: trained on,
 # they would be near-copies of the images, at other sizes, in every split), its recycle bin and
-# snapshots, Windows' at a drive's root, ext4's lost+found.
+# snapshots, QNAP's, Windows' at a drive's root, ext4's lost+found. Compared case-folded
+# (Windows writes $Recycle.Bin on its system drive, $RECYCLE.BIN on others).
 SYSTEM_FOLDERS = frozenset(
-    {
+    name.casefold()
+    for name in (
         "__MACOSX",
         "@eaDir",
         "#recycle",
         "#snapshot",
+        "@Recycle",
+        "@Recently-Snapshot",
         "$RECYCLE.BIN",
         "System Volume Information",
         "lost+found",
-    }
+    )
 )
 
 
 def left_out(name: str) -> bool:
     """A hidden file or folder (``.ipynb_checkpoints``, macOS's ``._name``), or a folder a
     system writes (SYSTEM_FOLDERS: a Mac zip's ``__MACOSX``, a Synology NAS's ``@eaDir``)."""
-    return name.startswith(".") or name in SYSTEM_FOLDERS
+    return name.startswith(".") or name.casefold() in SYSTEM_FOLDERS
+
+
+def system_folders_in(root: Path) -> list[str]:
+    """The folders systems write (SYSTEM_FOLDERS) under ``root``, as paths under it: what a
+    scan leaves out, and a scan before 2026-12-07 read."""
+    found = []
+    for folder, dirs, _ in os.walk(root, followlinks=True):
+        found += [
+            os.path.relpath(os.path.join(folder, d), root)
+            for d in dirs
+            if d.casefold() in SYSTEM_FOLDERS
+        ]
+        dirs[:] = [d for d in dirs if not left_out(d)]
+        if len(found) >= 3:
+            break
+    return found
 
 
 def class_names(root: Path) -> list[str]:

@@ -139,6 +139,16 @@ class TorchvisionNet(nn.Module):
                     f"{name} has no weights {weights!r}; pick one of "
                     f"{[w.name for w in torchvision.models.get_model_weights(name)]}"
                 ) from None
+            if not known.meta.get("categories"):  # VGG's IMAGENET1K_FEATURES: a TypeError
+                heads = [
+                    w.name
+                    for w in torchvision.models.get_model_weights(name)
+                    if w.meta.get("categories")
+                ]
+                raise ConfigError(
+                    f"{name}'s {known.name} weights are a feature extractor's, without the "
+                    f"classifier a head replaces; pick one of {heads}"
+                )
             if _FROM_CHECKPOINT.get():
                 self.model = architecture_of(name, known)
             else:

@@ -1206,3 +1206,20 @@ def test_a_fit_continued_on_another_number_of_processes_is_refused_unless_asked_
     asked = run_cli(*again, "trainer.devices=1")
     assert asked.returncode == 0, asked.stderr[-3000:]
     assert "continuing on 1 process(es) a run that trained on 2" in asked.stdout + asked.stderr
+
+
+def test_a_ranks_scratch_folder_is_removed_only_when_it_holds_hydras_files_and_its_log(tmp_path):
+    """Ranks > 0 under torchrun or srun remove their completed run's scratch folder: Hydra's
+    files and the log; a profiler's file of that rank (debug=profile: review 159) keeps it."""
+    from litlab.run import _remove_rank_scratch
+
+    for extra, kept in ((None, False), ("profiler", True)):
+        folder = tmp_path / f"stamp-rank1-{extra}"
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "config.yaml").write_text("{}")
+        (folder / "train.log").write_text("a line")
+        if extra:
+            (folder / extra).mkdir()
+            (folder / extra / "fit-rank1.txt").write_text("a profile")
+        _remove_rank_scratch(folder)
+        assert folder.is_dir() == kept

@@ -206,10 +206,10 @@ def say_a_loss_far_above_chance(trainer: L.Trainer, run: Run) -> None:
     guess = math.log(classes)
     if loss >= FAR_ABOVE_CHANCE * guess:
         log.warning(
-            "val/loss %.4g is %.0f times a uniform guess's (ln %d = %.3g): the model diverged "
-            "without a NaN (its predictions confidently wrong); lower model.optimizer.lr (a "
-            "rate for a larger batch, data.batch_size x processes?) or clip gradients "
-            "(trainer.gradient_clip_val)",
+            "val/loss %.4g is %.0f times a uniform guess's (ln %d = %.3g): the model's "
+            "predictions are confidently wrong, diverged without a NaN (or overfit to "
+            "certainty); lower model.optimizer.lr (a rate for a larger batch, data.batch_size "
+            "x processes?) or clip gradients (trainer.gradient_clip_val)",
             loss,
             loss / guess,
             classes,

@@ -824,12 +824,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(args: list[str], tmp_path: Path) -> subprocess.Popen:
-    """torchrun ``args``, its temporary folder (ranks > 0's scratch: rank_scratch) in tmp_path."""
+def torchrun(args: list[str], tmp_path: Path, own_tmp: bool = False) -> subprocess.Popen:
+    """torchrun ``args``; ``own_tmp``: its temporary folder (ranks > 0's scratch folders:
+    rank_scratch) tmp_path/tmp (not with loader workers: a forkserver's socket path under
+    pytest's deep folders is longer than AF_UNIX allows)."""
     (tmp_path / "tmp").mkdir(exist_ok=True)
     env = {
         **os.environ,
-        "TMPDIR": str(tmp_path / "tmp"),
+        **({"TMPDIR": str(tmp_path / "tmp")} if own_tmp else {}),
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
@@ -887,7 +889,7 @@ def assert_one_run_identical_weights(tmp_path: Path, ranks: int) -> dict:
 @pytest.mark.dist
 @pytest.mark.slow
 def test_torchrun_single_node(tmp_path):
-    proc = torchrun(["--standalone", "--nproc_per_node=2", *run_args(tmp_path)], tmp_path)
+    proc = torchrun(["--standalone", "--nproc_per_node=2", *run_args(tmp_path)], tmp_path, True)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     summary = assert_one_run_identical_weights(tmp_path, 2)
@@ -896,7 +898,7 @@ def test_torchrun_single_node(tmp_path):
     evaluation = [str(REPO / "eval.py"), f"ckpt_path={summary['best_checkpoint']}"]
     evaluation += ["extras.print_config=false", "logger=wandb"]
     evaluation += ["trainer.accelerator=cpu", f"paths.log_dir={tmp_path / 'eval'}"]
-    proc = torchrun(["--standalone", "--nproc_per_node=2", *evaluation], tmp_path)
+    proc = torchrun(["--standalone", "--nproc_per_node=2", *evaluation], tmp_path, True)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     (tested,) = summaries(tmp_path / "eval")
@@ -915,7 +917,7 @@ def test_ranks_resolving_different_precisions_are_refused(tmp_path):
     args = run_args(tmp_path)
     args[0] = str(REPO / "tests" / "two_kinds_of_node.py")
     proc = torchrun(
-        ["--standalone", "--nproc_per_node=2", *args, "trainer.precision=auto"], tmp_path
+        ["--standalone", "--nproc_per_node=2", *args, "trainer.precision=auto"], tmp_path, True
     )
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0

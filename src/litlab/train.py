@@ -49,7 +49,7 @@ from litlab.distributed import (
     strategy_for,
 )
 from litlab.distributed.agree import OnePrecision
-from litlab.distributed.launchers import check_command_line, check_submitit_local
+from litlab.distributed.launchers import as_launched, check_command_line, check_submitit_local
 from litlab.errors import ConfigError, TrainingDiverged, fail
 from litlab.hardware import check_hardware, on_gpu, resolve_precision
 from litlab.loggers import check_forked_wandb, finish_loggers
@@ -140,6 +140,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 record_checkpoints(trainer, run, cfg.objective.metric)
                 recorded = True
                 say_the_time_cut_the_schedule(trainer, cfg)
+                say_early_stopping_ended_it(trainer, run)
                 restore_spawned_progress(trainer, run)
                 run.mark_trained()
                 run.stop_if_asked()  # a SIGTERM held since the fit's end stops the run now
@@ -233,6 +234,38 @@ def say_the_time_cut_the_schedule(trainer: L.Trainer, cfg: DictConfig) -> None:
             "or trainer.max_steps instead",
             cfg.trainer.get("max_time"),
             "; ".join(unfinished),
+        )
+
+
+def say_early_stopping_ended_it(trainer: L.Trainer, run: Run) -> None:
+    """Early stopping ended the fit before trainer.max_epochs: said, with the LR schedule it
+    left unfinished, and recorded (summary.json ``early_stopped``) (walkthrough 160: a run
+    stopped at epoch 7 of 40, before its one-cycle warm-up's peak, read as a normal finish)."""
+    stopper = trainer.early_stopping_callback
+    if stopper is None or not stopper.stopped_epoch:
+        return
+    epoch, planned = stopper.stopped_epoch + 1, trainer.max_epochs
+    run.summary["early_stopped"] = {
+        "epoch": epoch,
+        "max_epochs": planned,
+        "monitor": stopper.monitor,
+        "patience": stopper.patience,
+    }
+    if trainer.is_global_zero:
+        unfinished = schedules_left_unfinished(trainer)
+        log.warning(
+            "early stopping ended the fit after epoch %d of trainer.max_epochs=%s: %s did not "
+            "improve for %d validation(s)%s; to train further: %s",
+            epoch,
+            planned,
+            stopper.monitor,
+            stopper.patience,
+            f" (the LR schedule left unfinished: {'; '.join(unfinished)}, its rate not annealed)"
+            if unfinished
+            else "",
+            as_launched(
+                f"python train.py resume={run.dir} callbacks.early_stopping.patience=<more>"
+            ),
         )
 
 

@@ -772,3 +772,18 @@ def test_an_eval_run_beside_training_runs_varies_none_of_their_settings(tmp_path
     for name, path in (("a", "/r/1/best.ckpt"), ("b", "/r/2/best.ckpt")):  # eval runs alone
         write_run(alone / name, evaluated, [f"ckpt_path={path}"])
     assert compare(find_runs([alone])).varied == ["ckpt_path"]
+
+
+def test_the_classes_mean_accuracy_has_a_column_beside_the_accuracy(tmp_path):
+    """test/acc_macro (each class counted alike) was in summary.json and not in the report,
+    where an unbalanced test's test/acc alone was shown (walkthrough 160)."""
+    objective = {"metric": "val/acc", "mode": "max", "value": 0.9}
+    for name, macro in (("1", 0.5), ("2", 0.75)):
+        metrics = {"test/acc": 0.9, "test/acc_macro": macro}
+        write_run(
+            tmp_path / name, {"status": "completed", "metrics": metrics, "objective": objective}
+        )
+    main([str(tmp_path)])
+    md = (tmp_path / "report.md").read_text()
+    assert "| test/acc (final weights) | test/acc_macro (final weights) |" in md
+    assert "| 0.9 | 0.75 |" in md and "| 0.9 | 0.5 |" in md

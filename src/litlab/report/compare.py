@@ -12,6 +12,7 @@ from litlab.report.runs import PROCESSES, RunFolder, number
 
 KEY_METRICS = (
     "test/acc",
+    "test/acc_macro",  # (each class counted alike: an unbalanced test's other measure)
     "val/acc",
     "test/fid",
     "val/fid",

@@ -167,6 +167,7 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             ["callbacks=ema", "+callbacks.ema.update_starting_at_epoch=1"],
             "use callbacks.ema.update_starting_at_step",
         ),
+        (["callbacks=ema", "callbacks.ema.decay=1.5"], "callbacks.ema.decay must lie in (0, 1)"),
         (["callbacks=ema", "trainer=fsdp"], "callbacks.ema averages whole parameters"),
         # it replaced the GAN's callbacks, and the FID "off" was blamed (walkthrough)
         (["model=dcgan", "callbacks=ema"], "this callbacks group has no GAN callbacks"),

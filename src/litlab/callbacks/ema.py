@@ -44,6 +44,8 @@ class EMA(EMAWeightAveraging):
         update_starting_at_epoch: int | None = None,
         **kwargs: Any,
     ):
+        if not 0.0 < decay < 1.0:  # (walkthrough 160: 1.5 and -0.5 trained, a garbage average)
+            raise ConfigError(f"callbacks.ema.decay must lie in (0, 1), got {decay}")
         if update_starting_at_epoch is not None:
             # Lightning then also updates the average at each epoch's end, after validation and
             # before the best checkpoint is written: best.ckpt would hold weights one update

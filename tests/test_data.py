@@ -1274,6 +1274,11 @@ def test_train_beside_valid_or_validation_is_a_split_layout_and_unknown_splits_a
             ImageFolder(str(root), size=16, cache_dir=str(tmp_path / "cache")).load("train")
         with pytest.raises(DataError, match="named like splits"):
             splits(root)
+    # a held-out folder alone: where to point eval.py is said (walkthrough 160)
+    heldout = tmp_path / "heldout"
+    write_png_folder(heldout / "test", per_class=2)
+    with pytest.raises(DataError, match=rf"alone, data\.source\.root={heldout / 'test'}$"):
+        ImageFolder(str(heldout), size=16, cache_dir=str(tmp_path / "cache")).load("test")
     vehicles = tmp_path / "vehicles"
     write_png_folder(vehicles, classes=("bus", "car", "train"), per_class=4)
     whole = ImageFolder(str(vehicles), size=16, cache_dir=str(tmp_path / "cache"), workers=1)

@@ -421,10 +421,13 @@ def split_folders(root: Path) -> dict[str, Path] | None:
         return folders
     names = class_names(root) if root.is_dir() else []
     if names and all(n.lower() in SPLIT_NAMES for n in names):
+        # a held-out folder alone (walkthrough 160: eval.py on heldout/test/<class>/)
+        alone = f"; to test a model on {root / names[0]} alone, data.source.root={root / names[0]}"
         raise DataError(
             f"{root} holds folders named like splits ({', '.join(names)}), not class folders; "
             f"lay it out as {root}/train/<class>/ beside {root}/test/<class>/ (or val/, valid/, "
             f"validation/), or as {root}/<class>/"
+            + (alone if len(names) == 1 and names[0].lower() in HELD_OUT_FOLDERS else "")
         )
     # a test/ beside the class folders, no train/ (not train/: a class of CIFAR-100's)
     splits = [n for n in names if n.lower() in HELD_OUT_FOLDERS]

@@ -384,18 +384,23 @@ def test_bad_tune_settings_are_one_line(tmp_path, overrides, needle):
         (["+trainer.limit_train_batches=0.5"], 647),
     ],
 )
-def test_the_batch_size_finder_stops_at_the_training_split(tmp_path, extra, found):
+def test_the_batch_size_finder_stops_at_the_training_split(tmp_path, caplog, extra, found):
     """README: on a CPU the search ends at the split, 1294 digits (Lightning's power search
     doubles to 2048 and reloads the data before it checks max_val). Its trials all step the
     one-cycle schedule, built for the throwaway trainer's max_steps: with the LR range test's
     10 steps as that, the 11th step raised a ValueError (reviewer). Half an epoch of one batch
-    is refused by Lightning: with limit_train_batches=0.5 the cap is half the split."""
+    is refused by Lightning: with limit_train_batches=0.5 the cap is half the split. An epoch
+    of one batch is said (walkthrough 160: only the size was)."""
     overrides = ["trainer.max_epochs=1", "tune.batch_size=true", "test=false", *extra]
     overrides += ["model.net.width=4"]  # the cap is the split's size, not the net's
     cfg = make_cfg(tmp_path, [*overrides, *FAST])
-    train_task(cfg)
+    with caplog.at_level("INFO", logger="litlab"):
+        train_task(cfg)
     summary = summary_of(cfg)
     assert summary["status"] == "completed" and summary["tuned"]["batch_size"] == found
+    batches = 1  # (of 2 at 647, trainer.limit_train_batches=0.5 trains one)
+    assert f"data.batch_size={found}: {batches} batch(es) an epoch of the 1294 " in caplog.text
+    assert f"data.batch_size={found} leaves {batches} batch(es) an epoch" in caplog.text
     assert not list(Path(cfg.paths.output_dir).glob(".scale_batch_size_*.ckpt"))
 
 

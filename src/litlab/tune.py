@@ -259,8 +259,28 @@ def find_batch_size(
                 "cap), ran out of memory; lower tune.batch_size_finder.init_val"
             )
     datamodule.batch_size = size
-    log.info("tune.batch_size found data.batch_size=%d", size)
+    steps = max(1, fit_images // size)  # (the training loader drops a last partial batch)
+    limit = trainer.limit_train_batches  # (as Lightning counts an epoch's batches)
+    steps = max(1, int(steps * limit)) if isinstance(limit, float) else min(steps, limit)
+    log.info(
+        "tune.batch_size found data.batch_size=%d: %d batch(es) an epoch of the %d training images",
+        size,
+        steps,
+        fit_images,
+    )
+    if steps < FEW_BATCHES:  # (walkthrough 160: the whole split, one step an epoch, unsaid)
+        log.warning(
+            "tune.batch_size: data.batch_size=%d leaves %d batch(es) an epoch: an epoch's "
+            "counts (trainer.max_epochs, early stopping's patience, a per-epoch schedule) are "
+            "that few optimizer steps; cap the search with tune.batch_size_finder.max_val",
+            size,
+            steps,
+        )
     return size
+
+
+# Fewer training batches an epoch than this after the batch-size search: said
+FEW_BATCHES = 10
 
 
 def most_per_batch(images: int, trainer: L.Trainer) -> int:

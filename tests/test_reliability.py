@@ -1698,7 +1698,7 @@ def test_a_resumed_offline_wandb_run_says_to_sync_all_its_parts_together(tmp_pat
     assert (folder / "train.log").read_text().endswith(f"wandb sync {last}\n")
 
 
-def test_a_finished_run_started_again_in_its_folder_trains_nothing(tmp_path, caplog, capsys):
+def test_a_finished_run_started_again_in_its_folder_trains_nothing(tmp_path, caplog):
     """A requeued batch script runs its commands again, each in the folder it had: a run that
     had completed, stopped early by early stopping, was continued (another epoch, its summary
     and best checkpoint rewritten). It now trains nothing and exits 0, and says that more
@@ -1722,26 +1722,35 @@ def test_a_finished_run_started_again_in_its_folder_trains_nothing(tmp_path, cap
     last, summary = folder / "checkpoints" / "last.ckpt", folder / "summary.json"
     assert load_checkpoint(last)["epoch"] == 1  # stopped early, before max_epochs
     # said and recorded (walkthrough 160: it read as a normal finish)
-    assert "early stopping ended the fit after epoch 2 of trainer.max_epochs=10" in caplog.text
-    assert json.loads(summary.read_text())["early_stopped"] == {
-        "epoch": 2, "max_epochs": 10, "monitor": "val/acc", "patience": 0
-    }  # fmt: skip
+    why = "Monitored metric val/acc did not improve in the last 1 records"
+    assert f"early stopping ended the fit after epoch 2 of trainer.max_epochs=10 ({why}" in (
+        caplog.text
+    )
+    stopped = json.loads(summary.read_text())["early_stopped"]
+    assert stopped["epoch"] == 2 and stopped["max_epochs"] == 10 and why in stopped["why"]
     written, summarized = last.read_bytes(), summary.read_bytes()
     with caplog.at_level("WARNING", logger="litlab"):
         again = train_task(make_cfg(tmp_path, args))  # the same command, the same folder
     assert again == objective and "holds a run that completed: nothing to train" in caplog.text
-    assert "callbacks.early_stopping.patience=<more> (early stopping ended it)" in caplog.text
+    assert "(early stopping ended it: a resume waits its patience again)" in caplog.text
     assert last.read_bytes() == written and summary.read_bytes() == summarized
-    # resumed with no more patience than it had waited: it trained one epoch and stopped
-    # again, not a word (walkthrough 160); refused, the folder as it was
-    needle = "comes back with the checkpoint, so with callbacks.early_stopping.patience=0 it "
-    refused(capsys, train_task, make_cfg(tmp_path, [*args, f"ckpt_path={last}"]), needle)
-    assert last.read_bytes() == written and summary.read_bytes() == summarized
-    # epoch 1 was the first without improvement; patience 3: epochs 2 and 3 too, then it stops
+    # resumed, it waits its patience again (walkthrough 160: the restored count stopped it
+    # after one more epoch, and the old stop was said as this fit's: review 161); patience 3:
+    # epochs 2, 3 and 4 without improvement, then it stops
     further = [*args, f"ckpt_path={last}", "callbacks.early_stopping.patience=3"]
-    train_task(make_cfg(tmp_path, further))
-    assert json.loads(summary.read_text())["resumed_from"] == str(last)
-    assert load_checkpoint(last)["epoch"] == 3 and (folder / ".completed").is_file()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="litlab"):
+        train_task(make_cfg(tmp_path, further))
+    resumed = json.loads(summary.read_text())
+    assert resumed["resumed_from"] == str(last) and resumed["early_stopped"]["epoch"] == 5
+    assert load_checkpoint(last)["epoch"] == 4 and (folder / ".completed").is_file()
+    assert (
+        "after epoch 5 of trainer.max_epochs=10 (Monitored metric val/acc did not improve in "
+        "the last 3 records" in caplog.text
+    )
+    # and to its end: max_epochs reached is not early stopping's doing
+    train_task(make_cfg(tmp_path, [*args, f"ckpt_path={last}", "trainer.max_epochs=6"]))
+    assert json.loads(summary.read_text()).get("early_stopped") is None
 
 
 def test_a_finished_run_without_a_resumable_checkpoint_is_not_trained_again(tmp_path):

@@ -223,28 +223,6 @@ def check_resumable(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
             f"{path} has already trained {done} epochs and trainer.max_epochs={max_epochs}; "
             f"set trainer.max_epochs above {done} to train further"
         )
-    refuse_a_second_early_stop(checkpoint, cfg)
-
-
-def refuse_a_second_early_stop(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
-    """A run that early stopping ended, resumed with no more patience than it had waited:
-    its count of validations without improvement is restored, so it trained one epoch and
-    stopped again, without a word (walkthrough 160; `trainer.max_epochs=<more>` alone too)."""
-    stopper = (cfg.get("callbacks") or {}).get("early_stopping")
-    if not stopper or stopper.get("patience") is None:
-        return
-    for key, state in (checkpoint.get("callbacks") or {}).items():
-        if not (str(key).startswith("EarlyStopping") and isinstance(state, dict)):
-            continue
-        waited, stopped = state.get("wait_count", 0), state.get("stopped_epoch", 0)
-        if stopped and stopped == checkpoint.get("epoch") and stopper.patience <= waited:
-            raise CheckpointError(
-                f"early stopping ended the run of {cfg.ckpt_path} after epoch {stopped + 1}; "
-                f"its count of {waited} validations without an improvement of "
-                f"{stopper.get('monitor')} comes back with the checkpoint, so "
-                f"with callbacks.early_stopping.patience={stopper.patience} it would stop again "
-                f"after one epoch: give a patience above {waited} to train further"
-            )
 
 
 # What says which data a run learns from (not how it is batched or loaded): the source's own

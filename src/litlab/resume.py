@@ -527,11 +527,11 @@ def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any]
 
 def _completed(folder: Path, checkpoint: dict[str, Any] | None = None) -> AlreadyCompleted:
     """A completed run found again in its folder, with how to train it further: more epochs, or
-    where early stopping ended it (its checkpoint says so) more patience, which more epochs
-    alone would not give (the restored count of epochs without improvement stops it again)."""
+    where early stopping ended it (its checkpoint says so) a resume, which waits its patience
+    again (litlab.callbacks.EarlyStopping)."""
     further = "trainer.max_epochs=<more>"
     if checkpoint is not None and _stopped_by_patience(checkpoint):
-        further = "callbacks.early_stopping.patience=<more> (early stopping ended it)"
+        further = "(early stopping ended it: a resume waits its patience again)"
     return AlreadyCompleted(
         f"{folder} holds a run that completed: nothing to train (train it further with: "
         f"python train.py resume={folder} {further})"

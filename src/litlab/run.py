@@ -59,6 +59,7 @@ COMPLETED = ".completed"
 # What a fit puts into the summary beside its metrics (litlab.train.record_checkpoints, and
 # the epochs its last values are of: Run.epoch_ended).
 FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score", "epochs", "training_limit")
+FIT_RECORD += ("early_stopped",)
 FIT_RECORD += ("global_step",)
 # What the first part of a run decided for all of it, kept in the summary of every later part
 # (resume=, a requeued job): the values the finders chose (train.py; a resume never tunes).

@@ -238,34 +238,38 @@ def say_the_time_cut_the_schedule(trainer: L.Trainer, cfg: DictConfig) -> None:
 
 
 def say_early_stopping_ended_it(trainer: L.Trainer, run: Run) -> None:
-    """Early stopping ended the fit before trainer.max_epochs: said, with the LR schedule it
-    left unfinished, and recorded (summary.json ``early_stopped``) (walkthrough 160: a run
-    stopped at epoch 7 of 40, before its one-cycle warm-up's peak, read as a normal finish)."""
+    """Early stopping ended the fit before trainer.max_epochs: said, with why (Lightning's
+    reason) and the LR schedule it left unfinished, and recorded (summary.json
+    ``early_stopped``) (walkthrough 160: a run stopped at epoch 7 of 40, before its one-cycle
+    warm-up's peak, read as a normal finish). A fit in spawned processes (ddp_spawn): from its
+    last checkpoint, which the spawned callback wrote its state into (review 161)."""
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
     stopper = trainer.early_stopping_callback
-    if stopper is None or not stopper.stopped_epoch:
+    if stopper is None:
         return
-    epoch, planned = stopper.stopped_epoch + 1, trainer.max_epochs
-    run.summary["early_stopped"] = {
-        "epoch": epoch,
-        "max_epochs": planned,
-        "monitor": stopper.monitor,
-        "patience": stopper.patience,
-    }
+    state = stopper.state_dict()
+    last = run.summary.get("last_checkpoint")
+    if isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher) and last:
+        saved = (load_checkpoint(last).get("callbacks") or {}).items()
+        state = next((s for k, s in saved if str(k).startswith("EarlyStopping")), state)
+    epoch, planned = state.get("stopped_epoch", 0) + 1, trainer.max_epochs
+    if not state.get("stopping_reason") or (planned is not None and 0 <= planned <= epoch):
+        return  # not stopped, or stopped at the end it had anyway
+    reason = str(state.get("stopping_reason_message") or "").strip().removesuffix(".")
+    run.summary["early_stopped"] = {"epoch": epoch, "max_epochs": planned, "why": reason}
     if trainer.is_global_zero:
         unfinished = schedules_left_unfinished(trainer)
         log.warning(
-            "early stopping ended the fit after epoch %d of trainer.max_epochs=%s: %s did not "
-            "improve for %d validation(s)%s; to train further: %s",
+            "early stopping ended the fit after epoch %d of trainer.max_epochs=%s (%s)%s; to "
+            "train further: %s (it waits callbacks.early_stopping.patience validations again)",
             epoch,
             planned,
-            stopper.monitor,
-            stopper.patience,
-            f" (the LR schedule left unfinished: {'; '.join(unfinished)}, its rate not annealed)"
+            reason.removesuffix(". Signaling Trainer to stop") or stopper.monitor,
+            f"; the LR schedule left unfinished ({'; '.join(unfinished)}), its rate not annealed"
             if unfinished
             else "",
-            as_launched(
-                f"python train.py resume={run.dir} callbacks.early_stopping.patience=<more>"
-            ),
+            as_launched(f"python train.py resume={run.dir}"),
         )
 
 

@@ -707,6 +707,9 @@ def test_the_folders_a_nas_or_a_drive_writes_are_not_classes_nor_images(tmp_path
     # why (review 159: "put the folder back as it was", the folder unchanged)
     with pytest.raises(DataError, match=r"it holds .*@eaDir.*: folders a NAS or a drive writes"):
         source.check_files({"v": 1, "key": "the files with the thumbnails", "files": 30})
+    with pytest.raises(DataError) as refusal:  # a file added since: the folder's own change
+        source.check_files({"v": 1, "key": "the files before one was added", "files": 5})
+    assert "it holds" not in str(refusal.value)
 
 
 def test_a_folder_linked_into_two_classes_or_two_splits_is_refused(tmp_path, capsys):
@@ -767,6 +770,11 @@ def test_class_names_that_differ_only_in_their_encoding_are_said_to(tmp_path):
     write_png_folder(cased, classes=("Café",), per_class=2)
     source = ImageFolder(str(cased), size=16, cache_dir=str(tmp_path / "c"), classes=known)
     with pytest.raises(DataError, match=r"not among .* differ only in upper and lower case"):
+        source.load("test")
+    both = tmp_path / "both"  # in case and in encoding (review 161: "only in case" said)
+    write_png_folder(both, classes=(unicodedata.normalize("NFD", "Café"),), per_class=2)
+    source = ImageFolder(str(both), size=16, cache_dir=str(tmp_path / "c"), classes=known)
+    with pytest.raises(DataError, match=r"in upper and lower case and in how accented letters"):
         source.load("test")
     split = tmp_path / "cased_split"
     write_png_folder(split / "train", classes=("cat", "dog"), per_class=4)

@@ -768,6 +768,10 @@ def test_an_eval_run_beside_training_runs_varies_none_of_their_settings(tmp_path
     evaluated = {"task": "eval", **evaluated}
     write_run(tmp_path / "3", evaluated, ["ckpt_path=/r/1/best.ckpt", "data=image_folder"])
     assert compare(find_runs([tmp_path])).varied == ["model.optimizer.lr"]
+    # eval runs of their own settings: what sets them apart among them too (review 161)
+    write_run(tmp_path / "4", evaluated, ["ckpt_path=/r/1/best.ckpt", "data=cifar10"])
+    varied = compare(find_runs([tmp_path])).varied
+    assert varied == ["model.optimizer.lr", "data"]
     alone = tmp_path / "evals"
     for name, path in (("a", "/r/1/best.ckpt"), ("b", "/r/2/best.ckpt")):  # eval runs alone
         write_run(alone / name, evaluated, [f"ckpt_path={path}"])

@@ -240,7 +240,9 @@ class ImageFolder(Source):
             return
         if trained.get("key") == now["key"]:
             return
-        system = system_folders_in(self.root)
+        # (a run begun before: more files then; review 161: not for a file added since)
+        more = (trained.get("files") or 0) > (now.get("files") or 0)
+        system = system_folders_in(self.root) if more else []
         why = (
             f" (it holds {', '.join(system)}: folders a NAS or a drive writes, which litlab "
             "has left out since 2026-12-07 and a run begun before trained on: such a run "

@@ -145,7 +145,10 @@ def encoding_hint(a: Sequence[str], b: Sequence[str]) -> str:
         return ""
     if nfc(a) == nfc(b):
         return ENCODED_OTHERWISE
-    return CASED_OTHERWISE if nfc(a, fold=True) == nfc(b, fold=True) else ""
+    if nfc(a, fold=True) != nfc(b, fold=True):
+        return ""
+    cased = sorted(n.casefold() for n in a) == sorted(n.casefold() for n in b)
+    return CASED_OTHERWISE if cased else ENCODED_AND_CASED_OTHERWISE
 
 
 def _form(name: str, fold: bool) -> str:
@@ -157,6 +160,11 @@ def _form(name: str, fold: bool) -> str:
 CASED_OTHERWISE = (
     " (they differ only in upper and lower case: class names are compared exactly, as labels; "
     "rename them to one spelling)"
+)
+ENCODED_AND_CASED_OTHERWISE = (
+    " (they differ in upper and lower case and in how accented letters are encoded, Unicode "
+    "NFD as macOS writes names against NFC: rename them to one spelling in one form, e.g. "
+    "`convmv -r -f utf8 -t utf8 --nfc --notest <folder>`, then the case)"
 )
 
 
@@ -174,7 +182,9 @@ def encoding_hint_among(names: Sequence[str], known: Sequence[str]) -> str:
     for fold, hint in ((False, ENCODED_OTHERWISE), (True, CASED_OTHERWISE)):
         forms = {_form(k, fold) for k in known}
         if names and all(_form(n, fold) in forms for n in names):
-            return hint
+            folded = {k.casefold() for k in known}  # (the encoding too: review 161)
+            cased = not fold or all(n.casefold() in folded for n in names)
+            return hint if cased else ENCODED_AND_CASED_OTHERWISE
     return ""
 
 

@@ -222,7 +222,15 @@ def varied_params(runs: list[RunFolder]) -> list[str]:
     Among training runs alone where there are any: an eval.py run's settings are its task's
     (ckpt_path, data=...), none of the training's (walkthrough 157: with one beside two runs of
     two learning rates, 12 keys "varied", each run's every override)."""
-    runs = [run for run in runs if not run.evaluation] or runs
+    trained = [run for run in runs if not run.evaluation]
+    evaluated = [run for run in runs if run.evaluation]
+    varied = _varied_among(trained or evaluated)
+    if trained and evaluated:  # and what sets the eval runs apart, among them (review 161)
+        varied += [k for k in _varied_among(evaluated) if k not in varied]
+    return varied
+
+
+def _varied_among(runs: list[RunFolder]) -> list[str]:
     keys = dict.fromkeys(key for run in runs for key in run.params)
     varied = [k for k in keys if len({run.setting(k) for run in runs}) > 1]
     # the processes that trained them (each step data.batch_size x processes): where known

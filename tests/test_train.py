@@ -1084,7 +1084,10 @@ def test_each_class_of_an_unbalanced_folder_is_measured_and_said(tmp_path, caplo
             "model/net=custom",
             "model.net._target_=helpers.FavouriteClassNet",  # predicts cat, whatever the image
             "+model.net.num_classes=3",
-            "train=false",  # the model as built, tested
+            "+model.net.scale=1000",  # (one epoch's steps leave it predicting cat)
+            "trainer.max_epochs=1",
+            "data.batch_size=4",
+            "model.scheduler=null",
             "logger=csv",
             *FAST,
         ],

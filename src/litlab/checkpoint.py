@@ -111,6 +111,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, f)
 
 
+def early_stopping_states(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+    """The EarlyStopping callbacks' states a checkpoint holds (Lightning keys each by its class
+    name and settings: "EarlyStopping{'monitor': ...}")."""
+    return [
+        state
+        for key, state in (checkpoint.get("callbacks") or {}).items()
+        if str(key).startswith("EarlyStopping") and isinstance(state, dict)
+    ]
+
+
 def data_state(checkpoint: dict[str, Any], stored: DictConfig) -> dict[str, Any]:
     """The training DataModule's state in the checkpoint (Lightning keys it by class name)."""
     target = str(OmegaConf.select(stored, "data._target_") or "")

@@ -29,7 +29,13 @@ import torch
 import yaml
 from omegaconf import DictConfig, open_dict
 
-from litlab.checkpoint import CHECKPOINTS, load_checkpoint, resumable_checkpoints, stored_config
+from litlab.checkpoint import (
+    CHECKPOINTS,
+    early_stopping_states,
+    load_checkpoint,
+    resumable_checkpoints,
+    stored_config,
+)
 from litlab.compat import forget_logged_after_checkpoint
 from litlab.config import (
     DATA_PATH_KEYS,
@@ -542,11 +548,10 @@ def _stopped_by_patience(checkpoint: dict[str, Any]) -> bool:
     """Whether an EarlyStopping callback's state in ``checkpoint`` says it stopped the run in
     the checkpoint's epoch for want of improvement (Lightning's EarlyStoppingReason.
     PATIENCE_EXHAUSTED, 3; a reason restored from an earlier stop stays, with its epoch)."""
-    for key, state in (checkpoint.get("callbacks") or {}).items():
-        if str(key).startswith("EarlyStopping") and isinstance(state, dict):
-            stopped = state.get("stopped_epoch")
-            if state.get("stopping_reason", 3) == 3 and stopped == checkpoint.get("epoch") != 0:
-                return True
+    for state in early_stopping_states(checkpoint):
+        stopped = state.get("stopped_epoch")
+        if state.get("stopping_reason", 3) == 3 and stopped == checkpoint.get("epoch") != 0:
+            return True
     return False
 
 

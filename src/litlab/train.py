@@ -23,7 +23,7 @@ from litlab import compat
 from litlab.callbacks import PeakMemory, Throughput
 from litlab.callbacks.gan import give_checkpoint_state
 from litlab.callbacks.preemption import hand_over_preemption
-from litlab.checkpoint import load_checkpoint
+from litlab.checkpoint import early_stopping_states, load_checkpoint
 from litlab.config import (
     absolute_data_paths,
     build,
@@ -251,8 +251,7 @@ def say_early_stopping_ended_it(trainer: L.Trainer, run: Run) -> None:
     state = stopper.state_dict()
     last = run.summary.get("last_checkpoint")
     if isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher) and last:
-        saved = (load_checkpoint(last).get("callbacks") or {}).items()
-        state = next((s for k, s in saved if str(k).startswith("EarlyStopping")), state)
+        state = next(iter(early_stopping_states(load_checkpoint(last))), state)
     epoch, planned = state.get("stopped_epoch", 0) + 1, trainer.max_epochs
     if not state.get("stopping_reason") or (planned is not None and 0 <= planned <= epoch):
         return  # not stopped, or stopped at the end it had anyway

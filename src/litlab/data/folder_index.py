@@ -12,7 +12,7 @@ import logging
 import os
 import unicodedata
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,24 +137,24 @@ def encoding_hint(a: Sequence[str], b: Sequence[str]) -> str:
     """Where two lists of class names differ only in how their letters are encoded (macOS
     writes "é" as e and an accent, NFD; most systems as one letter, NFC: the names look the
     same but are not), or only in upper and lower case, a sentence saying so; else ""."""
-
-    def nfc(names: Sequence[str], fold: bool = False) -> list[str]:
-        return sorted(_form(n, fold) for n in names)
-
     if list(a) == list(b):
         return ""
-    if nfc(a) == nfc(b):
+    return _spelled_otherwise(lambda form: sorted(map(form, a)) == sorted(map(form, b)))
+
+
+def _spelled_otherwise(same: Callable[[Callable[[str], str]], bool]) -> str:
+    """The sentence for names that ``same`` finds alike once written in one Unicode form
+    (ENCODED_OTHERWISE), or in one form and case (CASED_OTHERWISE where case alone differs,
+    else ENCODED_AND_CASED_OTHERWISE); "" where they differ otherwise."""
+
+    def nfc(name: str) -> str:
+        return unicodedata.normalize("NFC", name)
+
+    if same(nfc):
         return ENCODED_OTHERWISE
-    if nfc(a, fold=True) != nfc(b, fold=True):
+    if not same(lambda name: nfc(name).casefold()):
         return ""
-    cased = sorted(n.casefold() for n in a) == sorted(n.casefold() for n in b)
-    return CASED_OTHERWISE if cased else ENCODED_AND_CASED_OTHERWISE
-
-
-def _form(name: str, fold: bool) -> str:
-    """A name in Unicode's NFC form, and case-folded where ``fold``."""
-    name = unicodedata.normalize("NFC", name)
-    return name.casefold() if fold else name
+    return CASED_OTHERWISE if same(str.casefold) else ENCODED_AND_CASED_OTHERWISE
 
 
 CASED_OTHERWISE = (
@@ -179,13 +179,9 @@ def encoding_hint_among(names: Sequence[str], known: Sequence[str]) -> str:
     """encoding_hint for ``names`` not among ``known`` (some of a model's classes): where each
     is one of them written in the other Unicode form, or in other upper and lower case, the
     sentence saying so; else ""."""
-    for fold, hint in ((False, ENCODED_OTHERWISE), (True, CASED_OTHERWISE)):
-        forms = {_form(k, fold) for k in known}
-        if names and all(_form(n, fold) in forms for n in names):
-            folded = {k.casefold() for k in known}  # (the encoding too: review 161)
-            cased = not fold or all(n.casefold() in folded for n in names)
-            return hint if cased else ENCODED_AND_CASED_OTHERWISE
-    return ""
+    return _spelled_otherwise(
+        lambda form: bool(names) and {form(n) for n in names} <= {form(k) for k in known}
+    )
 
 
 def lineage(path: str) -> list[str]:

@@ -26,6 +26,7 @@ from litlab.data import DataModule
 from litlab.errors import ConfigError
 from litlab.hardware import check_hardware, cpu_flags, cpu_has_native_bf16, resolve_precision
 from litlab.models import GAN, ImageClassifier
+from litlab.nets.torchvision_net import weights_from_checkpoint
 from litlab.run import build_list
 from litlab.train import train_task
 from litlab.tune import finder_options
@@ -205,7 +206,10 @@ def test_overlays_compose_and_instantiate(option, tmp_path):
     resolve_precision(cfg.trainer)
     check_all(cfg)
     build(cfg.data, "data")
-    build(cfg.model, "model")
+    # pretrained weights (folder_finetune): built as a checkpoint's would be, without the
+    # download (tests/test_nets.py loads them from torch's cache)
+    with weights_from_checkpoint():
+        build(cfg.model, "model")
     build(cfg.trainer, "trainer", callbacks=build_list(cfg.callbacks, "callbacks"), logger=False)
 
 

@@ -120,6 +120,21 @@ def test_a_net_whose_weights_a_checkpoint_gives_is_built_as_the_weights_build_it
         TorchvisionNet(name, in_channels=1, num_classes=7, weights=weights)
 
 
+# A fine-tune of resnet18's ImageNet weights on small synthetic images, through train.py
+FINE_TUNE = [
+    "data=synthetic",
+    "data.image_shape=[3,32,32]",
+    "data.source.train_size=96",
+    "data.source.test_size=32",
+    "data.batch_size=32",
+    "model=torchvision",
+    "model.net.weights=IMAGENET1K_V1",
+    "model.scheduler=null",  # (a one-cycle warm-up of 6 steps is refused)
+    "data.mean=[0.485,0.456,0.406]",
+    "data.std=[0.229,0.224,0.225]",
+]
+
+
 def test_a_fine_tuned_checkpoint_is_tested_and_continued_without_internet(tmp_path, monkeypatch):
     """A fine-tune of pretrained weights (torch's cache filled, as by a download), then eval.py
     and resume= where torch's cache holds nothing and nothing can be downloaded."""
@@ -127,19 +142,7 @@ def test_a_fine_tuned_checkpoint_is_tested_and_continued_without_internet(tmp_pa
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "cached"))
     cached_weights(tmp_path / "cached", "resnet18", "IMAGENET1K_V1")
-    small = [
-        "data=synthetic",
-        "data.image_shape=[3,32,32]",
-        "data.source.train_size=96",
-        "data.source.test_size=32",
-        "data.batch_size=32",
-        "model=torchvision",
-        "model.net.weights=IMAGENET1K_V1",
-        "model.scheduler=null",  # (a one-cycle warm-up of 6 steps is refused)
-        "data.mean=[0.485,0.456,0.406]",
-        "data.std=[0.229,0.224,0.225]",
-        *QUIET_CSV,
-    ]
+    small = [*FINE_TUNE, *QUIET_CSV]
     result = run_cli(*small, "trainer.max_epochs=1", f"paths.log_dir={tmp_path / 'out'}")
     assert result.returncode == 0, result.stderr[-3000:]
     (trained,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("summary.json")]
@@ -159,6 +162,78 @@ def test_a_fine_tuned_checkpoint_is_tested_and_continued_without_internet(tmp_pa
     continued = json.loads((Path(trained["run_dir"]) / "summary.json").read_text())
     assert continued["status"] == "completed"
     assert continued["global_step"] == 2 * trained["global_step"] > 0  # (one epoch more)
+
+
+def test_a_frozen_backbone_keeps_its_weights_and_statistics_and_the_head_trains(
+    tmp_path, monkeypatch
+):
+    """model.net.freeze_backbone=true (a linear probe): the optimizer holds the head alone
+    (either weight-decay layout), and a training step leaves every pretrained parameter and
+    BatchNorm statistic as the weights' file has them (BatchNorm in train mode would have
+    moved its running statistics, and normalized with each batch's) while the head learns."""
+    from litlab.models.optim import optimized_parameters
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    state = cached_weights(tmp_path, "resnet18", "IMAGENET1K_V1")
+    net = TorchvisionNet(
+        "resnet18", in_channels=3, num_classes=5, weights="IMAGENET1K_V1", freeze_backbone=True
+    )
+    head = [net.model.fc.weight, net.model.fc.bias]
+    assert optimized_parameters(net.named_parameters(), True) == head
+    groups = optimized_parameters(net.named_parameters(), False)
+    assert [g["params"] for g in groups] == [head[:1], head[1:]]
+    net.train()  # as Lightning does after each validation
+    assert net.training and net.model.fc.training and not net.model.bn1.training
+    optimizer = torch.optim.SGD(optimized_parameters(net.named_parameters(), True), lr=0.5)
+    before = net.model.fc.weight.detach().clone()
+    loss = torch.nn.functional.cross_entropy(net(torch.randn(8, 3, 32, 32)), torch.arange(8) % 5)
+    loss.backward()
+    optimizer.step()
+    after = net.model.state_dict()
+    backbone = [key for key in state if not key.startswith("fc.")]
+    assert len(backbone) > 100  # weights, biases, running means, variances, batch counts
+    for key in backbone:
+        assert torch.equal(after[key], state[key]), key
+    assert not torch.equal(net.model.fc.weight, before)
+    # unfrozen (the default), BatchNorm trains: the same step moves its statistics
+    tuned = TorchvisionNet("resnet18", in_channels=3, num_classes=5, weights="IMAGENET1K_V1")
+    tuned.train()(torch.randn(8, 3, 32, 32))
+    assert not torch.equal(tuned.model.bn1.running_mean, state["bn1.running_mean"])
+
+
+def test_a_frozen_backbone_without_pretrained_weights_is_refused():
+    with pytest.raises(ConfigError, match=r"freeze_backbone=true .* random weights"):
+        TorchvisionNet("resnet18", in_channels=3, num_classes=5, freeze_backbone=True)
+
+
+def test_a_linear_probe_through_train_py_trains_the_head_alone(tmp_path, monkeypatch):
+    """The README's fine-tune with the backbone frozen, as a user runs it: after a fit (its
+    validation and test between epochs), the checkpoint's backbone is the weights' file, to the
+    bit, BatchNorm statistics included; the head trained."""
+    from conftest import QUIET_CSV, run_cli
+
+    from litlab.checkpoint import load_checkpoint
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    state = cached_weights(tmp_path, "resnet18", "IMAGENET1K_V1")
+    result = run_cli(
+        *FINE_TUNE,
+        *QUIET_CSV,
+        "model.net.freeze_backbone=true",
+        "trainer.max_epochs=2",
+        f"paths.log_dir={tmp_path / 'out'}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (summary,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("summary.json")]
+    checkpoint = load_checkpoint(Path(summary["run_dir"]) / "checkpoints" / "last.ckpt")
+    saved = checkpoint["state_dict"]
+    assert saved["net.model.fc.weight"].shape == (10, 512)  # synthetic's 10 classes
+    for key, value in state.items():
+        if not key.startswith("fc."):
+            assert torch.equal(saved[f"net.model.{key}"], value), key
+    # the optimizer stepped the head's weight and bias alone (their momentum)
+    moments = checkpoint["optimizer_states"][0]["state"].values()
+    assert sorted(tuple(m["momentum_buffer"].shape) for m in moments) == [(10,), (10, 512)]
 
 
 def test_a_gray_image_reaches_pretrained_weights_as_a_gray_photo(tmp_path, monkeypatch):

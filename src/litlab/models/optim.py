@@ -134,11 +134,12 @@ def optimized_parameters(
     ndims: dict[str, int] | None = None,
     grouping: int = DECAY_GROUPING,
 ) -> list[Any]:
-    """What the optimizer is built on: every parameter (its weight decay on all of them), or
-    with ``decay_norm_and_bias`` false the two groups of :func:`weight_decay_groups`."""
+    """What the optimizer is built on: every parameter that trains (its weight decay on all of
+    them; not a frozen backbone's), or with ``decay_norm_and_bias`` false the two groups of
+    :func:`weight_decay_groups`."""
     named = list(named)
     if decay_norm_and_bias:
-        return [p for _, p in named]
+        return [p for _, p in named if p.requires_grad]
     return weight_decay_groups(named, ndims, grouping)
 
 

@@ -76,22 +76,22 @@ def drop_auxiliary_heads(model: nn.Module) -> None:
             setattr(model, name, None)
 
 
-def replace_head(model: nn.Module, classes: int, num_classes: int) -> None:
-    """The pretrained head (the last linear or 1x1 convolution giving ``classes`` outputs, e.g.
-    ImageNet's 1,000) replaced by a new one giving ``num_classes``: fine-tuning on one's own
-    classes, the usual reason for pretrained weights."""
+def head_of(model: nn.Module, classes: int) -> str:
+    """The name of the pretrained head: the last linear or 1x1 convolution giving ``classes``
+    outputs (e.g. ImageNet's 1,000); "" where there is none."""
     heads = [
-        (name, module)
+        name
         for name, module in model.named_modules()
         if (isinstance(module, nn.Linear) and module.out_features == classes)
         or (isinstance(module, nn.Conv2d) and module.out_channels == classes)
     ]
-    if not heads:
-        raise ConfigError(
-            f"found no layer giving the weights' {classes} outputs to replace by one of "
-            f"data.num_classes={num_classes}; use weights=null or data.num_classes={classes}"
-        )
-    name, old = heads[-1]
+    return heads[-1] if heads else ""
+
+
+def replace_head(model: nn.Module, name: str, num_classes: int) -> None:
+    """The pretrained head ``name`` replaced by a new one giving ``num_classes``: fine-tuning
+    on one's own classes, the usual reason for pretrained weights."""
+    old = model.get_submodule(name)
     parent, _, attr = name.rpartition(".")
     if isinstance(old, nn.Linear):
         new: nn.Module = nn.Linear(old.in_features, num_classes, bias=old.bias is not None)
@@ -115,6 +115,7 @@ class TorchvisionNet(nn.Module):
         num_classes: int,
         weights: str | None = None,
         image_shape: Sequence[int] | None = None,
+        freeze_backbone: bool = False,
     ):
         super().__init__()
         available = torchvision.models.list_models(module=torchvision.models)
@@ -126,6 +127,7 @@ class TorchvisionNet(nn.Module):
             raise ConfigError(f"torchvision models take 1 or 3 channels, got {in_channels}")
         self.in_channels = in_channels
         gray = None  # the scale and shift of a repeated channel, for each of the 3 (none)
+        head = ""  # the pretrained head's name (none)
         if weights is None:
             # GoogLeNet and Inception v3 train with auxiliary heads by default and then return a
             # named tuple, which a classifier's loss cannot take: built without them
@@ -156,12 +158,34 @@ class TorchvisionNet(nn.Module):
             if name in AUX_HEADED:
                 drop_auxiliary_heads(self.model)
             classes = len(known.meta["categories"])
+            head = head_of(self.model, classes)
+            if not head:
+                raise ConfigError(
+                    f"found no layer giving {name}'s {classes} outputs (its head, which a "
+                    f"fine-tune replaces or trains alone); use weights=null"
+                )
             if num_classes != classes:
-                replace_head(self.model, classes, num_classes)
+                replace_head(self.model, head, num_classes)
             preset = known.transforms()
             mean, std = (torch.tensor(v, dtype=torch.float32) for v in (preset.mean, preset.std))
             gray = std[0] / std, (mean[0] - mean) / std
         self.gray = gray is not None and in_channels == 1
+        # Frozen: every pretrained layer but the head keeps its weights (no gradients, no
+        # optimizer state) and its BatchNorm layers their running statistics (kept in eval mode
+        # by train(): in train mode they would normalize with each batch's statistics and move
+        # the weights' own, changing the features the head learns from). Dropout and stochastic
+        # depth train as usual.
+        self.freeze_backbone, self.head = freeze_backbone, head
+        if freeze_backbone:
+            if not head:
+                raise ConfigError(
+                    "model.net.freeze_backbone=true trains the head alone on a backbone of "
+                    "random weights, which would learn little; give pretrained ones "
+                    "(model.net.weights=DEFAULT) or set model.net.freeze_backbone=false"
+                )
+            for key, param in self.model.named_parameters():
+                if not key.startswith(head + "."):
+                    param.requires_grad_(False)
         if self.gray:
             self.register_buffer("gray_scale", gray[0].view(1, 3, 1, 1), persistent=False)
             self.register_buffer("gray_shift", gray[1].view(1, 3, 1, 1), persistent=False)
@@ -186,6 +210,16 @@ class TorchvisionNet(nn.Module):
             ) from None
         finally:
             self.train()
+
+    def train(self, mode: bool = True) -> TorchvisionNet:
+        super().train(mode)
+        if self.freeze_backbone:  # found by name: SyncBatchNorm (sync_batchnorm) replaces them
+            for key, module in self.model.named_modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm) and not (
+                    key + "."
+                ).startswith(self.head + "."):
+                    module.eval()
+        return self
 
     def forward(self, x: Tensor) -> Tensor:
         if self.in_channels == 1:

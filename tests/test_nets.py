@@ -211,7 +211,6 @@ def test_a_linear_probe_through_train_py_trains_the_head_alone(tmp_path, monkeyp
     validation and test between epochs), the checkpoint's backbone is the weights' file, to the
     bit, BatchNorm statistics included; the head trained."""
     from conftest import QUIET_CSV, run_cli
-
     from litlab.checkpoint import load_checkpoint
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))

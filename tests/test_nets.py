@@ -157,6 +157,9 @@ def test_a_fine_tuned_checkpoint_is_tested_and_continued_without_internet(tmp_pa
     assert tested.returncode == 0, tested.stderr[-3000:]
     (evaluation,) = [json.loads(p.read_text()) for p in (tmp_path / "eval").rglob("summary.json")]
     assert evaluation["metrics"]["test/acc"] == trained["metrics"]["test/acc"]
+    assert (
+        evaluation["checkpoint_step"] == trained["tested_checkpoint_step"] == trained["global_step"]
+    )
     resumed = run_cli(f"resume={trained['run_dir']}", "trainer.max_epochs=2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     continued = json.loads((Path(trained["run_dir"]) / "summary.json").read_text())

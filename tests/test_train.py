@@ -490,10 +490,13 @@ def test_train_false_with_a_checkpoint_tests_that_checkpoint(tmp_path, capsys, c
     summary = summary_of(trained)
     best = summary["best_checkpoint"]
     assert summary["tested_checkpoint"] == best
+    # which weights: a run extended later writes others under the same name (best.ckpt)
+    step = torch.load(best, weights_only=True)["global_step"]
+    assert summary["tested_checkpoint_step"] == step == summary["global_step"] > 0
     tested = make_cfg(tmp_path / "b", [*small, "train=false", f"ckpt_path={best}"])
     train_task(tested)
     again = summary_of(tested)
-    assert again["tested_checkpoint"] == best
+    assert again["tested_checkpoint"] == best and again["tested_checkpoint_step"] == step
     assert again["metrics"]["test/acc"] == pytest.approx(summary["metrics"]["test/acc"], abs=1e-7)
     # its test split moved: images it trained on could be tested (eval.py keeps the run's)
     moved = ["train=false", f"ckpt_path={best}", "data.source.test_fraction=0.4"]

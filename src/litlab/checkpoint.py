@@ -82,6 +82,17 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
+def checkpoint_step(path: str | Path | None) -> int | None:
+    """The optimizer steps a checkpoint file's weights had taken (Lightning's global_step), read
+    without loading its tensors; None for none or a folder (a sharded checkpoint). Recorded
+    beside a tested checkpoint's path: a run extended later (resume= trainer.max_epochs=...)
+    writes other weights under the same name, best.ckpt."""
+    if path is None or not Path(path).is_file():
+        return None
+    checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    return checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
+
+
 def stored_config(checkpoint: dict[str, Any], path: str | Path) -> DictConfig:
     """The resolved run config that litlab stores in every checkpoint's hyperparameters."""
     hparams = checkpoint.get("hyper_parameters")

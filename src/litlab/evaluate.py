@@ -99,6 +99,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     path = str(Path(path).resolve())  # not relative to where eval ran
     run.summary["checkpoint"] = path
+    run.summary["checkpoint_step"] = checkpoint.get("global_step")  # (a file's name is reused)
     # the training run's config_digest (of the config a tuned run continued with, if tuned)
     run.summary["trained_config_digest"] = config_digest(stored)
     run.summary["metric"], mode = eval_objective(stored)

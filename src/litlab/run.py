@@ -697,7 +697,9 @@ class Run:
         if not figures or rank_zero_only.rank != 0:
             return
         checkpoint = self.summary.get("tested_checkpoint") or self.summary.get("checkpoint")
+        step = self.summary.get("tested_checkpoint_step", self.summary.get("checkpoint_step"))
         where = f"; tested {checkpoint}" if tested and checkpoint else ""
+        where += f" (step {step})" if where and step is not None else ""
         log.info("results: %s%s; all in %s", ", ".join(figures), where, self.dir / "summary.json")
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:

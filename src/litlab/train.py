@@ -23,7 +23,7 @@ from litlab import compat
 from litlab.callbacks import PeakMemory, Throughput
 from litlab.callbacks.gan import give_checkpoint_state
 from litlab.callbacks.preemption import hand_over_preemption
-from litlab.checkpoint import early_stopping_states, load_checkpoint
+from litlab.checkpoint import checkpoint_step, early_stopping_states, load_checkpoint
 from litlab.config import (
     absolute_data_paths,
     build,
@@ -167,6 +167,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 trainer.callbacks.append(HoldStopAfterTest(run))
                 with run.phase("test"):
                     trainer.test(model, datamodule=datamodule, ckpt_path=tested, weights_only=True)
+                run.summary["tested_checkpoint_step"] = checkpoint_step(tested)
                 record_stage(trainer, datamodule, run, "test")
         # before the loggers close: a NaN or missing objective fails the W&B run too
         # (a sweep of test-only jobs, train=false, validates nothing: no objective to require)
@@ -328,7 +329,14 @@ def run_facts(cfg: DictConfig, run: Run, status: str) -> dict[str, Any]:
     """summary.json's verdict on the run, for the loggers' run summaries (W&B's table and
     parallel-coordinates views read them; a metric's own entry there is its last value, not
     the objective's best)."""
-    keys = ("objective", "best_score", "best_checkpoint", "last_checkpoint", "tested_checkpoint")
+    keys = (
+        "objective",
+        "best_score",
+        "best_checkpoint",
+        "last_checkpoint",
+        "tested_checkpoint",
+        "tested_checkpoint_step",
+    )
     facts = {key: run.summary[key] for key in keys if key in run.summary}
     return {**facts, "status": status, "config_digest": config_digest(cfg)}
 

@@ -475,6 +475,30 @@ if __name__ == "__main__":
 """
 
 
+def test_a_temporary_folder_too_long_for_the_workers_server_is_said(tmp_path):
+    """The file readers' forkserver makes a socket in the temporary folder, whose path Python
+    caps at 107 bytes: a long TMPDIR (a test's, a cluster job's) failed the run with
+    "OSError: AF_UNIX path too long" in a traceback. One line now, saying what to set."""
+    import os
+    import subprocess
+    import sys
+
+    long = tmp_path / ("t" * max(1, 100 - len(str(tmp_path))))
+    long.mkdir()
+    code = "from litlab.data.loader import reader_context; reader_context(1)"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TMPDIR": str(long)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "ConfigError" in last and "set a shorter TMPDIR (e.g. export TMPDIR=/tmp)" in last
+    assert str(long) in last
+
+
 def group_alive(pgid: int) -> list[str]:
     import subprocess
 

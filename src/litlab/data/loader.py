@@ -30,6 +30,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -361,6 +362,15 @@ def reader_context(num_workers: int, *preload: str) -> Any:
     handlers = {s: signal.signal(s, signal.SIG_IGN) for s in map(signal_number, STOP_SIGNALS)}
     try:
         multiprocessing.forkserver.ensure_running()
+    except OSError as e:  # its socket lives in the temporary folder: at most 107 bytes a path
+        if "AF_UNIX path too long" not in str(e):
+            raise
+        raise ConfigError(
+            f"the loader workers' server could not make its socket under the temporary folder "
+            f"{tempfile.gettempdir()} (AF_UNIX path too long: Python's socket path holds at "
+            "most 107 bytes); set a shorter TMPDIR (e.g. export TMPDIR=/tmp) or "
+            "data.num_workers=0"
+        ) from e
     finally:
         for number, handler in handlers.items():
             signal.signal(number, handler)

@@ -1546,6 +1546,11 @@ def test_eval_on_another_folder_tests_every_image_of_it(tmp_path, caplog):
     assert 0 < other.load("test").__len__() < 30  # what eval tested before
     every = ImageFolder(str(other.root), size=20, cache_dir=str(tmp_path / "cache"), test_all=True)
     assert len(every.load("test")) == 30
+    # nothing held out to validate: a GAN's FID takes its real statistics (the training
+    # split's) from every image too (walkthrough 162: 112 of 120, the rest a validation share)
+    train = every.load("train")
+    kept, validated = every.validation_split(train, 0.1, 0)
+    assert len(train) == len(kept) == 30 and len(validated) == 0
 
     trained = {"root": str(tmp_path / "images"), "test_fraction": 0.2}
     for root, expected in [(tmp_path / "other", True), (tmp_path / "images", False)]:

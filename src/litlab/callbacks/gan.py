@@ -338,17 +338,17 @@ class FID(Callback):
         if fewest > features or stage in self._said_few or not trainer.is_global_zero:
             return
         self._said_few.add(stage)
+        floor = f" ({stage}/fid_floor shows how much)" if self._floor is not None else ""
         log.warning(
             "%s/fid compares %d generated and %d real images, no more than the extractor's %d "
             "features: their covariances are rank-deficient and the value is mostly the "
-            "estimator's bias (%s/fid_floor shows how much); compare it only with FIDs at the "
-            "same N, or give FID more images (callbacks.fid.num_samples, num_real, a larger "
-            "test split)",
+            "estimator's bias%s; compare it only with FIDs at the same N, or give FID more "
+            "images (callbacks.fid.num_samples, num_real, a larger test split)",
             stage,
             total,
             self._real_count,
             features,
-            stage,
+            floor,
         )
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

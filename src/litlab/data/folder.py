@@ -385,15 +385,17 @@ class ImageFolder(Source):
         """Decided file by file from the file's name and ``seed`` (``split_by_name``); every
         class keeps training images (a class's few files can all fall in validation); a class
         without validation images is said (val/* then measure the other classes alone), as the
-        check says it."""
+        check says it. With ``test_all`` (eval.py: nothing is validated), none: every image is
+        of the real statistics a GAN's FID takes from the training split."""
+        if self.test_all:
+            return torch.arange(len(train)), torch.arange(0)
         keep, val = validation_split(file_names(train), fraction, seed)
         folders = self._split_folders()
         where = folders["train"] if folders is not None else self.root
         classes = train.classes  # type: ignore[attr-defined]
         labels = labels_of(train)
         self._check_present(labels[keep], classes, where, "train")
-        if not self.test_all:  # eval.py: nothing is validated
-            self._check_present(labels[val], classes, where, "validation")
+        self._check_present(labels[val], classes, where, "validation")
         return keep, val
 
     def fingerprints(

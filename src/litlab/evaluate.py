@@ -212,6 +212,10 @@ def other_data(
     names, a sample of the files trained on)."""
     data = OmegaConf.to_container(chosen, resolve=True)
     before = OmegaConf.to_container(trained, resolve=True)
+    source, trained_source = data["source"], before["source"]
+    if {"size", "channels"} <= source.keys():  # files, decoded to any shape (a folder, chunks)
+        as_trained(data, before, ("image_shape",), "shaping the test images")
+        source["channels"] = data["image_shape"][0]
     for key in ("image_shape", "num_classes"):
         if data[key] != before[key]:
             raise ConfigError(
@@ -223,7 +227,6 @@ def other_data(
             )
     as_trained(data, before, ("mean", "std"), "normalizing this data")
     as_trained(data, before, ("eval_crop",), "framing the test images")
-    source, trained_source = data["source"], before["source"]
     as_trained(source, trained_source, ("size",), "storing the images")
     decoded_as_trained(source, trained_source)
     if same_source(source, trained_source):

@@ -893,6 +893,8 @@ def test_torchrun_single_node(tmp_path):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     summary = assert_one_run_identical_weights(tmp_path, 2)
+    # how to start it again: a report's resume line for it, were it killed hard (walkthrough 162)
+    assert summary["launched_as"] == "torchrun --nnodes=1 --nproc_per_node=2"
     # eval.py under the same torchrun: it kept trainer.devices=1 against torchrun's 2 processes
     # (Lightning's "does not match the world size" after the data and model were built)
     evaluation = [str(REPO / "eval.py"), f"ckpt_path={summary['best_checkpoint']}"]

@@ -696,12 +696,22 @@ def test_a_running_run_whose_process_is_gone_is_lost(tmp_path):
         write_run(tmp_path / "live", {**here, "pid": live.pid, "started_at": now})
         elsewhere = {**here, "host": f"not-{platform.node()}", "pid": ended.pid}
         write_run(tmp_path / "elsewhere", {**elsewhere, "started_at": now})
+        launched = "torchrun --nnodes=1 --nproc_per_node=2"  # as summary.json records it
+        write_run(tmp_path / "ranks", {**here, "pid": ended.pid, "launched_as": launched})
         comparison = compare(find_runs([tmp_path]))
         status = {run.name: run.status for run in comparison.runs}
-        assert status == {"killed": "lost", "live": "running", "elsewhere": "running"}
+        assert status == {
+            "killed": "lost",
+            "live": "running",
+            "elsewhere": "running",
+            "ranks": "lost",
+        }
         killed = next(run for run in comparison.runs if run.name == "killed")
-        assert f"resume={tmp_path / 'killed'}" in killed.error
-        assert dict(facts(comparison))["Runs"] == "3 (1 lost, 2 running)"
+        assert f"; python train.py resume={tmp_path / 'killed'} continues it" in killed.error
+        # a torchrun run's: with its launcher (a plain one is refused: another process count)
+        ranks = next(run for run in comparison.runs if run.name == "ranks")
+        assert f"; {launched} train.py resume={tmp_path / 'ranks'} continues it" in ranks.error
+        assert dict(facts(comparison))["Runs"] == "4 (2 lost, 2 running)"
     finally:
         live.kill()
         live.wait()

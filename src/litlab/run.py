@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 import litlab
 from litlab.checkpoint import resumable_checkpoints
 from litlab.config import absolute_data_paths, build, in_sweep
-from litlab.distributed.launchers import as_launched, is_rank_scratch
+from litlab.distributed.launchers import as_launched, is_rank_scratch, launched_as
 from litlab.errors import (
     AlreadyCompleted,
     ConfigError,
@@ -546,7 +546,11 @@ class Run:
                 spent = (total or 0) + (before.get("earlier") or 0)
                 self.summary["durations_s"]["earlier"] = round(spent, 3)
             self.summary.update(
-                pid=os.getpid(), host=platform.node(), pid_namespace=pid_namespace()
+                pid=os.getpid(),
+                host=platform.node(),
+                pid_namespace=pid_namespace(),
+                # how to start it again (a report's resume line for a run killed hard)
+                launched_as=launched_as(),
             )
             from litlab.sweep import asked_trial
 

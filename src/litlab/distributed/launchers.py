@@ -171,24 +171,29 @@ def _torchrun_layout() -> dict[str, int]:
     return {"devices": local, "num_nodes": max(1, world // local)}
 
 
-def as_launched(command: str) -> str:
-    """``command`` (``python train.py ...``) as this process was started: under torchrun or
-    srun with several processes, the same launcher and layout (a plain ``python train.py
-    resume=...`` after a torchrun run continued it on one process: each step half the images,
-    the schedule refit; walkthrough 153)."""
+def launched_as() -> str:
+    """What runs a script (``<this> train.py ...``) as this process was started: ``python``;
+    under torchrun or srun with several processes, the same launcher and layout."""
     layout = _torchrun_layout()
     if layout and layout["devices"] * layout["num_nodes"] > 1:
         nodes = layout["num_nodes"]
         where = " --node_rank=<this node> --master_addr=<node 0>" if nodes > 1 else ""
-        script = command.removeprefix("python ")
-        return f"torchrun --nnodes={nodes} --nproc_per_node={layout['devices']}{where} {script}"
+        return f"torchrun --nnodes={nodes} --nproc_per_node={layout['devices']}{where}"
     try:
         layout = _srun_layout()
     except ConfigError:
         layout = {}
     if layout:
-        return f"srun --nodes={layout['num_nodes']} --ntasks-per-node={layout['devices']} {command}"
-    return command
+        return f"srun --nodes={layout['num_nodes']} --ntasks-per-node={layout['devices']} python"
+    return "python"
+
+
+def as_launched(command: str) -> str:
+    """``command`` (``python train.py ...``) as this process was started: under torchrun or
+    srun with several processes, the same launcher and layout (a plain ``python train.py
+    resume=...`` after a torchrun run continued it on one process: each step half the images,
+    the schedule refit; walkthrough 153)."""
+    return f"{launched_as()} {command.removeprefix('python ')}"
 
 
 def launcher_layout(devices: Any, num_nodes: int) -> dict[str, int]:

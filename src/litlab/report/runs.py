@@ -176,10 +176,13 @@ class RunFolder:
     def error(self) -> str | None:
         """The recorded error message, if any; a lost run's: what became of it."""
         if self.status == "lost":
+            # as it was started (torchrun, srun: its layout; older runs recorded none)
+            launcher = str(self.summary.get("launched_as") or "python")
             again = (
                 "run eval.py again"
                 if self.evaluation
-                else f"python train.py resume={self.path} continues it from its newest checkpoint"
+                else f"{launcher} train.py resume={self.path} continues it from its newest "
+                "checkpoint"
             )
             return (
                 f"its process {self.summary.get('pid')} on this machine ended without a word "

@@ -8,9 +8,11 @@ import logging
 import os
 import pickle
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -908,6 +910,52 @@ def test_torchrun_single_node(tmp_path):
     assert tested["metrics"]["test/acc"] == summary["metrics"]["test/acc"]
     # rank 1's Hydra files and log (a scratch folder each run) are gone once its runs completed
     assert not list((tmp_path / "tmp").glob("litlab-ranks-*/*"))
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (not ended, nor a zombie yet to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_the_ranks_of_a_torchrun_killed_hard_stop_as_by_sigterm(tmp_path):
+    """torch's elastic agent starts each rank in a session of its own: a torchrun killed with
+    SIGKILL (the out-of-memory killer; kill -9 of its process group reaches it alone) left its
+    ranks training on, unsupervised, to the end (walkthrough 162). They stop now as a SIGTERM
+    stops them: last.ckpt saved, the run interrupted, its resume line torchrun's."""
+    args = [*run_args(tmp_path), "trainer.max_epochs=1000"]  # (the last of a key wins)
+    proc = torchrun(["--standalone", "--nproc_per_node=2", *args], tmp_path)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not list((tmp_path / "out").rglob("best.ckpt")):  # training: an epoch ended
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        listed = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+        ranks += [int(pid) for pid in listed.stdout.split()]
+        assert len(ranks) == 2
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 120
+        while any(running(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(running(pid) for pid in ranks)
+    finally:
+        proc.kill()
+        for pid in ranks:  # (a failed test leaves none behind)
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+    (summary,) = summaries(tmp_path / "out")
+    assert summary["status"] == "interrupted"
+    assert (
+        "continue with: torchrun --nnodes=1 --nproc_per_node=2 train.py resume="
+        in (summary["error"])
+    )
+    assert Path(summary["last_checkpoint"]).is_file()
 
 
 @pytest.mark.dist

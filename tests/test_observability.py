@@ -327,6 +327,28 @@ def test_finders_write_their_values_into_the_saved_config(tmp_path):
     assert summary_of(again)["metrics"]["test/loss"] == summary["metrics"]["test/loss"]
 
 
+def test_a_range_test_whose_loss_never_fell_suggests_no_rate(tmp_path, caplog):
+    """tune.lr suggested a rate from the longest falling run of a loss that never fell (the
+    run's noise; walkthrough 160): here every rate tried is too small to learn anything. The
+    configured rate is kept, and why said."""
+    cfg = make_cfg(
+        tmp_path,
+        [
+            "tune.lr=true",
+            "tune.lr_finder.max_lr=1e-7",
+            "tune.lr_finder.num_training=20",
+            "logger=csv",
+            *FAST,
+        ],
+    )
+    configured = cfg.model.optimizer.lr
+    with caplog.at_level("WARNING", logger="litlab"):
+        found = tune(cfg, Path(cfg.paths.output_dir))
+    assert "lr" not in found and cfg.model.optimizer.lr == configured
+    assert "tune.lr: the range test's loss never fell" in caplog.text
+    assert f"keeping model.optimizer.lr={configured}" in caplog.text
+
+
 @pytest.mark.parametrize(
     ("switch", "given"),
     [("tune.lr=true", "model.optimizer.lr=0.5"), ("tune.batch_size=true", "data.batch_size=32")],
@@ -435,11 +457,13 @@ def test_the_lr_finder_suggests_a_rate_that_trains(tmp_path):
 def test_the_valley_is_half_way_along_the_longest_fall_of_the_loss():
     """fastai's valley: the smoothed loss rises at first (the smoothing's start), falls over
     the longest stretch, then blows up; the suggestion lies half way along the fall."""
-    from litlab.tune import valley
+    from litlab.tune import longest_fall, valley
 
     losses = [1.4 + i * 0.04 for i in range(30)] + [2.6 - i * 0.015 for i in range(60)]
     losses += [2.0 + i * 0.5 for i in range(9)] + [float("nan")]
-    assert valley(losses) == 29 + 30  # the fall runs from point 30 to 89
+    fall = longest_fall(losses)
+    assert (fall[0], fall[-1]) == (30, 89)  # the fall runs from point 30 to 89
+    assert valley(fall) == 29 + 30
 
 
 def test_the_lr_is_logged_at_the_schedules_own_interval(tmp_path):

@@ -331,13 +331,28 @@ def find_lr(
 ) -> dict[str, Any]:
     """Lightning's LR range test; its suggestion (``valley``) marked on its plot."""
     finder = Tuner(trainer).lr_find(model, datamodule=datamodule, update_attr=False, **options)
-    index = valley(finder.results["loss"]) if finder is not None else None
-    if index is None:
+    fall = longest_fall(finder.results["loss"]) if finder is not None else None
+    if fall is None:
         log.warning(
             "tune.lr: no suggestion (fast_dev_run or too few steps); keeping model.optimizer.lr=%s",
             cfg.model.optimizer.lr,
         )
         return {}
+    losses, rates = finder.results["loss"], finder.results["lr"]
+    if losses[fall[-1]] > (1 - LEAST_FALL) * losses[fall[0]]:  # nothing learned at any rate
+        log.warning(
+            "tune.lr: the range test's loss never fell (at most from %.4g to %.4g, rates %.3g "
+            "to %.3g): no rate to suggest; keeping model.optimizer.lr=%s (a wider range or a "
+            "longer test: tune.lr_finder.max_lr, tune.lr_finder.num_training; or check that "
+            "the labels fit the images)",
+            losses[fall[0]],
+            losses[fall[-1]],
+            rates[fall[0]],
+            rates[fall[-1]],
+            cfg.model.optimizer.lr,
+        )
+        return {}
+    index = valley(fall)
     import matplotlib.pyplot as plt
 
     lr, loss = finder.results["lr"][index], finder.results["loss"][index]
@@ -349,14 +364,21 @@ def find_lr(
     return {"lr": float(lr), "lr_plot": str(run_dir / LR_PLOT)}
 
 
-def valley(losses: list[float]) -> int | None:
-    """fastai's "valley" suggestion from the range test's (smoothed) losses: the longest run of
-    falling loss (its longest decreasing subsequence), and the point half way along it.
-    Lightning's ``suggestion()`` takes the steepest slope against the learning rate itself,
-    whose steps grow tenfold a decade: it picks the smallest rates, where the smoothed loss of
-    the first steps still wanders (the default CNN on digits: 3.6e-6, which trains at chance;
-    the steepest slope per decade, 0.076, is near where the loss blows up: 52% after 2 epochs;
-    the valley's 2e-3 to 1e-2 train as well as the default 3e-3)."""
+# The least fall of the range test's smoothed loss along its longest fall (a fraction of the
+# fall's start) for a suggestion: a loss that never fell (too narrow a range, labels unrelated to
+# the images) still has a longest falling run, of noise (walkthrough 160; the default CNN on
+# digits falls 35% along it, at rates up to 1e-6 0.2%).
+LEAST_FALL = 0.02
+
+
+def longest_fall(losses: list[float]) -> list[int] | None:
+    """The range test's (smoothed) losses' longest run of falling loss (their longest decreasing
+    subsequence), the positions from its start to its end; fastai's "valley" suggestion is the
+    point half way along it. Lightning's ``suggestion()`` takes the steepest slope against the
+    learning rate itself, whose steps grow tenfold a decade: it picks the smallest rates, where
+    the smoothed loss of the first steps still wanders (the default CNN on digits: 3.6e-6, which
+    trains at chance; the steepest slope per decade, 0.076, is near where the loss blows up: 52%
+    after 2 epochs; the valley's 2e-3 to 1e-2 train as well as the default 3e-3)."""
     points = [i for i, loss in enumerate(losses) if math.isfinite(loss)]
     if len(points) < 3:
         log.error("tune.lr: too few finite points to suggest a learning rate")
@@ -369,8 +391,12 @@ def valley(losses: list[float]) -> int | None:
                 run[i] = max(run[i], run[j] + 1)
         if run[i] > run[end]:
             end = i
-    start = end - run[end] + 1
-    return points[start + (end - start) // 2]
+    return points[end - run[end] + 1 : end + 1]
+
+
+def valley(fall: list[int]) -> int:
+    """fastai's "valley" suggestion: the point half way along the loss's longest fall."""
+    return fall[(len(fall) - 1) // 2]
 
 
 def take_tuned_values(cfg: DictConfig, stored: DictConfig) -> dict[str, Any]:

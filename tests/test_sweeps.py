@@ -491,6 +491,35 @@ def test_a_trial_a_signal_stopped_is_told_to_its_study_when_its_job_is_resumed(t
     assert after["study_best"]["params"] == study_trials(sweep)[values.index(min(values))].params
 
 
+@pytest.mark.slow
+def test_a_trial_stopped_while_testing_is_told_when_its_job_is_resumed(tmp_path):
+    """A job stopped in its test (its fit trained to its end): resume= tests it again with
+    train=false set for it, which changed the run's config digest, so the study was never told,
+    "a resume with other settings" said, and the trial stayed RUNNING for good (walkthrough
+    163). The run is its trial's: told."""
+    stop = [  # killed hard (the sweep's process with it), as walkthrough 163 did
+        "+callbacks.stop._target_=helpers.SignalInTest", "+callbacks.stop.signum=SIGKILL",
+        f"+callbacks.stop.mark={tmp_path / 'm'}",
+    ]  # fmt: skip
+    first = run_cli(
+        "-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=1", "trainer.max_epochs=1",
+        "model.net.width=8", "logger=csv", *QUIET, *stop, f"paths.log_dir={tmp_path}",
+    )  # fmt: skip
+    assert first.returncode == -9, first.stderr[-3000:]
+    (job,) = tmp_path.rglob("0/summary.json")  # (a sweep killed hard writes no sweep summary)
+    sweep = job.parent.parent
+    assert [t.state for t in study_trials(sweep)] == [optuna.trial.TrialState.RUNNING]
+    resumed = run_cli(f"resume={sweep / '0'}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "testing best.ckpt again, training nothing" in resumed.stdout + resumed.stderr
+    done = json.loads((sweep / "0" / "summary.json").read_text())
+    assert done["status"] == "completed"
+    assert done["config_digest"] == done["optuna_trial"]["config_digest"]
+    (trial,) = study_trials(sweep)
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert trial.value == pytest.approx(done["objective"]["value"])
+
+
 def test_a_trial_stopped_before_its_first_checkpoint_or_never_launched_is_told_failed(tmp_path):
     """Ctrl-C in a trial's first epoch (no checkpoint: resume= refuses its job), and a search
     over config group options that do not exist (its job's config cannot be composed): each

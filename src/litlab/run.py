@@ -510,6 +510,7 @@ class Run:
         # kept as the run's once this part's fit begins from a checkpoint not before it
         self._earlier_validation: tuple[int, dict[str, Any]] | None = None
         self._validated_before: tuple[int, dict[str, Any]] | None = None
+        self._trained_before = False  # an earlier part trained the fit (this one tests it)
         self._log_sizes: dict[str, int] = {}  # the log files' lengths as the run began (rank 0)
         self._wandb_parts: set[Path] = set()  # its W&B offline parts as the run began (rank 0)
         self._spawned: dict[str, Any] = {}  # what a fit's and test's spawned rank 0 measured
@@ -652,6 +653,7 @@ class Run:
         """A fit's record (an earlier part of this run trained) into this part's summary."""
         self.summary["metrics"].update(record.get("metrics") or {})
         self.summary.update({key: record.get(key) for key in FIT_RECORD})
+        self._trained_before = True
 
     def fit_began_at(self, epochs: int, resumed: bool) -> None:
         """The fit trains from ``epochs`` epochs done (a checkpoint's; 0 for a new fit). A
@@ -791,6 +793,9 @@ class Run:
 
     def _write(self) -> None:
         cfg = self._cfg
+        if self._trained_before and not cfg.get("train"):  # tested after a fit that trained:
+            cfg = cfg.copy()  # the run's own digest, as it began (an Optuna trial's: 163)
+            cfg.train = True
         try:
             digest = config_digest(cfg)
         except Exception:  # an unresolvable config is itself the error being reported

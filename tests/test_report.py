@@ -556,6 +556,31 @@ def test_a_seed_run_twice_counts_once_over_seeds(tmp_path):
     assert "Over seeds" not in dict(facts(compare(find_runs([tmp_path]))))
 
 
+def test_a_sweep_trial_and_its_seeds_run_again_are_one_setting(tmp_path):
+    """An Optuna sweep's best trial (hparams_search=cnn_optuna among its overrides) run again
+    over seeds without the search, one run tagged: hparams_search and tags were settings, the
+    trial's seed counted in a group of its own and the re-runs split (walkthrough 163). What
+    names, tags, logs or places a run, or chose it, is no setting."""
+    from litlab.report.compare import compare, facts
+
+    acc = {"metric": "val/acc", "mode": "max"}
+    trial = ["model.optimizer.lr=0.002", "hparams_search=cnn_optuna", "logger=csv"]
+    runs = [
+        ("trial", trial + ["seed=42"], 0.80),
+        ("s1", ["model.optimizer.lr=0.002", "seed=1"], 0.82),
+    ]
+    runs += [("s2", ["model.optimizer.lr=0.002", "seed=2", "tags=[confirm]"], 0.84)]
+    runs += [("other", ["model.optimizer.lr=0.01", "seed=1", "hydra.job.chdir=false"], 0.5)]
+    for name, overrides, value in runs:
+        summary = {"status": "completed", "objective": {**acc, "value": value}}
+        write_run(tmp_path / name, summary, overrides)
+    comparison = compare(find_runs([tmp_path]))
+    assert comparison.varied == ["model.optimizer.lr", "seed"]
+    assert dict(facts(comparison))["Over seeds"].startswith(
+        "model.optimizer.lr=0.002: mean 0.82 ± 0.02 (n=3)"
+    )
+
+
 def test_over_seeds_groups_settings_not_override_order_and_ranks_repeats_first(tmp_path):
     """A setting's runs are one group whatever the order of their overrides; a setting with
     one ranked run (its other seeds failed) comes after the repeated ones, however lucky; a

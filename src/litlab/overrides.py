@@ -15,6 +15,20 @@ TUNED_KEYS = {"batch_size": "data.batch_size", "lr": "model.optimizer.lr"}
 # are repeats of one configuration (litlab.report gives their mean and spread).
 SEEDS = ("seed", "data.split_seed", "model.noise_seed")
 
+# Keys that name, tag or log a run, not what it computes: a run's config digest leaves them out,
+# and the report's comparison of settings too (two runs of one setting under two tags were two
+# settings "over seeds": walkthrough 163).
+RUN_LABELS = ("tags", "task_name", "extras", "logger")
+# ... and, in the report, where a run writes and how its sweep chose it (an Optuna search's
+# config, hparams_search, sets the sweeper alone: a trial and its seeds run again without it
+# are one setting)
+NOT_COMPARED = (*RUN_LABELS, "paths", "hydra", "hparams_search")
+
+
+def compared(key: str) -> bool:
+    """Whether an override's key is a setting the report compares runs by."""
+    return key.replace("/", ".").split(".", 1)[0] not in NOT_COMPARED
+
 
 def override_key(override: str) -> str | None:
     """The key of a ``key=value``, ``+key=value`` or ``~key`` override; None for other forms."""

@@ -44,6 +44,7 @@ from litlab.errors import (
 )
 from litlab.files import atomic_file, pid_namespace, started_s
 from litlab.folders import restore_saved_config
+from litlab.overrides import RUN_LABELS
 
 log = logging.getLogger("litlab")
 
@@ -249,7 +250,7 @@ def config_digest(cfg: DictConfig) -> str:
     )
     absolute_data_paths(plain)
     paths = plain.pop("paths", None) or {}
-    for key in ("tags", "task_name", "extras", "logger", "ckpt_path"):
+    for key in (*RUN_LABELS, "ckpt_path"):
         plain.pop(key, None)
     folders = [(str(path).rstrip("/"), key) for key, path in paths.items() if path]
     folders = sorted((f for f in folders if f[0]), key=lambda folder: -len(folder[0]))

@@ -7,7 +7,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from litlab.overrides import SEEDS, override_key
+from litlab.overrides import SEEDS, compared, override_key
 from litlab.report.runs import PROCESSES, RunFolder, number
 
 KEY_METRICS = (
@@ -231,7 +231,7 @@ def varied_params(runs: list[RunFolder]) -> list[str]:
 
 
 def _varied_among(runs: list[RunFolder]) -> list[str]:
-    keys = dict.fromkeys(key for run in runs for key in run.params)
+    keys = dict.fromkeys(key for run in runs for key in run.params if compared(key))
     varied = [k for k in keys if len({run.setting(k) for run in runs}) > 1]
     # the processes that trained them (each step data.batch_size x processes): where known
     known = {world for run in runs if (world := run.setting(PROCESSES)) is not None}

@@ -566,7 +566,7 @@ def test_a_sweep_trial_and_its_seeds_run_again_are_one_setting(tmp_path):
     acc = {"metric": "val/acc", "mode": "max"}
     trial = ["model.optimizer.lr=0.002", "hparams_search=cnn_optuna", "logger=csv"]
     runs = [
-        ("trial", trial + ["seed=42"], 0.80),
+        ("trial", [*trial, "seed=42"], 0.80),
         ("s1", ["model.optimizer.lr=0.002", "seed=1"], 0.82),
     ]
     runs += [("s2", ["model.optimizer.lr=0.002", "seed=2", "tags=[confirm]"], 0.84)]

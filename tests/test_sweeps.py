@@ -47,6 +47,12 @@ def test_optuna_sweep_prints_the_best_and_the_report_reads_it(tmp_path):
         best["best_value"]
     )
     assert "best of 4 jobs" in result.stdout and str(sweep) in result.stdout
+    # the best job alone, as a command: not its sweep's search (pasted, a new study of
+    # identical trials: walkthrough 163)
+    (line,) = [line for line in result.stdout.splitlines() if "best of 4 jobs" in line]
+    again = line.split("; to train it again: ")[1]
+    assert again.startswith("python train.py ") and "model.optimizer.lr=" in again
+    assert "hparams_search" not in again and "data=digits" in again
     report = subprocess.run(
         [sys.executable, "-m", "litlab.report", str(sweep)], capture_output=True, text=True
     )
@@ -816,11 +822,29 @@ def test_an_optuna_study_over_seeds_is_refused(tmp_path, seed):
     args += ["trainer.max_epochs=1", "logger=csv"]
     run = run_cli(*args, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert run.returncode == 2
-    assert (
-        run.stderr.strip()
-        .splitlines()[-1]
-        .startswith("litlab: error: the Optuna study would tune a seed (")
-    )
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith("litlab: error: the Optuna study would tune a seed (")
+    # repeated as written, it was refused again (walkthrough 163)
+    assert line.endswith("python train.py -m <its overrides, without hparams_search> seed=1,2,3")
+    assert not list((tmp_path / "sweep").rglob("summary.json"))
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("+hparams_search.n_trials=3", "hparams_search.* is not a setting: "),
+        ("objective.metric=test/acc", "objective.metric=test/acc is measured on the test split"),
+    ],
+)
+def test_what_every_trial_would_refuse_is_refused_before_the_study(tmp_path, given, said):
+    """A key of the command that each trial's job refuses: each of n_trials jobs failed with
+    it (walkthrough 163; +hparams_search.n_trials=3, Hydra's own hint for hparams_search.n_trials,
+    set nothing: the study ran its 20 trials). One line, no job."""
+    args = ["-m", "hparams_search=cnn_optuna", given, "trainer.max_epochs=1", "logger=csv"]
+    run = run_cli(*args, *QUIET, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert run.returncode == 2
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"litlab: error: {said}"), line
     assert not list((tmp_path / "sweep").rglob("summary.json"))
 
 

@@ -606,6 +606,15 @@ SWITCHES = ("train", "test", "tune.batch_size", "tune.lr", "extras.print_config"
 SWITCHES += ("extras.ignore_warnings",)
 
 
+def overlays(group: str) -> bool:
+    """Whether a config group's options all set keys elsewhere (``# @package _global_``:
+    experiment, hparams_search, debug), so that the group itself is no key of the config."""
+    options = list((Path(config_dir()) / group).glob("*.yaml"))
+    return bool(options) and all(
+        option.read_text().startswith("# @package _global_") for option in options
+    )
+
+
 def check_top_level(cfg: DictConfig, config_name: str) -> None:
     """Refuse top-level keys that the task's config does not have (``+seeed=3``, a typo that
     Hydra's ``+`` adds silently); keys inside the groups are checked against their targets."""
@@ -615,6 +624,13 @@ def check_top_level(cfg: DictConfig, config_name: str) -> None:
     groups = [next(iter(entry)) for entry in primary.get("defaults", []) if isinstance(entry, dict)]
     known = {*primary, *groups, "hydra"} - {"defaults"}
     for key in cfg:
+        if key in groups and overlays(str(key)):  # +hparams_search.n_trials=3: a key of nothing
+            raise ConfigError(
+                f"{key}.* is not a setting: {key}=<option> picks a config that sets others "
+                "(`# @package _global_`), and a key added under it sets nothing; give the "
+                "setting itself"
+                + (", e.g. hydra.sweeper.n_trials=3" if key == "hparams_search" else "")
+            )
         if key not in known:
             close = difflib.get_close_matches(str(key), sorted(known), n=1)
             hint = f"did you mean {close[0]}? " if close else ""

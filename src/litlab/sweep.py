@@ -28,7 +28,7 @@ from litlab.distributed.launchers import (
     launched_processes,
     rank_scratch,
 )
-from litlab.errors import fail, first_line
+from litlab.errors import ConfigError, fail, first_line
 from litlab.overrides import SEEDS, TUNED_KEYS, override_key
 from litlab.report.runs import natural_key, objective_scale, run_overrides
 from litlab.run import write_json
@@ -523,6 +523,18 @@ def _held_study(storage: str | None, study: str | None) -> Any:
         return None
 
 
+def run_again(overrides: list[str]) -> str:
+    """The command that trains a sweep's job again, alone: its overrides but the search's
+    (hparams_search, which makes a run a sweep again: pasted, a job's overrides started a new
+    study of identical trials, walkthrough 163) and Hydra's own (hydra.*)."""
+    kept = [
+        o
+        for o in overrides
+        if (key := override_key(o) or "") != "hparams_search" and not key.startswith("hydra.")
+    ]
+    return " ".join(["python train.py", *kept])
+
+
 def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
     """One line where an Optuna study would search over a seed (``-m hparams_search=...
     seed=1,2,3``: the Optuna sweeper turns a swept value into a parameter of the search, whose
@@ -533,7 +545,7 @@ def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
         fail(
             f"the Optuna study would tune a seed ({', '.join(swept)}) and name a lucky one "
             f"best; give the study one seed, then repeat its best trial over seeds: "
-            f"python train.py -m <its overrides> seed=1,2,3"
+            f"python train.py -m <its overrides, without hparams_search> seed=1,2,3"
         )
 
 
@@ -696,6 +708,19 @@ def refuse_a_found_value_searched(config: Any, arguments: list[str], params: Any
                 f"would train with the value found, not the one the study asked; drop "
                 f"tune.{name}, or {key} from the search (hydra.sweeper.params)"
             )
+
+
+def refuse_what_every_trial_would(config: Any) -> None:
+    """One line, before any trial, where every trial's job would be refused for a key of the
+    command's own (``+hparams_search.n_trials=3``; ``objective.metric=test/acc``): each of
+    ``n_trials`` jobs failed with it (walkthrough 163)."""
+    from litlab.config import check_objective, check_top_level
+
+    try:
+        check_top_level(config, "train")
+        check_objective(config)
+    except ConfigError as e:
+        fail(str(e))
 
 
 def refuse_an_untrained_study(config: Any) -> None:
@@ -1046,14 +1071,14 @@ class SweepSummary(Callback):
                 other[0]["job_dir"],
             )
         log.info(
-            "best of %d jobs (%d failed%s): %s=%s in %s with %s",
+            "best of %d jobs (%d failed%s): %s=%s in %s; to train it again: %s",
             len(jobs),
             len(listed["failed"]),
             f", {len(listed['interrupted'])} interrupted" if listed["interrupted"] else "",
             objective["metric"],
             objective["value"],
             best["job_dir"],
-            " ".join(best["overrides"]),
+            run_again(best["overrides"]),
         )
         seeds = {o for job in jobs for o in job["overrides"] if override_key(o) in SEEDS}
         if len(seeds) > 1:  # repeats over seeds: the best job is one seed's

@@ -40,12 +40,14 @@ if optuna_sweeper is not None:
                 refuse_an_untrained_study,
                 refuse_another_direction,
                 refuse_another_measure,
+                refuse_what_every_trial_would,
                 tell_stopped_batch,
             )
 
             impl = self.sweeper
             sweeper = impl.config.hydra.sweeper
             try:
+                refuse_what_every_trial_would(impl.config)
                 refuse_a_tuned_seed(arguments, sweeper.get("params"))
                 refuse_a_tuned_measure(arguments, sweeper.get("params"))
                 refuse_a_search_over_a_missing_key(impl.config, arguments, sweeper.get("params"))

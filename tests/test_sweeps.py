@@ -119,6 +119,8 @@ def test_a_failing_job_is_recorded_and_the_study_goes_on_and_resumes(tmp_path):
     best = min(done, key=lambda t: t.value)  # val/loss (digits')
     (later,) = sweep_dirs(tmp_path / "b")
     study = json.loads((later / "sweep_summary.json").read_text())["study_best"]
+    # the report over the study's every launch (it named this launch's folder alone: 163)
+    assert f"compare the runs offline: python -m litlab.report {sweep} {later}" in second.stdout
     assert study == {"value": pytest.approx(best.value), "params": best.params}
 
 

@@ -1083,4 +1083,8 @@ class SweepSummary(Callback):
         seeds = {o for job in jobs for o in job["overrides"] if override_key(o) in SEEDS}
         if len(seeds) > 1:  # repeats over seeds: the best job is one seed's
             log.info("the jobs repeat settings over seeds: the report gives each one's mean")
-        log.info("compare the runs offline: python -m litlab.report %s", sweep_dir)
+        folders = [str(sweep_dir)]
+        database = sqlite_file(str(OmegaConf.select(config, "hydra.sweeper.storage") or ""))
+        if database is not None and database.parent.resolve() != sweep_dir.resolve():
+            folders.insert(0, str(database.parent))  # a continued study's first launch's folder
+        log.info("compare the runs offline: python -m litlab.report %s", " ".join(folders))

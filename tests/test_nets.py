@@ -178,14 +178,20 @@ def test_a_frozen_backbone_keeps_its_weights_and_statistics_and_the_head_trains(
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     state = cached_weights(tmp_path, "resnet18", "IMAGENET1K_V1")
-    net = TorchvisionNet(
-        "resnet18", in_channels=3, num_classes=5, weights="IMAGENET1K_V1", freeze_backbone=True
-    )
+    nets = [  # the second built as a sweep's next job or the finders' copy build it (review
+        TorchvisionNet(  # 164: the first alone, checked for its image shape, was set)
+            "resnet18", 3, 5, "IMAGENET1K_V1", image_shape=(3, 32, 32), freeze_backbone=True
+        )
+        for _ in range(2)
+    ]
+    for built in nets:  # Lightning calls no train(): it keeps each module's mode as built
+        assert built.training and built.model.fc.training and not built.model.bn1.training
+    net = nets[1]
     head = [net.model.fc.weight, net.model.fc.bias]
     assert optimized_parameters(net.named_parameters(), True) == head
     groups = optimized_parameters(net.named_parameters(), False)
     assert [g["params"] for g in groups] == [head[:1], head[1:]]
-    net.train()  # as Lightning does after each validation
+    net.eval().train()  # and so does a train() of the whole
     assert net.training and net.model.fc.training and not net.model.bn1.training
     optimizer = torch.optim.SGD(optimized_parameters(net.named_parameters(), True), lr=0.5)
     before = net.model.fc.weight.detach().clone()
@@ -222,6 +228,8 @@ def test_a_linear_probe_through_train_py_trains_the_head_alone(tmp_path, monkeyp
         *FINE_TUNE,
         *QUIET_CSV,
         "model.net.freeze_backbone=true",
+        "tune.lr=true",  # (its range test builds the net first: review 164)
+        "tune.lr_finder.num_training=20",
         "trainer.max_epochs=2",
         f"paths.log_dir={tmp_path / 'out'}",
     )
@@ -233,7 +241,9 @@ def test_a_linear_probe_through_train_py_trains_the_head_alone(tmp_path, monkeyp
     for key, value in state.items():
         if not key.startswith("fc."):
             assert torch.equal(saved[f"net.model.{key}"], value), key
-    # the optimizer stepped the head's weight and bias alone (their momentum)
+    # the optimizer holds the head's weight and bias alone, and stepped them (their momentum)
+    (group,) = checkpoint["optimizer_states"][0]["param_groups"]
+    assert len(group["params"]) == 2
     moments = checkpoint["optimizer_states"][0]["state"].values()
     assert sorted(tuple(m["momentum_buffer"].shape) for m in moments) == [(10,), (10, 512)]
 

@@ -186,6 +186,10 @@ class TorchvisionNet(nn.Module):
             for key, param in self.model.named_parameters():
                 if not key.startswith(head + "."):
                     param.requires_grad_(False)
+            # in eval mode from the start: Lightning keeps each module's mode as it finds it
+            # (it calls no train()); a net built again in the process (a sweep's next job, the
+            # finders' copy: check_takes runs once) trained them otherwise (review 164)
+            self.train(self.training)
         if self.gray:
             self.register_buffer("gray_scale", gray[0].view(1, 3, 1, 1), persistent=False)
             self.register_buffer("gray_shift", gray[1].view(1, 3, 1, 1), persistent=False)

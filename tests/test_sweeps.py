@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import QUIET, REPO, run_cli
+from conftest import QUIET, REPO, make_cfg, run_cli
 from wandb_records import offline_run
 
 
@@ -827,8 +827,26 @@ def test_an_optuna_study_over_seeds_is_refused(tmp_path, seed):
     line = run.stderr.strip().splitlines()[-1]
     assert line.startswith("litlab: error: the Optuna study would tune a seed (")
     # repeated as written, it was refused again (walkthrough 163)
-    assert line.endswith("python train.py -m <its overrides, without hparams_search> seed=1,2,3")
+    assert line.endswith(
+        "the command its sweep's last line gives to train it again, with -m seed=1,2,3"
+    )
     assert not list((tmp_path / "sweep").rglob("summary.json"))
+
+
+def test_a_jobs_command_to_train_it_again_keeps_the_choices_its_search_made(tmp_path):
+    """dcgan_optuna chooses model=dcgan: its jobs' overrides without hparams_search trained a
+    classifier, refused for the GAN's keys (review 164)."""
+    from litlab.sweep import run_again
+
+    job = ["hparams_search=dcgan_optuna", "model.g_optimizer.lr=0.0002", "data=digits"]
+    assert run_again([*job, "hydra.sweeper.n_trials=3"]) == (
+        "python train.py model=dcgan model.g_optimizer.lr=0.0002 data=digits"
+    )
+    assert run_again([*job, "model=dcgan_hinge"]) == (  # the job's own choice stands
+        "python train.py model.g_optimizer.lr=0.0002 data=digits model=dcgan_hinge"
+    )
+    composed = make_cfg(tmp_path, run_again(job).split()[2:])  # (composes, nothing runs)
+    assert composed.model.g_optimizer.lr == 0.0002
 
 
 @pytest.mark.parametrize(

@@ -526,13 +526,34 @@ def _held_study(storage: str | None, study: str | None) -> Any:
 def run_again(overrides: list[str]) -> str:
     """The command that trains a sweep's job again, alone: its overrides but the search's
     (hparams_search, which makes a run a sweep again: pasted, a job's overrides started a new
-    study of identical trials, walkthrough 163) and Hydra's own (hydra.*)."""
-    kept = [
-        o
-        for o in overrides
-        if (key := override_key(o) or "") != "hparams_search" and not key.startswith("hydra.")
-    ]
+    study of identical trials, walkthrough 163), with the config group choices the search's
+    config made (dcgan_optuna: model=dcgan) that the overrides do not, and not Hydra's (hydra.*)."""
+    chosen = {override_key(o) for o in overrides}
+    kept: list[str] = []
+    for o in overrides:
+        key = override_key(o) or ""
+        if key == "hparams_search":
+            made = search_choices(o.split("=", 1)[1])
+            kept += [c for c in made if override_key(c) not in chosen]
+        elif not key.startswith("hydra."):
+            kept.append(o)
     return " ".join(["python train.py", *kept])
+
+
+def search_choices(option: str) -> list[str]:
+    """The config group choices (``group=option``) an hparams_search option's defaults make
+    besides its sweeper's: dcgan_optuna's ``override /model: dcgan``."""
+    from litlab.config import config_dir
+
+    path = Path(config_dir()) / "hparams_search" / f"{option}.yaml"
+    defaults = OmegaConf.load(path).get("defaults") if path.is_file() else None
+    choices = []
+    for entry in defaults or []:
+        for key, value in entry.items() if OmegaConf.is_dict(entry) else []:
+            group = str(key).removeprefix("override").strip().lstrip("/")
+            if not group.startswith("hydra/"):
+                choices.append(f"{group}={value}")
+    return choices
 
 
 def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
@@ -544,8 +565,8 @@ def refuse_a_tuned_seed(arguments: list[str], params: Any) -> None:
     if swept:
         fail(
             f"the Optuna study would tune a seed ({', '.join(swept)}) and name a lucky one "
-            f"best; give the study one seed, then repeat its best trial over seeds: "
-            f"python train.py -m <its overrides, without hparams_search> seed=1,2,3"
+            f"best; give the study one seed, then repeat its best trial over seeds: the "
+            f"command its sweep's last line gives to train it again, with -m seed=1,2,3"
         )
 
 

@@ -345,7 +345,10 @@ def test_a_range_test_whose_loss_never_fell_suggests_no_rate(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="litlab"):
         found = tune(cfg, Path(cfg.paths.output_dir))
     assert "lr" not in found and cfg.model.optimizer.lr == configured
-    assert "tune.lr: the range test's loss never fell" in caplog.text
+    assert (
+        "tune.lr: the range test's loss never fell by 2% at any rate from 1e-08 to 1e-07"
+        in caplog.text
+    )
     assert f"keeping model.optimizer.lr={configured}" in caplog.text
 
 

@@ -511,7 +511,7 @@ def test_a_trial_stopped_while_testing_is_told_when_its_job_is_resumed(tmp_path)
     ]  # fmt: skip
     first = run_cli(
         "-m", "hparams_search=cnn_optuna", "hydra.sweeper.n_trials=1", "trainer.max_epochs=1",
-        "model.net.width=8", "logger=csv", *QUIET, *stop, f"paths.log_dir={tmp_path}",
+        "model.net.width=8", "logger=wandb", *QUIET, *stop, f"paths.log_dir={tmp_path}",
     )  # fmt: skip
     assert first.returncode == -9, first.stderr[-3000:]
     (job,) = tmp_path.rglob("0/summary.json")  # (a sweep killed hard writes no sweep summary)
@@ -523,6 +523,8 @@ def test_a_trial_stopped_while_testing_is_told_when_its_job_is_resumed(tmp_path)
     done = json.loads((sweep / "0" / "summary.json").read_text())
     assert done["status"] == "completed"
     assert done["config_digest"] == done["optuna_trial"]["config_digest"]
+    newest = sorted((sweep / "0" / "wandb").glob("offline-run-*"))[-1]  # the resumed part's
+    assert offline_run(newest)["summary"]["config_digest"] == done["config_digest"]  # (164)
     (trial,) = study_trials(sweep)
     assert trial.state == optuna.trial.TrialState.COMPLETE
     assert trial.value == pytest.approx(done["objective"]["value"])

@@ -792,13 +792,19 @@ class Run:
         value = (self.summary.get("objective") or {}).get("value")
         return float(value) if self.summary["status"] == "completed" and value is not None else None
 
+    def config_digest(self) -> str:
+        """The run's config digest: of its config as it began where a resume set train=false
+        to test again what an earlier part trained (an Optuna trial's digest: walkthrough 163)."""
+        cfg = self._cfg
+        if self._trained_before and not cfg.get("train"):
+            cfg = cfg.copy()
+            cfg.train = True
+        return config_digest(cfg)
+
     def _write(self) -> None:
         cfg = self._cfg
-        if self._trained_before and not cfg.get("train"):  # tested after a fit that trained:
-            cfg = cfg.copy()  # the run's own digest, as it began (an Optuna trial's: 163)
-            cfg.train = True
         try:
-            digest = config_digest(cfg)
+            digest = self.config_digest()
         except Exception:  # an unresolvable config is itself the error being reported
             digest = None
         commit, dirty = git_state(cfg.paths.get("root_dir", "."))

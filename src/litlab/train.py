@@ -61,7 +61,6 @@ from litlab.run import (
     HoldStopAfterTest,
     Run,
     build_list,
-    config_digest,
     ended_as,
     freeze_the_imports,
     print_config_tree,
@@ -185,7 +184,7 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 record_checkpoints(trainer, run, cfg.objective.metric)
         record_performance(trainer, datamodule, run)
         status, _ = ended_as(ended, run.dir)
-        finish_loggers(trainer.loggers, ended, run_facts(cfg, run, status))
+        finish_loggers(trainer.loggers, ended, run_facts(run, status))
         if isinstance(ended, SIGTERMException):  # checkpoint saved, loggers closed: a cluster
             hand_over_preemption(trainer)  # scheduler may requeue now
     return run.summary["metrics"]
@@ -325,7 +324,7 @@ class CoarseAccuracy(L.Callback):
             )
 
 
-def run_facts(cfg: DictConfig, run: Run, status: str) -> dict[str, Any]:
+def run_facts(run: Run, status: str) -> dict[str, Any]:
     """summary.json's verdict on the run, for the loggers' run summaries (W&B's table and
     parallel-coordinates views read them; a metric's own entry there is its last value, not
     the objective's best)."""
@@ -338,7 +337,7 @@ def run_facts(cfg: DictConfig, run: Run, status: str) -> dict[str, Any]:
         "tested_checkpoint_step",
     )
     facts = {key: run.summary[key] for key in keys if key in run.summary}
-    return {**facts, "status": status, "config_digest": config_digest(cfg)}
+    return {**facts, "status": status, "config_digest": run.config_digest()}
 
 
 def check(cfg: DictConfig, run: Run) -> None:

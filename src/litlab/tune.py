@@ -341,14 +341,15 @@ def find_lr(
     losses, rates = finder.results["loss"], finder.results["lr"]
     if losses[fall[-1]] > (1 - LEAST_FALL) * losses[fall[0]]:  # nothing learned at any rate
         log.warning(
-            "tune.lr: the range test's loss never fell (at most from %.4g to %.4g, rates %.3g "
-            "to %.3g): no rate to suggest; keeping model.optimizer.lr=%s (a wider range or a "
-            "longer test: tune.lr_finder.max_lr, tune.lr_finder.num_training; or check that "
-            "the labels fit the images)",
+            "tune.lr: the range test's loss never fell by %.0f%% at any rate from %.3g to %.3g "
+            "(its longest fall: %.4g to %.4g): no rate to suggest; keeping "
+            "model.optimizer.lr=%s (a wider range or a longer test: tune.lr_finder.max_lr, "
+            "tune.lr_finder.num_training; or check that the labels fit the images)",
+            100 * LEAST_FALL,
+            rates[0],
+            rates[-1],
             losses[fall[0]],
             losses[fall[-1]],
-            rates[fall[0]],
-            rates[fall[-1]],
             cfg.model.optimizer.lr,
         )
         return {}

@@ -169,6 +169,11 @@ def test_ema_update_is_the_weighted_average_without_a_host_sync():
     compat.ema_update(ema, current, torch.tensor(0.75))
     assert torch.allclose(ema[0], torch.full((3,), 0.75))
     assert torch.allclose(ema[1], torch.full((2,), 0.25))
+    # a tensor equal to its average stays so to the bit (frozen weights under callbacks=ema)
+    kept = torch.randn(1000)
+    average = [kept.clone()]
+    compat.ema_update(average, [kept], torch.tensor(0.999))
+    assert torch.equal(average[0], kept)
 
 
 class PositionLoader:

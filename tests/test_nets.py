@@ -228,6 +228,7 @@ def test_a_linear_probe_through_train_py_trains_the_head_alone(tmp_path, monkeyp
         *FINE_TUNE,
         *QUIET_CSV,
         "model.net.freeze_backbone=true",
+        "callbacks=ema",  # (the checkpoint's weights are the average: walkthrough 165)
         "tune.lr=true",  # (its range test builds the net first: review 164)
         "tune.lr_finder.num_training=20",
         "trainer.max_epochs=2",

@@ -235,6 +235,8 @@ def test_a_linear_probe_through_train_py_trains_the_head_alone(tmp_path, monkeyp
         f"paths.log_dir={tmp_path / 'out'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    said = "model.net.freeze_backbone: resnet18's head (fc) trains, 5,130 parameters; its"
+    assert said in result.stdout + result.stderr  # (in train.log too: walkthrough 165)
     (summary,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("summary.json")]
     checkpoint = load_checkpoint(Path(summary["run_dir"]) / "checkpoints" / "last.ckpt")
     saved = checkpoint["state_dict"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -13,6 +14,8 @@ import torchvision
 from torch import Tensor, nn
 
 from litlab.errors import ConfigError, first_line
+
+log = logging.getLogger(__name__)
 
 AUX_HEADED = ("googlenet", "inception_v3")
 # (name, image shape) pairs checked in this process: the run's other builds of the same net (the
@@ -186,6 +189,17 @@ class TorchvisionNet(nn.Module):
             for key, param in self.model.named_parameters():
                 if not key.startswith(head + "."):
                     param.requires_grad_(False)
+            trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            kept = sum(p.numel() for p in self.model.parameters()) - trained
+            if not _FROM_CHECKPOINT.get():  # (said where the run trains it)
+                log.info(
+                    "model.net.freeze_backbone: %s's head (%s) trains, %s parameters; its %s "
+                    "pretrained parameters and its BatchNorm statistics are kept",
+                    name,
+                    head,
+                    f"{trained:,}",
+                    f"{kept:,}",
+                )
             # in eval mode from the start: Lightning keeps each module's mode as it finds it
             # (it calls no train()); a net built again in the process (a sweep's next job, the
             # finders' copy: check_takes runs once) trained them otherwise (review 164)

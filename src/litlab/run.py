@@ -548,12 +548,12 @@ class Run:
                 spent = (total or 0) + (before.get("earlier") or 0)
                 self.summary["durations_s"]["earlier"] = round(spent, 3)
             self.summary.update(
-                pid=os.getpid(),
-                host=platform.node(),
-                pid_namespace=pid_namespace(),
-                # how to start it again (a report's resume line for a run killed hard)
-                launched_as=launched_as(),
+                pid=os.getpid(), host=platform.node(), pid_namespace=pid_namespace()
             )
+            # how to start it again (a report's resume line for a run killed hard); a layout
+            # the launchers' checks refuse is theirs to say, later
+            with contextlib.suppress(Exception):
+                self.summary["launched_as"] = launched_as()
             from litlab.sweep import asked_trial
 
             if trial := asked_trial():  # a job of an Optuna sweep: its trial, for resume=

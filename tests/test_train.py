@@ -231,7 +231,9 @@ def test_eval_reproduces_the_test_figures_of_the_best_checkpoint(tmp_path, preci
     trained = summary_of(cfg)
     said = f"results: val/loss {trained['objective']['value']:.4g} (the objective), test/acc "
     assert said + f"{trained['metrics']['test/acc']:.4g}, " in caplog.text
-    assert f"; tested {trained['best_checkpoint']}; all in {cfg.paths.output_dir}" in caplog.text
+    step = trained["tested_checkpoint_step"]  # which weights: best.ckpt's name is reused
+    tested = f"; tested {trained['best_checkpoint']} (step {step}); all in {cfg.paths.output_dir}"
+    assert tested in caplog.text
     eval_cfg = make_cfg(
         tmp_path / "eval",
         [f"ckpt_path={trained['best_checkpoint']}", "extras.print_config=false"],
@@ -240,9 +242,8 @@ def test_eval_reproduces_the_test_figures_of_the_best_checkpoint(tmp_path, preci
     caplog.clear()
     with caplog.at_level("INFO", logger="litlab"):
         value = eval_task(eval_cfg)
-    assert f"test/loss {value:.4g} (the objective); tested {trained['best_checkpoint']}" in (
-        caplog.text
-    )
+    said = f"test/loss {value:.4g} (the objective); tested {trained['best_checkpoint']} (step "
+    assert f"{said}{step})" in caplog.text
     evaluated = summary_of(eval_cfg)
     assert evaluated["status"] == "completed" and evaluated["precision"]["chosen"] == precision
     assert value == trained["metrics"]["test/loss"]  # the objective's (val/loss) counterpart

@@ -165,10 +165,25 @@ def test_torchs_cpu_bf16_probe_answers():
 
 
 def test_ema_update_is_the_weighted_average_without_a_host_sync():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    reads = []
+
+    class CountHostReads(TorchDispatchMode):  # what .item() runs: on a GPU, a wait
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                reads.append(func)
+            return func(*args, **(kwargs or {}))
+
     ema, current = [torch.ones(3), torch.zeros(2)], [torch.zeros(3), torch.ones(2)]
-    compat.ema_update(ema, current, torch.tensor(0.75))
+    with CountHostReads():  # (review 166: _foreach_lerp_ read a tensor weight back)
+        compat.ema_update(ema, current, torch.tensor(0.75))
+    assert reads == []
     assert torch.allclose(ema[0], torch.full((3,), 0.75))
     assert torch.allclose(ema[1], torch.full((2,), 0.25))
+    # 16-bit weights into a float32 average (callbacks=ema under bf16-true: review 166)
+    compat.ema_update(ema, [t.bfloat16() for t in current], torch.tensor(0.75))
+    assert ema[0].dtype == torch.float32 and torch.allclose(ema[0], torch.full((3,), 0.5625))
     # a tensor equal to its average stays so to the bit (frozen weights under callbacks=ema)
     kept = torch.randn(1000)
     average = [kept.clone()]

@@ -158,6 +158,20 @@ def test_the_default_ema_decay_ramps_up_so_a_short_run_is_not_its_initial_weight
     assert summary_of(cfg)["metrics"]["test/acc"] > 0.85
 
 
+def test_the_average_of_16_bit_weights_is_float32(tmp_path):
+    """callbacks=ema under trainer.precision=bf16-true: 16-bit weights averaged into a float32
+    copy (a lerp of the two types failed at the second update: review 166)."""
+    overrides = ["callbacks=ema", "trainer.precision=bf16-true", "trainer.max_epochs=1"]
+    cfg = make_cfg(tmp_path, [*QUIET_CSV, *overrides, "+trainer.limit_train_batches=5"])
+    train_task(cfg)
+    assert summary_of(cfg)["status"] == "completed"
+    saved = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+    # the weights the checkpoint holds are the average's; the raw ones ride along
+    assert {t.dtype for t in saved["current_model_state"].values()} >= {torch.bfloat16}
+    average = [t for k, t in saved["state_dict"].items() if k.endswith("weight")]
+    assert average and all(t.dtype == torch.float32 for t in average)
+
+
 def test_before_its_first_update_the_average_is_the_weights_as_they_are(tmp_path):
     """update_starting_at_step past the run's end: validation, checkpoints and the test score
     the trained weights, as a run without EMA does (not the copy made at setup)."""

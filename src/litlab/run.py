@@ -552,8 +552,10 @@ class Run:
             )
             # how to start it again (a report's resume line for a run killed hard); a layout
             # the launchers' checks refuse is theirs to say, later
-            with contextlib.suppress(Exception):
+            try:
                 self.summary["launched_as"] = launched_as()
+            except Exception as e:
+                log.warning("how this run was launched is not recorded (%s)", first_line(e))
             from litlab.sweep import asked_trial
 
             if trial := asked_trial():  # a job of an Optuna sweep: its trial, for resume=

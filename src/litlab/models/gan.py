@@ -83,7 +83,10 @@ def _ema_with_warmup(decay: float, ema: list[Tensor], current: list[Tensor], n: 
         for e, c in zip(ema, current, strict=True):
             e.copy_(c)
         return
-    d = torch.clamp((1.0 + n) / (10.0 + n), max=decay).to(ema[0].dtype)
+    # (not in a 16-bit average's type: bfloat16 rounds 0.999 to 1.0, an average that stops)
+    d = torch.clamp((1.0 + n) / (10.0 + n), max=decay).to(
+        torch.promote_types(ema[0].dtype, torch.float32)
+    )
     ema_update(ema, current, d)
 
 

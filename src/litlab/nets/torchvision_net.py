@@ -191,14 +191,16 @@ class TorchvisionNet(nn.Module):
                     param.requires_grad_(False)
             trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             kept = sum(p.numel() for p in self.model.parameters()) - trained
-            if not _FROM_CHECKPOINT.get():  # (said where the run trains it)
+            norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.modules())
+            if not _FROM_CHECKPOINT.get():  # (said as a run starts; not by eval.py's build)
                 log.info(
                     "model.net.freeze_backbone: %s's head (%s) trains, %s parameters; its %s "
-                    "pretrained parameters and its BatchNorm statistics are kept",
+                    "pretrained parameters%s are kept",
                     name,
                     head,
                     f"{trained:,}",
                     f"{kept:,}",
+                    " and its BatchNorm statistics" if norms else "",
                 )
             # in eval mode from the start: Lightning keeps each module's mode as it finds it
             # (it calls no train()); a net built again in the process (a sweep's next job, the

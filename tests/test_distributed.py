@@ -744,6 +744,8 @@ def test_ddp_and_ddp_spawn_sweeps_train_and_report_alike(tmp_path):
             "perf": sorted(summary.get("perf", {})),
             "flops_per_image": summary.get("perf", {}).get("flops_per_image"),
             "memory": sorted(summary.get("memory", {})),
+            # (the spawned rank's, handed to the main process: none before, walkthrough 165)
+            "test_per_class": summary.get("test_per_class"),
         }
 
     ddp, spawned = said(jobs["ddp"][1]), said(jobs["ddp_spawn"][0])  # both at lr 3e-3
@@ -753,7 +755,7 @@ def test_ddp_and_ddp_spawn_sweeps_train_and_report_alike(tmp_path):
     # processes: the test row read epoch 0, step 0)
     assert ddp["tested_at"][1] not in ("", "0")
     del ddp["metrics"], spawned["metrics"]
-    assert spawned == ddp and ddp["flops_per_image"] > 0
+    assert spawned == ddp and ddp["flops_per_image"] > 0 and ddp["test_per_class"]
     assert "test_images_per_s" in ddp["perf"] and ddp["data"]["splits"]["val"] > 0
 
 

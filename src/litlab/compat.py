@@ -658,14 +658,18 @@ class HandlingLauncher(_MultiProcessingLauncher):
         super()._wrapping_function(process_idx, trainer, handled, *rest)
 
     def get_extra_results(self, trainer: Any) -> dict[str, Any]:
-        """Also what the callbacks that record a run (``spawned_record``) saw in the started
-        rank 0: the main process, where the run's summary is written, saw no batch."""
+        """Also what the callbacks and the module that record a run (``spawned_record``) saw
+        in the started rank 0: the main process, where the run's summary is written, saw no
+        batch (a classifier's test class by class: walkthrough 165)."""
         extra = super().get_extra_results(trainer)
         records = {
             type(callback).__qualname__: callback.spawned_record(trainer)
             for callback in trainer.callbacks
             if hasattr(callback, "spawned_record")
         }
+        module = trainer.lightning_module
+        if hasattr(module, "spawned_record"):
+            records[_MODULE_RECORD] = module.spawned_record()
         return {**extra, "litlab_records": records}
 
     def update_main_process_results(self, trainer: Any, extra: dict[str, Any]) -> None:
@@ -674,6 +678,12 @@ class HandlingLauncher(_MultiProcessingLauncher):
         for callback in trainer.callbacks:
             if type(callback).__qualname__ in records and hasattr(callback, "take_spawned_record"):
                 callback.take_spawned_record(records[type(callback).__qualname__])
+        module = trainer.lightning_module
+        if _MODULE_RECORD in records and hasattr(module, "take_spawned_record"):
+            module.take_spawned_record(records[_MODULE_RECORD])
+
+
+_MODULE_RECORD = "<the LightningModule>"  # (no callback's class name)
 
 
 def _handled(trainer: Any, function: Callable, *args: Any, **kwargs: Any) -> Any:

@@ -352,6 +352,17 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         if held.any():
             log_job_value(self, "test/acc_macro", (hits[held] / images[held]).float().mean())
 
+    def spawned_record(self) -> dict[str, Any]:
+        """What a spawned rank 0 hands the main process (ddp_spawn: the run's summary is written
+        there, where no test ran): the test class by class, as lists (Lightning's launcher
+        sends its results as bytes, not shared tensors)."""
+        counts = self.test_per_class
+        return {"test_per_class": {k: v.tolist() for k, v in counts.items()} if counts else None}
+
+    def take_spawned_record(self, record: dict[str, Any]) -> None:
+        counts = record.get("test_per_class")
+        self.test_per_class = {k: torch.tensor(v) for k, v in counts.items()} if counts else None
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The job's sums so far (every rank writes a checkpoint together: one collective). A
         # resumed run hands them to its rank 0 alone, so that the epoch's reduce counts every

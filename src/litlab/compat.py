@@ -750,13 +750,14 @@ def cpu_probe_bf16() -> bool:
 
 
 def ema_update(ema: Sequence[torch.Tensor], current: Sequence[torch.Tensor], decay: Any) -> None:
-    """ema <- ema + (1 - decay) * (current - ema) for every tensor, in multi-tensor kernels
-    (``torch._foreach_*``, as torch's own swa_utils EMA; there is no public multi-tensor op),
-    with ``decay`` a device tensor: no host sync (``_foreach_lerp_`` takes a tensor weight as a
-    Python number, read from the device each step). As a difference, a tensor equal to its
-    average stays so exactly (a frozen backbone's weights: decay * a + (1 - decay) * a rounded
-    off them by about 1e-7, walkthrough 165); ``current`` may be of a narrower type than ``ema``
-    (16-bit weights, a float32 average)."""
+    """ema <- ema + (1 - decay) * (current - ema) for every tensor, in ``torch._foreach_*`` ops
+    (as torch's own swa_utils EMA; there is no public multi-tensor op: one kernel for many
+    tensors where their types agree, one a tensor otherwise), with ``decay`` a device tensor: no
+    host sync (``_foreach_lerp_`` takes a tensor weight as a Python number, read from the device
+    each step). As a difference, a tensor equal to its average stays so exactly (a frozen
+    backbone's weights: decay * a + (1 - decay) * a rounded off them by about 1e-7, walkthrough
+    165); ``current`` may be of a narrower type than ``ema`` (16-bit weights, a float32 average).
+    One temporary the size of the average, as the product decay * current before."""
     step = torch._foreach_sub(list(current), list(ema))
     torch._foreach_mul_(step, 1.0 - decay)
     torch._foreach_add_(list(ema), step)

@@ -1132,3 +1132,11 @@ def test_a_classifier_whose_loss_diverged_without_a_nan_is_said_to_have(tmp_path
     assert f"val/loss {loss:.4g} is {loss / math.log(10):.0f} times a uniform guess's" in (
         caplog.text
     )
+    # and in its summary, which the report shows beside "completed" (walkthrough 163)
+    far = summary_of(cfg)["loss_far_above_chance"]
+    assert far == round(loss / math.log(10), 1)
+    from litlab.report.compare import compare, status_text
+    from litlab.report.runs import find_runs
+
+    (run,) = compare(find_runs([Path(cfg.paths.output_dir)])).runs
+    assert status_text(run).startswith(f"completed: its val/loss ended {far:g} times a uniform")

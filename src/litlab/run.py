@@ -62,6 +62,7 @@ COMPLETED = ".completed"
 FIT_RECORD = ("best_checkpoint", "last_checkpoint", "best_score", "epochs", "training_limit")
 FIT_RECORD += ("early_stopped",)
 FIT_RECORD += ("global_step",)
+FIT_RECORD += ("loss_far_above_chance",)
 # What the first part of a run decided for all of it, kept in the summary of every later part
 # (resume=, a requeued job): the values the finders chose (train.py; a resume never tunes).
 WHOLE_RUN = ("tuned", "optuna_trial")

@@ -206,6 +206,9 @@ def say_a_loss_far_above_chance(trainer: L.Trainer, run: Run) -> None:
         return
     guess = math.log(classes)
     if loss >= FAR_ABOVE_CHANCE * guess:
+        # in summary.json too: the report and a sweep's summary showed a completed run, the
+        # warning in its log alone (walkthrough 163)
+        run.summary["loss_far_above_chance"] = round(loss / guess, 1)
         log.warning(
             "val/loss %.4g is %.0f times a uniform guess's (ln %d = %.3g): the model's "
             "predictions are confidently wrong, diverged without a NaN (or overfit to "

@@ -174,7 +174,8 @@ class RunFolder:
 
     @property
     def error(self) -> str | None:
-        """The recorded error message, if any; a lost run's: what became of it."""
+        """The recorded error message, if any; a lost run's: what became of it; a completed
+        classifier's whose loss ended far above a uniform guess's: that."""
         if self.status == "lost":
             # as it was started (torchrun, srun: its layout; older runs recorded none)
             launcher = str(self.summary.get("launched_as") or "python")
@@ -189,6 +190,12 @@ class RunFolder:
                 f"(killed: out of memory, SIGKILL?); {again}"
             )
         error = self.summary.get("error")
+        far = self.summary.get("loss_far_above_chance")
+        if not error and far and self.status == "completed":  # finite, so not failed
+            return (
+                f"its val/loss ended {far:g} times a uniform guess's: diverged without a NaN "
+                "(or overfit to certainty); its train.log says what to lower"
+            )
         return str(error) if error else None
 
     @property

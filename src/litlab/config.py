@@ -621,10 +621,14 @@ def check_top_level(cfg: DictConfig, config_name: str) -> None:
     import difflib
 
     primary = OmegaConf.to_container(OmegaConf.load(Path(config_dir()) / f"{config_name}.yaml"))
-    groups = [next(iter(entry)) for entry in primary.get("defaults", []) if isinstance(entry, dict)]
+    chosen = [entry for entry in primary.get("defaults", []) if isinstance(entry, dict)]
+    groups = [next(iter(entry)) for entry in chosen]
+    # groups chosen by none by default (experiment, hparams_search, debug): their key is in the
+    # config only where a choice of theirs puts it there, or a key was added under them
+    optional = {next(iter(entry)) for entry in chosen if next(iter(entry.values())) is None}
     known = {*primary, *groups, "hydra"} - {"defaults"}
     for key in cfg:
-        if key in groups and overlays(str(key)):  # +hparams_search.n_trials=3: a key of nothing
+        if key in optional and overlays(str(key)):  # +hparams_search.n_trials=3: a key of nothing
             raise ConfigError(
                 f"{key}.* is not a setting: {key}=<option> picks a config that sets others "
                 "(`# @package _global_`), and a key added under it sets nothing; give the "

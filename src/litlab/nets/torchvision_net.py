@@ -187,12 +187,12 @@ class TorchvisionNet(nn.Module):
                     "(model.net.weights=DEFAULT) or set model.net.freeze_backbone=false"
                 )
             for key, param in self.model.named_parameters():
-                if not key.startswith(head + "."):
+                if not self._in_head(key):
                     param.requires_grad_(False)
-            trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-            kept = sum(p.numel() for p in self.model.parameters()) - trained
-            norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.modules())
             if not _FROM_CHECKPOINT.get():  # (said as a run starts; not by eval.py's build)
+                trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+                kept = sum(p.numel() for p in self.model.parameters()) - trained
+                norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.modules())
                 log.info(
                     "model.net.freeze_backbone: %s's head (%s) trains, %s parameters; its %s "
                     "pretrained parameters%s are kept",
@@ -231,13 +231,15 @@ class TorchvisionNet(nn.Module):
         finally:
             self.train()
 
+    def _in_head(self, name: str) -> bool:
+        """Whether a parameter or module of ``self.model``, by name, is (in) the head."""
+        return (name + ".").startswith(self.head + ".")
+
     def train(self, mode: bool = True) -> TorchvisionNet:
         super().train(mode)
         if self.freeze_backbone:  # found by name: SyncBatchNorm (sync_batchnorm) replaces them
             for key, module in self.model.named_modules():
-                if isinstance(module, nn.modules.batchnorm._BatchNorm) and not (
-                    key + "."
-                ).startswith(self.head + "."):
+                if isinstance(module, nn.modules.batchnorm._BatchNorm) and not self._in_head(key):
                     module.eval()
         return self
 

@@ -137,9 +137,9 @@ def optimized_parameters(
     """What the optimizer is built on: every parameter that trains (its weight decay on all of
     them; not a frozen backbone's), or with ``decay_norm_and_bias`` false the two groups of
     :func:`weight_decay_groups`."""
-    named = list(named)
+    named = [(name, param) for name, param in named if param.requires_grad]
     if decay_norm_and_bias:
-        return [p for _, p in named if p.requires_grad]
+        return [param for _, param in named]
     return weight_decay_groups(named, ndims, grouping)
 
 
@@ -148,9 +148,10 @@ def weight_decay_groups(
     ndims: dict[str, int] | None = None,
     grouping: int = DECAY_GROUPING,
 ) -> list[dict[str, Any]]:
-    """Two parameter groups: "decay" (weight matrices and kernels: the optimizer's weight decay)
-    and "no_decay" (weight decay 0: parameters of one dimension or none, i.e. normalization
-    scales and shifts and biases; and, from ``grouping`` 2, a transformer's token and position
+    """Two parameter groups of ``named`` (optimized_parameters gives those that train):
+    "decay" (weight matrices and kernels: the optimizer's weight decay) and "no_decay" (weight
+    decay 0: parameters of one dimension or none, i.e. normalization scales and shifts and
+    biases; and, from ``grouping`` 2, a transformer's token and position
     embeddings, EMBEDDINGS). The rule of timm's ``param_groups_weight_decay`` and of FFCV's and
     Goyal et al.'s ImageNet recipes; the group names label the LR monitor's curves.
     ``ndims`` (``parameter_ndims`` of the module before it was wrapped) gives the parameters'
@@ -158,10 +159,9 @@ def weight_decay_groups(
     and by shape none would decay); a parameter it does not name is taken as it is now."""
     decay, no_decay = [], []
     for name, param in named:
-        if param.requires_grad:
-            ndim = (ndims or {}).get(unwrapped_name(name), param.ndim)
-            spared = ndim <= 1 or (grouping >= 2 and spared_by_name(unwrapped_name(name)))
-            (no_decay if spared else decay).append(param)
+        ndim = (ndims or {}).get(unwrapped_name(name), param.ndim)
+        spared = ndim <= 1 or (grouping >= 2 and spared_by_name(unwrapped_name(name)))
+        (no_decay if spared else decay).append(param)
     return [
         {"params": decay, "name": "decay"},
         {"params": no_decay, "name": "no_decay", "weight_decay": 0.0},

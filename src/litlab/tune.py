@@ -356,7 +356,7 @@ def find_lr(
     index = valley(fall)
     import matplotlib.pyplot as plt
 
-    lr, loss = finder.results["lr"][index], finder.results["loss"][index]
+    lr, loss = rates[index], losses[index]
     figure = finder.plot(suggest=False)  # (suggest=True marks Lightning's own suggestion)
     figure.axes[0].plot(lr, loss, markersize=10, marker="o", color="red")
     figure.savefig(run_dir / LR_PLOT, dpi=100)

@@ -896,6 +896,8 @@ def test_torchrun_single_node(tmp_path):
     proc = torchrun(["--standalone", "--nproc_per_node=2", *run_args(tmp_path)], tmp_path, True)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
+    # litlab's lines once (rank 0's): rank 1 said the launcher's layout on the console too
+    assert out.count("torchrun started 2 process(es) per node") == 1, out[-3000:]
     summary = assert_one_run_identical_weights(tmp_path, 2)
     # how to start it again: a report's resume line for it, were it killed hard (walkthrough 162)
     assert summary["launched_as"] == "torchrun --nnodes=1 --nproc_per_node=2"

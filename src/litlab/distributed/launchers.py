@@ -205,7 +205,8 @@ def launcher_layout(devices: Any, num_nodes: int) -> dict[str, int]:
     """
     # torchrun first, as in Lightning's detection: torchrun may run inside a SLURM job
     layout = _torchrun_layout() or _srun_layout()
-    if layout and (devices, num_nodes) != (layout["devices"], layout["num_nodes"]):
+    changed = layout and (devices, num_nodes) != (layout["devices"], layout["num_nodes"])
+    if changed and global_rank() == 0:  # said once: every rank adopts it
         log.info(
             "%s started %d process(es) per node on %d node(s): using trainer.devices=%d "
             "trainer.num_nodes=%d (the config's: %s and %s)",

@@ -746,6 +746,13 @@ def test_ddp_and_ddp_spawn_sweeps_train_and_report_alike(tmp_path):
             "memory": sorted(summary.get("memory", {})),
             # (the spawned rank's, handed to the main process: none before, walkthrough 165)
             "test_per_class": summary.get("test_per_class"),
+            # litlab's lines from the fit, in train.log (a spawned process had no handler:
+            # its lines were lost, its warnings printed bare to the console alone)
+            "logged": [
+                line.split(" - ", 1)[1]
+                for line in (job / "train.log").read_text().splitlines()
+                if "a batch of the job" in line or line.endswith("one latent vector)")
+            ],
         }
 
     ddp, spawned = said(jobs["ddp"][1]), said(jobs["ddp_spawn"][0])  # both at lr 3e-3

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -641,6 +642,7 @@ class HandlingLauncher(_MultiProcessingLauncher):
         # kills them (multiprocessing asserts that only their parent may: AssertionError, the
         # run "failed" where it should stop)
         self.procs = []
+        self._log_handlers = _log_handlers()  # pickled with the launcher into spawned ranks
         with passing_sigterm_on():
             try:
                 return super().launch(function, *args, trainer=trainer, **kwargs)
@@ -654,6 +656,8 @@ class HandlingLauncher(_MultiProcessingLauncher):
                 raise
 
     def _wrapping_function(self, process_idx: int, trainer: Any, function: Callable, *rest: Any):
+        if not logging.getLogger().handlers:  # a spawned process (a forked one has the parent's)
+            _log_as(getattr(self, "_log_handlers", []), to_files=process_idx == 0)
         handled = functools.partial(_handled, trainer, function)  # made in the started process
         super()._wrapping_function(process_idx, trainer, handled, *rest)
 
@@ -684,6 +688,54 @@ class HandlingLauncher(_MultiProcessingLauncher):
 
 
 _MODULE_RECORD = "<the LightningModule>"  # (no callback's class name)
+
+
+def _log_handlers() -> list[dict[str, Any]]:
+    """The root logger's handlers as Hydra set them up (its console and train.log), described
+    so that a spawned process can set up the same: a process started by ``spawn`` has no
+    handler, and its ranks' lines (the batches an epoch, FLOPs, warnings) were lost or printed
+    bare by Python's last-resort handler, never in train.log (walkthrough 165)."""
+    described = []
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            where = {"file": handler.baseFilename}
+        elif isinstance(handler, logging.StreamHandler) and handler.stream in (
+            sys.stdout,
+            sys.stderr,
+        ):
+            where = {"stream": "stderr" if handler.stream is sys.stderr else "stdout"}
+        else:
+            continue
+        formatter = handler.formatter
+        described.append(
+            {
+                **where,
+                "level": handler.level,
+                "format": formatter._fmt if formatter else None,
+                "datefmt": formatter.datefmt if formatter else None,
+            }
+        )
+    return [{"root_level": logging.getLogger().level}, *described] if described else []
+
+
+def _log_as(described: list[dict[str, Any]], to_files: bool) -> None:
+    """The handlers ``_log_handlers`` described, on this process's root logger; the log files
+    (train.log, appended to) only where ``to_files`` (rank 0: the other ranks' lines go to the
+    console, as those of the ranks trainer=ddp starts)."""
+    root = logging.getLogger()
+    for entry in described:
+        if "root_level" in entry:
+            root.setLevel(entry["root_level"])
+            continue
+        if "file" in entry:
+            if not to_files:
+                continue
+            handler: logging.Handler = logging.FileHandler(entry["file"], mode="a")
+        else:
+            handler = logging.StreamHandler(getattr(sys, entry["stream"]))
+        handler.setLevel(entry["level"])
+        handler.setFormatter(logging.Formatter(entry["format"], entry["datefmt"]))
+        root.addHandler(handler)
 
 
 def _handled(trainer: Any, function: Callable, *args: Any, **kwargs: Any) -> Any:

@@ -83,6 +83,11 @@ def test_a_failing_job_is_recorded_and_the_study_goes_on_and_resumes(tmp_path):
     failed = [j for j in results if j["status"] == "failed"]
     assert failed and len(failed) < 4
     assert all("batch_size 5000 exceeds" in j["error"] for j in failed)
+    # each failed trial said as such, not as the objective's fault (Hydra's Optuna sweeper:
+    # "Return value must be float-castable. Got 'None'.")
+    output = first.stdout + first.stderr
+    assert "float-castable" not in output
+    assert output.count("the job failed (its error above): its trial is FAIL") == len(failed)
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     assert len(summary["failed"]) == len(failed)
     assert summary["best"]["objective"]["value"] < 1.0  # val/loss of a trained net (untrained: 2.3)

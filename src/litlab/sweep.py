@@ -36,6 +36,23 @@ from litlab.run import write_json
 log = logging.getLogger("litlab.sweep")
 
 
+class _FailedTrialLine(logging.Filter):
+    """Hydra's Optuna sweeper's line for a trial whose job returned no value, which litlab's
+    does for a job that failed (its error said above it, and in its folder): "Failed
+    experiment: Return value must be float-castable. Got 'None'." read as a bug of the
+    objective. Said as what it is."""
+
+    NO_VALUE = "Failed experiment: Return value must be float-castable. Got 'None'."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() == self.NO_VALUE:
+            record.msg, record.args = "the job failed (its error above): its trial is FAIL", ()
+        return True
+
+
+logging.getLogger("hydra_plugins.hydra_optuna_sweeper._impl").addFilter(_FailedTrialLine())
+
+
 def read_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
     """summary.json of every job below a sweep folder, with the job folder and its overrides,
     in the jobs' order (the first of jobs tied on the objective is the best, as in the report

@@ -613,8 +613,13 @@ def test_a_classifier_cached_by_another_recipe_is_not_read(tmp_path, monkeypatch
 
 def test_test_fid_draws_other_latents_than_val_fid_and_repeats(tmp_path):
     """test/fid of the selected checkpoint is a measurement of its own (other latents than the
-    val/fid it was selected by), and eval.py measures it again exactly."""
-    cfg = make_cfg(tmp_path / "train", ["model=dcgan", *SMALL, "trainer.max_epochs=1", *QUIET])
+    val/fid it was selected by), and eval.py measures it again exactly: on the run's data, and
+    on its data option chosen again (whose own val_fraction drew another training split: the
+    real statistics of other images, another FID without a word, review 169)."""
+    split = ["data.val_fraction=0.25"]
+    cfg = make_cfg(
+        tmp_path / "train", ["model=dcgan", *SMALL, *split, "trainer.max_epochs=1", *QUIET]
+    )
     train_task(cfg)
     summary = summary_of(cfg)
     metrics = summary["metrics"]  # one epoch: the selected val/fid is the last one
@@ -627,6 +632,11 @@ def test_test_fid_draws_other_latents_than_val_fid_and_repeats(tmp_path):
         config_name="eval",
     )
     assert eval_task(again) == metrics["test/fid"]
+    chosen = [f"ckpt_path={summary['best_checkpoint']}", "extras.print_config=false"]
+    chosen += [o for o in TINY_GAN_DATA if o.startswith("data")]  # data=synthetic again
+    assert (
+        eval_task(make_cfg(tmp_path / "eval2", chosen, config_name="eval")) == metrics["test/fid"]
+    )
 
 
 def test_eval_measures_a_gans_fid_through_another_extractor_when_asked(tmp_path, capsys):

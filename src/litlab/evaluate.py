@@ -207,7 +207,8 @@ def other_data(
     """The data chosen for testing, prepared as the model was trained (the network only knows
     the inputs it was trained on): normalized, stored and framed as in training, and, where it
     is the training data itself, split as in training (a larger test share of a folder or of
-    digits would take in images the model trained on); refused when its images or classes
+    digits would take in images the model trained on; another validation share, other real
+    images for an FID); refused when its images or classes
     differ. ``trained_state``: the training DataModule's state in the checkpoint (its class
     names, a sample of the files trained on)."""
     data = OmegaConf.to_container(chosen, resolve=True)
@@ -231,6 +232,10 @@ def other_data(
     decoded_as_trained(source, trained_source)
     if same_source(source, trained_source):
         as_trained(source, trained_source, ("test_fraction",), "holding out the run's test images")
+        # the training split as the run drew it: a GAN's FID compares with its images (and
+        # fid_floor measures them); data=<the run's option> again brought the option's
+        # val_fraction back, and the FID its own reference set, without a word (review 169)
+        as_trained(data, before, ("val_fraction", "split_seed"), "splitting off validation")
     state = trained_state or {}
     label_as_trained(source, trained_source, state.get("classes"), before["num_classes"])
     other_folder(source, trained_source, state.get("trained_files"))

@@ -659,7 +659,8 @@ def objective_value(cfg: DictConfig, run: Run, required: bool) -> None:
             )
         if required:
             raise ConfigError(message)
-        if cfg.get("train"):  # with train=false nothing validates: no objective is expected
+        # with train=false nothing validates: no objective is expected; said once, not by each rank
+        if cfg.get("train") and rank_zero_only.rank == 0:
             log.warning(message)
 
 

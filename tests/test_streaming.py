@@ -137,11 +137,21 @@ def test_eval_on_the_folder_a_streamed_run_was_converted_from_tests_its_held_out
     # the fixture's chunks are shrunk (--max-side 64): the originals are other pixels
     assert "the run saw them shrunk to 64 pixels a side and saved as JPEG" in caplog.text
     other = tmp_path / "other"
-    shutil.copytree(root, other)  # not known for a copy: every image, said as a warning
+    shutil.copytree(root, other)  # without the conversion's sample: every image, said
     source = {"_target_": "litlab.data.ImageFolder", "root": str(other), "test_fraction": 0.2}
     with caplog.at_level("WARNING", logger="litlab"):
         other_folder(source, trained)
     assert source["test_all"] and f"converted from {root}" in caplog.text
+    # a copy is known by the files the conversion sampled from its training split (kept in the
+    # run's checkpoints): its held-out share, the conversion's (walkthrough 168: every image
+    # of a copy tested, 220 of 300 trained on); the sample is of training files alone
+    sample = read_meta(str(dst))["trained_files"]
+    held_out = {item["name"] for item in streamed(dst, "test")}
+    names = {name for name, *_ in sample}  # (every training file here: fewer than 256)
+    assert {item["name"] for item in streamed(dst, "train")} <= names and not names & held_out
+    source = {"_target_": "litlab.data.ImageFolder", "root": str(other), "test_fraction": 0.5}
+    other_folder(source, trained, sample, (root, 0.2, 64))
+    assert source["test_fraction"] == 0.2 and not source.get("test_all")
 
 
 def test_a_skipped_file_is_named_without_pils_object_address(tmp_path, capsys):
@@ -168,6 +178,13 @@ def test_chunks_of_the_training_folder_at_another_test_fraction_are_refused(conv
     with pytest.raises(ConfigError, match=r"convert it with --test-fraction 0\.1"):
         chunks_as_trained(chunks, trained, None)
     chunks_as_trained(chunks, {**trained, "test_fraction": 0.2}, None)
+    # a run on chunks of that folder held out 0.1 (its checkpoint's record of them): these
+    # chunks, converted from the same folder at 0.2, are refused too (walkthrough 168: 81 of
+    # 153 images tested were trained on), wherever the run's chunks are now
+    streamed_run = {"_target_": "litlab.data.Streaming", "input_dir": "/gone/chunks"}
+    with pytest.raises(ConfigError, match=r"the folder the run's chunks were converted from"):
+        chunks_as_trained(chunks, streamed_run, "another key", (root.resolve(), 0.1, None))
+    chunks_as_trained(chunks, streamed_run, "another key", (root.resolve(), 0.2, None))
 
 
 def test_a_streamed_run_resumed_on_another_conversion_is_refused(converted, tmp_path, capsys):
@@ -225,6 +242,9 @@ def test_a_streamed_run_resumed_on_another_conversion_is_refused(converted, tmp_
     tested += ["data=streaming", f"data.source.input_dir={dst}", "data.image_shape=[3,16,16]"]
     evaluated = make_cfg(tmp_path / "e", tested, config_name="eval")
     refused(capsys, eval_task, evaluated, f"{dst} holds another conversion than the one the run")
+    # ... and on the run's own data, nothing given (walkthrough 168: tested without a word)
+    plain = make_cfg(tmp_path / "e", [*tested[:2]], config_name="eval")
+    refused(capsys, eval_task, plain, f"{dst} holds another conversion than the one the run")
 
 
 def test_a_conversion_records_each_splits_labels_in_stream_order(converted, tmp_path):

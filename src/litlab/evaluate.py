@@ -77,13 +77,9 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     for key in ("image_shape", "num_classes"):
         if cfg.get("data") and OmegaConf.is_missing(cfg.data, key):  # data=image_folder's
             cfg.data[key] = stored.data[key]  # classes: the model's (the data set up checks them)
-    parts = OmegaConf.create(
-        {
-            "data": other_data(cfg.data, stored.data, trained_state)
-            if cfg.get("data")
-            else stored.data
-        }
-    )
+    # the run's own data too: its chunks may have been converted again since (walkthrough 168)
+    chosen = cfg.data if cfg.get("data") else stored.data
+    parts = OmegaConf.create({"data": other_data(chosen, stored.data, trained_state)})
     parts.model = stored.model
     check_all(parts)
     trained_precision(cfg.trainer, stored)
@@ -238,8 +234,9 @@ def other_data(
         as_trained(data, before, ("val_fraction", "split_seed"), "splitting off validation")
     state = trained_state or {}
     label_as_trained(source, trained_source, state.get("classes"), before["num_classes"])
-    other_folder(source, trained_source, state.get("trained_files"))
-    chunks_as_trained(source, trained_source, state.get("conversion"))
+    converted = converted_from(trained_source, state.get("converted_from"))
+    other_folder(source, trained_source, state.get("trained_files"), converted)
+    chunks_as_trained(source, trained_source, state.get("conversion"), converted)
     return OmegaConf.create(data)
 
 
@@ -252,13 +249,18 @@ def same_place(a: str, b: str) -> bool:
 
 
 def chunks_as_trained(
-    source: dict[str, Any], trained: dict[str, Any], conversion: str | None
+    source: dict[str, Any],
+    trained: dict[str, Any],
+    conversion: str | None,
+    converted: tuple[Path, float, int | None] | None = None,
 ) -> None:
     """Streamed chunks whose test split holds images the run trained on, refused: the run's
     own chunks converted again since (``conversion``, the checkpoint's key of them, another:
     other files or fractions; a resume refuses them too), or chunks converted from the run's
-    training folder at another test fraction than the run held out (walkthrough 130: 164 of
-    330 images tested were trained or validated on, without a word)."""
+    training folder, or from the folder its own chunks were converted from (``converted``:
+    converted_from), at another test fraction than the run held out (walkthrough 130: 164 of
+    330 images tested were trained or validated on, without a word; walkthrough 168: the same
+    for a run on chunks, tested on chunks of its folder converted again)."""
     meta = chunks_meta(source)
     if meta is None:  # not chunks, or unreadable here: the test's setup says why
         return
@@ -271,16 +273,24 @@ def chunks_as_trained(
             "not the run's and may hold images it trained on; test the chunks it trained on, "
             "or convert its folder again as it was"
         )
-    converted, held_out = conversion_of(meta), trained.get("test_fraction")
-    if converted is None or not trained.get("root") or held_out is None:
+    these = conversion_of(meta)
+    if these is None:
         return
-    folder, test, _ = converted
-    if folder == folder_of(trained["root"]) and test != float(held_out):
+    folder, test, _ = these
+    if trained.get("root") and trained.get("test_fraction") is not None:
+        held_out, whose = float(trained["test_fraction"]), "the run's training folder"
+        if folder != folder_of(trained["root"]):
+            return
+    elif converted is not None and folder == converted[0]:
+        held_out, whose = converted[1], "the folder the run's chunks were converted from,"
+    else:
+        return
+    if test != held_out:
         raise ConfigError(
-            f"{where} was converted from the run's training folder {folder} holding out "
-            f"{test:g} of it for testing, where the run held out {held_out}: its test split "
-            "holds images the run trained on; convert it with --test-fraction "
-            f"{held_out}, or test the folder itself (data=image_folder)"
+            f"{where} was converted from {whose} {folder} holding out {test:g} of it for "
+            f"testing, where the run held out {held_out:g}: its test split holds images the run "
+            f"trained on; convert it with --test-fraction {held_out:g}, or test the folder "
+            "itself (data=image_folder)"
         )
 
 
@@ -326,7 +336,10 @@ def sampled_contents(sample: list[list[Any]] | None) -> int:
 
 
 def other_folder(
-    source: dict[str, Any], trained: dict[str, Any], trained_files: list[list[str]] | None = None
+    source: dict[str, Any],
+    trained: dict[str, Any],
+    trained_files: list[list[str]] | None = None,
+    converted: tuple[Path, float, int | None] | None = None,
 ) -> None:
     """An image folder of class folders only, other than the training one: every image is
     tested (``test_all``), not the share its file names would hold out for testing in a run
@@ -341,7 +354,8 @@ def other_folder(
     if layout is not None:  # tested on its test/ (or val/) folder: a copy of the run's own?
         refuse_a_split_folder_of_the_run(layout["test"], trained, trained_files)
         return
-    converted = converted_from(trained)
+    if converted is None:
+        converted = converted_from(trained)
     if converted is not None and folder == converted[0]:  # the run streamed this folder's chunks
         log.warning(
             "%s is the folder the run's chunks (%s) were converted from: testing the share its "
@@ -361,6 +375,9 @@ def other_folder(
     found = files_found(folder, trained_files or [])
     if found:
         as_trained(source, trained, ("test_fraction",), "holding out the run's test images")
+        origin = trained.get("root")
+        if origin is None and converted is not None:  # a copy of the folder its chunks came from
+            source["test_fraction"], origin = converted[1], converted[0]
         log.warning(
             "%s holds %d of %d files sampled from the run's training split, byte for byte (a "
             "copy of its training folder %s, or that folder moved): testing the share its file "
@@ -368,7 +385,7 @@ def other_folder(
             folder,
             found,
             len(trained_files or []),
-            trained.get("root"),
+            origin,
         )
         return
     refuse_a_split_folder_of_the_run(folder, trained, trained_files)
@@ -493,11 +510,16 @@ def label_as_trained(
     )
 
 
-def converted_from(trained: dict[str, Any]) -> tuple[Path, float, int | None] | None:
+def converted_from(
+    trained: dict[str, Any], record: dict[str, Any] | None = None
+) -> tuple[Path, float, int | None] | None:
     """The folder a streamed run's chunks were converted from, the conversion's test
-    fraction and its --max-side (None: the files' own bytes; DST/meta, litlab.data.optimize);
-    None for other sources, or where the chunks cannot be read here (moved, a bucket without
-    credentials)."""
+    fraction and its --max-side (None: the files' own bytes; DST/meta, litlab.data.optimize):
+    the checkpoint's ``record`` of them (DataModule.state_dict's converted_from), else read
+    from the chunks; None for other sources, or where the chunks cannot be read here (moved,
+    a bucket without credentials) and the checkpoint holds no record."""
+    if record and record.get("source") and record.get("test") is not None:
+        return folder_of(record["source"]), float(record["test"]), record.get("max_side")
     meta = chunks_meta(trained)
     return None if meta is None else conversion_of(meta)
 

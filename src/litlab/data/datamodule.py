@@ -487,6 +487,9 @@ class DataModule(L.LightningDataModule):
         key = conversion() if conversion is not None else None
         if key:
             state["conversion"] = key
+        converted_from = getattr(self.source, "converted_from", None)  # streamed chunks
+        if converted_from is not None and (record := converted_from()):
+            state["converted_from"] = record
         if files := self._files_key():  # an image folder's files (a fit continued: the same)
             state["files"] = files
         if self.unreadable:

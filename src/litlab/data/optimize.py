@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from litlab.data.fingerprint import copies_among, copies_sentence
+from litlab.data.fingerprint import copies_among, copies_sentence, fingerprints
 from litlab.data.folder_cache import bytes_digest, cache_key
 from litlab.data.folder_index import (
     FolderIndex,
@@ -431,6 +431,16 @@ def convert(
                 file=sys.stderr,
             )
         meta["copies_of_training"] = copies  # (a conversion before 2026-12-07: none recorded)
+        # a sample of the files trained on (and validated on, a val/ folder's), named under SRC,
+        # with their bytes' digests: eval.py recognises a copy of SRC by them (checkpoints keep
+        # them as an image folder run's)
+        named = [
+            Path(path).relative_to(src).as_posix()
+            for split in ("train", "val")
+            if split == "train" or split_folders(src) is not None
+            for path, _, _ in splits.get(split, [])
+        ]
+        meta["trained_files"] = fingerprints(src, named)
         _write_meta(dst, meta, labels)  # last: the conversion is finished
         return read_meta(dst)
 

@@ -238,6 +238,24 @@ class Streaming(Source):
         fractions, the same in a copy of the chunks (kept in checkpoints: resume= elsewhere)."""
         return self.meta.get("source_key")
 
+    def converted_from(self) -> dict[str, Any] | None:
+        """The folder the chunks were converted from, the test fraction it held out and the
+        --max-side (kept in checkpoints: eval.py on that folder, a copy of it, or chunks
+        converted from it again tests the run's held-out share, even where these chunks have
+        since moved or been converted again); None where the meta does not say."""
+        meta = self.meta
+        test = (meta.get("fractions") or {}).get("test")
+        if not meta.get("source") or test is None:
+            return None
+        max_side = (meta.get("options") or {}).get("max_side")
+        return {"source": meta["source"], "test": float(test), "max_side": max_side}
+
+    def fingerprints(self, trained: Any = None, validated: Any = None) -> list[list[Any]] | None:
+        """The conversion's seeded sample of the files it put in the training split (and a
+        validation folder's), with digests of their bytes: eval.py recognises a copy of the
+        converted folder by them, as of an image folder (None: converted before 2026-12-07)."""
+        return self.meta.get("trained_files")
+
     def shared_cache(self, nodes: int) -> str | None:
         """Where ``nodes`` (> 1) nodes would download remote chunks into one cache: LitData's
         default, under the home folder, which most clusters share between nodes (review 158:

@@ -1010,6 +1010,34 @@ def test_a_streamed_epoch_resumed_inside_a_batch_gives_that_batch_again(converte
     assert list(resumed) == whole[2:]
 
 
+def test_an_epoch_stopped_on_chunks_resumes_on_a_copy_elsewhere_but_not_on_other_chunks(
+    converted, tmp_path
+):
+    """data.source.input_dir may point elsewhere, at the same chunks (copied to a node's disk,
+    a bucket): mid-epoch LitData refused its state's other path with a traceback (walkthrough
+    168). A copy continues the epoch exactly; the same files converted again in other chunks
+    (the conversion's key is the same) are refused in one line: the stopped epoch's place
+    would point at other images."""
+    _, dst, _ = converted
+    whole = list(names_loader(dst))
+    cut = names_loader(dst)
+    batches = iter(cut)
+    first = [next(batches) for _ in range(2)]
+    state = cut.state_dict()
+    del batches
+    copy = tmp_path / "copy"
+    shutil.copytree(dst, copy)
+    resumed = names_loader(copy, trained=lambda: 2)
+    resumed.load_state_dict(state)
+    assert first + list(resumed) == whole
+    root, _, _ = converted
+    other = tmp_path / "rechunked"  # the same files and fractions, chunks of a few kB
+    convert(root, str(other), max_side=64, workers=1, chunk_bytes="8kb")
+    assert read_meta(str(other))["source_key"] == read_meta(str(dst))["source_key"]
+    with pytest.raises(ConfigError, match="lays its images out in other chunks"):
+        names_loader(other, trained=lambda: 2).load_state_dict(state)
+
+
 def test_streamed_jpegs_decoded_on_the_device_train_to_the_end(converted, tmp_path):
     """data.source.decode=device: the loader hands JPEGs on encoded (PNGs as pixels), the run
     decodes them a batch at a time and trains to the end."""

@@ -429,15 +429,42 @@ def streaming_loader_class() -> type:
             if now != then:
                 raise ConfigError(
                     "this checkpoint stopped mid-epoch with (ranks, data.num_workers, "
-                    f"data.batch_size) = {then}, this run has {now}: resume with the same "
-                    "values (or from a checkpoint written at an epoch's end)"
+                    f"data.batch_size) = {then}, this run has {now} (data.num_workers=0 counts "
+                    "as 1): resume with the same values (or from a checkpoint written at an "
+                    "epoch's end)"
                 )
+            layout = (self.dataset.subsampled_files, self.dataset.region_of_interest)
+            if _as_lists(layout) != _as_lists(
+                (saved["subsampled_files"], saved["region_of_interest"])
+            ):
+                raise ConfigError(
+                    f"{self.dataset.input_dir.url or self.dataset.input_dir.path} lays its images "
+                    "out in other chunks than those this checkpoint stopped mid-epoch in "
+                    "(converted again, with other chunk sizes): its place in the epoch would "
+                    "point at other images; resume on the chunks it trained on (or from a "
+                    "checkpoint written at an epoch's end)"
+                )
+            # The chunks where they are now: a copy of the run's conversion (the checkpoint's
+            # key of it is checked as the fit begins: DataModule) moved or copied elsewhere, as
+            # data.source.input_dir may be; LitData refused its own state's other path with a
+            # traceback (walkthrough 168)
+            where = self.dataset.input_dir
+            state = {**state, "dataset": {**saved, "input_dir_url": where.url}}
+            state["dataset"]["input_dir_path"] = where.path
             if self._trained is not None:
                 state = _rewound(state, self._trained(), world_size)
             continue_item_shuffle_window(self.dataset, saved)  # a checkpoint's from before
             super().load_state_dict(state)
 
     return StreamingLoader
+
+
+def _as_lists(value: Any) -> Any:
+    """Tuples as lists, all the way down (a checkpoint's state holds lists where LitData's
+    dataset holds tuples)."""
+    if isinstance(value, list | tuple):
+        return [_as_lists(v) for v in value]
+    return value
 
 
 def _rewound(state: dict[str, Any], trained: int, world_size: int) -> dict[str, Any]:

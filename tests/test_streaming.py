@@ -232,7 +232,10 @@ def test_a_streamed_run_resumed_on_another_conversion_is_refused(converted, tmp_
         elsewhere,
         f"data.source.input_dir: {dst} -> {other} holds another conversion",
     )
-    convert(tmp_path / "images", str(dst), workers=1)  # the run's folder converted again
+    # the run's folder converted again: refused, then asked for
+    with pytest.raises(DataError, match=rf"{dst} holds a finished conversion of {converted[0]}"):
+        convert(tmp_path / "images", str(dst), workers=1)
+    convert(tmp_path / "images", str(dst), workers=1, replace=True)
     again = make_cfg(tmp_path / "t", [*more, f"data.source.input_dir={dst}"])
     check_resumable(load_checkpoint(last), again)  # the run's own path: nothing compared here
     refused(capsys, train_task, again, f"{dst} holds another conversion than the checkpoint's")
@@ -559,7 +562,7 @@ def test_an_interrupted_conversion_over_an_earlier_one_is_not_taken_as_finished(
 
     monkeypatch.setattr(optimize, "_written", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        convert(root, str(dst), max_side=64, workers=1)
+        convert(root, str(dst), max_side=64, workers=1, replace=True)
     monkeypatch.undo()
     cfg = make_cfg(
         tmp_path, ["data=streaming", f"data.source.input_dir={dst}", "data.num_classes=3"]
@@ -873,8 +876,11 @@ def test_an_s3_dataset_converts_and_trains_with_credentials_from_the_environment
         with another_litdata_job_wiping(shared_staging):
             meta = convert(tmp_path / "images", "s3://litlab/images", workers=2)
         assert sum(s["images"] for s in meta["splits"].values()) == 36
-        # converted again (other options): its own earlier objects are replaced, others kept
-        convert(tmp_path / "images", "s3://litlab/images", max_side=32, workers=2)
+        # converted again (other options): refused (runs trained on it test on its splits:
+        # walkthrough 168), then asked for: its own earlier objects are replaced, others kept
+        with pytest.raises(DataError, match=r"give --replace to write this one over it"):
+            convert(tmp_path / "images", "s3://litlab/images", max_side=32, workers=2)
+        convert(tmp_path / "images", "s3://litlab/images", max_side=32, workers=2, replace=True)
         keys = {o["Key"] for o in s3.list_objects_v2(Bucket="litlab")["Contents"]}
         assert {*mine, "mixed/README.md", "images/README.md"} <= keys
         cfg = make_cfg(

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from litlab.data.fingerprint import copies_among, copies_sentence, fingerprints
+from litlab.data.fingerprint import copies_among, copies_sentence, fingerprints, folder_of
 from litlab.data.folder_cache import bytes_digest, cache_key
 from litlab.data.folder_index import (
     FolderIndex,
@@ -342,8 +342,11 @@ def convert(
     val_fraction: float = 0.1,
     workers: int | None = None,
     chunk_bytes: str | int = "64MB",
+    replace: bool = False,
 ) -> dict[str, Any]:
-    """Write SRC's splits to DST as LitData datasets, then DST/meta; return the meta."""
+    """Write SRC's splits to DST as LitData datasets, then DST/meta; return the meta. A
+    finished conversion of other files, fractions or options at DST is refused unless
+    ``replace``: runs trained on it resume and test on its splits."""
     litdata = _litdata()
     check_scheme(dst)
     src = src.resolve()  # the meta's advice (convert it again: SRC DST) works from any folder
@@ -366,7 +369,10 @@ def convert(
             print(f"{dst} already holds this conversion of {src}; nothing to do")
             return meta
     except DataError:
-        pass  # nothing there yet, or an unfinished conversion: write it all
+        meta = None  # nothing there yet, or an unfinished conversion: write it all
+    other = meta is not None and (meta.get("source_key"), meta.get("options")) != (key, options)
+    if other and not replace and intact(dst, meta):
+        refuse_replacing(dst, meta, src, {"test": test_fraction, "val": val_fraction}, options)
     for split, items in splits.items():
         if not items:
             raise DataError(f"the {split} split of {src} would be empty; add images or fractions")
@@ -575,6 +581,33 @@ def chunk_size(text: str) -> str | int:
     return text
 
 
+def refuse_replacing(
+    dst: str,
+    meta: dict[str, Any],
+    src: Path,
+    fractions: dict[str, float],
+    options: dict[str, Any],
+) -> None:
+    """A finished conversion at DST of other files, fractions or options than asked, refused:
+    written over, the runs trained on it would be tested on splits holding their own training
+    images, and could no longer resume (walkthrough 168: replaced without a word)."""
+    then = meta.get("fractions") or {}
+    differs = [
+        f"{name} fraction {then.get(name)} -> {value:g}"
+        for name, value in fractions.items()
+        if then.get(name) is not None and float(then[name]) != value
+    ]
+    if meta.get("options", options) != options:
+        differs.append(f"options {meta.get('options')} -> {options}")
+    if folder_of(meta.get("source")) != src:
+        differs.append(f"source {meta.get('source')} -> {src}")
+    raise DataError(
+        f"{dst} holds a finished conversion of {meta.get('source')} "
+        f"({'; '.join(differs) or 'its files changed since'}), which runs trained on it resume "
+        "and test on: convert into another folder, or give --replace to write this one over it"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m litlab.data.optimize",
@@ -597,6 +630,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--chunk-bytes", default="64MB", help="LitData chunk size: 64MB, 512kb, or bytes"
     )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="write over a finished conversion of other files, fractions or options at DST",
+    )
     args = parser.parse_args(argv)
     if args.max_side is not None and args.max_side < 1:
         fail(f"--max-side must be a positive number of pixels, got {args.max_side}")
@@ -611,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
             args.val_fraction,
             args.workers,
             args.chunk_bytes,
+            args.replace,
         )
     except LitlabError as e:
         fail(str(e))

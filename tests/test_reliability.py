@@ -876,6 +876,28 @@ def test_a_run_killed_after_its_checkpoint_resumes_without_repeating_steps_in_it
 
 
 @pytest.mark.slow
+def test_a_run_killed_after_its_checkpoint_keeps_every_row_logged_before_it(tmp_path):
+    """Lightning's CSV writer holds rows for flush_logs_every_n_steps (100): SIGKILL after a
+    step checkpoint lost the rows logged before it (the learning rate LearningRateMonitor logs
+    at each epoch's start: review 170), which the resume, logging from the checkpoint on, never
+    wrote again. Each checkpoint writes the rows out; the history is the uninterrupted run's."""
+    rate = ["model/scheduler=plateau", "model.scheduler_interval=epoch"]
+    kill = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=25"]
+    every = "callbacks.step_checkpoint.every_n_train_steps=4"
+    killed = run_cli(
+        *CLF, *rate, *kill, every, "+callbacks.stop.signum=SIGKILL", f"paths.log_dir={tmp_path}"
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    folder = run_folder(tmp_path)
+    resumed = run_cli(f"resume={folder}", "callbacks.stop.batch=-1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with (folder / "csv" / "metrics.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(row["step"]) for row in rows if row.get("lr-AdamW")] == [0, 10, 20, 30]
+    assert [int(row["step"]) for row in rows if row.get("val/acc")] == [9, 19, 29, 39]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", ["TERM", "KILL"])
 def test_slurm_requeue_continues_in_the_job_folder(
     tmp_path, monkeypatch, straight_classifier, kill

@@ -554,6 +554,15 @@ class AppendingCSVLogger(csv_logs.CSVLogger):
                 )
         super().log_metrics(metrics, step)
 
+    @rank_zero_only
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """The rows held so far written out with each checkpoint (Lightning's writer holds
+        them for ``flush_logs_every_n_steps``, 100): a run killed hard after a checkpoint
+        resumes from it, logging only the steps after it again, and a row logged before it
+        (the rate LearningRateMonitor logs at an epoch's start) was lost (review 170)."""
+        super().after_save_checkpoint(checkpoint_callback)
+        self.save()
+
     def forget_from(self, step: int) -> int:
         """Drop the rows of metrics.csv logged at ``step`` or later; how many. A run killed
         hard after its last checkpoint had logged steps that its resume logs again: each step

@@ -406,7 +406,7 @@ def test_the_wandb_logger_sends_one_steps_metrics_together_and_nothing_else(tmp_
     ]
 
 
-def test_a_runs_offline_parts_are_found_by_their_transaction_logs(tmp_path):
+def test_a_runs_offline_parts_are_found_by_their_transaction_logs(tmp_path, caplog):
     """The parts of W&B run "abc" as wandb lays them out: one per resume, "-1" after the id
     when a part starts in the same second as the one before, a run "abcd" beside them, a part
     killed before its log was written, and `wandb sync`'s marker on an uploaded part. Under
@@ -418,11 +418,12 @@ def test_a_runs_offline_parts_are_found_by_their_transaction_logs(tmp_path):
     folder = tmp_path / ".wandb"
     names = ["20261205_150000-abc", "20261205_150000-abc-1", "20261205_150002-abc"]
     parts = [folder / f"offline-run-{name}" for name in names]
+    header = b":W&B\xe1\xbe\x00"  # wandb's, alone in a part killed hard (review 170)
     for part in parts:
         part.mkdir(parents=True)
-        (part / "run-abc.wandb").write_bytes(b"W&B")
+        (part / "run-abc.wandb").write_bytes(header + b"records")
     (folder / "offline-run-20261205_150001-abcd").mkdir()
-    (folder / "offline-run-20261205_150001-abcd" / "run-abcd.wandb").write_bytes(b"W&B")
+    (folder / "offline-run-20261205_150001-abcd" / "run-abcd.wandb").write_bytes(header)
     (folder / "offline-run-20261205_150003-abc").mkdir()  # killed while W&B started
     (parts[0] / "run-abc.wandb.synced").touch()
     assert wandb_folder(tmp_path) == folder
@@ -430,5 +431,12 @@ def test_a_runs_offline_parts_are_found_by_their_transaction_logs(tmp_path):
     assert unsynced_offline_parts(folder, "abc") == parts[1:]
     assert unsynced_offline_parts(folder, None) == []
     assert sync_command(str(parts[2]), "abc") == f"wandb sync {parts[1]} {parts[2]}"
+    # a part whose log holds the header alone (its process killed before W&B wrote a record):
+    # nothing to upload, and said
+    (parts[1] / "run-abc.wandb").write_bytes(header)
+    with caplog.at_level("WARNING", logger="litlab"):
+        assert sync_command(str(parts[2]), "abc") == f"wandb sync {parts[2]}"
+    assert f"part(s) {parts[1].name} hold no data" in caplog.text
+    (parts[1] / "run-abc.wandb").write_bytes(header + b"records")
     os.utime(parts[1], (time.time() + 10, time.time() + 10))  # the newest part
     assert wandb_run_id(tmp_path) == "abc"  # not "1"

@@ -493,12 +493,37 @@ def wandb_exit_code(ended: BaseException | None) -> int:
     return 1
 
 
+# The length of a W&B transaction log's header (":W&B", a magic number, a version): a part
+# whose log holds it alone has no record, as one of a process killed hard leaves it (W&B's
+# service shuts down on its parent's death without writing what it held: review 170)
+WANDB_HEADER = 7
+
+
 def sync_command(sync_dir: str, run_id: str) -> str:
     """The `wandb sync` of an offline run: every part of it where it was resumed (one folder a
     part, the same run id) not uploaded yet, together, which wandb syncs as one run in order of
-    start time; one part synced alone would upload that part's history only."""
+    start time; one part synced alone would upload that part's history only. Parts that hold
+    no record are left out, and said: W&B's history misses what they trained."""
     folder = Path(sync_dir)
-    return sync_line(unsynced_offline_parts(folder.parent, run_id) or [folder])
+    parts = unsynced_offline_parts(folder.parent, run_id)
+    empty = [p for p in parts if p != folder and _recorded(p / f"run-{run_id}.wandb") == 0]
+    if empty:
+        log.warning(
+            "W&B: the run's part(s) %s hold no data (a process killed hard: W&B's service ended "
+            "with it before writing what it held): the W&B run misses the steps they trained "
+            "(metrics.csv has them all); left out of the upload",
+            ", ".join(part.name for part in empty),
+        )
+    return sync_line([part for part in parts if part not in empty] or [folder])
+
+
+def _recorded(transaction_log: Path) -> int:
+    """How many bytes of records a W&B transaction log holds beyond its header (-1 where it
+    cannot be read)."""
+    try:
+        return transaction_log.stat().st_size - WANDB_HEADER
+    except OSError:
+        return -1
 
 
 def sync_line(parts: list[Path]) -> str:

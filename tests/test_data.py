@@ -1135,6 +1135,11 @@ def test_a_folder_with_damaged_files_trains_to_the_end(tmp_path, cache, decode):
     # less those found unreadable; was 44: the report put the two runs on different scales)
     assert sum(summary["data"]["splits"].values()) == 41
     assert summary["data"]["splits"].keys() == {"train", "val", "test"}
+    # and class by class, images alone (review 171: the unreadable files counted there)
+    classes = summary["data"]["class_images"]
+    assert {split: sum(counts.values()) for split, counts in classes.items()} == summary["data"][
+        "splits"
+    ]
     if cache:
         assert summary["data"]["all"]["skipped"] == 3
     else:  # seen as they are read (every epoch, and evaluation): each file counted once

@@ -546,6 +546,12 @@ def test_auto_fid_extractor_on_one_class_without_inception_weights_says_what_to_
     (tmp_path / "garbage.pth").write_bytes(b"not weights")
     with pytest.raises(ConfigError, match=r"garbage.pth is not InceptionV3's weights for FID \("):
         InceptionFeatures(str(tmp_path / "garbage.pth"))
+    # said in eval.py's own keys there (walkthrough 168: told callbacks.fid.*, refused there)
+    with pytest.raises(ConfigError) as error:
+        one_class_fit(tmp_path, FID(cache_dir=str(tmp_path / "cache"), settings_prefix="fid_"))
+    message = str(error.value)
+    assert "set fid_inception_weights=" in message and "set fid_extractor=<a litlab" in message
+    assert "callbacks.fid." not in message
 
 
 def test_domain_classifier_refuses_labels_of_one_class(tmp_path):

@@ -567,6 +567,9 @@ def other_fid_extractor(cfg: DictConfig, callbacks: DictConfig) -> bool:
     stored FID callback's config; refused for a checkpoint without FID (a classifier's)."""
     extractor = cfg.get("fid_extractor")
     weights = cfg.get("fid_inception_weights")
+    if "fid" in callbacks:  # its messages name eval.py's keys
+        with open_dict(callbacks):
+            callbacks.fid.settings_prefix = "fid_"
     if extractor is None and weights is None:
         return False
     if "fid" not in callbacks:

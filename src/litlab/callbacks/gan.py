@@ -78,6 +78,7 @@ class FID(Callback):
         batch_size: int = 512,
         cache_dir: str = ".cache/litlab",
         inception_weights: str | None = None,
+        settings_prefix: str = "callbacks.fid.",
     ) -> None:
         if num_samples < 2 or num_real < 2 or batch_size < 1:
             raise ConfigError("num_samples and num_real must be at least 2, batch_size at least 1")
@@ -87,6 +88,9 @@ class FID(Callback):
             cache_dir,
             inception_weights,
         )
+        # how the user sets this callback's keys, in its messages: eval.py's are fid_extractor
+        # and fid_inception_weights (walkthrough 168: told to set callbacks.fid.*, refused there)
+        self.settings_prefix = settings_prefix
         self.metric: FrechetInceptionDistance | None = None
         self.tag = ""
         self._floor: float | None = None
@@ -96,17 +100,25 @@ class FID(Callback):
 
     def _build_extractor(self, trainer: L.Trainer) -> torch.nn.Module:
         dm = trainer.datamodule
-        spec = self.extractor_spec
+        spec, key = self.extractor_spec, f"{self.settings_prefix}extractor"
+        weights = (self.inception_weights, f"{self.settings_prefix}inception_weights")
         if spec == "inception":
-            return InceptionFeatures(self.inception_weights)
+            # auto trains on the whole training split, which a stream does not hold in memory
+            alternative = (
+                f"set {key}=<a litlab classifier checkpoint trained on this data>"
+                if dm.streamed()
+                else f"use {key}=auto"
+            )
+            return InceptionFeatures(weights[0], alternative, weights[1])
         if spec == "auto" and dm.num_classes < 2:
             # A classifier of one class learns nothing (its cross-entropy is 0 whatever its
             # weights): FID through its features would be FID through random convolutions.
             log.info("FID extractor: the data has one class, nothing for a classifier to learn")
             return InceptionFeatures(
-                self.inception_weights,
-                alternative="set callbacks.fid.extractor=<a litlab classifier checkpoint> (auto "
-                "uses InceptionV3 when the data has one class)",
+                weights[0],
+                alternative=f"set {key}=<a litlab classifier checkpoint> (auto uses InceptionV3 "
+                "when the data has one class)",
+                weights_key=weights[1],
             )
         if spec == "auto":
             mean, std = dm.transform.mean.flatten().tolist(), dm.transform.std.flatten().tolist()

@@ -93,10 +93,10 @@ def _stream_index(dataset: Dataset, limit: int | None, seed: int) -> torch.Tenso
     one for a conversion without them (made by an older litlab: convert again)."""
     if limit is None:
         raise ConfigError(
-            "a streamed split is too large to hold in memory whole: FID on streamed data needs "
-            "callbacks.fid.extractor=inception or a litlab classifier checkpoint trained on this "
-            "data (callbacks.fid.extractor=<run>/checkpoints/best.ckpt); the auto extractor "
-            "trains on the whole split"
+            "FID on streamed data needs callbacks.fid.extractor=inception or a litlab "
+            "classifier checkpoint trained on this data (callbacks.fid.extractor=<run>/"
+            "checkpoints/best.ckpt): the auto extractor trains on the whole training split, "
+            "which a stream does not hold in memory"
         )
     labels = dataset.read_labels()
     if labels is not None and len(labels) == dataset.images:
@@ -341,6 +341,10 @@ class DataModule(L.LightningDataModule):
         ):
             return None
         return torch.bincount(labels_of(dataset), minlength=self.num_classes)
+
+    def streamed(self) -> bool:
+        """Whether the training split is streamed (LitData chunks), not held or listed here."""
+        return "train" in self.datasets and _streams(self.datasets["train"])
 
     def _class_images_read(self, split: str) -> torch.Tensor | None:
         """``_class_images`` less the files found unreadable as they were read (cache=false):

@@ -244,6 +244,7 @@ class InceptionFeatures(nn.Module):
         self,
         weights_path: str | None = None,
         alternative: str = "use callbacks.fid.extractor=auto",
+        weights_key: str = "callbacks.fid.inception_weights",
     ):
         super().__init__()
         try:
@@ -255,7 +256,7 @@ class InceptionFeatures(nn.Module):
             ) from e
         if weights_path is not None and not Path(weights_path).is_file():
             raise ConfigError(
-                f"InceptionV3 weights {weights_path} not found; set callbacks.fid.inception_weights"
+                f"InceptionV3 weights {weights_path} not found; set {weights_key} to the file"
             )
         try:
             # antialias=False: torch-fidelity's TensorFlow-1 bilinear resize, the reference FID's
@@ -269,13 +270,13 @@ class InceptionFeatures(nn.Module):
         except Exception as e:  # the download of the weights failed, or the file is not them
             if weights_path is not None:  # (read as if the file were missing: walkthrough 145)
                 raise ConfigError(
-                    f"callbacks.fid.inception_weights={weights_path} is not InceptionV3's weights "
+                    f"{weights_key}={weights_path} is not InceptionV3's weights "
                     f"for FID ({first_line(e)}): give the file {URL_INCEPTION_V3} downloads, or "
                     f"{alternative}"
                 ) from e
             raise ConfigError(
                 f"could not get InceptionV3's weights ({first_line(e)}): download {URL_INCEPTION_V3} "
-                f"where there is internet and set callbacks.fid.inception_weights=<that file>, "
+                f"where there is internet and set {weights_key}=<that file>, "
                 f"or {alternative}"
             ) from e
 

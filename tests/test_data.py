@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from conftest import (
     FASHION_SYSTEM_DIR,
+    QUIET_CSV,
     REPO,
     make_cfg,
     needs_fashion,
@@ -1115,6 +1116,23 @@ def train_on_folder(tmp_path: Path, *overrides: str) -> dict:
     summary = summary_of(cfg)
     assert summary["status"] == "completed"
     return summary
+
+
+def test_a_root_of_one_class_or_a_file_says_what_it_is(tmp_path, capsys):
+    """A root that is a class folder itself (its one subfolder read as the only class) was told
+    to set data.num_classes=1, which a classifier then refused; a root that is a file was said
+    not to exist (review 171)."""
+    write_png_folder(tmp_path / "images" / "cat", per_class=6)  # images/cat/{cat,dog,fox}/
+
+    def folder_run(root: Path):
+        return make_cfg(
+            tmp_path,
+            ["data=image_folder", f"data.source.root={root}", "data.num_classes=3", *QUIET_CSV],
+        )
+
+    refused(capsys, train_task, folder_run(tmp_path / "images"), "a classifier needs two classes")
+    image = next((tmp_path / "images" / "cat" / "cat").iterdir())
+    refused(capsys, train_task, folder_run(image), "is a file, not a folder")
 
 
 @pytest.mark.parametrize(

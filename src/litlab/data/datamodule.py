@@ -455,6 +455,13 @@ class DataModule(L.LightningDataModule):
             self._check_classes()
 
     def _class_count_error(self, split: str, classes: int) -> str:
+        if classes < 2:  # data.num_classes=1: a classifier refuses it (review 171)
+            return (
+                f"the {self.source.name} {split} split has {classes} class but data.num_classes "
+                f"is {self.num_classes}: a classifier needs two classes or more (is the data's "
+                "root the folder that holds the class folders?); a GAN trains on one class: "
+                "model=dcgan data.num_classes=1"
+            )
         return (
             f"the {self.source.name} {split} split has {classes} classes but data.num_classes "
             f"is {self.num_classes}; set data.num_classes={classes}"

@@ -274,8 +274,9 @@ class ImageFolder(Source):
         classes of held-out folders checked against train/'s. ``test=False`` (a fit that does
         not read the test split): its folder only scanned, its decode left to the test."""
         if not self.root.is_dir():
+            what = "is a file, not a folder" if self.root.exists() else "does not exist"
             raise DataError(
-                f"image folder {self.root} does not exist; set data.source.root to a folder of "
+                f"image folder {self.root} {what}; set data.source.root to a folder of "
                 "class subfolders"
             )
         folders = self._split_folders() or {"all": self.root}

@@ -586,7 +586,7 @@ def test_a_converted_folder_missing_a_split_is_one_clear_line(converted, tmp_pat
         build(cfg.data, "data").setup("fit")
 
 
-def test_streaming_config_mistakes_are_one_clear_line(converted, tmp_path):
+def test_streaming_config_mistakes_are_one_clear_line(converted, tmp_path, caplog):
     _, dst, _ = converted
     base = ["data=streaming", f"data.source.input_dir={dst}"]
 
@@ -603,6 +603,11 @@ def test_streaming_config_mistakes_are_one_clear_line(converted, tmp_path):
         data.setup("test")
     with pytest.raises(ConfigError, match="train_fraction"):
         setup("data.num_classes=3", "data.train_fraction=0.5")
+    # another validation share, which the chunks fixed: said (walkthrough 168: silent)
+    with caplog.at_level("WARNING", logger="litlab"):
+        setup("data.num_classes=3", "data.val_fraction=0.3")
+    assert "data.val_fraction=0.3 does not apply" in caplog.text
+    assert "(--val-fraction 0.1)" in caplog.text
     with pytest.raises(ConfigError, match=re.escape("data.loader=auto")):
         setup("data.num_classes=3", "data.loader=device")
     with pytest.raises(ConfigError, match="shuffle_window must be a number of items above 1"):

@@ -402,6 +402,16 @@ class DataModule(L.LightningDataModule):
             )
         self.loader = "dataloader"
         self.more_validation = "convert again with a larger --val-fraction, or more images in val/"
+        converted = (getattr(self.source, "meta", {}).get("fractions") or {}).get("val")
+        said = self.trainer is None or self.trainer.is_global_zero  # (walkthrough 168: silent)
+        if said and converted is not None and float(converted) != self.val_fraction:
+            log.warning(
+                "data.val_fraction=%g does not apply to %s: its validation split was fixed at "
+                "conversion (--val-fraction %g); convert again for another",
+                self.val_fraction,
+                self.source.label,
+                float(converted),
+            )
         for split in ("train", "val", "test"):
             self.datasets[split] = self.source.load(split)
             self._check(self.datasets[split], split)

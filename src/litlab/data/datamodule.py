@@ -766,12 +766,12 @@ class DataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader | DeviceLoader:
         fit = self.datasets["fit"]
         # each rank's share (a streamed dataset's len is already this rank's)
-        ranks = 1 if self.trainer is None or _streams(fit) else self.trainer.world_size
-        share = len(fit) // ranks
+        ranks = 1 if self.trainer is None else self.trainer.world_size
+        share = len(fit) if _streams(fit) else len(fit) // ranks
         if self.batch_cap is not None and self.batch_size > self.batch_cap:
             return self._loader("fit", train=True, batch_size=self.batch_cap)
         if share < self.batch_size:  # drop_last would leave no batch at all
-            each = f" of each of the {ranks} ranks" if ranks > 1 else ""
+            each = f" of each of the {ranks} ranks" if ranks > 1 else ""  # (streamed too: 168)
             raise ConfigError(
                 f"batch_size {self.batch_size} exceeds the {share} training images{each}; "
                 "lower data.batch_size"

@@ -895,6 +895,12 @@ def test_a_run_killed_after_its_checkpoint_keeps_every_row_logged_before_it(tmp_
         rows = list(csv.DictReader(f))
     assert [int(row["step"]) for row in rows if row.get("lr-AdamW")] == [0, 10, 20, 30]
     assert [int(row["step"]) for row in rows if row.get("val/acc")] == [9, 19, 29, 39]
+    # and train.log says where it went on from (walkthrough 168: Lightning's console alone)
+    step = folder / "checkpoints" / "step.ckpt"
+    assert (
+        f"continuing from {step}, written in epoch 3 at global step 24"
+        in (folder / "train.log").read_text()
+    )
 
 
 @pytest.mark.slow

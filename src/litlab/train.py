@@ -112,6 +112,13 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
         if cfg.get("train") and hasattr(datamodule, "continues"):  # (Lightning's key for it)
             datamodule.continues(checkpoint.get(type(datamodule).__qualname__) or {})
         run.summary["resumed_from"] = str(cfg.ckpt_path)
+        if cfg.get("train") and rank_zero_only.rank == 0:  # (in train.log: walkthrough 168)
+            log.info(
+                "continuing from %s, written in epoch %d at global step %s",
+                cfg.ckpt_path,
+                int(checkpoint.get("epoch") or 0) + 1,
+                checkpoint.get("global_step"),
+            )
     # The resolved config travels in every checkpoint and goes to every logger as hparams.
     model.save_hyperparameters(resolved_config(cfg))
     trainer = build_trainer(cfg, model, tuned)

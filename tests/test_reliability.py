@@ -895,6 +895,10 @@ def test_a_run_killed_after_its_checkpoint_keeps_every_row_logged_before_it(tmp_
         rows = list(csv.DictReader(f))
     assert [int(row["step"]) for row in rows if row.get("lr-AdamW")] == [0, 10, 20, 30]
     assert [int(row["step"]) for row in rows if row.get("val/acc")] == [9, 19, 29, 39]
+    # the epoch the resume went on with part way is timed too (Lightning calls no
+    # on_train_epoch_start there: it had no training rate, review 170)
+    rated = [int(row["step"]) for row in rows if row.get("perf/train_images_per_s")]
+    assert rated == [9, 19, 29, 39]
     # and train.log says where it went on from (walkthrough 168: Lightning's console alone)
     step = folder / "checkpoints" / "step.ckpt"
     assert (

@@ -320,8 +320,11 @@ class Throughput(Callback):
                 # A metric must never stop a run: without a count there is no MFU, only images/s.
                 log.warning("could not count the net's FLOPs (%s); MFU is not reported", e)
             self._net = None
-        clock = self._clocks.get("train")
-        if clock is not None and not clock.running and not self._warmup:
+        # an epoch a resumed fit goes on with part way has no on_train_epoch_start (Lightning
+        # calls none on a restart mid-epoch): timed from here (it went untimed, and a run
+        # resumed into its last epoch had no training rate at all: review 170)
+        clock = self._clocks.setdefault("train", _Clock())
+        if not clock.running and not self._warmup:
             _sync(self._device)  # what ran before (warm-up, validation) is not this clock's
             clock.start()
 

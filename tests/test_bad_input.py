@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from conftest import QUIET_CSV as QUIET
-from conftest import make_cfg, refused, run_cli, summary_of, write_idx_dataset, write_png_folder
+from conftest import (
+    make_cfg,
+    refused,
+    run_cli,
+    summary_of,
+    write_idx_dataset,
+    write_png_folder,
+    write_unusual_images,
+)
 from litlab.errors import ConfigError
 from litlab.evaluate import eval_task
 from litlab.loggers import check_forked_wandb
@@ -709,6 +717,39 @@ def test_a_resume_on_its_folder_changed_since_is_refused(tmp_path, capsys):
     (root / "train" / "fox" / "new.png").unlink()  # as it was, and an image more to test
     shutil.copy(root / "test" / "fox" / "0.png", root / "test" / "fox" / "new.png")
     train_task(resumed)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_resume_goes_on_after_the_unreadable_files_were_removed(tmp_path, capsys, cache):
+    """The run, its log and the check tool say to remove files that do not decode; removed,
+    the resume was refused as on a folder changed since ("put the folder back as it was",
+    review 171): they gave no image, so the images are the same. The checkpoint keeps them
+    (found by the cached decode, or as they were read); a readable file removed is still
+    refused."""
+    from litlab.checkpoint import load_checkpoint
+
+    root = tmp_path / "images"
+    write_png_folder(root / "train", per_class=10)
+    write_png_folder(root / "test", per_class=2)
+    bad = write_unusual_images(root / "train" / "dog")
+    folder = [*small_folder_run(tmp_path), f"data.source.root={root}"]
+    folder.append(f"data.source.cache={str(cache).lower()}")
+    trained = make_cfg(tmp_path / "t", [*folder, "trainer.max_epochs=1", "test=false"])
+    train_task(trained)
+    last = Path(trained.paths.output_dir) / "checkpoints" / "last.ckpt"
+    without = load_checkpoint(last)["DataModule"]["files"]["without"]
+    # (read as they go: those of the training and validation splits the epoch read)
+    assert {f"train/dog/{name}" for name in bad} >= set(without) and without
+    resumed = make_cfg(
+        tmp_path / "t", [*folder, "trainer.max_epochs=2", "test=false", f"ckpt_path={last}"]
+    )
+    (root / "train" / "cat" / "0.png").rename(tmp_path / "0.png")  # an image gone: refused
+    refused(capsys, train_task, resumed, "changed since the checkpoint was written")
+    (tmp_path / "0.png").rename(root / "train" / "cat" / "0.png")
+    for name in without:
+        (root / name).unlink()
+    train_task(resumed)
+    assert summary_of(resumed)["status"] == "completed"
 
 
 def test_a_checkpoint_refuses_class_folders_renamed_since(tmp_path, capsys):

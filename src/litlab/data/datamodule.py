@@ -524,7 +524,9 @@ class DataModule(L.LightningDataModule):
         if converted_from is not None and (record := converted_from()):
             state["converted_from"] = record
         if files := self._files_key():  # an image folder's files (a fit continued: the same)
-            state["files"] = files
+            # and those found unreadable: removed since, the resume goes on (review 171)
+            without = self.source.unreadable_names(sorted(self.unreadable))
+            state["files"] = {**files, "without": without} if without else files
         if self.unreadable:
             state["unreadable"] = sorted(self.unreadable)
         return state

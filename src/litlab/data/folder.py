@@ -211,6 +211,50 @@ class ImageFolder(Source):
             digest.update(f"{name}\0{index.classes[label]}\n".encode())
         return digest.hexdigest(), len(files)
 
+    def _listing_key(self, listed: list[tuple[str, str, int]]) -> str:
+        return hashlib.sha256(repr(listed).encode()).hexdigest()[:16]
+
+    def unreadable_names(self, paths: Sequence[str] = ()) -> list[str]:
+        """The files found unreadable so far, named under the root: those a cached decode
+        skipped, and ``paths`` (found as they were read: the DataModule's)."""
+        names = {
+            (folder.relative_to(self.root) / entry["file"]).as_posix()
+            for folder, opened in self._opened.items()
+            if isinstance(opened, CachedFolder)
+            for entry in opened.skipped
+        }
+        for path in paths:
+            if Path(path).is_relative_to(self.root):
+                names.add(Path(path).relative_to(self.root).as_posix())
+        return sorted(names)
+
+    def _key_with(self, names: Sequence[str]) -> str | None:
+        """files_key's key of the folder now with the files ``names`` (under the root) that are
+        gone put back; None where one cannot be (its class folder gone)."""
+        listed = []
+        for folder in sorted((self._split_folders() or {"all": self.root}).values()):
+            index = scan(folder)
+            below = folder.relative_to(self.root)
+            gone = [
+                (self.root / n).relative_to(folder).as_posix()
+                for n in names
+                if (self.root / n).is_relative_to(folder) and not (self.root / n).exists()
+            ]
+            if gone:
+                by_class = {
+                    c: [f for f, k in zip(index.files, index.labels, strict=True) if k == i]
+                    for i, c in enumerate(index.classes)
+                }
+                for name in gone:
+                    if name.split("/", 1)[0] not in by_class:
+                        return None
+                    by_class[name.split("/", 1)[0]].append(name)
+                files = [f for c in index.classes for f in sorted(by_class[c])]
+                labels = [i for i, c in enumerate(index.classes) for _ in by_class[c]]
+                index = replace(index, files=files, labels=labels)
+            listed.append((below.as_posix(), *self._trained_files_key(folder, index)))
+        return self._listing_key(listed)
+
     def files_key(self) -> dict[str, object] | None:
         """Which image files train and validate: a key of their names under the root and their
         class folders (not their bytes), and their count, as this run scanned them. Kept in
@@ -225,7 +269,7 @@ class ImageFolder(Source):
                 if folder not in self._listed:
                     self._scan(folder)
                 listed.append((folder.relative_to(self.root).as_posix(), *self._listed[folder]))
-            key = hashlib.sha256(repr(listed).encode()).hexdigest()[:16]
+            key = self._listing_key(listed)
             files = sum(files for *_, files in listed)
             self._files_key = {"v": FILES_KEY_VERSION, "key": key, "files": files}
         return self._files_key
@@ -240,6 +284,10 @@ class ImageFolder(Source):
             return
         if trained.get("key") == now["key"]:
             return
+        # files that never gave an image, removed since (as the run and the check tool say to
+        # do): the same images (review 171: the resume was refused, "put the folder back")
+        if trained.get("without") and self._key_with(trained["without"]) == trained["key"]:
+            return
         # (a run begun before: more files then; review 161: not for a file added since)
         more = (trained.get("files") or 0) > (now.get("files") or 0)
         system = system_folders_in(self.root) if more else []
@@ -253,7 +301,7 @@ class ImageFolder(Source):
         raise DataError(
             f"{self.label} changed since the checkpoint was written ({trained.get('files')} "
             f"training and validation image files then, {now['files']} now; or files renamed "
-            "or moved to another class, an unreadable one removed too): a resumed run would go "
+            "or moved to another class): a resumed run would go "
             f"on with other images; put the folder back as it was, or start a new run on it{why}"
         )
 

@@ -5,8 +5,9 @@ With ``data.source.decode=device`` (files read as they go: an image folder with
 on as its encoded bytes (``folder.worker_item``), and the main process decodes the whole batch
 in one call of torchvision's ``decode_jpeg`` on the run's device (nvJPEG on CUDA,
 libjpeg-turbo on a CPU run), then takes each image's centre square at the stored size, resized
-bicubic with antialiasing (PIL's exact resize; the workers' PIL path decodes JPEGs at reduced
-scale first, so the two paths' pixels differ where a file is reduced 2x or more: 3 levels on
+bicubic with antialiasing (torch's, within a few levels of PIL's at any scale: up to 6-7 on a
+56-px JPEG shrunk 1.56x, review 171; the workers' PIL path decodes JPEGs at reduced
+scale first, so the two paths' pixels differ more where a file is reduced 2x or more: 3 levels on
 average, up to about 25 at sharp edges, measured on 64-px crops of 300-500-px JPEGs; 5-13 on
 average, up to 91, on fine patterns such as an 8-px checkerboard, where the reduced-scale decode
 is the inexact one; a run uses one path throughout, FID's real images included). Other formats

@@ -187,6 +187,26 @@ def test_chunks_of_the_training_folder_at_another_test_fraction_are_refused(conv
     chunks_as_trained(chunks, streamed_run, "another key", (root.resolve(), 0.2, None))
 
 
+def test_a_split_layouts_test_folder_makes_the_test_fraction_moot(tmp_path, capsys):
+    """A folder with its own test/ is tested on it, whatever --test-fraction: chunks of it at
+    another fraction hold the same test images (review 172: eval.py refused them as holding
+    training images, and converting again was refused as "test fraction 0.2 -> 0.3"); another
+    --max-side is still refused."""
+    from litlab.evaluate import chunks_as_trained
+
+    root, dst = tmp_path / "images", tmp_path / "chunks"
+    write_png_folder(root / "train", per_class=6)
+    write_png_folder(root / "test", per_class=2)
+    first = convert(root, str(dst), workers=1)
+    again = convert(root, str(dst), test_fraction=0.3, workers=1)  # not refused
+    assert again["splits"] == first["splits"]
+    streamed_run = {"_target_": "litlab.data.Streaming", "input_dir": "/gone/chunks"}
+    chunks = {"_target_": "litlab.data.Streaming", "input_dir": str(dst)}
+    chunks_as_trained(chunks, streamed_run, "another key", (root.resolve(), 0.2, None))
+    with pytest.raises(DataError, match=r"options \{'max_side': None"):
+        convert(root, str(dst), test_fraction=0.3, max_side=8, workers=1)
+
+
 def test_a_streamed_run_resumed_on_another_conversion_is_refused(converted, tmp_path, capsys):
     """data.source.input_dir is where the chunks are (a loading setting: chunks copied to a
     bucket or another machine), so resume= with the chunks of another folder trained on and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import unicodedata
 from pathlib import Path
@@ -285,7 +286,7 @@ def chunks_as_trained(
         held_out, whose = converted[1], "the folder the run's chunks were converted from,"
     else:
         return
-    if test != held_out:
+    if test != held_out and "test" not in (split_folders(folder) or {}):  # (its test/: the same)
         raise ConfigError(
             f"{where} was converted from {whose} {folder} holding out {test:g} of it for "
             f"testing, where the run held out {held_out:g}: its test split holds images the run "
@@ -453,7 +454,7 @@ def refuse_a_split_folder_of_the_run(
         raise ConfigError(
             f"{folder} holds {inside} of {len(trained_files or [])} files sampled from the "
             f"run's training and validation splits, byte for byte, named as in its train/ or "
-            f"val/ folder (the run trained on {trained.get('root')}, laid out in splits): that "
+            f"val/ folder (the run trained on {trained_on(trained)}, laid out in splits): that "
             "folder or a copy, whose images the run trained or validated on, or images of it "
             "among others. Test the run's own held-out split (eval.py ckpt_path=<checkpoint> "
             "without data.source.root) or a folder without them; +data.source.test_all=true "
@@ -567,8 +568,8 @@ def other_fid_extractor(cfg: DictConfig, callbacks: DictConfig) -> bool:
     stored FID callback's config; refused for a checkpoint without FID (a classifier's)."""
     extractor = cfg.get("fid_extractor")
     weights = cfg.get("fid_inception_weights")
-    if "fid" in callbacks:  # its messages name eval.py's keys
-        with open_dict(callbacks):
+    if "fid" in callbacks and takes(callbacks.fid, "settings_prefix"):  # its messages name
+        with open_dict(callbacks):  # eval.py's keys (a subclass of one's own may not take it)
             callbacks.fid.settings_prefix = "fid_"
     if extractor is None and weights is None:
         return False
@@ -585,11 +586,20 @@ def other_fid_extractor(cfg: DictConfig, callbacks: DictConfig) -> bool:
             return False  # the run's own extractor, from its checkpoint (review 149)
         callbacks.fid.extractor = str(extractor)
     log.info(
-        "FID through callbacks.fid.extractor=%s, not the run's own: test/fid is not on the "
+        "FID through fid_extractor=%s, not the run's own: test/fid is not on the "
         "scale of the run's val/fid",
         callbacks.fid.extractor,
     )
     return True
+
+
+def takes(node: DictConfig, argument: str) -> bool:
+    """Whether the class a config node instantiates takes ``argument`` (or any keyword)."""
+    try:
+        parameters = inspect.signature(get_class(str(node.get("_target_")))).parameters
+    except Exception:  # (not importable here: its instantiation says why)
+        return False
+    return argument in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def eval_callbacks(callbacks: DictConfig | None) -> DictConfig:

@@ -38,7 +38,7 @@ log = logging.getLogger("litlab.sweep")
 
 class _FailedTrialLine(logging.Filter):
     """Hydra's Optuna sweeper's line for a trial whose job returned no value, which litlab's
-    does for a job that failed (its error said above it, and in its folder): "Failed
+    does for a job that failed or was stopped (said above it, and in its folder): "Failed
     experiment: Return value must be float-castable. Got 'None'." read as a bug of the
     objective. Said as what it is."""
 
@@ -46,7 +46,10 @@ class _FailedTrialLine(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.getMessage() == self.NO_VALUE:
-            record.msg, record.args = "the job failed (its error above): its trial is FAIL", ()
+            record.msg, record.args = (
+                "the job gave no value (failed or stopped: said above): its trial is FAIL",
+                (),
+            )
         return True
 
 

@@ -154,7 +154,7 @@ class FID(Callback):
                 return extractor
         if not Path(spec).is_file():
             raise ConfigError(
-                f"callbacks.fid.extractor={spec!r} is neither auto, inception nor an existing checkpoint file"
+                f"{key}={spec!r} is neither auto, inception nor an existing checkpoint file"
             )
         return classifier_from_checkpoint(spec)
 
@@ -192,7 +192,7 @@ class FID(Callback):
             raise ConfigError(
                 f"the FID extractor was trained on {list(extractor.image_shape)} images but this data "
                 f"is {list(shape)}; use a classifier trained on this data or "
-                f"callbacks.fid.extractor={auto}"
+                f"{self.settings_prefix}extractor={auto}"
             )
         self.tag = extractor.tag
         self.metric = FrechetInceptionDistance(feature=extractor, reset_real_features=False)

@@ -371,8 +371,14 @@ def convert(
     except DataError:
         meta = None  # nothing there yet, or an unfinished conversion: write it all
     other = meta is not None and (meta.get("source_key"), meta.get("options")) != (key, options)
-    if other and not replace and intact(dst, meta):
-        refuse_replacing(dst, meta, src, {"test": test_fraction, "val": val_fraction}, options)
+    fractions = {"test": test_fraction, "val": val_fraction}
+    if (
+        other
+        and not replace
+        and intact(dst, meta)
+        and not same_splits(src, meta, fractions, options)
+    ):
+        refuse_replacing(dst, meta, src, fractions, options)
     for split, items in splits.items():
         if not items:
             raise DataError(f"the {split} split of {src} would be empty; add images or fractions")
@@ -579,6 +585,24 @@ def chunk_size(text: str) -> str | int:
     if not _SIZE.fullmatch(text):
         fail(f"--chunk-bytes {text}: give a size such as 64MB or 512kb, or a number of bytes")
     return text
+
+
+def same_splits(
+    src: Path, meta: dict[str, Any], fractions: dict[str, float], options: dict[str, Any]
+) -> bool:
+    """Whether a finished conversion of ``src`` (its ``meta``) differs from this one (at
+    ``fractions``) only in fractions that its own split folders make moot (test/ for
+    --test-fraction, val/ for --val-fraction): the same files and options, the same splits
+    (review 172: refused as "test fraction 0.2 -> 0.3")."""
+    folders = split_folders(src) or {}
+    then = meta.get("fractions") or {}
+    if folder_of(meta.get("source")) != src or not folders or meta.get("options") != options:
+        return False
+    # the fractions asked for, those the folders make moot at the earlier conversion's
+    asked = {k: float(then[k]) if k in folders and k in then else v for k, v in fractions.items()}
+    if asked == fractions:  # no fraction is moot: the files or a fraction that splits changed
+        return False
+    return source_splits(src, asked["test"], asked["val"])[2] == meta.get("source_key")
 
 
 def refuse_replacing(

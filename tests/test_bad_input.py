@@ -116,6 +116,9 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
     "overrides, needle",
     [
         (["data.val_fraction=1.5"], "val_fraction must lie strictly between 0 and 1"),
+        # keys of plain-settings groups (no _target_ to refuse them): silently nothing before
+        (["+tune.lrr=true"], "tune.lrr is not a setting; did you mean tune.lr?"),
+        (["+objective.metrc=val/acc"], "objective.metrc is not a setting; did you mean "),
         (["data.batch_size=-3"], "batch_size must be a positive integer"),
         (
             ["data.image_shape=[1,32,32]"],  # digits are drawn at data.source.size

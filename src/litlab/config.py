@@ -606,6 +606,33 @@ SWITCHES = ("train", "test", "tune.batch_size", "tune.lr", "extras.print_config"
 SWITCHES += ("extras.ignore_warnings",)
 
 
+# Config groups of plain settings, read by litlab itself: a key added under one (`+tune.lrr=true`,
+# `+objective.metrc=val/acc`) set nothing, silently (walkthrough 173).
+PLAIN_GROUPS = ("tune", "objective", "extras")
+
+
+def check_plain_group(cfg: DictConfig, group: str) -> None:
+    """Refuse a key of a plain-settings group that none of its options has."""
+    import difflib
+
+    node = cfg.get(group)
+    if not isinstance(node, DictConfig):
+        return
+    known: set[str] = set()
+    for option in (Path(config_dir()) / group).glob("*.yaml"):
+        loaded = OmegaConf.load(option)
+        if isinstance(loaded, DictConfig):
+            known |= {str(k) for k in loaded if k != "defaults"}
+    for key in node:
+        if known and str(key) not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f"did you mean {group}.{close[0]}? " if close else ""
+            raise ConfigError(
+                f"{group}.{key} is not a setting; {hint}{group}'s settings are "
+                f"{', '.join(sorted(known))}"
+            )
+
+
 def overlays(group: str) -> bool:
     """Whether a config group's options all set keys elsewhere (``# @package _global_``:
     experiment, hparams_search, debug), so that the group itself is no key of the config."""
@@ -642,6 +669,8 @@ def check_top_level(cfg: DictConfig, config_name: str) -> None:
                 f"{key} is not a setting of the {config_name} task; {hint}its top-level settings "
                 f"are {', '.join(sorted(known - {'hydra'}))}"
             )
+    for group in PLAIN_GROUPS:  # (no _target_ whose arguments would refuse a typo)
+        check_plain_group(cfg, group)
     for key in SWITCHES:  # (Hydra reads `tune.lr=ture` as a string, which is true)
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and not isinstance(value, bool):

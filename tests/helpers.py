@@ -838,3 +838,20 @@ class FavouriteClassNet(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.logits.expand(len(x), -1) + 0 * x.flatten(1)[:, :1]
+
+
+class NetOf(torch.nn.Module):
+    """A net of one's own, wrong as users' nets are (walkthrough 173): ``kind`` "flat64" sized
+    for 64 inputs (8x8 images), "tuple" returning (logits, features), "one" one row of logits
+    for a whole batch."""
+
+    def __init__(self, kind: str, num_classes: int = 10) -> None:
+        super().__init__()
+        self.kind = kind
+        self.layer = torch.nn.Linear(64 if kind == "flat64" else 784, num_classes)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        logits = self.layer(x.flatten(1))
+        if self.kind == "tuple":
+            return logits, x
+        return logits[:1] if self.kind == "one" else logits

@@ -212,6 +212,20 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             ["model.net.num_classes=12"],
             "SmallCNN gives outputs shaped (12,) per image, but data.num_classes=10: give the net",
         ),
+        # a net of one's own that cannot take the images, or gives other than [batch,
+        # classes]: tracebacks from deep in torch and litlab's own check (walkthrough 173)
+        (
+            ["model/net=custom", "model.net._target_=helpers.NetOf", "+model.net.kind=flat64"],
+            "NetOf cannot take this data's images, a batch shaped (144, 1, 28, 28) (mat1 and mat2",
+        ),
+        (
+            ["model/net=custom", "model.net._target_=helpers.NetOf", "+model.net.kind=tuple"],
+            "NetOf returns a tuple, not a tensor of logits",
+        ),
+        (
+            ["model/net=custom", "model.net._target_=helpers.NetOf", "+model.net.kind=one"],
+            "NetOf gives outputs shaped (1, 10) for a batch of 144 images",
+        ),
         (  # digits at batch 256: 5 steps, x pct_start 0.2 = a warm-up of one step
             ["data.batch_size=256", "trainer.max_epochs=1", "model.scheduler.pct_start=0.2"],
             "a one-cycle warm-up of exactly one step",

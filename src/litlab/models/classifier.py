@@ -22,7 +22,7 @@ from litlab.compat import (
 )
 from litlab.data.decode import all_unreadable
 from litlab.distributed import broadcast_buffers, log_job_value
-from litlab.errors import ConfigError
+from litlab.errors import ConfigError, first_line
 from litlab.metrics.aggregation import Max, Mean
 from litlab.models.curves import StepCurves
 from litlab.models.optim import (
@@ -192,9 +192,41 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
         """One example's input to the net (litlab.callbacks.ModelSummary's FLOPs)."""
         return {"net": (1, *image_shape)}
 
+    # A net of one's own that cannot take the data's images fails deep in torch at its first
+    # batch; said in one line there (walkthrough 173: "mat1 and mat2 shapes cannot be
+    # multiplied" with a traceback). Only these shape errors, only before a batch went through.
+    _SHAPE_ERRORS = ("cannot be multiplied", "size mismatch", "expected input", "Given groups")
+    _SHAPE_ERRORS += ("Calculated padded input size", "Output size is too small")
+    _took_a_batch = False
+
     def forward(self, images: Tensor) -> Tensor:
-        logits = self.net(images)
-        if logits.ndim != 2 or logits.shape[1] != self.num_classes:  # shapes: no device sync
+        if self._took_a_batch:
+            logits = self.net(images)
+        else:
+            try:
+                logits = self.net(images)
+            except RuntimeError as e:
+                if not any(error in str(e) for error in self._SHAPE_ERRORS):
+                    raise
+                raise ConfigError(
+                    f"{type(self.net).__name__} cannot take this data's images, a batch shaped "
+                    f"{tuple(images.shape)} ({first_line(e, 120)}): size the net's input for "
+                    f"data.image_shape={list(images.shape[1:])} (model.net), or give the data the "
+                    "shape the net takes"
+                ) from None
+            self._took_a_batch = True
+        if not isinstance(logits, Tensor):  # (logits, features): an AttributeError on .ndim
+            raise ConfigError(
+                f"{type(self.net).__name__} returns a {type(logits).__name__}, not a tensor of "
+                "logits: return the logits alone from its forward"
+            )
+        if logits.ndim != 2 or len(logits) != len(images):  # shapes: no device sync
+            raise ConfigError(
+                f"{type(self.net).__name__} gives outputs shaped {tuple(logits.shape)} for a "
+                f"batch of {len(images)} images: give [images, data.num_classes] "
+                f"({len(images)}, {self.num_classes})"
+            )
+        if logits.shape[1] != self.num_classes:
             raise ConfigError(
                 f"{type(self.net).__name__} gives outputs shaped {tuple(logits.shape[1:])} per "
                 f"image, but data.num_classes={self.num_classes}: give the net "

@@ -116,6 +116,12 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
     "overrides, needle",
     [
         (["data.val_fraction=1.5"], "val_fraction must lie strictly between 0 and 1"),
+        # the checkpoint's monitor alone: told the objective's metric at the mode it had
+        # followed (min), which the next check refused for val/acc (walkthrough 173)
+        (
+            ["objective=loss", "callbacks.model_checkpoint.monitor=val/acc"],
+            "set objective.metric=val/acc objective.mode=max (the checkpoint follows",
+        ),
         # keys of plain-settings groups (no _target_ to refuse them): silently nothing before
         (["+tune.lrr=true"], "tune.lrr is not a setting; did you mean tune.lr?"),
         (["+objective.metrc=val/acc"], "objective.metrc is not a setting; did you mean "),

@@ -503,12 +503,15 @@ def check_objective(cfg: DictConfig) -> None:
     best = callbacks.get("model_checkpoint") or {}
     chosen_by = (best.get("monitor"), best.get("mode", "min"))
     if best and chosen_by[0] is not None and chosen_by != (metric, str(cfg.objective.mode)):
+        # the direction its metric is better in, where known (its mode followed the objective's:
+        # the advice was refused by the check above; walkthrough 173)
+        way = BETTER_WHEN.get(str(chosen_by[0]).rsplit("/", 1)[-1]) or chosen_by[1]
         raise ConfigError(
             f"callbacks.model_checkpoint keeps the best checkpoint by {chosen_by[0]} "
             f"({chosen_by[1]}) but objective is {metric} ({cfg.objective.mode}): the run's "
             f"objective value would be the best {chosen_by[0]}; set objective.metric="
-            f"{chosen_by[0]} objective.mode={chosen_by[1]} (the checkpoint follows the objective "
-            "by default)"
+            f"{chosen_by[0]} objective.mode={way} (the checkpoint follows the objective "
+            "by default: leave callbacks.model_checkpoint.monitor and mode out)"
         )
     keep, name = best.get("save_top_k", 1), str(best.get("filename") or "")
     if best and keep != 1 and "{" not in name:  # every save would overwrite the one file

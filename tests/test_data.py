@@ -2092,3 +2092,18 @@ def test_copies_of_training_files_among_the_held_out_images_are_said_and_recorde
     dm = DataModule(source, [3, 16, 16], 3, [0.5], [0.25], batch_size=4, loader="auto")
     dm.setup()
     assert not dm.copies and "copies_of_training" not in dm.report()
+
+
+def test_classes_without_a_training_image_are_said(tmp_path, caplog):
+    """data.num_classes=12 on the 10 digits (or labels of one's own that start at 1) trained
+    outputs that no image pulls towards, in silence (walkthrough 173); said, with the labels."""
+    from litlab.config import build
+
+    dm = build(make_cfg(tmp_path, ["data.num_classes=12"]).data, "data")
+    with caplog.at_level("WARNING", logger="litlab"):
+        dm.setup("fit")
+    assert "holds no image of label(s) [10, 11]" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="litlab"):
+        build(make_cfg(tmp_path, []).data, "data").setup("fit")
+    assert "holds no image of label" not in caplog.text

@@ -367,7 +367,19 @@ class DataModule(L.LightningDataModule):
         counts = self._class_images("fit")
         if counts is None:
             return
-        held = counts > 0  # (a class without training images is said otherwise)
+        said = self.trainer is None or self.trainer.is_global_zero
+        empty = (counts == 0).nonzero().flatten().tolist()
+        if empty and self.class_names is None and said:  # (a folder's classes: said otherwise)
+            # labels of one's own from 1, or data.num_classes above the classes: outputs that
+            # no image trains, in silence (walkthrough 173)
+            log.warning(
+                "data.num_classes=%d, but the training split holds no image of label(s) %s "
+                "(labels run from 0 to data.num_classes - 1): their outputs are never trained "
+                "towards; set data.num_classes to the classes there are, labelled from 0",
+                self.num_classes,
+                empty[:10],
+            )
+        held = counts > 0  # (a folder's class without training images is said otherwise)
         if held.sum() < 2 or counts.max() < 10 * counts[held].min():
             return
         if self.trainer is not None and not self.trainer.is_global_zero:

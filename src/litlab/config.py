@@ -506,6 +506,13 @@ def check_objective(cfg: DictConfig) -> None:
         # the direction its metric is better in, where known (its mode followed the objective's:
         # the advice was refused by the check above; walkthrough 173)
         way = BETTER_WHEN.get(str(chosen_by[0]).rsplit("/", 1)[-1]) or chosen_by[1]
+        if chosen_by[0] == metric:  # the mode alone set apart (review 174)
+            raise ConfigError(
+                f"callbacks.model_checkpoint.mode={chosen_by[1]} but objective.mode="
+                f"{cfg.objective.mode} for {metric}: the best checkpoint would be chosen the "
+                "other way round; leave callbacks.model_checkpoint.mode out (it follows the "
+                "objective)"
+            )
         raise ConfigError(
             f"callbacks.model_checkpoint keeps the best checkpoint by {chosen_by[0]} "
             f"({chosen_by[1]}) but objective is {metric} ({cfg.objective.mode}): the run's "

@@ -323,7 +323,12 @@ class Throughput(Callback):
         # an epoch a resumed fit goes on with part way has no on_train_epoch_start (Lightning
         # calls none on a restart mid-epoch): timed from here (it went untimed, and a run
         # resumed into its last epoch had no training rate at all: review 170)
-        clock = self._clocks.setdefault("train", _Clock())
+        if "train" not in self._clocks:
+            self._clocks["train"] = _Clock()
+            left = trainer.num_training_batches - batch_idx  # (a short rest timed whole too)
+            if left != float("inf"):
+                self._warmup = min(self._warmup, max(int(left) - 1, 0))
+        clock = self._clocks["train"]
         if not clock.running and not self._warmup:
             _sync(self._device)  # what ran before (warm-up, validation) is not this clock's
             clock.start()

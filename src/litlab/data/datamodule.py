@@ -76,6 +76,9 @@ def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
     return tuple(shape) if shape is not None else tuple(dataset[0][0].shape)
 
 
+DEFAULT_VAL_FRACTION = 0.1  # (every data option's; streamed chunks fix their own)
+
+
 def _class_count(dataset: Dataset) -> tuple[int, bool]:
     """(classes, exact): the class folders of an image folder (exact), else max label + 1 (a
     split need not hold every class)."""
@@ -138,7 +141,7 @@ class DataModule(L.LightningDataModule):
         std: Sequence[float],
         batch_size: int = 128,
         eval_batch_size: int | None = None,
-        val_fraction: float = 0.1,
+        val_fraction: float = DEFAULT_VAL_FRACTION,
         split_seed: int = 0,
         hflip: bool = False,
         translate: int = 0,
@@ -368,10 +371,14 @@ class DataModule(L.LightningDataModule):
         if counts is None:
             return
         said = self.trainer is None or self.trainer.is_global_zero
-        empty = (counts == 0).nonzero().flatten().tolist()
+        whole = self._class_images("train")  # (not "fit": a train_fraction subset's gaps)
+        whole = counts if whole is None else whole
+        present = (whole > 0).nonzero().flatten().tolist()
+        # labels below the first or above the last there are (labels of one's own from 1,
+        # data.num_classes above the classes): outputs no image trains, in silence
+        # (walkthrough 173); not the gaps of labels drawn at random (synthetic data)
+        empty = [k for k in range(len(whole)) if present and not present[0] <= k <= present[-1]]
         if empty and self.class_names is None and said:  # (a folder's classes: said otherwise)
-            # labels of one's own from 1, or data.num_classes above the classes: outputs that
-            # no image trains, in silence (walkthrough 173)
             log.warning(
                 "data.num_classes=%d, but the training split holds no image of label(s) %s "
                 "(labels run from 0 to data.num_classes - 1): their outputs are never trained "
@@ -416,7 +423,8 @@ class DataModule(L.LightningDataModule):
         self.more_validation = "convert again with a larger --val-fraction, or more images in val/"
         converted = (getattr(self.source, "meta", {}).get("fractions") or {}).get("val")
         said = self.trainer is None or self.trainer.is_global_zero  # (walkthrough 168: silent)
-        if said and converted is not None and float(converted) != self.val_fraction:
+        asked = self.val_fraction != DEFAULT_VAL_FRACTION  # (the default: nothing was asked)
+        if said and asked and converted is not None and float(converted) != self.val_fraction:
             log.warning(
                 "data.val_fraction=%g does not apply to %s: its validation split was fixed at "
                 "conversion (--val-fraction %g); convert again for another",
@@ -536,8 +544,10 @@ class DataModule(L.LightningDataModule):
         if converted_from is not None and (record := converted_from()):
             state["converted_from"] = record
         if files := self._files_key():  # an image folder's files (a fit continued: the same)
-            # and those found unreadable: removed since, the resume goes on (review 171)
-            without = self.source.unreadable_names(sorted(self.unreadable))
+            # and those a cached decode found unreadable: removed since, the resume goes on
+            # (review 171; read as they go, each file holds a place in the epoch's order and
+            # the training subset's draw: refused as before, review 174)
+            without = self.source.unreadable_names()
             state["files"] = {**files, "without": without} if without else files
         if self.unreadable:
             state["unreadable"] = sorted(self.unreadable)

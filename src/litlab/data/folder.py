@@ -214,19 +214,15 @@ class ImageFolder(Source):
     def _listing_key(self, listed: list[tuple[str, str, int]]) -> str:
         return hashlib.sha256(repr(listed).encode()).hexdigest()[:16]
 
-    def unreadable_names(self, paths: Sequence[str] = ()) -> list[str]:
-        """The files found unreadable so far, named under the root: those a cached decode
-        skipped, and ``paths`` (found as they were read: the DataModule's)."""
-        names = {
+    def unreadable_names(self) -> list[str]:
+        """The files a cached decode skipped as unreadable, named under the root: the decoded
+        images leave them out, so the same images remain in the same order when they go."""
+        return sorted(
             (folder.relative_to(self.root) / entry["file"]).as_posix()
             for folder, opened in self._opened.items()
             if isinstance(opened, CachedFolder)
             for entry in opened.skipped
-        }
-        for path in paths:
-            if Path(path).is_relative_to(self.root):
-                names.add(Path(path).relative_to(self.root).as_posix())
-        return sorted(names)
+        )
 
     def _key_with(self, names: Sequence[str]) -> str | None:
         """files_key's key of the folder now with the files ``names`` (under the root) that are

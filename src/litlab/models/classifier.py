@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -195,7 +196,7 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
     # A net of one's own that cannot take the data's images fails deep in torch at its first
     # batch; said in one line there (walkthrough 173: "mat1 and mat2 shapes cannot be
     # multiplied" with a traceback). Only these shape errors, only before a batch went through.
-    _SHAPE_ERRORS = ("cannot be multiplied", "size mismatch", "expected input", "Given groups")
+    _SHAPE_ERRORS = ("cannot be multiplied", "size mismatch", "expected input")
     _SHAPE_ERRORS += ("Calculated padded input size", "Output size is too small")
     _took_a_batch = False
 
@@ -206,13 +207,19 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
             try:
                 logits = self.net(images)
             except RuntimeError as e:
-                if not any(error in str(e) for error in self._SHAPE_ERRORS):
+                said = str(e)
+                # a convolution's own input named: the images' only (an inner layer's mistake
+                # is the net's: its traceback names the layer; review 174)
+                inner = re.search(r"input\[([\d, ]+)\]", said)
+                if not any(error in said for error in self._SHAPE_ERRORS) or (
+                    inner and [int(n) for n in inner[1].split(",")] != list(images.shape)
+                ):
                     raise
                 raise ConfigError(
-                    f"{type(self.net).__name__} cannot take this data's images, a batch shaped "
-                    f"{tuple(images.shape)} ({first_line(e, 120)}): size the net's input for "
-                    f"data.image_shape={list(images.shape[1:])} (model.net), or give the data the "
-                    "shape the net takes"
+                    f"{type(self.net).__name__} fails on this data's images, a batch shaped "
+                    f"{tuple(images.shape)} ({first_line(e, 120)}): a net sized for other "
+                    f"inputs? size its input for data.image_shape={list(images.shape[1:])} "
+                    "(model.net), or give the data the shape the net takes"
                 ) from None
             self._took_a_batch = True
         if not isinstance(logits, Tensor):  # (logits, features): an AttributeError on .ndim

@@ -856,6 +856,37 @@ def test_a_jobs_command_to_train_it_again_keeps_the_choices_its_search_made(tmp_
     assert composed.model.g_optimizer.lr == 0.0002
 
 
+def test_a_jobs_command_to_train_it_again_keeps_the_users_config_dir():
+    """A sweep of an experiment in one's own config dir (--config-dir, hydra.searchpath):
+    the job's command to train it again lost it, "Could not find 'experiment/mine'"
+    (walkthrough 173; tried end to end by hand, both forms)."""
+    from omegaconf import OmegaConf
+
+    from litlab.sweep import config_dir_arguments, run_again
+
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "overrides": {
+                    "hydra": ["hydra.searchpath=[file:///my/conf]", "hydra.sweep.dir=/x"]
+                },
+                "runtime": {
+                    "config_sources": [
+                        {"path": "hydra.conf", "schema": "pkg", "provider": "hydra"},
+                        {"path": "/other conf", "schema": "file", "provider": "command-line"},
+                    ]
+                },
+            }
+        }
+    )
+    where = config_dir_arguments(config)
+    assert where == ["--config-dir '/other conf'", "'hydra.searchpath=[file:///my/conf]'"]
+    assert run_again(["experiment=mine", "seed=1"], where) == (
+        "python train.py --config-dir '/other conf' 'hydra.searchpath=[file:///my/conf]' "
+        "experiment=mine seed=1"
+    )
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [

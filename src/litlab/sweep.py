@@ -543,7 +543,23 @@ def _held_study(storage: str | None, study: str | None) -> Any:
         return None
 
 
-def run_again(overrides: list[str]) -> str:
+def config_dir_arguments(config: DictConfig) -> list[str]:
+    """Where the sweep found configs of the user's own, as its command gave it: --config-dir
+    (Hydra's command-line config source) and hydra.searchpath overrides; the job's own
+    command lost them (walkthrough 173: "Could not find 'experiment/<theirs>'")."""
+    given = [
+        shlex.quote(str(o))
+        for o in OmegaConf.select(config, "hydra.overrides.hydra", default=None) or []
+        if str(o).startswith("hydra.searchpath=")
+    ]
+    sources = OmegaConf.select(config, "hydra.runtime.config_sources", default=None) or []
+    for source in sources:
+        if source.get("provider") == "command-line" and source.get("schema") == "file":
+            given.insert(0, f"--config-dir {shlex.quote(str(source.get('path')))}")
+    return given
+
+
+def run_again(overrides: list[str], where: list[str] | None = None) -> str:
     """The command that trains a sweep's job again, alone: its overrides but the search's
     (hparams_search, which makes a run a sweep again: pasted, a job's overrides started a new
     study of identical trials, walkthrough 163), with the config group choices the search's
@@ -557,7 +573,7 @@ def run_again(overrides: list[str]) -> str:
             kept += [c for c in made if override_key(c) not in chosen]
         elif not key.startswith("hydra."):
             kept.append(o)
-    return " ".join(["python train.py", *kept])
+    return " ".join(["python train.py", *(where or []), *kept])
 
 
 def search_choices(option: str) -> list[str]:
@@ -1119,7 +1135,7 @@ class SweepSummary(Callback):
             objective["metric"],
             objective["value"],
             best["job_dir"],
-            run_again(best["overrides"]),
+            run_again(best["overrides"], config_dir_arguments(config)),
         )
         seeds = {o for job in jobs for o in job["overrides"] if override_key(o) in SEEDS}
         if len(seeds) > 1:  # repeats over seeds: the best job is one seed's

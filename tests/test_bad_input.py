@@ -232,6 +232,16 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             ["model/net=custom", "model.net._target_=helpers.NetOf", "+model.net.kind=one"],
             "NetOf gives outputs shaped (1, 10) for a batch of 144 images",
         ),
+        # a net of one's own given by _target_ alone: SmallCNN's keys came with it, and the
+        # line did not say why (walkthrough 173); its own required key, with the + it needs
+        (
+            ["model.net._target_=helpers.NetOf"],
+            "(in_channels came with the model/net option, which model.net._target_ alone keeps:",
+        ),
+        (
+            ["model/net=custom", "model.net._target_=helpers.NetOf"],
+            "model.net.kind is required by helpers.NetOf; set it: +model.net.kind=<value>",
+        ),
         (  # digits at batch 256: 5 steps, x pct_start 0.2 = a warm-up of one step
             ["data.batch_size=256", "trainer.max_epochs=1", "model.scheduler.pct_start=0.2"],
             "a one-cycle warm-up of exactly one step",

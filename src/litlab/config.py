@@ -230,7 +230,10 @@ def check_node(node: DictConfig, path: str) -> None:
             known = ", ".join(
                 k for k, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
             )
-            raise ConfigError(f"{path}.{key} is not an option of {target}; known options: {known}")
+            raise ConfigError(
+                f"{path}.{key} is not an option of {target}; known options: {known}"
+                + option_key_hint(path, str(key), str(target))
+            )
         value = config_node(node, key)
         if _is_target_node(value):
             check_node(value, f"{path}.{key}")
@@ -264,9 +267,30 @@ def check_node(node: DictConfig, path: str) -> None:
             and name not in node
             and name not in ("callbacks", "logger")
         ):
-            raise ConfigError(f"{path}.{name} is required by {target}; set it in the config")
+            # (a key the config lacks: Hydra takes it with +; walkthrough 173)
+            raise ConfigError(
+                f"{path}.{name} is required by {target}; set it: +{path}.{name}=<value> on the "
+                "command line (or in the config)"
+            )
     if partial:
         probe_partial(node, path, built)
+
+
+def option_key_hint(path: str, key: str, target: str) -> str:
+    """Where a net of one's own got a key of the model/net option it replaced (the default
+    SmallCNN's width: ``model.net._target_=...`` alone keeps the option's other keys;
+    walkthrough 173), how to start from none."""
+    if path != "model.net" or target.startswith(("litlab.", "torchvision.")):
+        return ""
+    folder = Path(config_dir()) / "model" / "net"
+    for option in folder.glob("*.yaml"):
+        loaded = OmegaConf.load(option)
+        if option.stem != "custom" and isinstance(loaded, DictConfig) and key in loaded:
+            return (
+                f" ({key} came with the model/net option, which model.net._target_ alone "
+                f"keeps: for a net of your own, model/net=custom model.net._target_={target})"
+            )
+    return ""
 
 
 def probe_partial(node: DictConfig, path: str, target: Any) -> None:

@@ -242,6 +242,10 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             ["model/net=custom", "model.net._target_=helpers.NetOf"],
             "model.net.kind is required by helpers.NetOf; set it: +model.net.kind=<value>",
         ),
+        (  # the module imports, the class is not in it ("'helpers' is not a package" before)
+            ["model/net=custom", "model.net._target_=helpers.NoSuchNet"],
+            "model.net._target_: cannot import 'helpers.NoSuchNet' (helpers has no NoSuchNet)",
+        ),
         (  # digits at batch 256: 5 steps, x pct_start 0.2 = a warm-up of one step
             ["data.batch_size=256", "trainer.max_epochs=1", "model.scheduler.pct_start=0.2"],
             "a one-cycle warm-up of exactly one step",

@@ -209,6 +209,13 @@ def check_node(node: DictConfig, path: str) -> None:
         top = str(target).split(".", 1)[0]
         missing = bool(top) and importlib.util.find_spec(top) is None
         hint = f": {top} is not importable, put its folder on PYTHONPATH" if missing else ""
+        module, _, name = str(target).rpartition(".")
+        if not missing and module and name:  # the module is there, the name in it is not
+            try:  # ("No module named 'mynets.NoSuch'" blamed the module: walkthrough 173)
+                if not hasattr(importlib.import_module(module), name):
+                    cause, hint = f"{module} has no {name}", ""
+            except Exception:  # (the module itself fails: Hydra's cause says how)
+                pass
         raise ConfigError(
             f"{path}._target_: cannot import {target!r} ({first_line(cause)}){hint}"
         ) from e

@@ -289,6 +289,13 @@ def option_key_hint(path: str, key: str, target: str) -> str:
     walkthrough 173), how to start from none."""
     if path != "model.net" or target.startswith(("litlab.", "torchvision.")):
         return ""
+    try:  # on model/net=custom already: the key is the user's own (review 175)
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.get().runtime.choices.get("model/net") == "custom":
+            return ""
+    except Exception:  # (not under Hydra: a test's composed config)
+        pass
     folder = Path(config_dir()) / "model" / "net"
     for option in folder.glob("*.yaml"):
         loaded = OmegaConf.load(option)
@@ -538,11 +545,17 @@ def check_objective(cfg: DictConfig) -> None:
         # the advice was refused by the check above; walkthrough 173)
         way = BETTER_WHEN.get(str(chosen_by[0]).rsplit("/", 1)[-1]) or chosen_by[1]
         if chosen_by[0] == metric:  # the mode alone set apart (review 174)
+            known = BETTER_WHEN.get(str(metric).rsplit("/", 1)[-1])
+            fix = (  # (a metric of no known direction: either may be the wrong one, 175)
+                "leave callbacks.model_checkpoint.mode out (it follows the objective)"
+                if known
+                else f"set objective.mode to the direction {metric} is better in (min or max) "
+                "and leave callbacks.model_checkpoint.mode out (it follows the objective)"
+            )
             raise ConfigError(
                 f"callbacks.model_checkpoint.mode={chosen_by[1]} but objective.mode="
                 f"{cfg.objective.mode} for {metric}: the best checkpoint would be chosen the "
-                "other way round; leave callbacks.model_checkpoint.mode out (it follows the "
-                "objective)"
+                f"other way round; {fix}"
             )
         raise ConfigError(
             f"callbacks.model_checkpoint keeps the best checkpoint by {chosen_by[0]} "

@@ -550,12 +550,15 @@ def config_dir_arguments(config: DictConfig) -> list[str]:
     given = [
         shlex.quote(str(o))
         for o in OmegaConf.select(config, "hydra.overrides.hydra", default=None) or []
-        if str(o).startswith("hydra.searchpath=")
+        if str(o).lstrip("+").startswith("hydra.searchpath=")
     ]
     sources = OmegaConf.select(config, "hydra.runtime.config_sources", default=None) or []
     for source in sources:
         if source.get("provider") == "command-line" and source.get("schema") == "file":
             given.insert(0, f"--config-dir {shlex.quote(str(source.get('path')))}")
+    name = OmegaConf.select(config, "hydra.job.config_name", default=None)
+    if name and name != "train":  # a primary config of one's own (review 175)
+        given.insert(0, f"--config-name {shlex.quote(str(name))}")
     return given
 
 

@@ -304,8 +304,12 @@ class Throughput(Callback):
         return [epoch_images, epoch_batches]
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        batches = trainer.num_training_batches
-        if batches != float("inf"):  # an epoch no longer than the warm-up is timed whole
+        self._start_epoch(trainer.num_training_batches)
+
+    def _start_epoch(self, batches: float) -> None:
+        """A training epoch's clock, for its ``batches`` left (inf: not known); an epoch no
+        longer than the warm-up is timed whole."""
+        if batches != float("inf"):
             self._warmup = min(self._warmup, max(int(batches) - 1, 0))
         self._clocks["train"] = _Clock()
 
@@ -324,10 +328,7 @@ class Throughput(Callback):
         # calls none on a restart mid-epoch): timed from here (it went untimed, and a run
         # resumed into its last epoch had no training rate at all: review 170)
         if "train" not in self._clocks:
-            self._clocks["train"] = _Clock()
-            left = trainer.num_training_batches - batch_idx  # (a short rest timed whole too)
-            if left != float("inf"):
-                self._warmup = min(self._warmup, max(int(left) - 1, 0))
+            self._start_epoch(trainer.num_training_batches - batch_idx)
         clock = self._clocks["train"]
         if not clock.running and not self._warmup:
             _sync(self._device)  # what ran before (warm-up, validation) is not this clock's

@@ -279,7 +279,7 @@ class DataModule(L.LightningDataModule):
         if not found:
             return
         self.copies[split] = found
-        if self.trainer is None or self.trainer.is_global_zero:
+        if self._says:
             log.warning(
                 "%s; remove the copies (streamed data: from its image folder, then convert it "
                 "again; the first 20: summary.json, data.copies_of_training)",
@@ -345,6 +345,12 @@ class DataModule(L.LightningDataModule):
             return None
         return torch.bincount(labels_of(dataset), minlength=self.num_classes)
 
+    @property
+    def _says(self) -> bool:
+        """Whether this process says what the data is: rank 0, or no trainer (each rank sets
+        the data up)."""
+        return self.trainer is None or self.trainer.is_global_zero
+
     def streamed(self) -> bool:
         """Whether the training split is streamed (LitData chunks), not held or listed here."""
         return "train" in self.datasets and _streams(self.datasets["train"])
@@ -365,12 +371,11 @@ class DataModule(L.LightningDataModule):
         """Once: a training split whose largest class has ten times the images of its smallest
         or more (walkthrough 157: 110, 101 and 6 images, test/acc 0.976 with the small class
         never predicted, not a word). Where the labels are read without decoding the images."""
-        if self._stage not in (None, "fit", "validate"):
+        if self._stage not in (None, "fit", "validate") or not self._says:
             return  # eval.py trains nothing (review 159: it said the training split's balance)
         counts = self._class_images("fit")
         if counts is None:
             return
-        said = self.trainer is None or self.trainer.is_global_zero
         whole = self._class_images("train")  # (not "fit": a train_fraction subset's gaps)
         whole = counts if whole is None else whole
         present = (whole > 0).nonzero().flatten().tolist()
@@ -378,7 +383,7 @@ class DataModule(L.LightningDataModule):
         # data.num_classes above the classes): outputs no image trains, in silence
         # (walkthrough 173); not the gaps of labels drawn at random (synthetic data)
         empty = [k for k in range(len(whole)) if present and not present[0] <= k <= present[-1]]
-        if empty and self.class_names is None and said:  # (a folder's classes: said otherwise)
+        if empty and self.class_names is None:  # (a folder's classes: said otherwise)
             log.warning(
                 "data.num_classes=%d, but the training split holds no image of label(s) %s "
                 "(labels run from 0 to data.num_classes - 1): their outputs are never trained "
@@ -388,8 +393,6 @@ class DataModule(L.LightningDataModule):
             )
         held = counts > 0  # (a folder's class without training images is said otherwise)
         if held.sum() < 2 or counts.max() < 10 * counts[held].min():
-            return
-        if self.trainer is not None and not self.trainer.is_global_zero:
             return
         names = self.class_names or [str(label) for label in range(len(counts))]
         small = int(torch.where(held, counts, counts.max() + 1).argmin())
@@ -422,9 +425,8 @@ class DataModule(L.LightningDataModule):
         self.loader = "dataloader"
         self.more_validation = "convert again with a larger --val-fraction, or more images in val/"
         converted = (getattr(self.source, "meta", {}).get("fractions") or {}).get("val")
-        said = self.trainer is None or self.trainer.is_global_zero  # (walkthrough 168: silent)
         asked = self.val_fraction != DEFAULT_VAL_FRACTION  # (the default: nothing was asked)
-        if said and asked and converted is not None and float(converted) != self.val_fraction:
+        if self._says and asked and converted is not None and float(converted) != self.val_fraction:
             log.warning(
                 "data.val_fraction=%g does not apply to %s: its validation split was fixed at "
                 "conversion (--val-fraction %g); convert again for another",
@@ -660,7 +662,7 @@ class DataModule(L.LightningDataModule):
         self._said_fewer_pixels = True
         # (a line, not a warning: storing large and training small is also a recipe's choice,
         # FFCV's 256-pixel images and 160-pixel crops; review 159)
-        if self._stage in (None, "fit") and (self.trainer is None or self.trainer.is_global_zero):
+        if self._stage in (None, "fit") and self._says:
             log.info(
                 "data.source.size=%d decodes the images at %d px, and the net sees "
                 "data.image_shape %s: each crop is resized to %d px; to train at %d px, set "
@@ -908,7 +910,7 @@ class DataModule(L.LightningDataModule):
             report["skipped_while_loading"] = len(self.unreadable)
             if lost := self.classes_never_read():
                 report["classes_never_read"] = lost
-                if self.trainer is None or self.trainer.is_global_zero:
+                if self._says:
                     log.warning(
                         "class(es) %s: every training file was unreadable, the model never saw "
                         "them (list them: python -m litlab.data.check <root>)",
@@ -920,14 +922,12 @@ class DataModule(L.LightningDataModule):
         """Classes of the training split whose every file was found unreadable as it was read
         (an image folder with cache=false; a cached one refuses them as it decodes): the model
         never saw them, and their test images count as errors."""
-        dataset = self.datasets.get("fit")
-        files = self._paths("fit")
-        if not self.unreadable or files is None:
+        held, read = self._class_images("fit"), self._class_images_read("fit")
+        if not self.unreadable or held is None or read is None:
             return []
-        labels = labels_of(dataset).tolist()
-        read = {label for label, f in zip(labels, files, strict=True) if f not in self.unreadable}
         classes = self.class_names or []
-        return [classes[k] for k in sorted(set(labels) - read) if k < len(classes)]
+        lost = ((held > 0) & (read == 0)).nonzero().flatten().tolist()
+        return [classes[k] for k in lost if k < len(classes)]
 
     def _paths(self, key: str) -> list[str] | None:
         """The files of a split read as they go, as the unreadable ones are named (None for

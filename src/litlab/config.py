@@ -10,6 +10,7 @@ fails with one line naming the key.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import logging
@@ -296,15 +297,12 @@ def option_key_hint(path: str, key: str, target: str) -> str:
             return ""
     except Exception:  # (not under Hydra: a test's composed config)
         pass
-    folder = Path(config_dir()) / "model" / "net"
-    for option in folder.glob("*.yaml"):
-        loaded = OmegaConf.load(option)
-        if option.stem != "custom" and isinstance(loaded, DictConfig) and key in loaded:
-            return (
-                f" ({key} came with the model/net option, which model.net._target_ alone "
-                f"keeps: for a net of your own, model/net=custom model.net._target_={target})"
-            )
-    return ""
+    if key not in option_keys("model/net"):  # (custom's own key is _target_ alone)
+        return ""
+    return (
+        f" ({key} came with the model/net option, which model.net._target_ alone "
+        f"keeps: for a net of your own, model/net=custom model.net._target_={target})"
+    )
 
 
 def probe_partial(node: DictConfig, path: str, target: Any) -> None:
@@ -665,6 +663,18 @@ SWITCHES += ("extras.ignore_warnings",)
 PLAIN_GROUPS = ("tune", "objective", "extras")
 
 
+@functools.cache
+def option_keys(group: str) -> frozenset[str]:
+    """The keys the options of a config group set (their top level, defaults aside), read
+    once a process: every run's checks ask (check_plain_group)."""
+    keys: set[str] = set()
+    for option in (Path(config_dir()) / group).glob("*.yaml"):
+        loaded = OmegaConf.load(option)
+        if isinstance(loaded, DictConfig):
+            keys |= {str(k) for k in loaded if k != "defaults"}
+    return frozenset(keys)
+
+
 def check_plain_group(cfg: DictConfig, group: str) -> None:
     """Refuse a key of a plain-settings group that none of its options has."""
     import difflib
@@ -672,11 +682,7 @@ def check_plain_group(cfg: DictConfig, group: str) -> None:
     node = cfg.get(group)
     if not isinstance(node, DictConfig):
         return
-    known: set[str] = set()
-    for option in (Path(config_dir()) / group).glob("*.yaml"):
-        loaded = OmegaConf.load(option)
-        if isinstance(loaded, DictConfig):
-            known |= {str(k) for k in loaded if k != "defaults"}
+    known = option_keys(group)
     for key in node:
         if known and str(key) not in known:
             close = difflib.get_close_matches(str(key), sorted(known), n=1)

@@ -125,13 +125,13 @@ def test_eval_on_the_folder_a_streamed_run_was_converted_from_tests_its_held_out
     against the run's own 0.914): the conversion's meta names the folder and its test fraction."""
     import shutil
 
-    from litlab.evaluate import other_folder
+    from litlab.evaluate import converted_from, other_folder
 
     root, dst, _ = converted
     trained = {"_target_": "litlab.data.Streaming", "input_dir": str(dst)}
     source = {"_target_": "litlab.data.ImageFolder", "root": str(root), "test_fraction": 0.5}
     with caplog.at_level("WARNING", logger="litlab"):
-        other_folder(source, trained)
+        other_folder(source, trained, None, converted_from(trained))
     assert source["test_fraction"] == 0.2 and not source.get("test_all")  # the conversion's
     assert f"{root} is the folder the run's chunks ({dst}) were converted from" in caplog.text
     # the fixture's chunks are shrunk (--max-side 64): the originals are other pixels
@@ -140,7 +140,7 @@ def test_eval_on_the_folder_a_streamed_run_was_converted_from_tests_its_held_out
     shutil.copytree(root, other)  # without the conversion's sample: every image, said
     source = {"_target_": "litlab.data.ImageFolder", "root": str(other), "test_fraction": 0.2}
     with caplog.at_level("WARNING", logger="litlab"):
-        other_folder(source, trained)
+        other_folder(source, trained, None, converted_from(trained))
     assert source["test_all"] and f"converted from {root}" in caplog.text
     # a copy is known by the files the conversion sampled from its training split (kept in the
     # run's checkpoints): its held-out share, the conversion's (walkthrough 168: every image

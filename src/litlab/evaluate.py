@@ -347,7 +347,8 @@ def other_folder(
     that trained on it. The same folder keeps its held-out test split (the others were trained
     on), and so does one that holds files the run trained on (``trained_files``, a sample in
     the checkpoint: a copy of the training folder, or the folder moved); a folder with a test/
-    (or val/) folder is tested on that. +data.source.test_all=true: every image, as asked."""
+    (or val/) folder is tested on that. +data.source.test_all=true: every image, as asked.
+    ``converted``: where a streamed run's chunks came from (converted_from), None for others."""
     folder = another_folder(source, trained)
     if folder is None or source.get("test_all"):
         return
@@ -355,8 +356,6 @@ def other_folder(
     if layout is not None:  # tested on its test/ (or val/) folder: a copy of the run's own?
         refuse_a_split_folder_of_the_run(layout["test"], trained, trained_files)
         return
-    if converted is None:
-        converted = converted_from(trained)
     if converted is not None and folder == converted[0]:  # the run streamed this folder's chunks
         log.warning(
             "%s is the folder the run's chunks (%s) were converted from: testing the share its "

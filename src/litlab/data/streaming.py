@@ -449,8 +449,8 @@ def streaming_loader_class() -> type:
             # data.source.input_dir may be; LitData refused its own state's other path with a
             # traceback (walkthrough 168)
             where = self.dataset.input_dir
-            state = {**state, "dataset": {**saved, "input_dir_url": where.url}}
-            state["dataset"]["input_dir_path"] = where.path
+            moved = {"input_dir_url": where.url, "input_dir_path": where.path}
+            state = {**state, "dataset": {**saved, **moved}}
             if self._trained is not None:
                 state = _rewound(state, self._trained(), world_size)
             continue_item_shuffle_window(self.dataset, saved)  # a checkpoint's from before

@@ -201,26 +201,26 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
     _took_a_batch = False
 
     def forward(self, images: Tensor) -> Tensor:
-        if self._took_a_batch:
+        try:
             logits = self.net(images)
-        else:
-            try:
-                logits = self.net(images)
-            except RuntimeError as e:
-                said = str(e)
-                # a convolution's own input named: the images' only (an inner layer's mistake
-                # is the net's: its traceback names the layer; review 174)
-                inner = re.search(r"input\[([\d, ]+)\]", said)
-                if not any(error in said for error in self._SHAPE_ERRORS) or (
-                    inner and [int(n) for n in inner[1].split(",")] != list(images.shape)
-                ):
-                    raise
-                raise ConfigError(
-                    f"{type(self.net).__name__} fails on this data's images, a batch shaped "
-                    f"{tuple(images.shape)} ({first_line(e, 120)}): a net sized for other "
-                    f"inputs? size its input for data.image_shape={list(images.shape[1:])} "
-                    "(model.net), or give the data the shape the net takes"
-                ) from None
+        except RuntimeError as e:
+            said = str(e)
+            # a convolution's own input named: the images' only (an inner layer's mistake is
+            # the net's: its traceback names the layer; review 174)
+            inner = re.search(r"input\[([\d, ]+)\]", said)
+            if (
+                self._took_a_batch
+                or not any(error in said for error in self._SHAPE_ERRORS)
+                or (inner and [int(n) for n in inner[1].split(",")] != list(images.shape))
+            ):
+                raise
+            raise ConfigError(
+                f"{type(self.net).__name__} fails on this data's images, a batch shaped "
+                f"{tuple(images.shape)} ({first_line(e, 120)}): a net sized for other "
+                f"inputs? size its input for data.image_shape={list(images.shape[1:])} "
+                "(model.net), or give the data the shape the net takes"
+            ) from None
+        if not self._took_a_batch:
             self._took_a_batch = True
         if not isinstance(logits, Tensor):  # (logits, features): an AttributeError on .ndim
             raise ConfigError(

@@ -11,7 +11,9 @@ from typing import Any, ClassVar
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch.utils.data import TensorDataset
 
+from litlab.data.sources import Source
 from litlab.models import ImageClassifier
 
 
@@ -855,3 +857,41 @@ class NetOf(torch.nn.Module):
         if self.kind == "tuple":
             return logits, x
         return logits[:1] if self.kind == "one" else logits
+
+
+class GivenImages(Source):
+    """A source of one's own that returns the images and labels it is given (in memory), or,
+    with ``one_at_a_time``, a map-style Dataset of them (no TensorDataset)."""
+
+    name = "given"
+
+    def __init__(self, images: Any, labels: Any, one_at_a_time: bool = False) -> None:
+        self.images, self.labels, self.one_at_a_time = images, labels, one_at_a_time
+
+    def load(self, split: str) -> torch.utils.data.Dataset:
+        tensors = TensorDataset(torch.as_tensor(self.images), torch.as_tensor(self.labels))
+        return OneAtATime(tensors) if self.one_at_a_time else tensors
+
+
+class OneAtATime(torch.utils.data.Dataset):
+    def __init__(self, tensors: TensorDataset) -> None:
+        self.tensors_of = tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors_of)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        image, label = self.tensors_of[i]
+        return image, int(label) if not label.is_floating_point() else float(label)
+
+
+class Ramp(Source):
+    """A source of one's own without options: 1x8x8 grey ramps of 3 classes."""
+
+    name = "ramp"
+
+    def load(self, split: str) -> TensorDataset:
+        n = 60 if split == "train" else 30
+        labels = torch.arange(n) % 3
+        images = (labels[:, None, None, None] * 100 + torch.arange(8)).expand(n, 1, 8, 8)
+        return TensorDataset(images.to(torch.uint8).contiguous(), labels)

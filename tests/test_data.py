@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -2108,3 +2109,40 @@ def test_classes_without_a_training_image_are_said(tmp_path, caplog):
         build(make_cfg(tmp_path, []).data, "data").setup("fit")
         build(make_cfg(tmp_path, ["data.train_fraction=0.004"]).data, "data").setup("fit")
     assert "holds no image of label" not in caplog.text
+
+
+def test_a_source_of_ones_own_is_told_in_one_line_what_its_images_should_be():
+    """A source of one's own (README: any class with load()) that returns float pixels,
+    [N, H, W] or channels-last images, or float labels got a traceback from deep in the loader
+    or an IndexError (walkthrough 173), or trained on truncated labels; a map-style Dataset of
+    its own (images one at a time) failed in the class count. Each is said in one line."""
+    from helpers import GivenImages
+
+    def datamodule(images, labels, **kwargs):
+        one = kwargs.pop("one_at_a_time", False)
+        return DataModule(
+            GivenImages(images, labels, one), [1, 8, 8], 3, [0.5], [0.25], batch_size=4, **kwargs
+        )
+
+    pixels = torch.randint(0, 256, (30, 1, 8, 8), dtype=torch.uint8)
+    labels = torch.arange(30) % 3
+    wrong = {
+        "not uint8 pixels 0-255 ((images * 255).round()": (pixels.float() / 255, labels),
+        "images [8, 8]: a channel axis is missing": (pixels[:, 0], labels),
+        "images [8, 8, 1], channels last": (pixels.permute(0, 2, 3, 1), labels),
+        "labels torch.float32 [30], not N integer class indices": (pixels, labels.float()),
+    }
+    for said, (images, given) in wrong.items():
+        for one_at_a_time in (False, True):
+            if one_at_a_time and "labels" in said:
+                said = "label 0.0, not an integer class index"
+            dm = datamodule(images, given, loader="auto", one_at_a_time=one_at_a_time)
+            with pytest.raises(DataError, match=re.escape(said)):
+                dm.setup("fit")
+    with pytest.raises(ConfigError, match=r"given gives its images one at a time .*dataloader"):
+        datamodule(pixels, labels, one_at_a_time=True).setup("fit")
+    dm = datamodule(pixels, labels, loader="dataloader", one_at_a_time=True)
+    dm.setup("fit")  # its classes counted from its labels
+    images, batch_labels = next(iter(dm.train_dataloader()))
+    assert images.dtype == torch.uint8 and images.shape == (4, 1, 8, 8)
+    assert batch_labels.dtype == torch.long and set(batch_labels.tolist()) <= {0, 1, 2}

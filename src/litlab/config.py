@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -238,8 +239,9 @@ def check_node(node: DictConfig, path: str) -> None:
             known = ", ".join(
                 k for k, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
             )
+            options = f"known options: {known}" if known else f"{target} takes none"
             raise ConfigError(
-                f"{path}.{key} is not an option of {target}; known options: {known}"
+                f"{path}.{key} is not an option of {target}; {options}"
                 + option_key_hint(path, str(key), str(target))
             )
         value = config_node(node, key)
@@ -287,9 +289,17 @@ def check_node(node: DictConfig, path: str) -> None:
 def option_key_hint(path: str, key: str, target: str) -> str:
     """Where a net of one's own got a key of the model/net option it replaced (the default
     SmallCNN's width: ``model.net._target_=...`` alone keeps the option's other keys;
-    walkthrough 173), how to start from none."""
-    if path != "model.net" or target.startswith(("litlab.", "torchvision.")):
+    walkthrough 173), or a source of one's own one of the data option's source, how to start
+    from none."""
+    if path not in ("model.net", "data.source") or target.startswith(("litlab.", "torchvision.")):
         return ""
+    if path == "data.source":
+        if key not in option_keys("data", "source"):
+            return ""
+        return (
+            f" ({key} came with the data option, which data.source._target_ alone keeps: for a "
+            f"source of your own, '~data.source' '+data.source={{_target_: {target}}}')"
+        )
     try:  # on model/net=custom already: the key is the user's own (review 175)
         from hydra.core.hydra_config import HydraConfig
 
@@ -343,9 +353,16 @@ def check_all(cfg: DictConfig, path: str = "") -> None:
     except LitlabError:
         raise
     except OmegaConfBaseException as e:
-        raise ConfigError(
-            f"{getattr(e, 'full_key', '') or path}: {e.msg if hasattr(e, 'msg') else e}".strip()
-        ) from e
+        where = getattr(e, "full_key", "") or path
+        missing = re.fullmatch(r"Interpolation key '(.+)' not found", first_line(e))
+        if missing and where:  # (a node removed that another key reads: ~data.source and
+            # data.image_shape's ${data.source.size}; OmegaConf's 3-line message said where only)
+            base = re.sub(r"\[\d+\]$", "", where)
+            raise ConfigError(
+                f"{where} is set from {missing[1]}, which is not in the config: set {base} "
+                f"yourself (or +{missing[1]}=...)"
+            ) from e
+        raise ConfigError(f"{where}: {first_line(e)}".strip(" :")) from e
 
 
 def build(node: DictConfig, path: str, **kwargs: Any) -> Any:
@@ -664,12 +681,14 @@ PLAIN_GROUPS = ("tune", "objective", "extras")
 
 
 @functools.cache
-def option_keys(group: str) -> frozenset[str]:
-    """The keys the options of a config group set (their top level, defaults aside), read
-    once a process: every run's checks ask (check_plain_group)."""
+def option_keys(group: str, under: str | None = None) -> frozenset[str]:
+    """The keys the options of a config group set (their top level, defaults aside; or those of
+    their node ``under``), read once a process: every run's checks ask (check_plain_group)."""
     keys: set[str] = set()
     for option in (Path(config_dir()) / group).glob("*.yaml"):
         loaded = OmegaConf.load(option)
+        if isinstance(loaded, DictConfig) and under is not None:
+            loaded = loaded.get(under)
         if isinstance(loaded, DictConfig):
             keys |= {str(k) for k in loaded if k != "defaults"}
     return frozenset(keys)

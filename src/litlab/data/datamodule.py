@@ -76,6 +76,48 @@ def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
     return tuple(shape) if shape is not None else tuple(dataset[0][0].shape)
 
 
+def _sample_problem(dataset: Dataset) -> str | None:
+    """What is wrong with the images and labels a source's ``load`` returned, where they are
+    not uint8 [C, H, W] pixels and integer labels (a source of one's own; walkthrough 173: a
+    float or [N, H, W] array reached the loader's check or an IndexError); None: nothing."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    if isinstance(dataset, TensorDataset):
+        if len(dataset.tensors) != 2:
+            return f"{len(dataset.tensors)} tensors, not (images, labels)"
+        images, labels = dataset.tensors
+        if labels.ndim != 1 or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+            return f"labels {labels.dtype} {list(labels.shape)}, not N integer class indices"
+    elif getattr(dataset, "sample_shape", None) is None and not isinstance(
+        dataset, IterableDataset
+    ):  # a dataset of one's own: its first
+        image, label = dataset[0][:2]
+        if not isinstance(image, torch.Tensor):
+            return f"images of type {type(image).__name__}, not uint8 tensors [C, H, W]"
+        if isinstance(label, float) or (
+            isinstance(label, torch.Tensor) and label.dtype.is_floating_point
+        ):
+            return f"label {label!r}, not an integer class index"
+        images = image[None]
+    else:
+        return None
+    shape = list(images.shape[1:])
+    if images.ndim == 3:
+        return f"images {shape}: a channel axis is missing ([1, H, W] for grey)"
+    if images.ndim != 4:
+        return f"images {shape}, not [C, H, W]"
+    if shape[2] in (1, 3, 4) and shape[0] not in (1, 3, 4):
+        return f"images {shape}, channels last: give [C, H, W] (images.permute(0, 3, 1, 2))"
+    if images.dtype != torch.uint8:
+        fix = (
+            " ((images * 255).round().to(torch.uint8) for 0-1)"
+            if images.is_floating_point()
+            else ""
+        )
+        return f"images {images.dtype}, not uint8 pixels 0-255{fix}"
+    return None
+
+
 DEFAULT_VAL_FRACTION = 0.1  # (every data option's; streamed chunks fix their own)
 
 
@@ -87,7 +129,7 @@ def _class_count(dataset: Dataset) -> tuple[int, bool]:
     classes = getattr(dataset, "classes", None)
     if classes is not None:
         return len(classes), True
-    return int(dataset.tensors[1].max()) + 1, False
+    return int(labels_of(dataset).max()) + 1, False
 
 
 def _stream_index(dataset: Dataset, limit: int | None, seed: int) -> torch.Tensor:
@@ -298,8 +340,13 @@ class DataModule(L.LightningDataModule):
             self.loader = "device" if _in_memory(train_full) else "dataloader"
         if self.loader == "device" and not _in_memory(train_full):
             raise ConfigError(
-                f"data.loader=device needs an in-memory source, but {self.source.name} reads "
-                "files as it goes; set data.loader=dataloader"
+                f"data.loader=device needs an in-memory source, but {self.source.name} "
+                + (
+                    "reads files as it goes"
+                    if _reads_files(train_full)
+                    else "gives its images one at a time (not a TensorDataset)"
+                )
+                + "; set data.loader=dataloader"
             )
         if asked == "device" and self.num_workers > 0:  # (walkthrough 142: not a word)
             log.info(
@@ -451,6 +498,13 @@ class DataModule(L.LightningDataModule):
             raise DataError(f"the {self.source.name} {split} split is empty")
         if _streams(dataset) and self.trainer is not None:  # (the others: _loader)
             self._refuse_fewer_images_than_ranks(split, self.trainer.world_size, dataset.images)
+        problem = _sample_problem(dataset)
+        if problem is not None:
+            raise DataError(
+                f"the {self.source.name} {split} split holds {problem}: a source's load() "
+                "returns (uint8 image [C, H, W], integer label) pairs, a TensorDataset of "
+                "uint8 [N, C, H, W] images and N labels in memory"
+            )
         shape = _sample_shape(dataset)
         self.stored_shape = shape  # what a batch decoded on the device is made into
         want = self.image_shape

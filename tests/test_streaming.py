@@ -480,7 +480,9 @@ def test_a_finished_conversion_whose_split_was_removed_is_converted_again(
 ):
     """rm -rf DST/train after a conversion: a run said to convert it again, and converting
     said there was nothing to do. The splits are counted before a conversion is vouched for,
-    and the meta names SRC absolutely (its advice works from any folder)."""
+    and the meta names SRC absolutely (its advice works from any folder). So are the chunk
+    files of a local split: one deleted (its index intact) or cut short was "nothing to do"
+    too (review 172), and a run on it a traceback after LitData's wait."""
     root, dst, _ = converted
     damaged = tmp_path / "damaged"
     shutil.copytree(dst, damaged)
@@ -491,6 +493,16 @@ def test_a_finished_conversion_whose_split_was_removed_is_converted_again(
         i["name"] for i in streamed(dst, "train")
     )
     assert meta["source"] == str(root.resolve())
+    for harm in ("delete", "truncate"):
+        chunk = sorted((damaged / "test").glob("*.bin"))[-1]
+        if harm == "delete":
+            chunk.unlink()
+        else:
+            chunk.write_bytes(chunk.read_bytes()[:-10])
+        with pytest.raises(DataError, match=f"{chunk} is missing or cut short; convert it again"):
+            streamed_test_split(damaged)  # a run said so (LitData waited, then a traceback)
+        convert(Path(root.name), str(damaged), max_side=64, workers=1)
+        assert len(streamed(damaged, "test")) == len(streamed(dst, "test")), harm
 
 
 def test_a_folder_of_images_given_as_a_streamed_dataset_says_what_to_run(tmp_path):

@@ -60,6 +60,7 @@ from litlab.data.pixels import eight_bit, upright
 from litlab.data.streaming import (
     META_FORMAT,
     _litdata,
+    damaged_chunk,
     encode_labels,
     join,
     missing_credentials,
@@ -246,11 +247,15 @@ def _written(output_dir: str) -> int:
 
 
 def intact(dst: str, meta: dict[str, Any]) -> bool:
-    """Whether each split of a finished conversion still reads with the count it recorded (a
-    split removed or rewritten since is converted again, not vouched for by the meta)."""
+    """Whether each split of a finished conversion still reads with the count it recorded, and
+    (in a local folder) holds every chunk file its index lists at its size (a split removed or
+    rewritten since, or a chunk deleted, is converted again, not vouched for by the meta: review
+    172, "nothing to do" was said over missing chunks)."""
     for split, report in meta["splits"].items():
         try:
             if _written(join(dst, split)) != report["images"]:
+                return False
+            if damaged_chunk(join(dst, split)):
                 return False
         except Exception:  # a missing or damaged split fails in LitData's many ways
             return False

@@ -116,6 +116,19 @@ def missing_credentials(url: str, error: BaseException | None) -> str | None:
     return None
 
 
+def damaged_chunk(split_dir: str) -> str | None:
+    """The first chunk file a local split's index lists that is missing or not of the size it
+    lists (LitData waits for it, then fails in a traceback); None: all there, or not local."""
+    if "://" in split_dir:
+        return None
+    folder = Path(split_dir)
+    for chunk in json.loads((folder / "index.json").read_text())["chunks"]:
+        file = folder / chunk["filename"]
+        if not file.is_file() or file.stat().st_size != chunk["chunk_bytes"]:
+            return chunk["filename"]
+    return None
+
+
 def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
     """What ``litlab.data.optimize`` wrote about a converted dataset (``DST/meta``)."""
     litdata = _litdata()
@@ -333,6 +346,12 @@ class Streaming(Source):
                 f"convert it again: python -m litlab.data.optimize {self.meta.get('source')} "
                 f"{self.input_dir}"
             ) from e
+        damaged = damaged_chunk(join(self.input_dir, split))
+        if damaged:  # (a copy cut short, a file deleted: review 172)
+            raise DataError(
+                f"{join(join(self.input_dir, split), damaged)} is missing or cut short; convert it "
+                f"again: python -m litlab.data.optimize {self.meta.get('source')} {self.input_dir}"
+            )
         shuffle_as_on_a_local_disk(dataset)  # on NFS/Lustre too: every item, new rank shares
         dataset.classes = self.meta["classes"]
         dataset.images = self.meta["splits"][split]["images"]  # all ranks' (len: this rank's)

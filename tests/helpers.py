@@ -895,3 +895,16 @@ class Ramp(Source):
         labels = torch.arange(n) % 3
         images = (labels[:, None, None, None] * 100 + torch.arange(8)).expand(n, 1, 8, 8)
         return TensorDataset(images.to(torch.uint8).contiguous(), labels)
+
+
+class SpareLayerNet(torch.nn.Module):
+    """A classifier with a layer its forward never calls (DDP's unused parameters)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(16))
+        self.spare = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))

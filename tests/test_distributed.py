@@ -1284,3 +1284,25 @@ def test_a_ranks_scratch_folder_is_removed_only_when_it_holds_hydras_files_and_i
             (folder / extra / "fit-rank1.txt").write_text("a profile")
         _remove_rank_scratch(folder)
         assert folder.is_dir() == kept
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_net_with_a_layer_its_loss_never_uses_is_told_the_strategy_that_allows_it(tmp_path):
+    """DDP refuses parameters a step's loss left unused: a net of one's own with a spare layer
+    got a 40-frame traceback (walkthrough 173); one line now, naming the strategy that allows
+    them, which then trains."""
+    args = [*SYNTH[:-1], *QUIET_CSV, "model/net=custom", "model.net._target_=helpers.SpareLayerNet"]
+    args += ["trainer.max_epochs=1", "+trainer.limit_train_batches=3", "test=false"]
+    refused = run_cli(*args, *CPU_DDP, f"paths.log_dir={tmp_path / 'a'}")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "litlab: error: the model has parameters that a training step's loss did not use (a "
+        "layer its forward never calls, or skips in some steps), and DDP all-reduces every one "
+        "in every step: remove them from the net, or set "
+        "trainer.strategy=ddp_find_unused_parameters_true (DDP then looks for them in every step)"
+    )
+    allowed = [*CPU_DDP[:-1], "trainer.strategy=ddp_find_unused_parameters_true"]
+    trained = run_cli(*args, *allowed, f"paths.log_dir={tmp_path / 'b'}")
+    assert trained.returncode == 0, trained.stderr[-2000:]

@@ -47,6 +47,7 @@ from litlab.distributed import (
     adopt_launcher_layout,
     ranks_run_this_job,
     strategy_for,
+    unused_parameters_explained,
 )
 from litlab.distributed.agree import OnePrecision
 from litlab.distributed.launchers import as_launched, check_command_line, check_submitit_local
@@ -139,7 +140,11 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 trainer.callbacks.append(CoarseAccuracy(cfg.objective.metric))
                 if cfg.get("test") and hasattr(datamodule, "refuse_a_test_split_too_small"):
                     datamodule.refuse_a_test_split_too_small(trainer.world_size)
-                with run.phase("fit"), out_of_memory_explained(cfg.data.batch_size, trainer):
+                with (
+                    run.phase("fit"),
+                    out_of_memory_explained(cfg.data.batch_size, trainer),
+                    unused_parameters_explained(cfg.trainer.get("strategy")),
+                ):
                     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
                 record_stage(trainer, datamodule, run, "val")
                 say_a_loss_far_above_chance(trainer, run)

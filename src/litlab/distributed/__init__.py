@@ -22,6 +22,7 @@ from litlab.distributed.strategy import (
     log_job_value,
     strategy_for,
     strategy_name,
+    unused_parameters_explained,
 )
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "slurm",
     "strategy_for",
     "strategy_name",
+    "unused_parameters_explained",
 ]

@@ -46,6 +46,33 @@ def _many_processes(devices: Any, num_nodes: int, accelerator: str, cuda_devices
     return len(devices) > 1
 
 
+# DDP's own message (torch) and the one Lightning's DDPStrategy puts in its place
+_UNUSED_CUES = (
+    "Expected to have finished reduction in the prior iteration",
+    "parameters that were not used in producing the loss",
+)
+
+
+@contextmanager
+def unused_parameters_explained(strategy: Any) -> Iterator[None]:
+    """DDP's error for parameters a step's loss left unused (a net of one's own with a layer
+    its forward never calls) as one line, with the strategy that allows them: it came as a
+    40-frame traceback (walkthrough 173)."""
+    try:
+        yield
+    except Exception as e:  # (under ddp_spawn: torch's ProcessRaisedException, its text)
+        if isinstance(e, ConfigError) or not any(cue in str(e) for cue in _UNUSED_CUES):
+            raise
+        name = strategy_name(strategy or "")
+        allowing = "ddp_spawn" if "spawn" in name else "ddp"
+        raise ConfigError(
+            "the model has parameters that a training step's loss did not use (a layer its "
+            "forward never calls, or skips in some steps), and DDP all-reduces every one in "
+            "every step: remove them from the net, or set trainer.strategy="
+            f"{allowing}_find_unused_parameters_true (DDP then looks for them in every step)"
+        ) from e
+
+
 def strategy_for(
     model: L.LightningModule,
     strategy: Any,

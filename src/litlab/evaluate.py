@@ -40,7 +40,7 @@ from litlab.data.fingerprint import (
 from litlab.data.folder_index import class_names, scan, split_folders
 from litlab.distributed import adopt_launcher_layout
 from litlab.distributed.agree import OnePrecision
-from litlab.errors import ConfigError
+from litlab.errors import ConfigError, DataError
 from litlab.hardware import GPU_ONLY_PRECISIONS, check_hardware, on_gpu, resolve_precision
 from litlab.loggers import check_forked_wandb, finish_loggers
 from litlab.nets.torchvision_net import weights_from_checkpoint
@@ -235,6 +235,7 @@ def other_data(
         as_trained(data, before, ("val_fraction", "split_seed"), "splitting off validation")
     state = trained_state or {}
     label_as_trained(source, trained_source, state.get("classes"), before["num_classes"])
+    numbers_as_trained(source, state.get("classes"))
     converted = converted_from(trained_source, state.get("converted_from"))
     other_folder(source, trained_source, state.get("trained_files"), converted)
     chunks_as_trained(source, trained_source, state.get("conversion"), converted)
@@ -491,6 +492,26 @@ def label_as_trained(
         return
     folders = split_folders(folder)
     here = class_names(folders["train"] if folders else folder)
+    published = published_names(trained)
+    numbers = all(name.isdigit() and int(name) < count for name in here)
+    if trained_classes is None and published is None and numbers:  # (10, 11 sort before 2)
+        published = tuple(numbered(count))
+    if trained_classes is None and published is not None and len(published) == count:
+        # a model trained on digits, Fashion-MNIST...: its label i is the dataset's class i,
+        # which a folder names (review 177: "zero".."nine", or Fashion-MNIST's names in their
+        # sorted order, were labelled by sorted position: test/acc 0.09 without a word)
+        trained_classes = folders_by_name(folder, here, published, trained)
+    elif trained_classes is None and len(here) >= count and here != numbered(len(here)):
+        log.warning(
+            "labelling %s's class folders by their sorted positions, %s: the checkpoint holds "
+            "no class names (trained on %s), so these must be the model's labels 0-%d in order "
+            "(folders named by the labels' numbers are)",
+            folder,
+            ", ".join(f"{name}={label}" for label, name in enumerate(here[:12]))
+            + (", ..." if len(here) > 12 else ""),
+            trained_on(trained),
+            count - 1,
+        )
     if trained_classes is None or here == list(trained_classes):
         if trained_classes is None and len(here) < count:
             raise ConfigError(
@@ -502,11 +523,85 @@ def label_as_trained(
         return
     known = [str(name) for name in trained_classes]
     source["classes"] = known  # a class folder the model does not know: refused where labelled
+    absent = [name for name in known if name not in here]
     log.info(
-        "labelling %s by the model's %d classes (no folder here for %s)",
+        "labelling %s by the model's %d classes (%s)",
         folder,
         len(known),
-        [name for name in known if name not in here],
+        f"no folder here for {absent}" if absent else f"in the model's order: {known}",
+    )
+
+
+def numbered(count: int) -> list[str]:
+    """Class names that are the labels' own numbers, in label order."""
+    return [str(label) for label in range(count)]
+
+
+def published_names(source: dict[str, Any]) -> tuple[str, ...] | None:
+    """The names a dataset publishes for its labels (Source.label_names: digits, MNIST,
+    Fashion-MNIST, CIFAR-10); None for sources whose labels are numbers alone."""
+    try:
+        return getattr(get_class(source.get("_target_") or ""), "label_names", None)
+    except Exception:  # (a source class that cannot be imported here: no names)
+        return None
+
+
+def name_key(name: str) -> str:
+    """A class name as a folder may spell it, case, spaces and punctuation aside (a folder
+    cannot be named Fashion-MNIST's "T-shirt/top": T-shirt_top, tshirt top)."""
+    return "".join(c for c in unicodedata.normalize("NFKC", name).casefold() if c.isalnum())
+
+
+def folders_by_name(
+    folder: Path, here: list[str], published: tuple[str, ...], trained: dict[str, Any]
+) -> list[str]:
+    """The folder's class folder for each of a dataset's labels, by the names it publishes
+    (the name itself where the folder has none); refused where a folder is none of them."""
+    label_of = {name_key(name): label for label, name in enumerate(published)}
+    classes, unknown = list(published), []
+    for name in here:
+        label = label_of.get(name_key(name))
+        if label is None:
+            unknown.append(name)
+        else:
+            classes[label] = name
+    if unknown:
+        raise DataError(
+            f"{folder}'s class folders {unknown} are none of the classes the model learned, "
+            f"{trained_on(trained)}'s labels 0-{len(published) - 1}: {', '.join(published)}; "
+            "name each folder as its class (case, spaces and punctuation aside)"
+        )
+    return classes
+
+
+def numbers_as_trained(source: dict[str, Any], trained_classes: list[str] | None) -> None:
+    """A model trained on named classes (an image folder, chunks) tested on a source whose
+    labels are numbers: its output i is its class ``trained_classes[i]``, which must be the
+    source's class i (a model of "zero".."nine" folders tested on data=digits scored 0.10
+    without a word: review 177). Refused where the dataset's published names differ; said
+    where it publishes none."""
+    if trained_classes is None or {"root", "input_dir"} & source.keys():
+        return
+    trained = [str(name) for name in trained_classes]
+    published = published_names(source)
+    if trained == numbered(len(trained)) or (
+        published is not None and list(map(name_key, trained)) == list(map(name_key, published))
+    ):
+        return
+    if published is None:
+        log.warning(
+            "the model's labels stand for the classes it trained on, %s; this data's labels "
+            "are numbers, taken for those classes in that order",
+            trained,
+        )
+        return
+    same = sorted(map(name_key, trained)) == sorted(map(name_key, published))
+    raise DataError(
+        f"the model's labels stand for the classes it trained on, {trained}, and this data's "
+        f"labels 0-{len(published) - 1} for {list(published)}"
+        + (" (the same classes in another order: a folder's are sorted)" if same else "")
+        + ": its scores would be of other classes; test it on an image folder of its classes "
+        "(data=image_folder data.source.root=<folder>)"
     )
 
 

@@ -74,6 +74,10 @@ class Source(ABC):
     """Where the pixels and labels of one dataset come from."""
 
     name: str = "source"
+    # The names the dataset publishes for its labels 0..N-1 (a digit's own, Fashion-MNIST's,
+    # CIFAR-10's), which eval.py matches with an image folder's class names (a model trained
+    # here holds none: a label is a number); None: the labels are numbers alone.
+    label_names: ClassVar[tuple[str, ...] | None] = None
 
     @property
     def label(self) -> str:
@@ -113,6 +117,7 @@ class Digits(Source):
     """scikit-learn's bundled 8x8 handwritten digits, upsampled: works anywhere, no download."""
 
     name = "digits"
+    label_names = tuple(map(str, range(10)))
 
     def __init__(self, size: int = 28, test_fraction: float = 0.2) -> None:
         if size < 8:
@@ -332,6 +337,8 @@ class FashionMNIST(_IDXSource):
     """Zalando's Fashion-MNIST: data_dir, then Debian's dataset-fashion-mnist, then download."""
 
     name = "fashion_mnist"
+    label_names = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt")
+    label_names += ("Sneaker", "Bag", "Ankle boot")  # (torchvision's FashionMNIST.classes)
     torchvision_name = "FashionMNIST"
     lookalike = ("MNIST's", MNIST_COUNTS)
 
@@ -348,6 +355,7 @@ class MNIST(_IDXSource):
     """LeCun's MNIST digits: data_dir, then torchvision's download."""
 
     name = "mnist"
+    label_names = tuple(map(str, range(10)))
     torchvision_name = "MNIST"
     lookalike = ("Fashion-MNIST's", FASHION_MNIST_COUNTS)
 
@@ -356,6 +364,8 @@ class CIFAR10(Source):
     """CIFAR-10 in its python pickle batches (cifar-10-batches-py), downloaded by torchvision."""
 
     name = "cifar10"
+    label_names = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse")
+    label_names += ("ship", "truck")  # (its batches.meta, as torchvision's CIFAR10.classes)
     folder = "cifar-10-batches-py"
     batches: ClassVar[dict[str, list[str]]] = {
         "train": [f"data_batch_{i}" for i in range(1, 6)],

@@ -564,7 +564,8 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
         [f"ckpt_path={summary['best_checkpoint']}", "extras.print_config=false"],
         config_name="eval",
     )
-    assert eval_task(cfg) == pytest.approx(summary["metrics"]["test/acc"], abs=1e-7)
+    eval_task_acc = eval_task(cfg)
+    assert eval_task_acc == pytest.approx(summary["metrics"]["test/acc"], abs=1e-7)
     # and the loss: each rank's images weigh what they are (127 and 128 here)
     single = summary_of(cfg)["metrics"]["test/loss"]
     assert summary["metrics"]["test/loss"] == pytest.approx(single, rel=1e-6)
@@ -573,6 +574,15 @@ def test_ddp_single_run_one_folder_and_exact_eval(tmp_path):
     assert sum(c["images"] for c in summary["test_per_class"].values()) == 255
     macro = summary_of(cfg)["metrics"]["test/acc_macro"]
     assert summary["metrics"]["test/acc_macro"] == pytest.approx(macro, abs=1e-7)
+    # eval.py under ddp_spawn: the same figures, and the data's account (its summary had the
+    # source's name alone: the report put the run on another scale, review 177)
+    spawned = tmp_path / "spawned"
+    args = [f"ckpt_path={summary['best_checkpoint']}", f"hydra.run.dir={spawned}", "logger=csv"]
+    result = run_cli(*args, "trainer=ddp_spawn", *CPU_DDP[:2], script="eval.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    tested = json.loads((spawned / "summary.json").read_text())
+    assert tested["data"] == summary_of(cfg)["data"] and tested["data"]["splits"] == {"test": 255}
+    assert tested["metrics"]["test/acc"] == pytest.approx(eval_task_acc, abs=1e-7)
 
 
 @pytest.mark.dist

@@ -130,6 +130,7 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     if not other:
         give_checkpoint_state(callbacks, checkpoint)  # FID through the run's own extractor
     callbacks += [*trained_numerics(stored), OnePrecision(), HoldStopAfterTest(run)]
+    callbacks.append(SpawnedDataAccount(run))
     trainer = build(cfg.trainer, "trainer", logger=loggers, callbacks=callbacks)
     run.summary["world_size"] = trainer.world_size  # as a training run's (the report's processes)
     ended: BaseException | None = None
@@ -137,7 +138,8 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
         with run.phase("test"):
             trainer.test(model, datamodule=datamodule)
         record_stage(trainer, datamodule, run, "test")
-        run.summary["data"] = tested_data(datamodule.report(), callbacks)
+        spawned = run.spawned_performance().get("data", {})  # (ddp_spawn's rank 0 set it up)
+        run.summary["data"] = tested_data({**datamodule.report(), **spawned}, callbacks)
         # What eval -m over checkpoints ranks by (the report, sweep_summary.json): the test
         # value of the trained run's objective, in its direction
         metric = run.summary["metric"]
@@ -183,6 +185,23 @@ def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
         log.info("trainer.precision=32-true: the run trained in %s, which needs a GPU", precision)
         precision = "32-true"
     trainer.precision = precision
+
+
+class SpawnedDataAccount(L.Callback):
+    """A test in spawned processes (ddp_spawn): the data's account that their rank 0 set up
+    (the test split's images, the classes), for this process's summary, whose DataModule read
+    nothing (review 177: its data was the source's name alone, and the report put the run on
+    another scale)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def spawned_record(self, trainer: L.Trainer) -> dict[str, Any]:
+        report = getattr(trainer.datamodule, "report", None)
+        return {"data": report()} if report is not None else {}
+
+    def take_spawned_record(self, record: dict[str, Any]) -> None:
+        self.run.take_spawned_record(record)
 
 
 def tested_data(report: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:

@@ -1891,3 +1891,37 @@ def test_a_checkpoint_s_processes_are_counted_without_its_random_states():
     assert _processes_of({}, {"devices": 2}) == 2
     assert _processes_of({}, {"devices": "auto", "num_nodes": 1}) is None
     assert _processes_of({}, {"devices": -1, "num_nodes": 1}) is None
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_a_stopped_fit_in_spawned_processes_records_what_it_trained(tmp_path):
+    """SIGTERM to a ddp_spawn job (every process, as SLURM or docker stop signal it): the
+    spawned ranks stop after the same batch and write last.ckpt, but the main process, which
+    writes summary.json, got nothing back from them: its summary had no metrics, epochs,
+    global_step or best checkpoint (best.ckpt was there). Rank 0 now records them as it
+    stops, as at a normal end."""
+    args = ["data=synthetic", "data.image_shape=[1,16,16]", "data.source.train_size=512"]
+    args += ["data.batch_size=32", "model.net.width=8", "model.scheduler=null", "test=false"]
+    args += ["logger=csv", *QUIET, "trainer.accelerator=cpu", "trainer.devices=2"]
+    args += ["trainer.strategy=ddp_spawn", "trainer.max_epochs=3"]
+    args += ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=11"]
+    folder = tmp_path / "run"
+    stopped = run_cli(
+        *args, "+callbacks.stop.group=true", f"hydra.run.dir={folder}", new_session=True
+    )
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    saved = load_checkpoint(folder / "checkpoints" / "last.ckpt")
+    assert 11 <= summary["global_step"] == saved["global_step"] < 16  # in the second epoch
+    assert summary["epochs"] == {"trained": 1, "validated": 1}
+    assert summary["best_checkpoint"] == str(folder / "checkpoints" / "best.ckpt")
+    (score,) = [
+        state["best_model_score"]
+        for name, state in saved["callbacks"].items()
+        if name.startswith("ModelCheckpoint") and state["best_model_path"].endswith("best.ckpt")
+    ]
+    assert summary["best_score"] == pytest.approx(float(score))
+    assert {"val/loss", "val/acc", "train/loss_step"} <= summary["metrics"].keys()
+    assert summary["metrics"]["val/acc_best"] == pytest.approx(float(score))

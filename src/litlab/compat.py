@@ -12,8 +12,10 @@ import functools
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -652,10 +654,13 @@ class HandlingLauncher(_MultiProcessingLauncher):
         # run "failed" where it should stop)
         self.procs = []
         self._log_handlers = _log_handlers()  # pickled with the launcher into spawned ranks
+        folder = tempfile.mkdtemp(prefix="litlab-spawned-")
+        self._stop_record = os.path.join(folder, "record.pt")  # (pickled too: rank 0 writes)
         with passing_sigterm_on():
             try:
                 return super().launch(function, *args, trainer=trainer, **kwargs)
             except ProcessExitedException as e:
+                self._take_stop_record(trainer)
                 if e.exit_code == STOPPED_EXIT:  # the run, all of its processes, was stopped
                     raise SIGTERMException() from e
                 # a rank ended by it before it could stop at a batch (this process passed it
@@ -663,11 +668,40 @@ class HandlingLauncher(_MultiProcessingLauncher):
                 if sigterm_pending() or e.signal_name == "SIGTERM":
                     raise Terminated() from e
                 raise
+            except BaseException:
+                self._take_stop_record(trainer)
+                raise
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _take_stop_record(self, trainer: Any) -> None:
+        """What the started rank 0 recorded as its fit or test ended early (a signal, an error:
+        ``_save_stop_record``), into this process's trainer, as at a normal end: the run's
+        summary had no metrics, epochs, steps or best checkpoint (its files were there)."""
+        if trainer is None or not os.path.isfile(self._stop_record):
+            return
+        try:
+            saved = torch.load(self._stop_record, weights_only=False)
+            self.update_main_process_results(trainer, saved["extra"])
+            if saved["best"] and trainer.checkpoint_callback is not None:
+                trainer.checkpoint_callback.best_model_path = saved["best"]
+        except Exception as e:  # (the stop's own error is the one to raise)
+            logging.getLogger("litlab").debug("the spawned rank 0's record unread: %s", e)
+
+    def _save_stop_record(self, trainer: Any) -> None:
+        """In the started rank 0, as its fit or test ends early (after the callbacks'
+        on_exception): what get_extra_results sends back at a normal end, and the best
+        checkpoint's path (Lightning sends it apart)."""
+        best = getattr(trainer.checkpoint_callback, "best_model_path", None) or None
+        saved = {"extra": self.get_extra_results(trainer), "best": best}
+        torch.save(saved, self._stop_record + ".part")
+        os.replace(self._stop_record + ".part", self._stop_record)
 
     def _wrapping_function(self, process_idx: int, trainer: Any, function: Callable, *rest: Any):
         if not logging.getLogger().handlers:  # a spawned process (a forked one has the parent's)
             _log_as(getattr(self, "_log_handlers", []), to_files=process_idx == 0)
-        handled = functools.partial(_handled, trainer, function)  # made in the started process
+        record = self._save_stop_record if process_idx == 0 else None
+        handled = functools.partial(_handled, trainer, function, record)  # in the started process
         super()._wrapping_function(process_idx, trainer, handled, *rest)
 
     def get_extra_results(self, trainer: Any) -> dict[str, Any]:
@@ -747,12 +781,19 @@ def _log_as(described: list[dict[str, Any]], to_files: bool) -> None:
         root.addHandler(handler)
 
 
-def _handled(trainer: Any, function: Callable, *args: Any, **kwargs: Any) -> Any:
+def _handled(
+    trainer: Any, function: Callable, record: Callable | None, *args: Any, **kwargs: Any
+) -> Any:
     try:
         return function(*args, **kwargs)
     except BaseException as e:
         if trainer is not None:
             _interrupt(trainer, e)
+            if record is not None:  # (rank 0: what the main process's summary records)
+                try:
+                    record(trainer)
+                except Exception as unsent:
+                    logging.getLogger("litlab").debug("the stop's record unsent: %s", unsent)
         if isinstance(e, SIGTERMException):
             # every rank stops here together (they agreed on the stop and saved together): torn
             # down as Lightning tears a stopped run down in its own processes, and as a run that

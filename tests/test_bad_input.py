@@ -173,6 +173,8 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         (["ckpt_path=last"], "resume=<run folder>"),
         (["model=dcgan", "data.translate=2"], "augments the real images only"),
         (["model=dcgan", "trainer.precision=bf16-true"], "use trainer.precision=bf16-mixed"),
+        # AdamW's eps is 0 in float16: NaN at step 20, told "lower the learning rate" (176)
+        (["trainer.precision=16-true"], "model.optimizer.eps=1e-08 is below its smallest normal"),
         # a typo got Lightning's type in full, without litlab's auto (walkthrough 137)
         (
             ["trainer.precision=bf17"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import lightning as L
@@ -522,3 +523,16 @@ def test_a_source_of_your_own_replaces_the_data_options_and_trains(tmp_path):
     cfg = make_cfg(tmp_path / "c", [*mine, "data.image_shape=[1,8,8]"])
     train_task(cfg)
     assert summary_of(cfg)["status"] == "completed"
+
+
+def test_float16_weights_train_with_the_eps_their_refusal_names(tmp_path):
+    """trainer.precision=16-true with AdamW's default eps (1e-8: 0 in float16) diverged at
+    step 20 and blamed the learning rate; it is refused (test_bad_input), and the eps the
+    refusal names trains: a finite loss that falls."""
+    args = ["trainer.precision=16-true", "+model.optimizer.eps=1e-4", "trainer.max_epochs=2"]
+    cfg = make_cfg(tmp_path, [*args, *QUIET_CSV])
+    train_task(cfg)
+    summary = summary_of(cfg)
+    assert summary["status"] == "completed", summary.get("error")
+    assert summary["precision"]["chosen"] == "16-true"
+    assert math.log(10) > summary["metrics"]["val/loss"] > 0

@@ -792,6 +792,34 @@ def check_precision(cfg: DictConfig) -> None:
             "cannot train with (its EMA copy would stop moving: a decay of 0.999 is 1.0 in 16 "
             "bits); use trainer.precision=bf16-mixed (16-bit arithmetic, float32 weights)"
         )
+    if precision == "16-true":
+        check_float16_eps(cfg)
+
+
+def check_float16_eps(cfg: DictConfig) -> None:
+    """Refuse an optimizer eps that float16 holds as 0 (or a subnormal) under 16-true, where the
+    optimizer's state is float16 too: Adam's denominator, sqrt(v) + eps, is then 0 wherever a
+    gradient's square underflows, and the loss NaN within steps (walkthrough 176: the default
+    AdamW's 1e-8, "training diverged ... lower the learning rate")."""
+    import torch
+
+    smallest = torch.finfo(torch.float16).tiny  # 6.1e-05, float16's smallest normal number
+    for key in cfg.model:
+        node = cfg.model.get(key)
+        if not str(key).endswith("optimizer") or not _is_target_node(node):
+            continue
+        try:
+            default = inspect.signature(hydra.utils.get_object(node._target_)).parameters.get("eps")
+        except Exception:
+            continue
+        eps = node.get("eps", default.default if default is not None else None)
+        if isinstance(eps, float) and 0 <= eps < smallest:
+            raise ConfigError(
+                f"trainer.precision=16-true keeps the optimizer's state in float16, where "
+                f"model.{key}.eps={eps:g} is below its smallest normal number ({smallest:.2g}): "
+                "Adam's steps divide by about zero and the loss becomes NaN; set "
+                f"model.{key}.eps=1e-4, or trainer.precision=bf16-true (bfloat16 holds it)"
+            )
 
 
 def check_device_stats(cfg: DictConfig) -> None:

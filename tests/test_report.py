@@ -723,6 +723,11 @@ def test_a_running_run_whose_process_is_gone_is_lost(tmp_path):
         write_run(tmp_path / "elsewhere", {**elsewhere, "started_at": now})
         launched = "torchrun --nnodes=1 --nproc_per_node=2"  # as summary.json records it
         write_run(tmp_path / "ranks", {**here, "pid": ended.pid, "launched_as": launched})
+        for saved in ("killed", "ranks"):
+            (tmp_path / saved / "checkpoints").mkdir()
+            (tmp_path / saved / "checkpoints" / "last.ckpt").touch()
+        # killed before its first checkpoint: nothing to continue (walkthrough 176: told to)
+        write_run(tmp_path / "early", {**here, "pid": ended.pid, "started_at": now})
         comparison = compare(find_runs([tmp_path]))
         status = {run.name: run.status for run in comparison.runs}
         assert status == {
@@ -730,13 +735,16 @@ def test_a_running_run_whose_process_is_gone_is_lost(tmp_path):
             "live": "running",
             "elsewhere": "running",
             "ranks": "lost",
+            "early": "lost",
         }
+        early = next(run for run in comparison.runs if run.name == "early")
+        assert early.error.endswith("; it wrote no checkpoint to continue from: start it again")
         killed = next(run for run in comparison.runs if run.name == "killed")
         assert f"; python train.py resume={tmp_path / 'killed'} continues it" in killed.error
         # a torchrun run's: with its launcher (a plain one is refused: another process count)
         ranks = next(run for run in comparison.runs if run.name == "ranks")
         assert f"; {launched} train.py resume={tmp_path / 'ranks'} continues it" in ranks.error
-        assert dict(facts(comparison))["Runs"] == "4 (2 lost, 2 running)"
+        assert dict(facts(comparison))["Runs"] == "5 (3 lost, 2 running)"
     finally:
         live.kill()
         live.wait()

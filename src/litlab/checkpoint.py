@@ -13,22 +13,6 @@ from omegaconf import DictConfig, OmegaConf
 from litlab.errors import CheckpointError, first_line
 from litlab.files import atomic_file
 
-# A run folder's checkpoints that resume= continues from (checkpoints/): epoch ends and signals,
-# and every N steps.
-CHECKPOINTS = ("last.ckpt", "step.ckpt")
-
-
-def resumable_checkpoints(folder: Path) -> list[Path]:
-    """The files ``resume=<folder>`` may continue from: checkpoints/last.ckpt and step.ckpt, and
-    Lightning's SLURM auto-requeue saves (hpc_ckpt_<n>.ckpt)."""
-    found = [
-        folder / "checkpoints" / name
-        for name in CHECKPOINTS
-        if (folder / "checkpoints" / name).is_file()
-    ]
-    return found + list(folder.glob("hpc_ckpt_*.ckpt"))
-
-
 # ckpt_path values that Lightning's Trainer resolves itself (trainer.fit/test(ckpt_path=...)).
 LIGHTNING_SHORTHANDS = ("last", "best", "hpc", "registry")
 

@@ -119,3 +119,19 @@ def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO]:
                     left.unlink()
     except OSError:
         pass  # the folder unreadable a moment (NFS)
+
+
+# A run folder's checkpoints that resume= continues from (checkpoints/): epoch ends and signals,
+# and every N steps.
+CHECKPOINTS = ("last.ckpt", "step.ckpt")
+
+
+def resumable_checkpoints(folder: Path) -> list[Path]:
+    """The files ``resume=<folder>`` may continue from: checkpoints/last.ckpt and step.ckpt, and
+    Lightning's SLURM auto-requeue saves (hpc_ckpt_<n>.ckpt)."""
+    found = [
+        folder / "checkpoints" / name
+        for name in CHECKPOINTS
+        if (folder / "checkpoints" / name).is_file()
+    ]
+    return found + list(folder.glob("hpc_ckpt_*.ckpt"))

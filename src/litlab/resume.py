@@ -29,13 +29,7 @@ import torch
 import yaml
 from omegaconf import DictConfig, open_dict
 
-from litlab.checkpoint import (
-    CHECKPOINTS,
-    early_stopping_states,
-    load_checkpoint,
-    resumable_checkpoints,
-    stored_config,
-)
+from litlab.checkpoint import early_stopping_states, load_checkpoint, stored_config
 from litlab.compat import forget_logged_after_checkpoint
 from litlab.config import (
     DATA_PATH_KEYS,
@@ -48,7 +42,7 @@ from litlab.data.datamodule import part_of_a_split
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import is_rank_scratch
 from litlab.errors import AlreadyCompleted, ConfigError, fail
-from litlab.files import run_process, started_s
+from litlab.files import CHECKPOINTS, resumable_checkpoints, run_process, started_s
 from litlab.loggers import wandb_folder
 from litlab.overrides import RESUME_OVERRIDES, merged_overrides, override_key
 from litlab.run import (

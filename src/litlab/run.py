@@ -30,7 +30,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 import litlab
-from litlab.checkpoint import resumable_checkpoints
 from litlab.config import absolute_data_paths, build, in_sweep
 from litlab.distributed.launchers import as_launched, is_rank_scratch, launched_as
 from litlab.errors import (
@@ -42,7 +41,7 @@ from litlab.errors import (
     fail,
     first_line,
 )
-from litlab.files import atomic_file, pid_namespace, started_s
+from litlab.files import atomic_file, pid_namespace, resumable_checkpoints, started_s
 from litlab.folders import restore_saved_config
 from litlab.overrides import RUN_LABELS
 
@@ -669,6 +668,8 @@ class Run:
         earlier = self._earlier_validation if resumed else None
         self._validated_before = earlier if earlier and earlier[0] <= epochs else None
         validated = self._validated_before[0] if self._validated_before else None
+        if not resumed:  # a new fit: none validated yet (null read as unknown: walkthrough 176)
+            validated = 0
         self.summary["epochs"] = {"trained": epochs, "validated": validated}
 
     def epoch_ended(self, kind: str, epoch: int) -> None:

@@ -20,7 +20,6 @@ from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from litlab.checkpoint import resumable_checkpoints
 from litlab.config import SQLITE, sqlite_file
 from litlab.distributed.launchers import (
     global_rank,
@@ -29,6 +28,7 @@ from litlab.distributed.launchers import (
     rank_scratch,
 )
 from litlab.errors import ConfigError, fail, first_line
+from litlab.files import resumable_checkpoints
 from litlab.overrides import SEEDS, TUNED_KEYS, override_key
 from litlab.report.runs import natural_key, objective_scale, run_overrides
 from litlab.run import write_json

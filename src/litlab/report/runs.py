@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from litlab.files import run_process
+from litlab.files import resumable_checkpoints, run_process
 from litlab.overrides import (
     RESUME_OVERRIDES,
     SEEDS,
@@ -184,6 +184,8 @@ class RunFolder:
                 if self.evaluation
                 else f"{launcher} train.py resume={self.path} continues it from its newest "
                 "checkpoint"
+                if resumable_checkpoints(self.path)
+                else "it wrote no checkpoint to continue from: start it again"
             )
             return (
                 f"its process {self.summary.get('pid')} on this machine ended without a word "

@@ -24,6 +24,7 @@ from torch.utils.data import Subset
 from conftest import (
     CPU_DDP,
     QUIET,
+    QUIET_CSV,
     make_cfg,
     refused,
     run_cli,
@@ -1467,3 +1468,17 @@ def test_nodes_sharing_litdatas_default_cache_are_told_and_local_chunks_stay_as_
     assert said(1) == [] and said(2, str(tmp_path / "node-cache")) == []
     config = {"data": {"source": {"input_dir": remote}}}
     assert absolute_data_paths(config)["data"]["source"]["input_dir"] == remote
+
+
+def test_the_conversions_train_line_trains_on_a_small_folder(tmp_path, capsys):
+    """The conversion's "train on it" command, run as printed, on a folder of 30 images: it
+    asked for data=streaming's batch of 128 (refused: "batch_size 128 exceeds the 21 training
+    images"; walkthrough 176); a batch that fits is in the line where the split is smaller."""
+    images, dst = tmp_path / "images", tmp_path / "chunks"
+    write_png_folder(images, per_class=10)
+    assert main([str(images), str(dst), "--workers", "1"]) == 0
+    (line,) = [out for out in capsys.readouterr().out.splitlines() if "train on it:" in out]
+    command = line.split("train on it: python train.py ", 1)[1].split()
+    assert any(arg.startswith("data.batch_size=") for arg in command)
+    trained = run_cli(*command, "trainer.max_epochs=1", *QUIET_CSV, f"paths.log_dir={tmp_path}")
+    assert trained.returncode == 0, trained.stderr[-2000:]

@@ -854,7 +854,7 @@ class DataModule(L.LightningDataModule):
             each = f" of each of the {ranks} ranks" if ranks > 1 else ""  # (streamed too: 168)
             raise ConfigError(
                 f"batch_size {self.batch_size} exceeds the {share} training images{each}; "
-                "lower data.batch_size"
+                f"lower data.batch_size (to {share} at most)"
             )
         return self._loader("fit", train=True)
 

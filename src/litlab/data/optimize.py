@@ -690,9 +690,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{s} {r['images']} ({r['skipped']} skipped)" for s, r in meta["splits"].items()
     )
     print(f"{args.dst}: {len(meta['classes'])} classes; {counts}")
+    trained = meta["splits"]["train"]["images"]
+    # streaming.yaml's batch of 128 fits a split of that many (a small folder's did not: 176)
+    batch = (
+        "" if trained >= 128 else f" data.batch_size={2 ** max(0, (trained // 4).bit_length() - 1)}"
+    )
     print(
         f"train on it: python train.py data=streaming data.source.input_dir={args.dst} "
-        f"data.num_classes={len(meta['classes'])}"
+        f"data.num_classes={len(meta['classes'])}{batch}"
     )
     return 0
 

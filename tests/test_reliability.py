@@ -1925,3 +1925,23 @@ def test_a_stopped_fit_in_spawned_processes_records_what_it_trained(tmp_path):
     assert summary["best_score"] == pytest.approx(float(score))
     assert {"val/loss", "val/acc", "train/loss_step"} <= summary["metrics"].keys()
     assert summary["metrics"]["val/acc_best"] == pytest.approx(float(score))
+
+
+def test_a_resume_at_another_precision_says_so(tmp_path):
+    """resume= with another trainer.precision (or auto on another kind of machine) continued
+    at it without a word, summary.json then naming the new precision alone (walkthrough 178);
+    the switch is said, with the step it happens at and how to keep the run's."""
+    args = [*CLF[: -len(QUIET)], *QUIET, "trainer.max_epochs=1", "test=false"]
+    folder = tmp_path / "run"
+    first = run_cli(*args, f"hydra.run.dir={folder}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli(f"resume={folder}", "trainer.max_epochs=2", "trainer.precision=64-true")
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = (
+        "the run trained at trainer.precision=32-true up to global step 10 and continues at "
+        "64-true: its later steps round otherwise (trainer.precision=32-true keeps it)"
+    )
+    assert said in (folder / "train.log").read_text()
+    same = run_cli(f"resume={folder}", "trainer.max_epochs=3")  # (its own: 64-true now)
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert (folder / "train.log").read_text().count("continues at") == 1

@@ -79,6 +79,23 @@ def setup_extras(cfg: DictConfig) -> None:
         warnings.filterwarnings("ignore")
 
 
+def say_another_precision(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
+    """A fit continued at another trainer.precision than its checkpoint's run trained at (a
+    resume= with another one, or auto on another kind of machine): said once (walkthrough 178:
+    switched without a word, summary.json then naming the new one alone)."""
+    then = ((checkpoint.get("hyper_parameters") or {}).get("trainer") or {}).get("precision")
+    now = cfg.trainer.get("precision")
+    if then is not None and str(then) != str(now) and rank_zero_only.rank == 0:
+        log.warning(
+            "the run trained at trainer.precision=%s up to global step %s and continues at %s: "
+            "its later steps round otherwise (trainer.precision=%s keeps it)",
+            then,
+            checkpoint.get("global_step"),
+            now,
+            then,
+        )
+
+
 def show_config(cfg: DictConfig) -> None:
     """The config tree (extras.print_config), as the run uses it: after the finders (tune.*)
     wrote their values in (it showed data.batch_size 64 of a run that trained at 256)."""
@@ -120,6 +137,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 int(checkpoint.get("epoch") or 0) + 1,
                 checkpoint.get("global_step"),
             )
+        if cfg.get("train") and continued is None:  # (a requeued job's: continue_in_place's)
+            say_another_precision(checkpoint, cfg)
     # The resolved config travels in every checkpoint and goes to every logger as hparams.
     model.save_hyperparameters(resolved_config(cfg))
     trainer = build_trainer(cfg, model, tuned)

@@ -113,14 +113,23 @@ def test_mnist_reads_data_dir_in_both_layouts(tmp_path, layout):
     assert train.tensors[0].shape == (30, 1, 28, 28) and len(test) == 10
 
 
-def test_fashion_prefers_data_dir_over_the_system_copy(tmp_path):
+def test_fashion_prefers_data_dir_over_the_system_copy(tmp_path, caplog):
+    """data_dir first, then the system's copy; the folder read is said and in summary.json's
+    data (a data_dir given wrong fell back to the system copy without a word: 176)."""
     write_idx_dataset(tmp_path, n_train=12, n_test=4)
     system = tmp_path / "system"
     write_idx_dataset(system, n_train=20, n_test=8)
     source = FashionMNIST(str(tmp_path), download=False, system_dir=str(system))
     assert len(source.load("train")) == 12
-    only_system = FashionMNIST(str(tmp_path / "empty"), download=False, system_dir=str(system))
+    assert source.report == {"read_from": str(tmp_path)}
+    only_system = FashionMNIST(str(tmp_path / "nope"), download=False, system_dir=str(system))
+    with caplog.at_level("INFO", logger="litlab"):
+        only_system.prepare()
+        only_system.prepare(test=True)  # (every stage prepares: said once)
     assert len(only_system.load("train")) == 20
+    assert only_system.report == {"read_from": str(system)}
+    said = f"fashion_mnist: reading the files in {system} (data.source.data_dir="
+    assert caplog.text.count(said + f"{tmp_path / 'nope'} does not exist)") == 1
 
 
 def write_counted_idx(folder: Path, counts: dict[str, tuple[int, ...]]) -> None:

@@ -286,9 +286,25 @@ class _IDXSource(Source):
     def _found(self) -> bool:
         return all(self._find(stem) for pair in self.files.values() for stem in pair)
 
+    @property
+    def report(self) -> dict[str, str]:
+        """For summary.json: the folder whose files were read (data_dir, its torchvision
+        folder, or the system's copy: a data_dir given wrong fell back to it unsaid: 176)."""
+        image = self._find(self.files["train"][0])
+        return {"read_from": str(image.parent)} if image is not None else {}
+
+    def _say_where(self, given: bool) -> None:
+        read = self.report.get("read_from")
+        if read and not getattr(self, "_said_where", False):
+            self._said_where = True
+            missing = "" if given else f" (data.source.data_dir={self.data_dir} does not exist)"
+            log.info("%s: reading the files in %s%s", self.name, read, missing)
+
     def prepare(self, test: bool = True) -> None:
+        given = self.data_dir.is_dir()  # (before the download lock's folder is made there)
         with one_download_at_a_time(self.data_dir, self.name) as before_download:
             if self._found():
+                self._say_where(given)
                 return
             if not self.download:
                 raise DataError(self._not_found("download is off (data.source.download=false)"))

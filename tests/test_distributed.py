@@ -135,6 +135,9 @@ def test_devices_on_a_machine_without_a_gpu_say_they_are_cpu_processes(tmp_path,
         # one line for both (it said the accelerator's alone, then FSDP's once that was changed)
         (["trainer=fsdp"], "has none; on CPU use trainer=ddp trainer.accelerator=cpu", None),
         (["trainer.accelerator=cpu", "trainer.devices=-1"], "means every GPU", None),
+        # Lightning's TypeError as Hydra's "Error executing job" (walkthrough 178)
+        (["trainer.accelerator=cpu", "trainer.devices=[0,1]"], "give a number of processes", None),
+        (["trainer.accelerator=cpu", "trainer.devices=two"], "give a number of processes", None),
         (["trainer.devices=0"], "trainer.devices must be a positive count", None),
         (["trainer.num_nodes=0"], "trainer.num_nodes at least 1", None),
         # Lightning would not refuse, but silently run another precision than asked for

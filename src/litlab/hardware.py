@@ -196,6 +196,15 @@ def check_hardware(trainer: DictConfig) -> bool:
         raise ConfigError(
             "trainer.devices=-1 means every GPU; on CPU give a number of processes, e.g. trainer.devices=2"
         )
+    if on_cpu and not (
+        devices == "auto"
+        or (isinstance(devices, int) and not isinstance(devices, bool))
+        or (isinstance(devices, str) and devices.strip().lstrip("-").isdigit())
+    ):  # (Lightning's CPUAccelerator TypeError, as Hydra's error: walkthrough 178)
+        raise ConfigError(
+            f"trainer.devices={devices} on CPU: give a number of processes, e.g. "
+            "trainer.devices=2 (GPU indices and lists select GPUs)"
+        )
     if (isinstance(devices, int) and (devices == 0 or devices < -1)) or int(
         trainer.get("num_nodes", 1)
     ) < 1:

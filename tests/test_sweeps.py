@@ -992,6 +992,24 @@ def test_an_empty_search_space_or_grid_is_one_line_not_a_sweep_that_succeeded(tm
     assert study.returncode == 2, study.stderr[-3000:]
     last = study.stderr.strip().splitlines()[-1]
     assert last.startswith("litlab: error: the Optuna study cannot search its parameters (")
+    # the folder made for the study's file goes with it (it was left holding optuna.db alone,
+    # which the report called "no run folders": walkthrough 176); a study there before stays
+    assert not (tmp_path / "study").exists()
+    import optuna
+
+    kept = tmp_path / "kept" / "optuna.db"
+    kept.parent.mkdir()
+    optuna.create_study(study_name="cnn_optuna", storage=f"sqlite:///{kept}")
+    again = run_cli(
+        "-m",
+        "hparams_search=cnn_optuna",
+        "hydra.sweeper.n_trials=1",
+        "model.optimizer.lr=interval(0.01,0.001)",
+        *QUIET,
+        f"hydra.sweeper.storage=sqlite:///{kept}",
+        f"hydra.sweep.dir={tmp_path / 'study'}",
+    )
+    assert again.returncode == 2 and kept.is_file(), again.stderr[-3000:]
     grid = run_cli("-m", "model.net.width=range(64,16)", *QUIET, f"hydra.sweep.dir={tmp_path}/g")
     assert grid.returncode == 2, grid.stderr[-3000:]
     assert "launched no job: a swept value list is empty" in grid.stderr.strip().splitlines()[-1]

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -411,13 +412,35 @@ def drop_empty_sweep_folder(sweep_dir: str) -> None:
     where nothing was written into it, and its parent (the date's) where that is then empty;
     not a folder that was there before this process started (one the user made)."""
     folder, started = Path(sweep_dir), _process_started()
-    for empty in (folder, folder.parent):
+    # the parent only where it is the date folder of Hydra's default layout: a folder's time
+    # changes as the sweep folder is made in it, so any parent read as new (a test's tmp_path,
+    # a user's empty folder were removed)
+    dated = re.fullmatch(r"\d{4}-\d{2}-\d{2}", folder.parent.name) is not None
+    for empty in (folder, folder.parent) if dated else (folder,):
         try:
             if empty.stat().st_mtime < started:  # there before this process: the user's
                 return
             empty.rmdir()  # only an empty folder
         except OSError:
             return
+
+
+def drop_an_unused_study(storage: str | None) -> None:
+    """A study's SQLite file that this process made and no trial was written into (a search
+    space refused before the first: walkthrough 176 found the sweep folder left holding
+    optuna.db alone, which the report then called "no run folders"); a file there before, or
+    holding any trial, stays."""
+    import optuna
+
+    database = sqlite_file(storage)
+    try:
+        if database is None or database.stat().st_mtime < _process_started():
+            return
+        studies = optuna.get_all_study_summaries(storage=storage)
+        if all(summary.n_trials == 0 for summary in studies):
+            database.unlink()
+    except Exception:  # (unreadable: left as it is)
+        return
 
 
 def drop_rank_storage(storage: str | None, used: str | None) -> None:

@@ -22,6 +22,7 @@ if optuna_sweeper is not None:
             from litlab.sweep import (
                 best_job,
                 continued_sampler,
+                drop_an_unused_study,
                 drop_empty_sweep_folder,
                 drop_rank_storage,
                 fail_unrun_trials,
@@ -82,7 +83,13 @@ if optuna_sweeper is not None:
                 return super().sweep(arguments)
             except ValueError as e:  # optuna's study.best_trial: "Record does not exist."
                 if impl.job_idx == 0:  # before any job: Optuna refused the search space (146)
-                    refuse_a_search_space(e)
+                    try:
+                        refuse_a_search_space(e)
+                    except SystemExit:  # the study's file, made now, and the folder go
+                        drop_rank_storage(shared, impl.storage)
+                        drop_an_unused_study(shared)
+                        drop_empty_sweep_folder(sweep_dir)
+                        raise
                 if best_job(read_jobs(Path(impl.config.hydra.sweep.dir))) is not None:
                     raise
                 return None  # no trial completed: the summary callback says so and exits

@@ -2148,6 +2148,10 @@ def test_a_source_of_ones_own_is_told_in_one_line_what_its_images_should_be():
             dm = datamodule(images, given, loader="auto", one_at_a_time=one_at_a_time)
             with pytest.raises(DataError, match=re.escape(said)):
                 dm.setup("fit")
+    dicts = datamodule(pixels, labels, loader="dataloader", one_at_a_time=True)
+    dicts.source.load = lambda split: [{"image": pixels[0], "label": 0}] * 30
+    with pytest.raises(DataError, match="holds samples of type dict, not"):
+        dicts.setup("fit")
     with pytest.raises(ConfigError, match=r"given gives its images one at a time .*dataloader"):
         datamodule(pixels, labels, one_at_a_time=True).setup("fit")
     dm = datamodule(pixels, labels, loader="dataloader", one_at_a_time=True)

@@ -91,7 +91,10 @@ def _sample_problem(dataset: Dataset) -> str | None:
     elif getattr(dataset, "sample_shape", None) is None and not isinstance(
         dataset, IterableDataset
     ):  # a dataset of one's own: its first
-        image, label = dataset[0][:2]
+        sample = dataset[0]
+        if not isinstance(sample, tuple | list) or len(sample) < 2:
+            return f"samples of type {type(sample).__name__}, not (image, label) pairs"
+        image, label = sample[:2]
         if not isinstance(image, torch.Tensor):
             return f"images of type {type(image).__name__}, not uint8 tensors [C, H, W]"
         if isinstance(label, float) or (

@@ -499,6 +499,17 @@ def test_float16_on_a_cpu_is_warned_of_only_where_it_runs(precision, caplog):
     assert warned == (precision == "16-true")  # it runs there, emulated
 
 
+def test_the_summarys_precision_says_what_ran_and_why():
+    """summary.json's precision: an explicit one emulated on this CPU says so; null is
+    Lightning's default, 32-true (it read "None": walkthrough 178)."""
+    cpu = {"accelerator": "cpu"}
+    emulated = resolve_precision(OmegaConf.create({**cpu, "precision": "16-true"}))
+    assert emulated == {"requested": "16-true", "chosen": "16-true", "why": "as configured, "
+                        "emulated on this CPU"}  # fmt: skip
+    default = resolve_precision(OmegaConf.create({**cpu, "precision": None}))
+    assert default["chosen"] == "32-true" and default["why"] == "as configured"
+
+
 def test_a_source_of_your_own_replaces_the_data_options_and_trains(tmp_path):
     """data.source._target_=<your class> alone keeps the data option's source keys (walkthrough
     173's model.net case, for sources): said, with the way to start from none ("known options: "

@@ -246,6 +246,9 @@ def test_eval_reproduces_the_test_figures_of_the_best_checkpoint(tmp_path, preci
     assert f"{said}{step})" in caplog.text
     evaluated = summary_of(eval_cfg)
     assert evaluated["status"] == "completed" and evaluated["precision"]["chosen"] == precision
+    # eval's default takes the run's: said so (it read "as configured": walkthrough 178)
+    assert evaluated["precision"]["why"] == "the run's (trained)"
+    assert f"trainer.precision=trained: {precision}, the run's" in caplog.text
     assert value == trained["metrics"]["test/loss"]  # the objective's (val/loss) counterpart
     assert evaluated["metrics"]["test/acc"] == trained["metrics"]["test/acc"]
     assert evaluated["trained_config_digest"] == trained["config_digest"]

@@ -83,8 +83,11 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     parts = OmegaConf.create({"data": other_data(chosen, stored.data, trained_state)})
     parts.model = stored.model
     check_all(parts)
+    trained = str(cfg.trainer.get("precision")) == "trained"
     trained_precision(cfg.trainer, stored)
     run.summary["precision"] = resolve_precision(cfg.trainer)
+    if trained:  # (its why said "as configured": walkthrough 178)
+        run.summary["precision"].update(requested="trained", why="the run's (trained)")
     check_all(cfg)
     check_hardware(cfg.trainer)
     check_forked_wandb(cfg)
@@ -184,6 +187,8 @@ def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
     if precision in GPU_ONLY_PRECISIONS and on_cpu:
         log.info("trainer.precision=32-true: the run trained in %s, which needs a GPU", precision)
         precision = "32-true"
+    else:
+        log.info("trainer.precision=trained: %s, the run's", precision)
     trainer.precision = precision
 
 

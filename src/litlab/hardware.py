@@ -122,7 +122,11 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
             torch.cuda.get_device_name(),
             fastest_precision(accelerator)[0],
         )
-    return {"requested": requested, "chosen": requested, "why": "as configured"}
+    why = "as configured" + (
+        ", emulated on this CPU" if emulated and not on_gpu(accelerator) else ""
+    )
+    chosen = "32-true" if given is None else requested  # (null: Lightning's default)
+    return {"requested": requested, "chosen": chosen, "why": why}
 
 
 # float16 autocast: a GPU's only (16-true, float16 weights, runs emulated on a CPU).

@@ -175,6 +175,7 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
         (["model=dcgan", "trainer.precision=bf16-true"], "use trainer.precision=bf16-mixed"),
         # AdamW's eps is 0 in float16: NaN at step 20, told "lower the learning rate" (176)
         (["trainer.precision=16-true"], "model.optimizer.eps=1e-08 is below its smallest normal"),
+        (["trainer.precision=16-true", "+model.optimizer.eps=0"], "model.optimizer.eps=0 is"),
         # a typo got Lightning's type in full, without litlab's auto (walkthrough 137)
         (
             ["trainer.precision=bf17"],

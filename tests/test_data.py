@@ -2126,6 +2126,7 @@ def test_a_source_of_ones_own_is_told_in_one_line_what_its_images_should_be():
     or an IndexError (walkthrough 173), or trained on truncated labels; a map-style Dataset of
     its own (images one at a time) failed in the class count. Each is said in one line."""
     from helpers import GivenImages
+    from litlab.data.datamodule import _sample_problem
 
     def datamodule(images, labels, **kwargs):
         one = kwargs.pop("one_at_a_time", False)
@@ -2154,6 +2155,8 @@ def test_a_source_of_ones_own_is_told_in_one_line_what_its_images_should_be():
         dicts.setup("fit")
     with pytest.raises(ConfigError, match=r"given gives its images one at a time .*dataloader"):
         datamodule(pixels, labels, one_at_a_time=True).setup("fit")
+    synthetic = Synthetic(image_shape=(2, 16, 3), num_classes=3, train_size=8, test_size=4)
+    assert _sample_problem(synthetic.load("train"), (2, 16, 3)) is None  # an image, not NHWC
     dm = datamodule(pixels, labels, loader="dataloader", one_at_a_time=True)
     dm.setup("fit")  # its classes counted from its labels
     images, batch_labels = next(iter(dm.train_dataloader()))
@@ -2194,6 +2197,16 @@ def test_eval_matches_a_folders_class_names_with_a_datasets_published_labels(tmp
     chosen.source.root = str(folder("words", ["zero", "one", "two", "three", "four", "five"]))
     with pytest.raises(DataError, match=r"class folders \['five', 'four', .*\] are none of the"):
         other_data(chosen, trained)
+    # folders named by the labels' numbers (0..9, or 00..09) are the dataset's classes by
+    # number, whatever names it publishes (review 179: refused)
+    chosen.source.root = str(folder("numbered", [str(n) for n in range(10)]))
+    assert "classes" not in other_data(chosen, trained).source  # sorted: each its number
+    chosen.source.root = str(folder("padded", [f"{n:02d}" for n in (0, 3, 9)]))
+    assert list(other_data(chosen, trained).source.classes)[::3] == ["00", "03", "6", "09"]
+    # two spellings of one class: one line naming both
+    chosen.source.root = str(folder("twice", ["Bag", "bag_"]))
+    with pytest.raises(DataError, match=r"'Bag' and 'bag_' both name the model's class 'Bag'"):
+        other_data(chosen, trained)
     # numbers beyond 9 (10 sorts before 2): labelled by their numbers
     trained.source = {"_target_": "litlab.data.Synthetic"}
     trained.num_classes = chosen.num_classes = 12
@@ -2208,6 +2221,7 @@ def test_eval_matches_a_folders_class_names_with_a_datasets_published_labels(tmp
     with pytest.raises(DataError, match=r"the model's labels stand for .*\['eight', 'five'"):
         other_data(digits, trained, {"classes": words})
     other_data(digits, trained, {"classes": [str(n) for n in range(10)]})  # numbered: theirs
+    other_data(digits, trained, {"classes": [f"{n:02d}" for n in range(10)]})  # 00..09 too
     synthetic = make_cfg(tmp_path, ["data=synthetic", "data.image_shape=[1,28,28]"]).data
     synthetic.mean, synthetic.std = digits.mean, digits.std
     with caplog.at_level("WARNING", logger="litlab"):

@@ -138,6 +138,7 @@ def test_devices_on_a_machine_without_a_gpu_say_they_are_cpu_processes(tmp_path,
         # Lightning's TypeError as Hydra's "Error executing job" (walkthrough 178)
         (["trainer.accelerator=cpu", "trainer.devices=[0,1]"], "give a number of processes", None),
         (["trainer.accelerator=cpu", "trainer.devices=two"], "give a number of processes", None),
+        (["trainer.accelerator=cpu", "trainer.devices='-1'"], "means every GPU", None),
         (["trainer.devices=0"], "trainer.devices must be a positive count", None),
         (["trainer.num_nodes=0"], "trainer.num_nodes at least 1", None),
         # Lightning would not refuse, but silently run another precision than asked for

@@ -484,6 +484,8 @@ def test_a_finished_conversion_whose_split_was_removed_is_converted_again(
     and the meta names SRC absolutely (its advice works from any folder). So are the chunk
     files of a local split: one deleted (its index intact) or cut short was "nothing to do"
     too (review 172), and a run on it a traceback after LitData's wait."""
+    from litlab.data.streaming import damaged_chunk
+
     root, dst, _ = converted
     damaged = tmp_path / "damaged"
     shutil.copytree(dst, damaged)
@@ -500,6 +502,7 @@ def test_a_finished_conversion_whose_split_was_removed_is_converted_again(
             chunk.unlink()
         else:
             chunk.write_bytes(chunk.read_bytes()[:-10])
+        assert damaged_chunk(f"local:{damaged / 'test'}") == chunk.name  # (LitData's prefix)
         with pytest.raises(DataError, match=f"{chunk} is missing or cut short; convert it again"):
             streamed_test_split(damaged)  # a run said so (LitData waited, then a traceback)
         convert(Path(root.name), str(damaged), max_side=64, workers=1)

@@ -813,7 +813,8 @@ def check_float16_eps(cfg: DictConfig) -> None:
         except Exception:
             continue
         eps = node.get("eps", default.default if default is not None else None)
-        if isinstance(eps, float) and 0 <= eps < smallest:
+        number = isinstance(eps, int | float) and not isinstance(eps, bool)
+        if number and 0 <= eps < smallest:  # (eps=0 from the command line is an int)
             raise ConfigError(
                 f"trainer.precision=16-true keeps the optimizer's state in float16, where "
                 f"model.{key}.eps={eps:g} is below its smallest normal number ({smallest:.2g}): "

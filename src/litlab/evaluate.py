@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import unicodedata
@@ -259,7 +260,7 @@ def other_data(
         as_trained(data, before, ("val_fraction", "split_seed"), "splitting off validation")
     state = trained_state or {}
     label_as_trained(source, trained_source, state.get("classes"), before["num_classes"])
-    numbers_as_trained(source, state.get("classes"))
+    numbers_as_trained(source, trained_source, state.get("classes"))
     converted = converted_from(trained_source, state.get("converted_from"))
     other_folder(source, trained_source, state.get("trained_files"), converted)
     chunks_as_trained(source, trained_source, state.get("conversion"), converted)
@@ -517,9 +518,14 @@ def label_as_trained(
     folders = split_folders(folder)
     here = class_names(folders["train"] if folders else folder)
     published = published_names(trained)
-    numbers = all(name.isdigit() and int(name) < count for name in here)
-    if trained_classes is None and published is None and numbers:  # (10, 11 sort before 2)
-        published = tuple(numbered(count))
+    numbers = bool(here) and all(name.isdigit() and int(name) < count for name in here)
+    if trained_classes is None and numbers:  # folders named by the labels' numbers, 0 or 00,
+        # whatever names the dataset publishes (10, 11 sort before 2; review 179: Fashion-MNIST's
+        # model was refused a folder of 0..9)
+        labelled = dict.fromkeys(numbered(count))
+        for name in here:
+            labelled[str(int(name))] = name
+        published = tuple(labelled[str(label)] or str(label) for label in range(count))
     if trained_classes is None and published is not None and len(published) == count:
         # a model trained on digits, Fashion-MNIST...: its label i is the dataset's class i,
         # which a folder names (review 177: "zero".."nine", or Fashion-MNIST's names in their
@@ -564,8 +570,9 @@ def numbered(count: int) -> list[str]:
 def published_names(source: dict[str, Any]) -> tuple[str, ...] | None:
     """The names a dataset publishes for its labels (Source.label_names: digits, MNIST,
     Fashion-MNIST, CIFAR-10); None for sources whose labels are numbers alone."""
-    try:
-        return getattr(get_class(source.get("_target_") or ""), "label_names", None)
+    module, _, name = str(source.get("_target_") or "").rpartition(".")
+    try:  # (not Hydra's get_class: it logs its own error for a class not importable here)
+        return getattr(getattr(importlib.import_module(module), name), "label_names", None)
     except Exception:  # (a source class that cannot be imported here: no names)
         return None
 
@@ -582,13 +589,18 @@ def folders_by_name(
     """The folder's class folder for each of a dataset's labels, by the names it publishes
     (the name itself where the folder has none); refused where a folder is none of them."""
     label_of = {name_key(name): label for label, name in enumerate(published)}
-    classes, unknown = list(published), []
+    classes, unknown, found = list(published), [], {}
     for name in here:
         label = label_of.get(name_key(name))
         if label is None:
             unknown.append(name)
-        else:
-            classes[label] = name
+            continue
+        if label in found:  # (two spellings of one class: one would be refused, unclearly)
+            raise DataError(
+                f"{folder}'s class folders {found[label]!r} and {name!r} both name the "
+                f"model's class {published[label]!r}; keep one folder a class"
+            )
+        classes[label] = found[label] = name
     if unknown:
         raise DataError(
             f"{folder}'s class folders {unknown} are none of the classes the model learned, "
@@ -598,7 +610,9 @@ def folders_by_name(
     return classes
 
 
-def numbers_as_trained(source: dict[str, Any], trained_classes: list[str] | None) -> None:
+def numbers_as_trained(
+    source: dict[str, Any], trained_source: dict[str, Any], trained_classes: list[str] | None
+) -> None:
     """A model trained on named classes (an image folder, chunks) tested on a source whose
     labels are numbers: its output i is its class ``trained_classes[i]``, which must be the
     source's class i (a model of "zero".."nine" folders tested on data=digits scored 0.10
@@ -606,9 +620,12 @@ def numbers_as_trained(source: dict[str, Any], trained_classes: list[str] | None
     where it publishes none."""
     if trained_classes is None or {"root", "input_dir"} & source.keys():
         return
+    if same_source(source, trained_source):  # (a source of one's own with names: its own)
+        return
     trained = [str(name) for name in trained_classes]
     published = published_names(source)
-    if trained == numbered(len(trained)) or (
+    numbers = all(name.isdigit() for name in trained)  # (00..09 too: review 179)
+    if (numbers and [int(name) for name in trained] == list(range(len(trained)))) or (
         published is not None and list(map(name_key, trained)) == list(map(name_key, published))
     ):
         return

@@ -196,7 +196,7 @@ def check_hardware(trainer: DictConfig) -> bool:
         )
     if on_cpu and "fsdp" in name.lower():  # trainer.accelerator=cpu on a machine with GPUs
         raise ConfigError("FSDP shards models across CUDA GPUs; on CPU use trainer.strategy=ddp")
-    if on_cpu and devices == -1:
+    if on_cpu and str(devices).strip() == "-1":
         raise ConfigError(
             "trainer.devices=-1 means every GPU; on CPU give a number of processes, e.g. trainer.devices=2"
         )

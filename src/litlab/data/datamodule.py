@@ -76,7 +76,7 @@ def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
     return tuple(shape) if shape is not None else tuple(dataset[0][0].shape)
 
 
-def _sample_problem(dataset: Dataset) -> str | None:
+def _sample_problem(dataset: Dataset, want: Sequence[int]) -> str | None:
     """What is wrong with the images and labels a source's ``load`` returned, where they are
     not uint8 [C, H, W] pixels and integer labels (a source of one's own; walkthrough 173: a
     float or [N, H, W] array reached the loader's check or an IndexError); None: nothing."""
@@ -109,7 +109,9 @@ def _sample_problem(dataset: Dataset) -> str | None:
         return f"images {shape}: a channel axis is missing ([1, H, W] for grey)"
     if images.ndim != 4:
         return f"images {shape}, not [C, H, W]"
-    if shape[2] in (1, 3, 4) and shape[0] not in (1, 3, 4):
+    # channels last: data.image_shape's channels there, or grey/RGB after two image sides
+    # (not any last axis of 1, 3 or 4: review 179, synthetic [2, 16, 3] is an image too)
+    if shape[2] == want[0] != shape[0] or (shape[2] in (1, 3) and min(shape[:2]) >= 8):
         return f"images {shape}, channels last: give [C, H, W] (images.permute(0, 3, 1, 2))"
     if images.dtype != torch.uint8:
         fix = (
@@ -121,6 +123,7 @@ def _sample_problem(dataset: Dataset) -> str | None:
     return None
 
 
+LABELS_SAMPLED = 256  # a Dataset of one's own without targets: labels read for a class count
 DEFAULT_VAL_FRACTION = 0.1  # (every data option's; streamed chunks fix their own)
 
 
@@ -132,6 +135,11 @@ def _class_count(dataset: Dataset) -> tuple[int, bool]:
     classes = getattr(dataset, "classes", None)
     if classes is not None:
         return len(classes), True
+    if not isinstance(dataset, TensorDataset) and getattr(dataset, "targets", None) is None:
+        # a Dataset of one's own without targets: a sample of its labels (all of them would
+        # decode every image, each split, every rank: review 179)
+        step = max(1, len(dataset) // LABELS_SAMPLED)
+        return max(int(dataset[i][1]) for i in range(0, len(dataset), step)) + 1, False
     return int(labels_of(dataset).max()) + 1, False
 
 
@@ -501,7 +509,7 @@ class DataModule(L.LightningDataModule):
             raise DataError(f"the {self.source.name} {split} split is empty")
         if _streams(dataset) and self.trainer is not None:  # (the others: _loader)
             self._refuse_fewer_images_than_ranks(split, self.trainer.world_size, dataset.images)
-        problem = _sample_problem(dataset)
+        problem = _sample_problem(dataset, self.image_shape)
         if problem is not None:
             raise DataError(
                 f"the {self.source.name} {split} split holds {problem}: a source's load() "

@@ -121,8 +121,12 @@ def damaged_chunk(split_dir: str) -> str | None:
     lists (LitData waits for it, then fails in a traceback); None: all there, or not local."""
     if "://" in split_dir:
         return None
-    folder = Path(split_dir)
-    for chunk in json.loads((folder / "index.json").read_text())["chunks"]:
+    folder = Path(split_dir.removeprefix("local:"))  # (LitData's prefix for a local folder)
+    try:
+        chunks = json.loads((folder / "index.json").read_text())["chunks"]
+    except (OSError, ValueError, KeyError, TypeError):  # (LitData says what it cannot read)
+        return None
+    for chunk in chunks:
         file = folder / chunk["filename"]
         if not file.is_file() or file.stat().st_size != chunk["chunk_bytes"]:
             return chunk["filename"]

@@ -64,7 +64,8 @@ def unused_parameters_explained(strategy: Any) -> Iterator[None]:
         if isinstance(e, ConfigError) or not any(cue in str(e) for cue in _UNUSED_CUES):
             raise
         name = strategy_name(strategy or "")
-        allowing = "ddp_spawn" if "spawn" in name else "ddp"
+        launcher = re.match(r"ddp_(spawn|fork|notebook)", name)  # (the ranks started alike)
+        allowing = launcher[0] if launcher else "ddp"
         raise ConfigError(
             "the model has parameters that a training step's loss did not use (a layer its "
             "forward never calls, or skips in some steps), and DDP all-reduces every one in "

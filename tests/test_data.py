@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import (
     FASHION_SYSTEM_DIR,
@@ -2157,6 +2157,16 @@ def test_a_source_of_ones_own_is_told_in_one_line_what_its_images_should_be():
         datamodule(pixels, labels, one_at_a_time=True).setup("fit")
     synthetic = Synthetic(image_shape=(2, 16, 3), num_classes=3, train_size=8, test_size=4)
     assert _sample_problem(synthetic.load("train"), (2, 16, 3)) is None  # an image, not NHWC
+    for rgba in ((4, 32, 32, 4), (4, 6, 6, 4)):  # RGBA channels last, small images too
+        given = torch.zeros(rgba, dtype=torch.uint8), torch.zeros(4, dtype=torch.long)
+        assert "channels last" in _sample_problem(TensorDataset(*given), (3, *rgba[1:3]))
+    # a label above data.num_classes where a sample of the labels would not look (review 180)
+    high = labels.repeat(20)
+    high[1] = 3
+    with pytest.raises(ConfigError, match=r"has 4 classes but data\.num_classes is 3"):
+        datamodule(
+            pixels.repeat(20, 1, 1, 1), high, loader="dataloader", one_at_a_time=True
+        ).setup()
     dm = datamodule(pixels, labels, loader="dataloader", one_at_a_time=True)
     dm.setup("fit")  # its classes counted from its labels
     images, batch_labels = next(iter(dm.train_dataloader()))

@@ -981,20 +981,22 @@ def test_an_empty_search_space_or_grid_is_one_line_not_a_sweep_that_succeeded(tm
     """interval(0.01,0.001) in a study: Optuna's ValueError was taken for a sweep whose trials
     all failed, and the sweep ended with status 0 and a warning; a grid over range(64,16)
     launched 0 jobs with status 0 (walkthrough 146)."""
+    mine = tmp_path / "mine"  # an empty folder of the user's
+    mine.mkdir()
     study = run_cli(
         "-m",
         "hparams_search=cnn_optuna",
         "hydra.sweeper.n_trials=1",
         "model.optimizer.lr=interval(0.01,0.001)",
         *QUIET,
-        f"hydra.sweep.dir={tmp_path / 'study'}",
+        f"hydra.sweep.dir={mine / 'study'}",
     )
     assert study.returncode == 2, study.stderr[-3000:]
     last = study.stderr.strip().splitlines()[-1]
     assert last.startswith("litlab: error: the Optuna study cannot search its parameters (")
     # the folder made for the study's file goes with it (it was left holding optuna.db alone,
     # which the report called "no run folders": walkthrough 176); a study there before stays
-    assert not (tmp_path / "study").exists()
+    assert not (mine / "study").exists() and mine.is_dir()  # (it went too)
     import optuna
 
     kept = tmp_path / "kept" / "optuna.db"

@@ -88,7 +88,10 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     trained_precision(cfg.trainer, stored)
     run.summary["precision"] = resolve_precision(cfg.trainer)
     if trained:  # (its why said "as configured": walkthrough 178)
-        run.summary["precision"].update(requested="trained", why="the run's (trained)")
+        then = str((stored.get("trainer") or {}).get("precision") or "32-true")
+        why = "the run's (trained)" if then == cfg.trainer.precision else f"the run's {then} "
+        why += "" if then == cfg.trainer.precision else "needs a GPU (trained)"
+        run.summary["precision"].update(requested="trained", why=why)
     check_all(cfg)
     check_hardware(cfg.trainer)
     check_forked_wandb(cfg)
@@ -183,7 +186,7 @@ def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
     32-true (16-true runs there, emulated, and stays: it was 32-true too, other figures)."""
     if str(trainer.get("precision")) != "trained":
         return
-    precision = str((stored.get("trainer") or {}).get("precision", "32-true"))
+    precision = str((stored.get("trainer") or {}).get("precision") or "32-true")
     on_cpu = not on_gpu(str(trainer.get("accelerator", "auto")))
     if precision in GPU_ONLY_PRECISIONS and on_cpu:
         log.info("trainer.precision=32-true: the run trained in %s, which needs a GPU", precision)
@@ -518,7 +521,7 @@ def label_as_trained(
     folders = split_folders(folder)
     here = class_names(folders["train"] if folders else folder)
     published = published_names(trained)
-    numbers = bool(here) and all(name.isdigit() and int(name) < count for name in here)
+    numbers = bool(here) and all(is_number(name) and int(name) < count for name in here)
     if trained_classes is None and numbers:  # folders named by the labels' numbers, 0 or 00,
         # whatever names the dataset publishes (10, 11 sort before 2; review 179: Fashion-MNIST's
         # model was refused a folder of 0..9)
@@ -560,6 +563,11 @@ def label_as_trained(
         len(known),
         f"no folder here for {absent}" if absent else f"in the model's order: {known}",
     )
+
+
+def is_number(name: str) -> bool:
+    """Whether a class name is a label's number (0, 07; not "²", which int() refuses)."""
+    return name.isascii() and name.isdecimal()
 
 
 def numbered(count: int) -> list[str]:
@@ -624,7 +632,7 @@ def numbers_as_trained(
         return
     trained = [str(name) for name in trained_classes]
     published = published_names(source)
-    numbers = all(name.isdigit() for name in trained)  # (00..09 too: review 179)
+    numbers = all(map(is_number, trained))  # (00..09 too: review 179)
     if (numbers and [int(name) for name in trained] == list(range(len(trained)))) or (
         published is not None and list(map(name_key, trained)) == list(map(name_key, published))
     ):

@@ -125,7 +125,8 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
     why = "as configured" + (
         ", emulated on this CPU" if emulated and not on_gpu(accelerator) else ""
     )
-    chosen = "32-true" if given is None else requested  # (null: Lightning's default)
+    chosen = "32-true" if given is None else requested  # (null: Lightning's default, kept in
+    trainer.precision = chosen  # the run's config as such: eval's "trained" read "None": 180)
     return {"requested": requested, "chosen": chosen, "why": why}
 
 

@@ -416,6 +416,8 @@ def drop_empty_sweep_folder(sweep_dir: str) -> None:
     # changes as the sweep folder is made in it, so any parent read as new (a test's tmp_path,
     # a user's empty folder were removed)
     dated = re.fullmatch(r"\d{4}-\d{2}-\d{2}", folder.parent.name) is not None
+    # (Hydra makes the sweep folder before any callback can look: by times; an empty folder
+    # of the user's named like a date, made earlier, still goes: review 180)
     for empty in (folder, folder.parent) if dated else (folder,):
         try:
             if empty.stat().st_mtime < started:  # there before this process: the user's
@@ -423,6 +425,23 @@ def drop_empty_sweep_folder(sweep_dir: str) -> None:
             empty.rmdir()  # only an empty folder
         except OSError:
             return
+
+
+# Whether a sweep's study's SQLite file was there as the multirun began (SweepSummary.
+# on_multirun_start): a refused sweep removes it only where it made it (a file's time changes
+# as a study is added to it: a user's file of an empty study went, review 180)
+_EXISTED: dict[Path, bool] = {}
+
+
+def remember_what_exists(database: Path | None) -> None:
+    if database is not None:
+        _EXISTED[database.resolve()] = database.exists()
+
+
+def made_here(path: Path) -> bool | None:
+    """Whether this process's multirun made ``path``; None where it did not look."""
+    existed = _EXISTED.get(path.resolve())
+    return None if existed is None else not existed
 
 
 def drop_an_unused_study(storage: str | None) -> None:
@@ -434,7 +453,9 @@ def drop_an_unused_study(storage: str | None) -> None:
 
     database = sqlite_file(storage)
     try:
-        if database is None or database.stat().st_mtime < _process_started():
+        if database is None or made_here(database) is False:
+            return
+        if made_here(database) is None and database.stat().st_mtime < _process_started():
             return
         studies = optuna.get_all_study_summaries(storage=storage)
         if all(summary.n_trials == 0 for summary in studies):
@@ -1073,6 +1094,8 @@ class SweepSummary(Callback):
     ``"stopped": true`` (before: none was written)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        database = sqlite_file(str(config.hydra.sweeper.get("storage") or ""))
+        remember_what_exists(database)
         refuse_a_used_sweep_folder(config)
         if OmegaConf.select(config, "hydra.launcher._target_") == IN_PROCESS_LAUNCHER:
             atexit.register(self._stopped, config)

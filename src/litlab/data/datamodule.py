@@ -109,9 +109,10 @@ def _sample_problem(dataset: Dataset, want: Sequence[int]) -> str | None:
         return f"images {shape}: a channel axis is missing ([1, H, W] for grey)"
     if images.ndim != 4:
         return f"images {shape}, not [C, H, W]"
-    # channels last: data.image_shape's channels there, or grey/RGB after two image sides
-    # (not any last axis of 1, 3 or 4: review 179, synthetic [2, 16, 3] is an image too)
-    if shape[2] == want[0] != shape[0] or (shape[2] in (1, 3) and min(shape[:2]) >= 8):
+    # channels last (not any last axis of 1, 3 or 4: synthetic [2, 16, 3] is an image too,
+    # review 179; RGBA [32, 32, 4] and small [6, 6, 4] are channels last: review 180)
+    last = shape[2] in (1, 3, 4) and shape[0] not in (1, 3, 4)
+    if last and (shape[0] != want[0] or min(shape[:2]) >= 8):
         return f"images {shape}, channels last: give [C, H, W] (images.permute(0, 3, 1, 2))"
     if images.dtype != torch.uint8:
         fix = (
@@ -123,7 +124,6 @@ def _sample_problem(dataset: Dataset, want: Sequence[int]) -> str | None:
     return None
 
 
-LABELS_SAMPLED = 256  # a Dataset of one's own without targets: labels read for a class count
 DEFAULT_VAL_FRACTION = 0.1  # (every data option's; streamed chunks fix their own)
 
 
@@ -135,11 +135,8 @@ def _class_count(dataset: Dataset) -> tuple[int, bool]:
     classes = getattr(dataset, "classes", None)
     if classes is not None:
         return len(classes), True
-    if not isinstance(dataset, TensorDataset) and getattr(dataset, "targets", None) is None:
-        # a Dataset of one's own without targets: a sample of its labels (all of them would
-        # decode every image, each split, every rank: review 179)
-        step = max(1, len(dataset) // LABELS_SAMPLED)
-        return max(int(dataset[i][1]) for i in range(0, len(dataset), step)) + 1, False
+    # (a Dataset of one's own without targets: every sample read, its images too; a sample
+    # of them missed a label above data.num_classes, then an IndexError mid-run: review 180)
     return int(labels_of(dataset).max()) + 1, False
 
 

@@ -2213,6 +2213,9 @@ def test_eval_matches_a_folders_class_names_with_a_datasets_published_labels(tmp
     assert "classes" not in other_data(chosen, trained).source  # sorted: each its number
     chosen.source.root = str(folder("padded", [f"{n:02d}" for n in (0, 3, 9)]))
     assert list(other_data(chosen, trained).source.classes)[::3] == ["00", "03", "6", "09"]
+    chosen.source.root = str(folder("one", ["1", "01"]))
+    with pytest.raises(DataError, match=r"'01' and '1' both name label 1; keep one folder"):
+        other_data(chosen, trained)
     # two spellings of one class: one line naming both
     chosen.source.root = str(folder("twice", ["Bag", "bag_"]))
     with pytest.raises(DataError, match=r"'Bag' and 'bag_' both name the model's class 'Bag'"):

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -1320,3 +1321,23 @@ def test_a_net_with_a_layer_its_loss_never_uses_is_told_the_strategy_that_allows
     allowed = [*CPU_DDP[:-1], "trainer.strategy=ddp_find_unused_parameters_true"]
     trained = run_cli(*args, *allowed, f"paths.log_dir={tmp_path / 'b'}")
     assert trained.returncode == 0, trained.stderr[-2000:]
+
+
+def test_the_unused_parameters_advice_keeps_how_the_ranks_start():
+    """The strategy named for unused parameters starts the ranks as the one given did (ddp_fork
+    was told ddp_...: review 179); a strategy node gets its own key (review 180)."""
+    from litlab.distributed.strategy import unused_parameters_explained
+
+    node = OmegaConf.create({"_target_": "lightning.pytorch.strategies.DDPStrategy"})
+    advice = {
+        "ddp": "trainer.strategy=ddp_find_unused_parameters_true",
+        "ddp_spawn": "trainer.strategy=ddp_spawn_find_unused_parameters_true",
+        "ddp_fork": "trainer.strategy=ddp_fork_find_unused_parameters_true",
+        None: "trainer.strategy=ddp_find_unused_parameters_true",
+    }
+    for strategy, said in [*advice.items(), (node, "++trainer.strategy.find_unused_parameters")]:
+        with (
+            pytest.raises(ConfigError, match=re.escape(f"or set {said}")),
+            unused_parameters_explained(strategy),
+        ):
+            raise RuntimeError("Expected to have finished reduction in the prior iteration")

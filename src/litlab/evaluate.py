@@ -89,8 +89,8 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     run.summary["precision"] = resolve_precision(cfg.trainer)
     if trained:  # (its why said "as configured": walkthrough 178)
         then = str((stored.get("trainer") or {}).get("precision") or "32-true")
-        why = "the run's (trained)" if then == cfg.trainer.precision else f"the run's {then} "
-        why += "" if then == cfg.trainer.precision else "needs a GPU (trained)"
+        same = then == cfg.trainer.precision
+        why = "the run's (trained)" if same else f"the run's {then} needs a GPU (trained)"
         run.summary["precision"].update(requested="trained", why=why)
     check_all(cfg)
     check_hardware(cfg.trainer)
@@ -527,6 +527,11 @@ def label_as_trained(
         # model was refused a folder of 0..9)
         labelled = dict.fromkeys(numbered(count))
         for name in here:
+            if labelled[str(int(name))] is not None:  # 1 and 01 (review 180: unclear refusal)
+                raise DataError(
+                    f"{folder}'s class folders {labelled[str(int(name))]!r} and {name!r} both "
+                    f"name label {int(name)}; keep one folder a class"
+                )
             labelled[str(int(name))] = name
         published = tuple(labelled[str(label)] or str(label) for label in range(count))
     if trained_classes is None and published is not None and len(published) == count:

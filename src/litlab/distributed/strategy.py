@@ -65,12 +65,16 @@ def unused_parameters_explained(strategy: Any) -> Iterator[None]:
             raise
         name = strategy_name(strategy or "")
         launcher = re.match(r"ddp_(spawn|fork|notebook)", name)  # (the ranks started alike)
-        allowing = launcher[0] if launcher else "ddp"
+        allowing = (
+            f"trainer.strategy={launcher[0] if launcher else 'ddp'}_find_unused_parameters_true"
+            if isinstance(strategy, str) or strategy is None
+            else "++trainer.strategy.find_unused_parameters=true"  # (a node: its launch kept)
+        )
         raise ConfigError(
             "the model has parameters that a training step's loss did not use (a layer its "
             "forward never calls, or skips in some steps), and DDP all-reduces every one in "
-            "every step: remove them from the net, or set trainer.strategy="
-            f"{allowing}_find_unused_parameters_true (DDP then looks for them in every step)"
+            f"every step: remove them from the net, or set {allowing} (DDP then looks for "
+            "them in every step)"
         ) from e
 
 

@@ -84,13 +84,9 @@ def evaluate(cfg: DictConfig, run: Run) -> dict[str, Any]:
     parts = OmegaConf.create({"data": other_data(chosen, stored.data, trained_state)})
     parts.model = stored.model
     check_all(parts)
-    trained = str(cfg.trainer.get("precision")) == "trained"
-    trained_precision(cfg.trainer, stored)
+    why = trained_precision(cfg.trainer, stored)
     run.summary["precision"] = resolve_precision(cfg.trainer)
-    if trained:  # (its why said "as configured": walkthrough 178)
-        then = str((stored.get("trainer") or {}).get("precision") or "32-true")
-        same = then == cfg.trainer.precision
-        why = "the run's (trained)" if same else f"the run's {then} needs a GPU (trained)"
+    if why is not None:  # (its why said "as configured": walkthrough 178)
         run.summary["precision"].update(requested="trained", why=why)
     check_all(cfg)
     check_hardware(cfg.trainer)
@@ -180,20 +176,22 @@ def generate_count(value: Any) -> int:
     return value
 
 
-def trained_precision(trainer: DictConfig, stored: DictConfig) -> None:
+def trained_precision(trainer: DictConfig, stored: DictConfig) -> str | None:
     """trainer.precision=trained (eval's default): the precision the run trained and tested
     with, so that eval's test/* are the run's; float16 autocast on a CPU, which no CPU runs:
-    32-true (16-true runs there, emulated, and stays: it was 32-true too, other figures)."""
+    32-true (16-true runs there, emulated, and stays: it was 32-true too, other figures).
+    Returns why, for summary.json; None where another precision was asked for."""
     if str(trainer.get("precision")) != "trained":
-        return
+        return None
     precision = str((stored.get("trainer") or {}).get("precision") or "32-true")
     on_cpu = not on_gpu(str(trainer.get("accelerator", "auto")))
     if precision in GPU_ONLY_PRECISIONS and on_cpu:
         log.info("trainer.precision=32-true: the run trained in %s, which needs a GPU", precision)
-        precision = "32-true"
-    else:
-        log.info("trainer.precision=trained: %s, the run's", precision)
+        trainer.precision = "32-true"
+        return f"the run's {precision} needs a GPU (trained)"
+    log.info("trainer.precision=trained: %s, the run's", precision)
     trainer.precision = precision
+    return "the run's (trained)"
 
 
 class SpawnedDataAccount(L.Callback):
@@ -580,14 +578,21 @@ def numbered(count: int) -> list[str]:
     return [str(label) for label in range(count)]
 
 
+def imported(target: Any) -> Any:
+    """The object a config node's ``_target_`` names; None where it cannot be imported here
+    (not Hydra's get_class: it logs its own error first)."""
+    module, _, name = str(target or "").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:
+        return None
+
+
 def published_names(source: dict[str, Any]) -> tuple[str, ...] | None:
     """The names a dataset publishes for its labels (Source.label_names: digits, MNIST,
-    Fashion-MNIST, CIFAR-10); None for sources whose labels are numbers alone."""
-    module, _, name = str(source.get("_target_") or "").rpartition(".")
-    try:  # (not Hydra's get_class: it logs its own error for a class not importable here)
-        return getattr(getattr(importlib.import_module(module), name), "label_names", None)
-    except Exception:  # (a source class that cannot be imported here: no names)
-        return None
+    Fashion-MNIST, CIFAR-10); None for sources whose labels are numbers alone (or whose class
+    cannot be imported here)."""
+    return getattr(imported(source.get("_target_")), "label_names", None)
 
 
 def name_key(name: str) -> str:
@@ -744,7 +749,7 @@ def other_fid_extractor(cfg: DictConfig, callbacks: DictConfig) -> bool:
 def takes(node: DictConfig, argument: str) -> bool:
     """Whether the class a config node instantiates takes ``argument`` (or any keyword)."""
     try:
-        parameters = inspect.signature(get_class(str(node.get("_target_")))).parameters
+        parameters = inspect.signature(imported(node.get("_target_"))).parameters
     except Exception:  # (not importable here: its instantiation says why)
         return False
     return argument in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())

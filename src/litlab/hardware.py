@@ -102,8 +102,9 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
         "16",
         "16-mixed",
     )
+    emulated = emulated and not on_gpu(accelerator)  # (on this CPU)
     # (float16 autocast on a CPU is refused by check_hardware: no warning before the refusal)
-    if emulated and not on_gpu(accelerator) and requested not in GPU_ONLY_PRECISIONS:
+    if emulated and requested not in GPU_ONLY_PRECISIONS:
         bf16 = requested.startswith("bf16")
         log.warning(
             "trainer.precision=%s on a CPU without native %s: torch emulates it, %s; "
@@ -122,9 +123,7 @@ def resolve_precision(trainer: DictConfig) -> dict[str, str]:
             torch.cuda.get_device_name(),
             fastest_precision(accelerator)[0],
         )
-    why = "as configured" + (
-        ", emulated on this CPU" if emulated and not on_gpu(accelerator) else ""
-    )
+    why = "as configured" + (", emulated on this CPU" if emulated else "")
     chosen = "32-true" if given is None else requested  # (null: Lightning's default, kept in
     trainer.precision = chosen  # the run's config as such: eval's "trained" read "None": 180)
     return {"requested": requested, "chosen": chosen, "why": why}

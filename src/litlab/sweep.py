@@ -412,12 +412,11 @@ def drop_empty_sweep_folder(sweep_dir: str) -> None:
     where nothing was written into it, and its parent (the date's) where that is then empty;
     not a folder that was there before this process started (one the user made)."""
     folder, started = Path(sweep_dir), _process_started()
-    # the parent only where it is the date folder of Hydra's default layout: a folder's time
-    # changes as the sweep folder is made in it, so any parent read as new (a test's tmp_path,
-    # a user's empty folder were removed)
+    # By times (Hydra makes the sweep folder before any callback can look); the parent only
+    # where it is the date folder of Hydra's default layout: its time changes as the sweep
+    # folder is made in it, so any parent read as new (a test's tmp_path, a user's empty
+    # folder were removed; one named like a date, made earlier, still goes: review 180)
     dated = re.fullmatch(r"\d{4}-\d{2}-\d{2}", folder.parent.name) is not None
-    # (Hydra makes the sweep folder before any callback can look: by times; an empty folder
-    # of the user's named like a date, made earlier, still goes: review 180)
     for empty in (folder, folder.parent) if dated else (folder,):
         try:
             if empty.stat().st_mtime < started:  # there before this process: the user's
@@ -453,9 +452,10 @@ def drop_an_unused_study(storage: str | None) -> None:
 
     database = sqlite_file(storage)
     try:
-        if database is None or made_here(database) is False:
+        made = None if database is None else made_here(database)
+        if database is None or made is False:
             return
-        if made_here(database) is None and database.stat().st_mtime < _process_started():
+        if made is None and database.stat().st_mtime < _process_started():
             return
         studies = optuna.get_all_study_summaries(storage=storage)
         if all(summary.n_trials == 0 for summary in studies):

@@ -133,6 +133,11 @@ def damaged_chunk(split_dir: str) -> str | None:
     return None
 
 
+def convert_again(source: Any, input_dir: str) -> str:
+    """The advice for a conversion to be written again: its command."""
+    return f"convert it again: python -m litlab.data.optimize {source} {input_dir}"
+
+
 def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
     """What ``litlab.data.optimize`` wrote about a converted dataset (``DST/meta``)."""
     litdata = _litdata()
@@ -158,7 +163,7 @@ def read_meta(input_dir: str, cache_dir: str | None = None) -> dict[str, Any]:
     if meta.get("unfinished"):
         raise DataError(
             f"{input_dir} holds an unfinished conversion of {meta.get('source')} (interrupted); "
-            f"convert it again: python -m litlab.data.optimize {meta.get('source')} {input_dir}"
+            + convert_again(meta.get("source"), input_dir)
         )
     if meta.get("format") != META_FORMAT:
         raise DataError(
@@ -347,14 +352,13 @@ class Streaming(Source):
                 raise  # another of LitData's checks: its own message
             raise DataError(
                 f"{self.input_dir} has no readable {split} split ({type(e).__name__}: {e}); "
-                f"convert it again: python -m litlab.data.optimize {self.meta.get('source')} "
-                f"{self.input_dir}"
+                + convert_again(self.meta.get("source"), self.input_dir)
             ) from e
         damaged = damaged_chunk(join(self.input_dir, split))
         if damaged:  # (a copy cut short, a file deleted: review 172)
             raise DataError(
-                f"{join(join(self.input_dir, split), damaged)} is missing or cut short; convert it "
-                f"again: python -m litlab.data.optimize {self.meta.get('source')} {self.input_dir}"
+                f"{join(join(self.input_dir, split), damaged)} is missing or cut short; "
+                + convert_again(self.meta.get("source"), self.input_dir)
             )
         shuffle_as_on_a_local_disk(dataset)  # on NFS/Lustre too: every item, new rank shares
         dataset.classes = self.meta["classes"]

@@ -2174,6 +2174,40 @@ def test_a_source_of_ones_own_is_told_in_one_line_what_its_images_should_be():
     assert batch_labels.dtype == torch.long and set(batch_labels.tolist()) <= {0, 1, 2}
 
 
+def test_a_dataset_of_ones_own_without_targets_has_its_labels_read_once_and_said(caplog):
+    """A map-style Dataset of one's own without ``targets`` had every sample read (images
+    decoded) for the class count, again for a train_fraction's stratified subset, again for
+    FID's subsets, in silence: a large one looked hung at setup. Read once, said, with what
+    skips it; the labels read are the Dataset's own, in order."""
+    from helpers import GivenImages, OneAtATime
+
+    class Counted(OneAtATime):
+        reads = 0
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            Counted.reads += 1
+            return super().__getitem__(i)
+
+    pixels = torch.randint(0, 256, (90, 1, 8, 8), dtype=torch.uint8)
+    labels = torch.arange(90) % 3
+    source = GivenImages(pixels, labels)
+    source.load = lambda split: Counted(TensorDataset(pixels, labels))
+    dm = DataModule(
+        source, [1, 8, 8], 3, [0.5], [0.25], batch_size=4, loader="dataloader", train_fraction=0.5
+    )
+    with caplog.at_level("INFO", logger="litlab"):
+        dm.setup("fit")
+    assert "reading all 90 samples of Counted for their labels" in caplog.text
+    assert "a `targets` list of its labels" in caplog.text
+    assert Counted.reads <= 90 + 5  # every label once, and a sample or two looked at
+    read = Counted.reads
+    dm.arrays("train", limit=30)  # FID's subset: its 30 images, no labels again
+    assert Counted.reads - read <= 30 + 5
+    dataset = dm.datasets["train"].dataset
+    read = Counted.reads
+    assert torch.equal(labels_of(dataset), labels) and Counted.reads == read
+
+
 def test_eval_matches_a_folders_class_names_with_a_datasets_published_labels(tmp_path, caplog):
     """eval.py of a model trained on a dataset whose labels are numbers (digits, Fashion-MNIST)
     on a folder labelled its images by the folders' sorted positions (review 177: Fashion-MNIST's

@@ -135,8 +135,8 @@ def _class_count(dataset: Dataset) -> tuple[int, bool]:
     classes = getattr(dataset, "classes", None)
     if classes is not None:
         return len(classes), True
-    # (a Dataset of one's own without targets: every sample read, its images too; a sample
-    # of them missed a label above data.num_classes, then an IndexError mid-run: review 180)
+    # (a Dataset of one's own without targets: every sample read once, its images too, said;
+    # a sample of them missed a label above data.num_classes, then an IndexError: review 180)
     return int(labels_of(dataset).max()) + 1, False
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import pickle
 import socket
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -67,7 +68,42 @@ def labels_of(dataset: Dataset) -> torch.Tensor:
     targets = getattr(dataset, "targets", None)  # FileImages, torchvision's ImageFolder
     if targets is not None:
         return torch.as_tensor(targets, dtype=torch.long)
-    return torch.tensor([int(dataset[i][1]) for i in range(len(dataset))])
+    return _read_labels(dataset)
+
+
+# The labels of Datasets that keep none apart, read once per Dataset (by the object).
+_READ_LABELS: weakref.WeakKeyDictionary[Dataset, torch.Tensor] = weakref.WeakKeyDictionary()
+
+
+def _read_labels(dataset: Dataset) -> torch.Tensor:
+    """Every sample's label of a Dataset of one's own without ``targets``, its images decoded
+    too: once per Dataset, said, with a bar. The class count, a train_fraction and FID's
+    subsets each read all of it again, in silence (a large one looked hung at setup)."""
+    with contextlib.suppress(TypeError):  # (a Dataset that cannot be weakly referenced)
+        if dataset in _READ_LABELS:
+            return _READ_LABELS[dataset]
+    from lightning.pytorch.utilities import rank_zero_only
+    from rich.progress import Progress
+
+    said = rank_zero_only.rank == 0
+    if said:
+        log.info(
+            "reading all %d samples of %s for their labels, images too (once): it has no "
+            "`targets`; a `targets` list of its labels, as torchvision's datasets have, "
+            "skips this",
+            len(dataset),
+            type(dataset).__name__,
+        )
+    with Progress(transient=True, disable=not said) as progress:
+        task = progress.add_task(f"labels of {type(dataset).__name__}", total=len(dataset))
+        labels = []
+        for i in range(len(dataset)):
+            labels.append(int(dataset[i][1]))
+            progress.advance(task)
+    read = torch.tensor(labels, dtype=torch.long)
+    with contextlib.suppress(TypeError):
+        _READ_LABELS[dataset] = read
+    return read
 
 
 class Source(ABC):

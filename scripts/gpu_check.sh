@@ -112,14 +112,15 @@ if [ "$DRY" = 1 ]; then
   SMALL_P3="$SMALL_P3 ++trainer.limit_test_batches=2 model.net.width=8"
   P1_CNN="--steps 5"; P1_MLP="trainer.max_steps=5"; SMALL_P0="--max-batches 5"; P3_REPEATS=1
   P5_LIMIT=120; P4_LIMIT=240; P1_LIMIT=150; P1_MLP_REPEATS=1
-  P1_OPT="--repeats 1 --steps 3 --round-s 0.05"; P1_OPT_LIMIT=120; P3B_LIMIT=120
+  P1_OPT="--repeats 1 --steps 3 --round-s 0.05"; P1_OPT_LIMIT=200; P3B_LIMIT=120
+  P5_PROFILE_LIMIT=150  # (a 64-px DCGAN on 2 cores: ~0.2 batches/s; its profile alone ~40 s)
   SMALL_W="model.net.width=8"
 else
   # P1: 400 steps a variant (under one epoch of 421) x 8 variants + a warm-up round: about a
   # minute at the last run's 4-8 ms/step; the MLP: one epoch, the default run against the raw loop
   SMALL_P45=""; SMALL_P3=""; P1_CNN="--steps 400"; P1_MLP="trainer.max_epochs=1"; SMALL_P0=""
   P3_REPEATS=3; P5_LIMIT=40; P4_LIMIT=120; P1_LIMIT=80; P1_MLP_REPEATS=3
-  P1_OPT="--repeats 5"; P1_OPT_LIMIT=30; P3B_LIMIT=30; SMALL_W=""
+  P1_OPT="--repeats 5"; P1_OPT_LIMIT=30; P3B_LIMIT=30; SMALL_W=""; P5_PROFILE_LIMIT=45
 fi
 if part 1; then
   # P3': the two Fashion-MNIST recipes, whole train + test in one process (start-up excluded);
@@ -155,7 +156,7 @@ if part 1; then
   # P5's 2.9 ms a step behind the raw loop (2026-12-04) has no cause yet: torch's profiler over 3
   # of litlab's DCGAN steps (debug=profile), its table and Chrome trace kept in the logs' archive
   # (idle gaps on the GPU's row: host-bound; cudaStreamSynchronize or Memcpy on the CPU's: a wait)
-  step profile_p5 45 bash -c 'profile_run "$@"' _ profile_p5 model=dcgan data=synthetic \
+  step profile_p5 "$P5_PROFILE_LIMIT" bash -c 'profile_run "$@"' _ profile_p5 model=dcgan data=synthetic \
     "data.image_shape=[3,64,64]" callbacks.fid=null callbacks.samples=null trainer.precision=auto
 fi
 if part 2; then

@@ -227,6 +227,15 @@ def fails_with(capsys, task, cfg, needle: str) -> dict:
             ["model/net=custom", "model.net._target_=helpers.NetOf", "+model.net.kind=flat64"],
             "NetOf fails on this data's images, a batch shaped (144, 1, 28, 28) (mat1 and mat2",
         ),
+        (  # compiled: torch's error inside Dynamo's, 470 lines of traceback
+            [
+                "model/net=custom",
+                "model.net._target_=helpers.NetOf",
+                "+model.net.kind=flat64",
+                "callbacks.speed.compile=true",
+            ],
+            "NetOf fails on this data's images, a batch shaped (144, 1, 28, 28) (a and b must",
+        ),
         (
             ["model/net=custom", "model.net._target_=helpers.NetOf", "+model.net.kind=tuple"],
             "NetOf returns a tuple, not a tensor of logits",

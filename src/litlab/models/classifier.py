@@ -23,7 +23,7 @@ from litlab.compat import (
 )
 from litlab.data.decode import all_unreadable
 from litlab.distributed import broadcast_buffers, log_job_value
-from litlab.errors import ConfigError, first_line
+from litlab.errors import ConfigError
 from litlab.metrics.aggregation import Max, Mean
 from litlab.models.curves import StepCurves
 from litlab.models.optim import (
@@ -196,15 +196,19 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
     # A net of one's own that cannot take the data's images fails deep in torch at its first
     # batch; said in one line there (walkthrough 173: "mat1 and mat2 shapes cannot be
     # multiplied" with a traceback). Only these shape errors, only before a batch went through.
+    # Compiled (callbacks.speed.compile=true), torch's error is inside Dynamo's message, a
+    # matrix product's in its own words: 470 lines of traceback.
     _SHAPE_ERRORS = ("cannot be multiplied", "size mismatch", "expected input")
     _SHAPE_ERRORS += ("Calculated padded input size", "Output size is too small")
+    _SHAPE_ERRORS += ("must have same reduction dim",)
     _took_a_batch = False
 
     def forward(self, images: Tensor) -> Tensor:
         try:
             logits = self.net(images)
         except RuntimeError as e:
-            said = str(e)
+            traced = re.search(r"got RuntimeError\((['\"])(.*?)\1\)", str(e))
+            said = traced[2] if traced else str(e)
             # a convolution's own input named: the images' only (an inner layer's mistake is
             # the net's: its traceback names the layer; review 174)
             inner = re.search(r"input\[([\d, ]+)\]", said)
@@ -216,7 +220,7 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
                 raise
             raise ConfigError(
                 f"{type(self.net).__name__} fails on this data's images, a batch shaped "
-                f"{tuple(images.shape)} ({first_line(e, 120)}): a net sized for other "
+                f"{tuple(images.shape)} ({said.strip().splitlines()[0][:120]}): a net sized for other "
                 f"inputs? size its input for data.image_shape={list(images.shape[1:])} "
                 "(model.net), or give the data the shape the net takes"
             ) from None

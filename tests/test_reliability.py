@@ -880,9 +880,11 @@ def test_a_run_killed_after_its_checkpoint_keeps_every_row_logged_before_it(tmp_
     """Lightning's CSV writer holds rows for flush_logs_every_n_steps (100): SIGKILL after a
     step checkpoint lost the rows logged before it (the learning rate LearningRateMonitor logs
     at each epoch's start: review 170), which the resume, logging from the checkpoint on, never
-    wrote again. Each checkpoint writes the rows out; the history is the uninterrupted run's."""
+    wrote again. Each checkpoint writes the rows out; the history is the uninterrupted run's.
+    Killed in the last epoch: the resume logs no rate (an epoch's start is not run again), and
+    summary.json had none (review 181): the earlier part's, which held all that epoch."""
     rate = ["model/scheduler=plateau", "model.scheduler_interval=epoch"]
-    kill = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=25"]
+    kill = ["+callbacks.stop._target_=helpers.SignalAt", "+callbacks.stop.batch=35"]
     every = "callbacks.step_checkpoint.every_n_train_steps=4"
     killed = run_cli(
         *CLF, *rate, *kill, every, "+callbacks.stop.signum=SIGKILL", f"paths.log_dir={tmp_path}"
@@ -895,6 +897,9 @@ def test_a_run_killed_after_its_checkpoint_keeps_every_row_logged_before_it(tmp_
         rows = list(csv.DictReader(f))
     assert [int(row["step"]) for row in rows if row.get("lr-AdamW")] == [0, 10, 20, 30]
     assert [int(row["step"]) for row in rows if row.get("val/acc")] == [9, 19, 29, 39]
+    last_rate = float([row for row in rows if row.get("lr-AdamW")][-1]["lr-AdamW"])
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["metrics"]["lr-AdamW"] == pytest.approx(last_rate)
     # the epoch the resume went on with part way is timed too (Lightning calls no
     # on_train_epoch_start there: it had no training rate, review 170)
     rated = [int(row["step"]) for row in rows if row.get("perf/train_images_per_s")]
@@ -902,7 +907,7 @@ def test_a_run_killed_after_its_checkpoint_keeps_every_row_logged_before_it(tmp_
     # and train.log says where it went on from (walkthrough 168: Lightning's console alone)
     step = folder / "checkpoints" / "step.ckpt"
     assert (
-        f"continuing from {step}, written in epoch 3 at global step 24"
+        f"continuing from {step}, written in epoch 4 at global step 32"
         in (folder / "train.log").read_text()
     )
 

@@ -8,7 +8,7 @@ from litlab.callbacks.early_stopping import EarlyStopping
 from litlab.callbacks.ema import EMA
 from litlab.callbacks.gan import FID, SampleGrid
 from litlab.callbacks.guard import DivergenceGuard
-from litlab.callbacks.monitor import PeakMemory, Throughput
+from litlab.callbacks.monitor import LearningRateMonitor, PeakMemory, Throughput
 from litlab.callbacks.preemption import Preemption, RNGState
 from litlab.callbacks.progress import ProgressBar
 from litlab.callbacks.speed import Speed
@@ -19,6 +19,7 @@ __all__ = [
     "FID",
     "DivergenceGuard",
     "EarlyStopping",
+    "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",
     "PeakMemory",

@@ -13,6 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
+from lightning.pytorch import callbacks
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import nn
@@ -505,3 +506,29 @@ class PeakMemory(Callback):
         also for an epoch cut short by an error), for summary.json."""
         now = self.current()
         return {"memory": {k: max(self.peaks.get(k, 0.0), v) for k, v in now.items()}}
+
+
+class LearningRateMonitor(callbacks.LearningRateMonitor):
+    """Lightning's LearningRateMonitor, with the rates of an epoch that a resumed fit goes on
+    with part way. A per-epoch schedule's rates are logged at an epoch's start, which Lightning
+    does not run again on a restart mid-epoch: a run resumed into its last epoch ended without
+    them (summary.json had no lr-*, lr/generator: review 181). Here they are read at its first
+    batch into the trainer's metrics (what summary.json records), not logged again: the
+    loggers hold them from the earlier part (the CSV log is written out at each checkpoint)."""
+
+    _epoch_began = False
+
+    def on_train_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        super().on_train_start(trainer, *args, **kwargs)
+        self._epoch_began = False
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        self._epoch_began = True
+        super().on_train_epoch_start(trainer, *args, **kwargs)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        if not self._epoch_began:  # (a restart mid-epoch)
+            self._epoch_began = True
+            if self.logging_interval != "step":
+                self._extract_stats(trainer, "epoch" if self.logging_interval is None else "any")
+        super().on_train_batch_start(trainer, *args, **kwargs)

@@ -1699,11 +1699,22 @@ def test_eval_on_a_copy_of_the_training_folder_tests_its_held_out_share(tmp_path
     eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "copy", "data.source.size=20")
     with caplog.at_level("INFO", logger="litlab"):
         assert eval_task(eval_cfg) is not None
-    assert "files sampled from the run's training split, byte for byte" in caplog.text
+    assert "files sampled from the run's training split, under their names" in caplog.text
+    assert "(a copy of its training folder" in caplog.text
     assert "test_fraction 0.1 (not 0.2)" in caplog.text
     tested = summary_of(eval_cfg)
     assert tested["data"]["splits"]["test"] == summary["data"]["splits"]["test"] < 30
     assert tested["metrics"]["test/acc"] == pytest.approx(summary["metrics"]["test/acc"])
+    # a class of training images among others is not called a copy (walkthrough 182: 3
+    # training files among 80 new ones were "a copy of its training folder"): said as it is
+    write_png_folder(tmp_path / "mixed", per_class=20, seed=1)
+    shutil.copytree(tmp_path / "images" / "cat", tmp_path / "mixed" / "cat", dirs_exist_ok=True)
+    eval_cfg = eval_on_folder(tmp_path, summary, tmp_path / "mixed", "data.source.size=20")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="litlab"):
+        assert eval_task(eval_cfg) is not None
+    assert "(some of the run's training images among others; remove them" in caplog.text
+    assert "a copy of its training folder" not in caplog.text
 
 
 def test_what_a_split_layout_leaves_unread_is_said_once(tmp_path, caplog):

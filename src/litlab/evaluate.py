@@ -405,14 +405,24 @@ def other_folder(
         origin = trained.get("root")
         if origin is None and converted is not None:  # a copy of the folder its chunks came from
             source["test_fraction"], origin = converted[1], converted[0]
+        sampled = len(trained_files or [])
+        # a few among other images (walkthrough 182: 3 training files among 80 new ones, said
+        # to be "a copy of its training folder", 14 of 83 tested): what else may be there is
+        # not known (256 files sampled), so the share their names hold out, said as it is
+        what = (
+            f"a copy of its training folder {origin}, or that folder moved"
+            if 2 * found >= sampled
+            else f"some of the run's training images among others; remove them (the folder "
+            f"{origin} trained on) to test every image"
+        )
         log.warning(
-            "%s holds %d of %d files sampled from the run's training split, byte for byte (a "
-            "copy of its training folder %s, or that folder moved): testing the share its file "
-            "names hold out, as the run did (+data.source.test_all=true tests every image)",
+            "%s holds %d of %d files sampled from the run's training split, under their names, "
+            "byte for byte (%s): testing the share its file names hold out, as the run did, "
+            "none of which it trained on (+data.source.test_all=true tests every image)",
             folder,
             found,
-            len(trained_files or []),
-            origin,
+            sampled,
+            what,
         )
         return
     refuse_a_split_folder_of_the_run(folder, trained, trained_files)

@@ -2265,6 +2265,14 @@ def test_eval_matches_a_folders_class_names_with_a_datasets_published_labels(tmp
     chosen.source.root = str(folder("twice", ["Bag", "bag_"]))
     with pytest.raises(DataError, match=r"'Bag' and 'bag_' both name the model's class 'Bag'"):
         other_data(chosen, trained)
+    # each name after its label's number, as scripts/make_image_folder.py writes them
+    # (walkthrough 182: refused as none of the classes); after another number: refused
+    prefixed = [f"{n}-{name}" for n, name in enumerate(spelled)]
+    chosen.source.root = str(folder("prefixed", prefixed))
+    assert "classes" not in other_data(chosen, trained).source  # sorted: in label order
+    chosen.source.root = str(folder("misnumbered", ["3-trouser", "1-Trouser"]))
+    with pytest.raises(DataError, match=r"class folders \['3-trouser'\] are none of the"):
+        other_data(chosen, trained)
     # numbers beyond 9 (10 sorts before 2): labelled by their numbers
     trained.source = {"_target_": "litlab.data.Synthetic"}
     trained.num_classes = chosen.num_classes = 12
@@ -2280,6 +2288,10 @@ def test_eval_matches_a_folders_class_names_with_a_datasets_published_labels(tmp
         other_data(digits, trained, {"classes": words})
     other_data(digits, trained, {"classes": [str(n) for n in range(10)]})  # numbered: theirs
     other_data(digits, trained, {"classes": [f"{n:02d}" for n in range(10)]})  # 00..09 too
+    fashion_data = make_cfg(tmp_path, ["data=fashion_mnist"]).data  # (walkthrough 182)
+    other_data(fashion_data, trained, {"classes": prefixed})
+    with pytest.raises(DataError, match=r"the model's labels stand for .*'1-t-shirt_top'"):
+        other_data(fashion_data, trained, {"classes": [prefixed[1][0] + p[1:] for p in prefixed]})
     synthetic = make_cfg(tmp_path, ["data=synthetic", "data.image_shape=[1,28,28]"]).data
     synthetic.mean, synthetic.std = digits.mean, digits.std
     with caplog.at_level("WARNING", logger="litlab"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import re
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -611,6 +612,21 @@ def name_key(name: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFKC", name).casefold() if c.isalnum())
 
 
+# A class folder named with its label's number first, to sort in label order: 0-t-shirt_top
+NUMBERED = re.compile(r"(\d+)[-_. ]+(.*\w.*)")
+
+
+def label_named(name: str, label_of: dict[str, int]) -> int | None:
+    """The label a class folder names among a dataset's (``label_of``: name_key -> label), by
+    its name, or by a name after its label's own number (walkthrough 182:
+    scripts/make_image_folder.py's 0-t-shirt..9-ankle-boot were refused as none of them)."""
+    label = label_of.get(name_key(name))
+    numbered = NUMBERED.fullmatch(name) if label is None else None
+    if numbered and label_of.get(name_key(numbered[2])) == int(numbered[1]):
+        return int(numbered[1])
+    return label
+
+
 def folders_by_name(
     folder: Path, here: list[str], published: tuple[str, ...], trained: dict[str, Any]
 ) -> list[str]:
@@ -619,7 +635,7 @@ def folders_by_name(
     label_of = {name_key(name): label for label, name in enumerate(published)}
     classes, unknown, found = list(published), [], {}
     for name in here:
-        label = label_of.get(name_key(name))
+        label = label_named(name, label_of)
         if label is None:
             unknown.append(name)
             continue
@@ -633,7 +649,8 @@ def folders_by_name(
         raise DataError(
             f"{folder}'s class folders {unknown} are none of the classes the model learned, "
             f"{trained_on(trained)}'s labels 0-{len(published) - 1}: {', '.join(published)}; "
-            "name each folder as its class (case, spaces and punctuation aside)"
+            "name each folder as its class (case, spaces and punctuation aside; after its "
+            "label's number: 0-t-shirt_top)"
         )
     return classes
 
@@ -654,7 +671,12 @@ def numbers_as_trained(
     published = published_names(source)
     numbers = all(map(is_number, trained))  # (00..09 too: review 179)
     if (numbers and [int(name) for name in trained] == list(range(len(trained)))) or (
-        published is not None and list(map(name_key, trained)) == list(map(name_key, published))
+        published is not None
+        and len(trained) == len(published)
+        and all(
+            label_named(name, {name_key(published[label]): label}) == label
+            for label, name in enumerate(trained)
+        )
     ):
         return
     if published is None:

@@ -842,6 +842,10 @@ def test_a_checkpoint_refuses_class_folders_renamed_since(tmp_path, capsys):
     line = refused(capsys, train_task, fresh, "class folder(s) ['aaa'] of ")
     assert line.endswith("hold no image file: every class folder is a class, and each needs "
                          "training images; add images to them or remove the folders")  # fmt: skip
+    # and where data.num_classes does not count it: that, not "set data.num_classes=4", which
+    # was refused next (walkthrough 182)
+    fresh = make_cfg(tmp_path / "n3", [*folder, "data.num_classes=3", "trainer.max_epochs=1"])
+    refused(capsys, train_task, fresh, "class folder(s) ['aaa'] of ")
 
 
 def test_eval_of_a_classifier_refuses_before_testing_and_takes_a_data_setting(tmp_path, capsys):

@@ -313,6 +313,16 @@ class ImageFolder(Source):
         self._scanned(train)
         return list(self._opened[train].classes)
 
+    def check_class_files(self) -> None:
+        """Refuse a training class folder without an image file, from the scan (no decode):
+        before the class count's advice, which counts it (walkthrough 182: "set
+        data.num_classes=6", then refused for the empty folder)."""
+        train = train_folder(self.root)
+        self._scanned(train)
+        index = self._opened[train]
+        labels = torch.as_tensor(index.labels, dtype=torch.long)
+        check_classes_present(labels, index.classes, train, "train")
+
     def prepare(self, test: bool = True) -> None:
         """Scan (and, cached, decode) every split once per node, before any process loads; the
         classes of held-out folders checked against train/'s. ``test=False`` (a fit that does

@@ -2292,6 +2292,10 @@ def test_eval_matches_a_folders_class_names_with_a_datasets_published_labels(tmp
     other_data(fashion_data, trained, {"classes": prefixed})
     with pytest.raises(DataError, match=r"the model's labels stand for .*'1-t-shirt_top'"):
         other_data(fashion_data, trained, {"classes": [prefixed[1][0] + p[1:] for p in prefixed]})
+    trained.num_classes = 3  # 3 named classes on its 10: that, not "set data.num_classes=3"
+    with pytest.raises(DataError, match=r"the model's labels stand for .*\['a', 'b', 'c'\]"):
+        other_data(fashion_data, trained, {"classes": ["a", "b", "c"]})
+    trained.num_classes = 10
     synthetic = make_cfg(tmp_path, ["data=synthetic", "data.image_shape=[1,28,28]"]).data
     synthetic.mean, synthetic.std = digits.mean, digits.std
     with caplog.at_level("WARNING", logger="litlab"):

@@ -241,8 +241,13 @@ def other_data(
     if {"size", "channels"} <= source.keys():  # files, decoded to any shape (a folder, chunks)
         as_trained(data, before, ("image_shape",), "shaping the test images")
         source["channels"] = data["image_shape"][0]
+    state = trained_state or {}
     for key in ("image_shape", "num_classes"):
         if data[key] != before[key]:
+            if key == "num_classes" and published_names(source) is not None:  # a model of
+                # named classes on a dataset of others: that, not the count's advice, refused
+                # next for the names (walkthrough 182)
+                numbers_as_trained(source, trained_source, state.get("classes"))
             raise ConfigError(
                 f"the model was trained on data.{key}={before[key]} but this data has "
                 f"{data[key]}; test it on data of the same {key.replace('_', ' ')} (set "
@@ -260,7 +265,6 @@ def other_data(
         # fid_floor measures them); data=<the run's option> again brought the option's
         # val_fraction back, and the FID its own reference set, without a word (review 169)
         as_trained(data, before, ("val_fraction", "split_seed"), "splitting off validation")
-    state = trained_state or {}
     label_as_trained(source, trained_source, state.get("classes"), before["num_classes"])
     numbers_as_trained(source, trained_source, state.get("classes"))
     converted = converted_from(trained_source, state.get("converted_from"))

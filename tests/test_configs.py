@@ -243,6 +243,11 @@ def test_cli_help_lists_groups_and_cfg_prints_config():
         "fashion_mnist" in help_text.stdout
         and "python train.py experiment=fashion_resnet" in help_text.stdout
     )
+    # eval.py's own (it printed train.py's usage and sweep line: walkthrough 182)
+    eval_help = run_cli("--help", script="eval.py")
+    assert eval_help.returncode == 0, eval_help.stderr
+    assert "Usage: python eval.py ckpt_path=<checkpoint>" in eval_help.stdout
+    assert "python train.py" not in eval_help.stdout
     job = run_cli("--cfg", "job", "data=fashion_mnist", "model=resnet")
     assert job.returncode == 0, job.stderr
     printed = OmegaConf.create(job.stdout)

@@ -601,6 +601,7 @@ def test_unreadable_files_are_counted_once_over_every_rank_and_pass(tmp_path):
         write_png_folder(root / split, per_class=per_class)
         for i in range(broken):
             (root / split / "fox" / f"broken{i}.png").write_bytes(b"not an image")
+    (root / "train" / "fox" / "notes.txt").write_text("not an image either")
     # train/: 20 files, 10 a rank, 2 batches of 5: every file read in each of the 3 epochs
     result = run_cli(
         *CPU_DDP,
@@ -626,6 +627,8 @@ def test_unreadable_files_are_counted_once_over_every_rank_and_pass(tmp_path):
     (log,) = [p.read_text() for p in (tmp_path / "out").rglob("train.log")]
     for broken in root.rglob("broken*.png"):
         assert str(broken) in log, broken
+    # what a scan leaves unread, said once, not by every rank (walkthrough 182)
+    assert (result.stdout + result.stderr).count("not read: 1 .txt") == 1
 
 
 def test_an_evaluation_split_of_fewer_images_than_ranks_is_refused_not_counted_twice(tmp_path):

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from litlab.data.fingerprint import copies_among, fingerprints
@@ -189,7 +190,7 @@ class ImageFolder(Source):
     def _scan(self, folder: Path) -> FolderIndex:
         """``folder``'s index; what it leaves unread said in the run's log."""
         index = scan(folder)
-        if note := unread(index):
+        if (note := unread(index)) and rank_zero_only.rank == 0:  # (each rank scans: once)
             log.warning("%s: %s", folder, note)
         self._listed[folder] = self._trained_files_key(folder, index)
         return index
@@ -364,13 +365,14 @@ class ImageFolder(Source):
             if cached.skipped:
                 self.report[split]["skipped_files"] = cached.skipped[:20]
                 first = cached.skipped[0]
-                log.warning(
-                    "skipped %d unreadable file(s) in %s, e.g. %s (%s)",
-                    len(cached.skipped),
-                    folder,
-                    first["file"],
-                    first["reason"],
-                )
+                if rank_zero_only.rank == 0:  # (each rank opens the cache: once, walkthrough 182)
+                    log.warning(
+                        "skipped %d unreadable file(s) in %s, e.g. %s (%s)",
+                        len(cached.skipped),
+                        folder,
+                        first["file"],
+                        first["reason"],
+                    )
         return dataset
 
     def _labels(

@@ -745,6 +745,12 @@ def test_a_running_run_whose_process_is_gone_is_lost(tmp_path):
         ranks = next(run for run in comparison.runs if run.name == "ranks")
         assert f"; {launched} train.py resume={tmp_path / 'ranks'} continues it" in ranks.error
         assert dict(facts(comparison))["Runs"] == "5 (3 lost, 2 running)"
+        # report.md has the whole line (its table's cell cut it to "…": walkthrough 182)
+        from litlab.report.markdown import render_markdown
+
+        md = render_markdown(comparison, [tmp_path])
+        assert f"- `killed` (lost): its process {ended.pid}" in md
+        assert f"python train.py resume={tmp_path / 'killed'} continues it" in md
     finally:
         live.kill()
         live.wait()

@@ -32,6 +32,18 @@ def render_markdown(comparison: Comparison, folders: list[Path]) -> str:
     title = f"litlab report: {folders_title(folders)}"
     items = "\n".join(f"- **{label}:** {md_cell(text)}" for label, text in facts(comparison))
     return (
-        f"# {title}\n\n{items}\n\n## Runs\n\n{table_md(comparison)}\n\n"
+        f"# {title}\n\n{items}\n\n## Runs\n\n{table_md(comparison)}\n\n{errors_md(comparison)}"
         "Learning curves, sweep plots and GAN samples are in report.html.\n"
     )
+
+
+def errors_md(comparison: Comparison) -> str:
+    """Each run's error or end in full (the table's cell is cut short: a lost run's resume=
+    line, the one thing to do, was cut to "…"; report.html has it on hovering: walkthrough
+    182), by run."""
+    ended = [
+        f"- `{md_cell(run.name)}` ({run.status}): {md_cell(run.error)}"
+        for run in comparison.runs
+        if run.error
+    ]
+    return "## How runs ended\n\n" + "\n".join(ended) + "\n\n" if ended else ""

@@ -248,6 +248,7 @@ def test_cli_help_lists_groups_and_cfg_prints_config():
     assert eval_help.returncode == 0, eval_help.stderr
     assert "Usage: python eval.py ckpt_path=<checkpoint>" in eval_help.stdout
     assert "python train.py" not in eval_help.stdout
+    assert "pick one option each" not in eval_help.stdout  # (model=, experiment= refused)
     job = run_cli("--cfg", "job", "data=fashion_mnist", "model=resnet")
     assert job.returncode == 0, job.stderr
     printed = OmegaConf.create(job.stdout)

@@ -2217,6 +2217,8 @@ def test_a_dataset_of_ones_own_without_targets_has_its_labels_read_once_and_said
     dataset = dm.datasets["train"].dataset
     read = Counted.reads
     assert torch.equal(labels_of(dataset), labels) and Counted.reads == read
+    labels_of(dataset)[0] = 7  # a caller's copy (review 183: the cache itself was handed out)
+    assert torch.equal(labels_of(dataset), labels)
 
 
 def test_eval_matches_a_folders_class_names_with_a_datasets_published_labels(tmp_path, caplog):

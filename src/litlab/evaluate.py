@@ -415,7 +415,7 @@ def other_folder(
         # to be "a copy of its training folder", 14 of 83 tested): what else may be there is
         # not known (256 files sampled), so the share their names hold out, said as it is
         what = (
-            f"a copy of its training folder {origin}, or that folder moved"
+            f"a copy of its training folder {origin}, or that folder moved, images added or not"
             if 2 * found >= sampled
             else f"some of the run's training images among others; remove them (the folder "
             f"{origin} trained on) to test every image"

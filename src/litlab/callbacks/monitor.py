@@ -529,6 +529,7 @@ class LearningRateMonitor(callbacks.LearningRateMonitor):
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         if not self._epoch_began:  # (a restart mid-epoch)
             self._epoch_began = True
-            if self.logging_interval != "step":
-                self._extract_stats(trainer, "epoch" if self.logging_interval is None else "any")
+            if self.logging_interval != "step":  # per-epoch schedules' alone: a per-step
+                # one's rate here is not the epoch's first (logging_interval=epoch: review 183)
+                self._extract_stats(trainer, "epoch")
         super().on_train_batch_start(trainer, *args, **kwargs)

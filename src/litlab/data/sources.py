@@ -71,7 +71,8 @@ def labels_of(dataset: Dataset) -> torch.Tensor:
     return _read_labels(dataset)
 
 
-# The labels of Datasets that keep none apart, read once per Dataset (by the object).
+# The labels of Datasets that keep none apart, read once per Dataset (by the object and its
+# length: one that grew since is read again)
 _READ_LABELS: weakref.WeakKeyDictionary[Dataset, torch.Tensor] = weakref.WeakKeyDictionary()
 
 
@@ -80,8 +81,9 @@ def _read_labels(dataset: Dataset) -> torch.Tensor:
     too: once per Dataset, said, with a bar. The class count, a train_fraction and FID's
     subsets each read all of it again, in silence (a large one looked hung at setup)."""
     with contextlib.suppress(TypeError):  # (a Dataset that cannot be weakly referenced)
-        if dataset in _READ_LABELS:
-            return _READ_LABELS[dataset]
+        read = _READ_LABELS.get(dataset)
+        if read is not None and len(read) == len(dataset):
+            return read.clone()  # (the caller's to change)
     from lightning.pytorch.utilities import rank_zero_only
     from rich.progress import Progress
 
@@ -102,7 +104,7 @@ def _read_labels(dataset: Dataset) -> torch.Tensor:
             progress.advance(task)
     read = torch.tensor(labels, dtype=torch.long)
     with contextlib.suppress(TypeError):
-        _READ_LABELS[dataset] = read
+        _READ_LABELS[dataset] = read.clone()
     return read
 
 

@@ -183,23 +183,29 @@ class PoisonBatch(Callback):
 
 
 class SignalAt(Callback):
-    """Sends a real signal to this process (global rank 0) during a given training batch (a
+    """Sends a real signal to this process (global rank ``rank``) during a training batch (a
     preemption); the run stops at the end of that batch. ``job``: to its child processes too
     (W&B's service), as SLURM and ``docker stop`` signal a whole job; ``group``: to its whole
     process group, as scancel and ``kill -- -PGID`` do (grandchildren too: loader workers and
     their forkserver; run it in a session of its own: run_cli(new_session=True))."""
 
     def __init__(
-        self, batch: int, signum: str = "SIGTERM", job: bool = False, group: bool = False
+        self,
+        batch: int,
+        signum: str = "SIGTERM",
+        job: bool = False,
+        group: bool = False,
+        rank: int = 0,
     ) -> None:
         self.batch, self.signum, self.job, self.group = batch, signum, job, group
+        self.rank = rank  # the global rank signalled
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         import os
         import signal
         import subprocess
 
-        if trainer.fit_loop.total_batch_idx == self.batch and trainer.is_global_zero:
+        if trainer.fit_loop.total_batch_idx == self.batch and trainer.global_rank == self.rank:
             signum = getattr(signal, self.signum)
             if self.group:  # from another process, as slurmstepd's or a shell's kill
                 subprocess.run(["kill", f"-{signum.value}", "--", f"-{os.getpgrp()}"], check=False)

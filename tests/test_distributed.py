@@ -1095,10 +1095,12 @@ def test_slurm_warning_signal_under_ddp_saves_on_every_rank_and_requeues_once(tm
     after the same batch, last.ckpt is written, rank 0 calls `scontrol requeue` once, and the
     requeued job finishes the run in the job's folder. (Lightning's SLURM handler saved from
     inside the signal handler: its collectives met the other rank's training ones, which hung
-    or broke the job; the reviewer's 2 of 6 runs with the signal on both ranks hung.)"""
+    or broke the job; the reviewer's 2 of 6 runs with the signal on both ranks hung.) The
+    signal on rank 1 alone: rank 0, which requeues, did not know which signal stopped the run,
+    and the job ended without a requeue (walkthrough 184)."""
     args = [a for a in run_args(tmp_path) if a != "trainer.strategy=ddp"]
     args += ["trainer.max_epochs=2", "+callbacks.stop._target_=helpers.SignalAt"]
-    args += ["+callbacks.stop.batch=3", "+callbacks.stop.signum=SIGUSR1"]
+    args += ["+callbacks.stop.batch=3", "+callbacks.stop.signum=SIGUSR1", "+callbacks.stop.rank=1"]
     scontrol = fake_scontrol(tmp_path)
     for code, out in srun_two_tasks(args, **scontrol):
         assert code == 143, out[-3000:]

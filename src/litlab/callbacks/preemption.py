@@ -26,7 +26,7 @@ from litlab.compat import (
     stops_when_asked,
     take_stop_mark,
 )
-from litlab.distributed.agree import AnyRank, rank_and_world
+from litlab.distributed.agree import AnyRank, largest_on_any_rank, rank_and_world
 from litlab.errors import Requeued
 from litlab.loggers import end_wandb_service
 from litlab.rng import mixed_seed, seed_rank
@@ -290,7 +290,6 @@ class Preemption(Callback):
             self._restore()
 
     def _save_on_stop(self, trainer: L.Trainer, exception: BaseException) -> None:
-        previous = self._taken.get(self._received)
         self._agreed = None  # a flag still being handed over is left (a rank may be gone)
         armed, self._armed = self._armed, False
         # a SIGTERM before training started (the fit's setup: litlab.run's handler) saves
@@ -298,6 +297,8 @@ class Preemption(Callback):
         # overwrite, and nothing was trained
         if not (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and armed):
             return
+        self._agree_on_the_signal(trainer)
+        previous = self._taken.get(self._received)
         self._saving_after_validation = (
             not trainer.is_last_batch
             and self._validated_at == trainer.fit_loop.epoch_loop.total_batch_idx
@@ -312,6 +313,19 @@ class Preemption(Callback):
             self._scheduler = previous if callable(previous) else None
         elif self._received == signal.SIGUSR1 and self.slurm_requeue:
             self._requeue = SLURMEnvironment.detect() and not os.environ.get("SUBMITIT_EXECUTOR")
+
+    def _agree_on_the_signal(self, trainer: L.Trainer) -> None:
+        """Under DDP, the signal every rank acts on, where any received one: a preemption's
+        (submitit's, then SLURM's SIGUSR1), else SIGTERM. The ranks agreed to stop but each
+        kept its own: SIGUSR1 on rank 1 alone stopped the job without the requeue, which
+        rank 0 decides (review 184). A collective: every rank stops here together."""
+        if trainer.world_size == 1:
+            return
+        kinds = [s for s in (signal.SIGTERM, signal.SIGUSR1, _submitit_signal()) if s]
+        mine = kinds.index(self._received) + 1 if self._received in kinds else 0
+        agreed = largest_on_any_rank(mine)
+        if agreed:
+            self._received = kinds[agreed - 1]
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]

@@ -1114,6 +1114,10 @@ def test_slurm_warning_signal_under_ddp_saves_on_every_rank_and_requeues_once(tm
         assert code == 0, out[-3000:]
     summary = assert_one_run_identical_weights(tmp_path, 2)
     assert summary["resumed_from"] == str(folder / "checkpoints" / "last.ckpt")
+    # the job again once completed: how to train it further, under srun as it runs
+    # (walkthrough 184: "python train.py resume=...", then refused for its process count)
+    again = srun_two_tasks(args, **scontrol, SLURM_RESTART_COUNT="2")
+    assert f"srun --nodes=1 --ntasks-per-node=2 python train.py resume={folder}" in again[0][1]
 
 
 @pytest.mark.dist

@@ -40,7 +40,7 @@ from litlab.config import (
 )
 from litlab.data.datamodule import part_of_a_split
 from litlab.distributed import global_rank, rank0_dir
-from litlab.distributed.launchers import is_rank_scratch
+from litlab.distributed.launchers import as_launched, is_rank_scratch
 from litlab.errors import AlreadyCompleted, ConfigError, fail
 from litlab.files import CHECKPOINTS, resumable_checkpoints, run_process, started_s
 from litlab.loggers import wandb_folder
@@ -532,9 +532,9 @@ def _completed(folder: Path, checkpoint: dict[str, Any] | None = None) -> Alread
     further = "trainer.max_epochs=<more>"
     if checkpoint is not None and _stopped_by_patience(checkpoint):
         further = "(early stopping ended it: a resume waits its patience again)"
-    return AlreadyCompleted(
+    return AlreadyCompleted(  # (under srun or torchrun, with its layout: walkthrough 184)
         f"{folder} holds a run that completed: nothing to train (train it further with: "
-        f"python train.py resume={folder} {further})"
+        f"{as_launched(f'python train.py resume={folder} {further}')})"
     )
 
 

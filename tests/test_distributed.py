@@ -1122,6 +1122,29 @@ def test_slurm_warning_signal_under_ddp_saves_on_every_rank_and_requeues_once(tm
 
 @pytest.mark.dist
 @pytest.mark.slow
+def test_a_sigterm_as_a_ddp_fit_ends_is_held_until_the_run_records_it(tmp_path):
+    """Under DDP a SIGTERM from the fit's end to the run's .trained mark went to Lightning's
+    handler, which broadcasts from inside itself: a rank whose peer had ended failed there,
+    the run "failed" without .trained, and its resume= was refused as trained to its end
+    (walkthrough 184, 1 run in 3). Held for the run: it stops once .trained is written,
+    interrupted, and resume= tests the trained model."""
+    folder = tmp_path / "run"
+    args = [*CPU_DDP, *QUIET_CSV, "model.net.width=8", "trainer.max_epochs=1"]
+    args += ["model.scheduler=null", f"hydra.run.dir={folder}"]
+    stopped = run_cli(*args, "+callbacks.stop._target_=helpers.SignalAtTrainEnd")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and (folder / ".trained").is_file()
+    assert "test/acc" not in summary["metrics"]
+    assert f"test it with: python train.py resume={folder}" in stopped.stderr + stopped.stdout
+    tested = run_cli(f"resume={folder}")
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
 def test_torchrun_multirun_leaves_one_sweep_folder_with_every_job(tmp_path):
     """torchrun ... train.py -m seed=1,2: every rank runs the sweep's jobs in step; only rank 0's
     sweep folder is written, and it holds both jobs, each trained by both ranks alike."""

@@ -436,7 +436,7 @@ def _stop_now() -> None:
     raise Terminated
 
 
-def _hold_sigterm(signum: int, frame: Any) -> None:
+def hold_sigterm(signum: int, frame: Any) -> None:
     _SIGTERM["pending"] = True
 
 
@@ -458,7 +458,7 @@ class HoldStopAfterTest(lightning.pytorch.Callback):
     def on_test_start(self, trainer: Any, pl_module: Any) -> None:
         main = threading.current_thread() is threading.main_thread()
         if trainer.world_size > 1 and main:
-            signal.signal(signal.SIGTERM, _hold_sigterm)
+            signal.signal(signal.SIGTERM, hold_sigterm)
 
     def on_test_end(self, trainer: Any, pl_module: Any) -> None:
         self.run.defer_stop()

@@ -16,7 +16,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import BatchSizeFinder, Callback, LearningRateFinder
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab.callbacks.checkpoint import inside_an_accumulation
@@ -30,6 +30,7 @@ from litlab.distributed.agree import AnyRank, largest_on_any_rank, rank_and_worl
 from litlab.errors import Requeued
 from litlab.loggers import end_wandb_service
 from litlab.rng import mixed_seed, seed_rank
+from litlab.run import hold_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +272,17 @@ class Preemption(Callback):
             self._agreed.settle()
         self._agreed = None
         self._armed = False
-        self._restore()
+        taken = self._restore()
+        finding = any(
+            isinstance(c, LearningRateFinder | BatchSizeFinder) for c in trainer.callbacks
+        )
+        if trainer.world_size > 1 and signal.SIGTERM in taken and not finding:
+            # Under DDP a SIGTERM from here to the run's .trained mark is held for the run,
+            # which stops after it (interrupted; resume= tests): Lightning's handler, put back
+            # above until its teardown, broadcasts from inside itself, and a rank whose peer
+            # had ended failed there, the run "failed" without its .trained mark and its
+            # resume= refused as trained to its end (walkthrough 184)
+            signal.signal(signal.SIGTERM, hold_sigterm)
 
     def _restore(self) -> dict[signal.Signals, Any]:
         taken, self._taken = self._taken, {}

@@ -499,7 +499,8 @@ def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any]
     if config_digest(stored) != config_digest(cfg):  # where it writes, its loggers aside
         raise ConfigError(
             f"{folder} already holds checkpoints of a run with another config; continue that "
-            f"run with: python train.py resume={folder}, or train in a new folder"
+            f"run with: {as_launched(f'python train.py resume={folder}')}, or train in a new "
+            "folder"
         )
     if completed:
         raise _completed(folder, checkpoint)

@@ -6,8 +6,9 @@ from typing import NoReturn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
-def first_line(error: BaseException, limit: int = 200) -> str:
-    """A library's exception in one short line (its message's first line, or its type)."""
+def first_line(error: BaseException | str, limit: int = 200) -> str:
+    """A library's exception (or its message) in one short line (the message's first line, or
+    the exception's type)."""
     text = str(error).strip()
     return text.splitlines()[0][:limit] if text else type(error).__name__
 

@@ -7,6 +7,7 @@ import inspect
 import logging
 import re
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -625,10 +626,15 @@ def label_named(name: str, label_of: dict[str, int]) -> int | None:
     its name, or by a name after its label's own number (walkthrough 182:
     scripts/make_image_folder.py's 0-t-shirt..9-ankle-boot were refused as none of them)."""
     label = label_of.get(name_key(name))
-    numbered = NUMBERED.fullmatch(name) if label is None else None
-    if numbered and label_of.get(name_key(numbered[2])) == int(numbered[1]):
-        return int(numbered[1])
+    prefixed = NUMBERED.fullmatch(name) if label is None else None
+    if prefixed and label_of.get(name_key(prefixed[2])) == int(prefixed[1]):
+        return int(prefixed[1])
     return label
+
+
+def labels_by_name(published: Sequence[str]) -> dict[str, int]:
+    """A dataset's labels by their published names' keys (name_key), for label_named."""
+    return {name_key(name): label for label, name in enumerate(published)}
 
 
 def folders_by_name(
@@ -636,7 +642,7 @@ def folders_by_name(
 ) -> list[str]:
     """The folder's class folder for each of a dataset's labels, by the names it publishes
     (the name itself where the folder has none); refused where a folder is none of them."""
-    label_of = {name_key(name): label for label, name in enumerate(published)}
+    label_of = labels_by_name(published)
     classes, unknown, found = list(published), [], {}
     for name in here:
         label = label_named(name, label_of)
@@ -674,13 +680,11 @@ def numbers_as_trained(
     trained = [str(name) for name in trained_classes]
     published = published_names(source)
     numbers = all(map(is_number, trained))  # (00..09 too: review 179)
+    label_of = labels_by_name(published or ())
     if (numbers and [int(name) for name in trained] == list(range(len(trained)))) or (
         published is not None
         and len(trained) == len(published)
-        and all(
-            label_named(name, {name_key(published[label]): label}) == label
-            for label, name in enumerate(trained)
-        )
+        and all(label_named(name, label_of) == label for label, name in enumerate(trained))
     ):
         return
     if published is None:

@@ -284,8 +284,7 @@ class DataModule(L.LightningDataModule):
         # model's own count (walkthrough 150)
         self._check_classes(known)
         if known is not None and len(known) != self.num_classes:
-            if hasattr(self.source, "check_class_files"):  # an empty one is not to be counted
-                self.source.check_class_files()
+            self.source.check_class_files()  # (an empty class folder: said, not counted)
             raise ConfigError(self._class_count_error("train", len(known)))
         self.source.prepare(test=self._reads_test(trainer.state.fn if trainer else None))
 

@@ -310,19 +310,21 @@ class ImageFolder(Source):
         some of a model's classes (``classes``), or a root that is not a folder (prepare says)."""
         if self.classes is not None or not self.root.is_dir():
             return None
-        train = train_folder(self.root)
-        self._scanned(train)
-        return list(self._opened[train].classes)
+        return list(self._train_index().classes)
 
     def check_class_files(self) -> None:
         """Refuse a training class folder without an image file, from the scan (no decode):
         before the class count's advice, which counts it (walkthrough 182: "set
         data.num_classes=6", then refused for the empty folder)."""
+        index = self._train_index()
+        labels = torch.as_tensor(index.labels, dtype=torch.long)
+        check_classes_present(labels, index.classes, train_folder(self.root), "train")
+
+    def _train_index(self) -> FolderIndex:
+        """The training class folders' scan (once a process)."""
         train = train_folder(self.root)
         self._scanned(train)
-        index = self._opened[train]
-        labels = torch.as_tensor(index.labels, dtype=torch.long)
-        check_classes_present(labels, index.classes, train, "train")
+        return self._opened[train]
 
     def prepare(self, test: bool = True) -> None:
         """Scan (and, cached, decode) every split once per node, before any process loads; the

@@ -134,6 +134,10 @@ class Source(ABC):
         class folders, from a scan); None where not."""
         return None
 
+    def check_class_files(self) -> None:  # noqa: B027 - optional hook
+        """Refuse classes that ``known_classes`` counts but no image stands for (an image
+        folder's empty class folder), before the class count is compared; nothing here."""
+
     @abstractmethod
     def load(self, split: Split) -> Dataset:
         """Return the split as a dataset of (uint8 [C, H, W] image, int label)."""

@@ -23,7 +23,7 @@ from litlab.compat import (
 )
 from litlab.data.decode import all_unreadable
 from litlab.distributed import broadcast_buffers, log_job_value
-from litlab.errors import ConfigError
+from litlab.errors import ConfigError, first_line
 from litlab.metrics.aggregation import Max, Mean
 from litlab.models.curves import StepCurves
 from litlab.models.optim import (
@@ -220,7 +220,7 @@ class ImageClassifier(CheapHookName, RankSeeded, StepCurves, L.LightningModule):
                 raise
             raise ConfigError(
                 f"{type(self.net).__name__} fails on this data's images, a batch shaped "
-                f"{tuple(images.shape)} ({said.strip().splitlines()[0][:120]}): a net sized for other "
+                f"{tuple(images.shape)} ({first_line(said, 120)}): a net sized for other "
                 f"inputs? size its input for data.image_shape={list(images.shape[1:])} "
                 "(model.net), or give the data the shape the net takes"
             ) from None

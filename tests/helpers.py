@@ -739,6 +739,26 @@ class RaiseOnRank(Callback):
             raise RuntimeError(f"an error on rank {self.rank} alone")
 
 
+class SignalInValidation(Callback):
+    """Sends a real signal to this process (global rank ``rank``) at the first batch of the
+    validation that follows training epoch ``epoch`` (not the sanity check)."""
+
+    def __init__(self, epoch: int, signum: str = "SIGTERM", rank: int = 0) -> None:
+        self.epoch, self.signum, self.rank = epoch, signum, rank
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        import os
+        import signal
+
+        if (
+            not trainer.sanity_checking
+            and batch_idx == 0
+            and trainer.current_epoch == self.epoch
+            and trainer.global_rank == self.rank
+        ):
+            os.kill(os.getpid(), getattr(signal, self.signum))
+
+
 class SignalInSetup(Callback):
     """Sends SIGTERM to this process as the fit sets up (before Lightning's signal handling
     and litlab's Preemption: a first decode of a large folder, a job ended while it waits).

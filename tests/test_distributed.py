@@ -1122,16 +1122,29 @@ def test_slurm_warning_signal_under_ddp_saves_on_every_rank_and_requeues_once(tm
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_a_sigterm_as_a_ddp_fit_ends_is_held_until_the_run_records_it(tmp_path):
+@pytest.mark.parametrize(
+    "signal_at",
+    [
+        ["+callbacks.stop._target_=helpers.SignalAtTrainEnd"],
+        [
+            "+callbacks.stop._target_=helpers.SignalInValidation",
+            "+callbacks.stop.epoch=0",
+            "+callbacks.stop.rank=1",
+        ],
+    ],
+    ids=["fit end", "rank 1 in the last validation"],
+)
+def test_a_sigterm_as_a_ddp_fit_ends_is_held_until_the_run_records_it(tmp_path, signal_at):
     """Under DDP a SIGTERM from the fit's end to the run's .trained mark went to Lightning's
     handler, which broadcasts from inside itself: a rank whose peer had ended failed there,
     the run "failed" without .trained, and its resume= was refused as trained to its end
     (walkthrough 184, 1 run in 3). Held for the run: it stops once .trained is written,
-    interrupted, and resume= tests the trained model."""
+    interrupted, and resume= tests the trained model. A SIGTERM to one rank in the last
+    validation was swallowed (the run tested and completed): every rank stops alike."""
     folder = tmp_path / "run"
     args = [*CPU_DDP, *QUIET_CSV, "model.net.width=8", "trainer.max_epochs=1"]
     args += ["model.scheduler=null", f"hydra.run.dir={folder}"]
-    stopped = run_cli(*args, "+callbacks.stop._target_=helpers.SignalAtTrainEnd")
+    stopped = run_cli(*args, *signal_at)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "interrupted" and (folder / ".trained").is_file()

@@ -40,7 +40,14 @@ from litlab.resume import newest_checkpoint, record_resume_overrides, resume_arg
 from litlab.train import train_task
 from wandb_records import offline_run
 
-CLF = ["data.batch_size=128", "trainer.max_epochs=4", "model.net.width=8", "logger=csv", *QUIET]
+CLF_EPOCHS = 4
+CLF = [
+    "data.batch_size=128",
+    f"trainer.max_epochs={CLF_EPOCHS}",
+    "model.net.width=8",
+    "logger=csv",
+    *QUIET,
+]
 CLF_STEPS_PER_EPOCH = 10  # the digits' train split in batches of 128
 GAN_MODEL = [
     "model=dcgan",
@@ -1007,6 +1014,52 @@ def test_a_job_killed_while_testing_tests_again_when_requeued(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("where", ["last validation", "test"])
+def test_slurms_warning_signal_after_training_requeues_the_job_to_test(
+    tmp_path, monkeypatch, straight_classifier, where
+):
+    """SLURM's warning signal (SIGUSR1) where training can no longer stop: in the fit's last
+    validation (Preemption took it and let it go: the run tested and completed without a
+    requeue, in a real job killed at its time limit part way through a long test) or in the
+    test (Lightning's SLURM handler wrote hpc_ckpt_1.ckpt from inside the handler, a
+    collective under DDP, and requeued the job while the test went on). The run stops once its
+    fit is recorded, the job is requeued, and the requeued job tests as the uninterrupted run
+    did, training nothing."""
+    for key, value in {**fake_scontrol(tmp_path), **SLURM_JOB}.items():
+        monkeypatch.setenv(key, value)
+    signal_in = {
+        "last validation": [
+            "+callbacks.stop._target_=helpers.SignalInValidation",
+            f"+callbacks.stop.epoch={CLF_EPOCHS - 1}",
+        ],
+        "test": [
+            "+callbacks.stop._target_=helpers.SignalInTest",
+            f"+callbacks.stop.mark={tmp_path / 'signalled'}",
+        ],
+    }[where]
+    args = [*CLF, f"paths.log_dir={tmp_path / 'out'}", "data.eval_batch_size=64", *signal_in]
+    first = run_cli(*args, "+callbacks.stop.signum=SIGUSR1")
+    assert first.returncode == 143, first.stderr[-3000:]
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    folder = tmp_path / "out" / "train" / "slurm" / "4242"
+    assert summary_status(folder) == "requeued" and (folder / ".trained").is_file()
+    assert not list(folder.glob("hpc_ckpt_*"))  # Lightning's handler (in the signal) not set
+    assert "test/acc" not in json.loads((folder / "summary.json").read_text())["metrics"]
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    again = run_cli(*args, "+callbacks.stop.signum=SIGUSR1")  # the same command
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "testing best.ckpt again, training nothing" in (folder / "train.log").read_text()
+    summary = json.loads((folder / "summary.json").read_text())
+    straight = json.loads((straight_classifier / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["metrics"] == pytest.approx(straight["metrics"])  # fit's and test's
+    now = load_checkpoint(folder / "checkpoints" / "last.ckpt")
+    straight_last = load_checkpoint(straight_classifier / "checkpoints" / "last.ckpt")
+    assert now["global_step"] == straight_last["global_step"]  # trained to its end, no more
+
+
+@pytest.mark.slow
 def test_submitit_requeue_continues_in_the_same_folder(tmp_path, straight_classifier):
     """Hydra's submitit launcher (local executor): submitit's preemption signal (USR2) saves
     last.ckpt at the batch boundary, submitit requeues the job, and the job continues."""
@@ -1868,20 +1921,27 @@ def test_a_stop_after_a_validation_inside_the_epoch_resumes_at_the_same_logged_s
 
 
 @pytest.mark.slow
-def test_a_signal_at_the_last_training_batch_lets_the_run_end(tmp_path):
-    """SIGTERM during the fit's last batch (here max_steps'): a stop left a run that was
-    'interrupted' with nothing left to train, which resume= refuses; it now ends and tests."""
-    result = run_cli(
-        *CLF,
-        "trainer.max_steps=5",
-        "+callbacks.stop._target_=helpers.SignalAt",
-        "+callbacks.stop.batch=4",
-        f"paths.log_dir={tmp_path}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "a signal came at the last training batch" in result.stdout + result.stderr
-    summary = json.loads((run_folder(tmp_path) / "summary.json").read_text())
+def test_a_signal_at_the_last_training_batch_ends_the_fit_then_stops_the_run(tmp_path):
+    """SIGTERM during the fit's last batch (here max_steps'): a stop there left a run that was
+    'interrupted' with nothing left to train, which resume= refuses; the fit ends as planned,
+    and the run stops once it has recorded it, before its test (which then went on: the
+    signal was swallowed), and resume= tests it, training nothing."""
+    args = [*CLF, "trainer.max_steps=5", "+callbacks.stop._target_=helpers.SignalAt"]
+    result = run_cli(*args, "+callbacks.stop.batch=4", f"paths.log_dir={tmp_path}")
+    assert result.returncode == 143, result.stderr[-3000:]
+    said = result.stdout + result.stderr
+    assert "a signal came at the last training batch: the fit ends as planned" in said
+    assert "SIGTERM came as the fit ended (its last batch or validation)" in said
+    folder = run_folder(tmp_path)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "test it with" in summary["error"]
+    assert (folder / ".trained").is_file() and "test/acc" not in summary["metrics"]
+    assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == 5
+    resumed = run_cli(f"resume={folder}", "callbacks.stop.batch=-1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "completed" and "test/acc" in summary["metrics"]
+    assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["global_step"] == 5
 
 
 def test_a_checkpoint_s_processes_are_counted_without_its_random_states():

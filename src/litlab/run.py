@@ -374,9 +374,16 @@ def killed_part_s(folder: Path, summary: dict[str, Any]) -> float | None:
 
 
 # _stop_on_sigterm's state: the process that set it ("owner": forked children inherit it), a
-# stop held while the run records what it finished (Run.defer_stop: "held", "pending"), and
-# ranks started from this process that a SIGTERM is passed on to (passing_sigterm_on: "ranks").
-_SIGTERM: dict[str, Any] = {"owner": None, "held": False, "pending": False, "ranks": False}
+# stop held while the run records what it finished (Run.defer_stop: "held", "pending"), ranks
+# started from this process that a SIGTERM is passed on to (passing_sigterm_on: "ranks"), and
+# whether a stop came as SLURM's warning signal, which requeues the job ("requeue").
+_SIGTERM: dict[str, Any] = {
+    "owner": None,
+    "held": False,
+    "pending": False,
+    "ranks": False,
+    "requeue": False,
+}
 
 
 def _stop_on_sigterm(signum: int, frame: Any) -> None:
@@ -438,6 +445,38 @@ def _stop_now() -> None:
 
 def hold_sigterm(signum: int, frame: Any) -> None:
     _SIGTERM["pending"] = True
+
+
+def _stop_on_sigusr1(signum: int, frame: Any) -> None:
+    """SIGUSR1 (SLURM's warning before a time limit, ``--signal=USR1@<seconds>``) outside the
+    training loop, where the Preemption callback does not take it (the fit's setup, between the
+    fit and its test, the test): the run stops as SIGTERM stops it there (at once, or held
+    where the run holds SIGTERM), and a stop that ends the run requeues its SLURM job
+    (``stop_requeues``: Preemption.hand_over). SIGUSR1's default had ended the process at once
+    (its summary left "running", nothing requeued); inside trainer.test, Lightning's SLURM
+    handler (which finds this one set, and is then not set) wrote hpc_ckpt_<n>.ckpt from inside
+    the handler (a collective under DDP) and requeued the job while its test went on."""
+    if os.getpid() != _SIGTERM["owner"]:  # a forked child: the default
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return
+    _SIGTERM["requeue"] = True
+    handler = signal.getsignal(signal.SIGTERM)  # Lightning's in the trainer, or the run's
+    if callable(handler):
+        handler(signal.SIGTERM, frame)
+
+
+def hold_a_stop(requeue: bool = False) -> None:
+    """A stop for the run to act on where it next can (``Run.stop_if_asked``), as a SIGTERM
+    held; ``requeue``: it came as SLURM's warning signal (SIGUSR1), the job is requeued."""
+    _SIGTERM["pending"] = True
+    _SIGTERM["requeue"] = _SIGTERM["requeue"] or requeue
+
+
+def stop_requeues() -> bool:
+    """Whether a stop of this run came as SLURM's warning signal (SIGUSR1) outside training or
+    as the fit ended (``hold_a_stop``): a requeue of the job, once the run has ended on it."""
+    return bool(_SIGTERM["requeue"])
 
 
 class HoldStopAfterTest(lightning.pytorch.Callback):
@@ -507,6 +546,7 @@ class Run:
         self._entered_ns = time.time_ns()
         self._completed = False  # the folder held a completed run as this one began (rank 0)
         self._sigterm: Any = None  # the SIGTERM handler this run replaced (SIG_DFL), if it did
+        self._sigusr1: Any = None  # and SIGUSR1's
         # the earlier part's last validation (resume=, a requeued job): (its epoch, its val/*),
         # kept as the run's once this part's fit begins from a checkpoint not before it
         self._earlier_validation: tuple[int, dict[str, Any]] | None = None
@@ -566,8 +606,10 @@ class Run:
         # last: a SIGTERMException raised inside __enter__ would leave the `with` unrecorded
         main = threading.current_thread() is threading.main_thread()
         if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            _SIGTERM.update(owner=os.getpid(), held=False, pending=False)
+            _SIGTERM.update(owner=os.getpid(), held=False, pending=False, requeue=False)
             self._sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+            if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+                self._sigusr1 = signal.signal(signal.SIGUSR1, _stop_on_sigusr1)
         return self
 
     def take_spawned_record(self, record: dict[str, Any]) -> None:
@@ -719,9 +761,12 @@ class Run:
         if self._sigterm is not None and signal.getsignal(signal.SIGTERM) is _stop_on_sigterm:
             signal.signal(signal.SIGTERM, self._sigterm)
         self._sigterm = None
+        if self._sigusr1 is not None and signal.getsignal(signal.SIGUSR1) is _stop_on_sigusr1:
+            signal.signal(signal.SIGUSR1, self._sigusr1)
+        self._sigusr1 = None
         if _SIGTERM["pending"] and exc is None:  # a SIGTERM as the finished run was recorded
-            log.warning("a SIGTERM came as the run ended; it had completed")
-        _SIGTERM.update(held=False, pending=False)
+            log.warning("a signal to stop came as the run ended; it had completed")
+        _SIGTERM.update(held=False, pending=False, requeue=False)
         if isinstance(exc, AlreadyCompleted):  # every rank: nothing ran, the folder as it was
             if rank_zero_only.rank == 0:
                 restore_saved_config(self.dir)

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from litlab import compat
 from litlab.callbacks import PeakMemory, Throughput
 from litlab.callbacks.gan import give_checkpoint_state
-from litlab.callbacks.preemption import hand_over_preemption
+from litlab.callbacks.preemption import hand_over_preemption, stop_for_a_signal_left
 from litlab.checkpoint import checkpoint_step, early_stopping_states, load_checkpoint
 from litlab.config import (
     absolute_data_paths,
@@ -173,6 +173,8 @@ def train(cfg: DictConfig, run: Run) -> dict[str, Any]:
                 say_early_stopping_ended_it(trainer, run)
                 restore_spawned_progress(trainer, run)
                 run.mark_trained()
+                if cfg.get("test"):  # a signal that came as the fit ended stops the run here
+                    stop_for_a_signal_left(trainer)
                 run.stop_if_asked()  # a SIGTERM held since the fit's end stops the run now
             if cfg.get("test"):
                 # The best checkpoint of this fit (none kept: the last); without a fit, the

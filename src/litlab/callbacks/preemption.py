@@ -30,7 +30,7 @@ from litlab.distributed.agree import AnyRank, largest_on_any_rank, rank_and_worl
 from litlab.errors import Requeued
 from litlab.loggers import end_wandb_service
 from litlab.rng import mixed_seed, seed_rank
-from litlab.run import hold_sigterm
+from litlab.run import hold_a_stop, hold_sigterm, stop_requeues
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,11 @@ def _submitit_signal() -> signal.Signals | None:
     return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
 
 
+def _slurm_requeues() -> bool:
+    """Whether this is a SLURM job that litlab requeues itself (submitit's requeue their own)."""
+    return SLURMEnvironment.detect() and not os.environ.get("SUBMITIT_EXECUTOR")
+
+
 def requeue_slurm_job() -> bool:
     """``scontrol requeue`` this SLURM job, as Lightning's SLURM handler does; whether SLURM
     took it (it refuses a job submitted without ``--requeue``), said in one line if not."""
@@ -183,9 +188,11 @@ class Preemption(Callback):
     routed the same way, and :meth:`hand_over` then lets submitit's own handler requeue the job.
 
     With gradient accumulation a stop waits for the batch whose optimizer step takes the
-    accumulated gradients (they are in no checkpoint); a signal during the fit's last batch
-    stops nothing (a stopped run would have nothing left to train, which resume= refuses): the
-    run ends, and tests, as planned.
+    accumulated gradients (they are in no checkpoint). A signal during the fit's last batch or
+    its last validation stops no training (a stopped fit would have nothing left to train,
+    which resume= refuses): the fit ends as planned, and where a test follows, the run stops
+    once it has recorded the fit (its .trained mark; ``stop_for_a_signal_left``), before the
+    test, which resume= or the requeued job runs. Outside training litlab.run takes SIGUSR1.
 
     The handlers are set when training starts, after Lightning has taken its snapshot of the
     signal handlers, so that Lightning's teardown puts the originals back.
@@ -203,6 +210,9 @@ class Preemption(Callback):
         self._validated_at: int | None = None  # the training batch a validation last followed
         self._saving_after_validation = False  # the stop's checkpoint, after one inside an epoch
         self._armed = False  # training started: a stop saves where the fit is
+        # a signal the fit could no longer stop for (its last batch, its last validation), and
+        # the handler it had before this callback's
+        self._left: tuple[signal.Signals, Any] | None = None
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Under DDP from the sanity check on (Lightning's handlers are set by then): Lightning's
@@ -214,7 +224,7 @@ class Preemption(Callback):
             self._take_signals()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._scheduler = self._agreed = self._validated_at = None
+        self._scheduler = self._agreed = self._validated_at = self._left = None
         self._requeue = False
         self._armed = True
         if not self._taken:  # (taken in the sanity check: a signal there is kept)
@@ -249,7 +259,8 @@ class Preemption(Callback):
                 self._agreed = AnyRank(trainer.strategy.root_device)
             stop = (self._agreed.now if trainer.is_last_batch or last else self._agreed.later)(stop)
         if stop and last:  # a stop now would leave a run whose resume has nothing left to train
-            log.warning("a signal came at the last training batch: training ends as planned")
+            if trainer.is_global_zero:
+                log.warning("a signal came at the last training batch: the fit ends as planned")
         elif stop:
             stop_at_batch_end(trainer)
 
@@ -272,7 +283,10 @@ class Preemption(Callback):
             self._agreed.settle()
         self._agreed = None
         self._armed = False
+        self._agree_on_the_signal(trainer)  # one came in the last batch or validation?
         taken = self._restore()
+        if self._received is not None:
+            self._left = (self._received, taken.get(self._received))
         finding = any(
             isinstance(c, LearningRateFinder | BatchSizeFinder) for c in trainer.callbacks
         )
@@ -283,6 +297,27 @@ class Preemption(Callback):
             # had ended failed there, the run "failed" without its .trained mark and its
             # resume= refused as trained to its end (walkthrough 184)
             signal.signal(signal.SIGTERM, hold_sigterm)
+
+    def stop_for_a_signal_left(self, trainer: L.Trainer) -> None:
+        """Once the fit is recorded (its .trained mark), before its test: a signal that came as
+        the fit ended (its last batch or validation), which stopped no training, stops the run
+        now (litlab.run.hold_a_stop: interrupted, the test left to resume= or the requeued job),
+        as it would have during the test. It was swallowed: the run went on to test and
+        completed, a SLURM job's warning signal with no requeue (then killed at its time limit,
+        part way through a long test, nobody requeued it)."""
+        left, self._left = self._left, None
+        if left is None:
+            return
+        received, previous = left
+        if received == _submitit_signal():  # submitit's handler requeues (hand_over)
+            self._scheduler = previous if callable(previous) else None
+        hold_a_stop(requeue=received == signal.SIGUSR1)
+        if trainer.is_global_zero:
+            log.warning(
+                "%s came as the fit ended (its last batch or validation): the run stops before "
+                "its test",
+                received.name,
+            )
 
     def _restore(self) -> dict[signal.Signals, Any]:
         taken, self._taken = self._taken, {}
@@ -323,7 +358,7 @@ class Preemption(Callback):
         if self._received is not None and self._received == _submitit_signal():
             self._scheduler = previous if callable(previous) else None
         elif self._received == signal.SIGUSR1 and self.slurm_requeue:
-            self._requeue = SLURMEnvironment.detect() and not os.environ.get("SUBMITIT_EXECUTOR")
+            self._requeue = _slurm_requeues()
 
     def _agree_on_the_signal(self, trainer: L.Trainer) -> None:
         """Under DDP, the signal every rank acts on, where any received one: a preemption's
@@ -351,6 +386,8 @@ class Preemption(Callback):
         SIGTERM then, which they now ignore (their part is saved). Otherwise nothing."""
         scheduler, self._scheduler = self._scheduler, None
         requeue, self._requeue = self._requeue, False
+        # SIGUSR1 outside training, or as the fit ended (litlab.run's, stop_for_a_signal_left)
+        requeue = requeue or (self.slurm_requeue and stop_requeues() and _slurm_requeues())
         if scheduler is not None or requeue:
             end_wandb_service()
         if scheduler is not None:
@@ -362,6 +399,13 @@ class Preemption(Callback):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the run's summary be written
             if trainer.is_global_zero and requeue_slurm_job():
                 raise Requeued(143)  # 128 + SIGTERM, as an interrupted run
+
+
+def stop_for_a_signal_left(trainer: L.Trainer) -> None:
+    """See Preemption.stop_for_a_signal_left."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, Preemption):
+            callback.stop_for_a_signal_left(trainer)
 
 
 def hand_over_preemption(trainer: L.Trainer) -> None:

@@ -1589,6 +1589,14 @@ def test_a_resume_of_a_run_still_in_progress_is_refused(tmp_path):
             refused.stderr
         )
         assert json.loads((folder / "summary.json").read_text()) == summary
+        # the same command again in its folder (a grid sweep run again while its jobs ran, a
+        # job of a sweep whose own process was killed: review 187): refused before it wrote
+        saved = (folder / ".hydra" / "config.yaml").read_bytes()
+        again = run_cli(*TINY, "logger=csv", f"hydra.run.dir={folder}")
+        assert again.returncode == 2, again.stderr[-2000:]
+        assert f"holds a run still in progress: process {live.pid}" in again.stderr
+        assert json.loads((folder / "summary.json").read_text()) == summary
+        assert (folder / ".hydra" / "config.yaml").read_bytes() == saved
         # the same number in another pid namespace (a container with the host's name) is
         # another process: a dead run of one container does not stop a resume in another
         from litlab.resume import process_of_a_live_run

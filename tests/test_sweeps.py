@@ -793,6 +793,17 @@ def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_any_job(tmp_pat
     told = f"litlab: error: hydra.sweep.dir={folder} holds the jobs of another sweep (1, "
     assert other.stderr.strip().splitlines()[-1].startswith(told)
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == written
+    # while another process runs a sweep in the folder (its lock held), the same grid too:
+    # two sweeps started together each found it empty, and the same grid continued live jobs
+    # (review 187: a job trained by both, its config of one sweep, its checkpoints the other's)
+    from filelock import FileLock
+
+    with FileLock(str(folder / ".sweep.lock")):
+        busy = run_cli(*args, "model.net.width=4")
+    assert busy.returncode == 2
+    told = f"litlab: error: hydra.sweep.dir={folder} is in use by a sweep that runs now"
+    assert busy.stderr.strip().splitlines()[-1].startswith(told)
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == written
 
 
 def test_a_grid_is_the_same_sweep_whatever_the_order_of_its_fixed_overrides():
@@ -1138,3 +1149,23 @@ def test_a_sweep_over_seeds_says_its_best_job_is_one_seeds(tmp_path, caplog):
             OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
         )
     assert "the jobs repeat settings over seeds: the report gives each one's mean" in caplog.text
+
+
+def test_submitit_local_with_several_tasks_a_node_is_refused_before_any_job(tmp_path):
+    """hydra.launcher.tasks_per_node=2 under submitit_local started each job's command twice,
+    both as rank 0 in one folder: trained twice, then failed in the CSV writer, its summary
+    "failed" beside a finished .trained (review 187). One line before any job."""
+    folder = tmp_path / "sweep"
+    run = run_cli(
+        "-m",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.tasks_per_node=2",
+        "trainer.max_epochs=1",
+        "logger=csv",
+        f"hydra.sweep.dir={folder}",
+    )
+    assert run.returncode == 2
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith("litlab: error: hydra/launcher=submitit_local with hydra.launcher.")
+    assert "tasks_per_node=2 runs each job 2 times over in one folder" in line
+    assert not list(folder.rglob("summary.json"))

@@ -66,6 +66,17 @@ def run_process(summary: dict[str, Any] | None) -> tuple[str | None, int | None]
     return "alive", pid
 
 
+def in_progress(folder: Path, pid: int, continued_by: str) -> str:
+    """The refusal of a second process in a run folder whose run ``pid`` still trains here;
+    ``continued_by``: what continues the run once it is stopped."""
+    return (
+        f"{folder} holds a run still in progress: process {pid} on this machine started it and "
+        "is running; two processes training in one folder would mix their checkpoints and "
+        f"logs. Let it finish, or stop it first (kill -TERM {pid} saves a checkpoint that "
+        f"{continued_by} continues from)"
+    )
+
+
 def process_start(pid: int) -> float | None:
     """When process ``pid`` started (seconds since the epoch; -1 for a zombie), from Linux's
     /proc; None where that cannot be read (another system)."""

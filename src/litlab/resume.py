@@ -42,7 +42,7 @@ from litlab.data.datamodule import part_of_a_split
 from litlab.distributed import global_rank, rank0_dir
 from litlab.distributed.launchers import as_launched, is_rank_scratch
 from litlab.errors import AlreadyCompleted, ConfigError, fail
-from litlab.files import CHECKPOINTS, resumable_checkpoints, run_process, started_s
+from litlab.files import CHECKPOINTS, in_progress, resumable_checkpoints, run_process, started_s
 from litlab.loggers import wandb_folder
 from litlab.overrides import RESUME_OVERRIDES, merged_overrides, override_key
 from litlab.run import (
@@ -293,12 +293,7 @@ def resume_argv(argv: list[str]) -> list[str]:
             f"{folder} is not a litlab run folder (no .hydra/config.yaml); pass resume=<run folder>"
         )
     if global_rank() == 0 and (pid := process_of_a_live_run(read_summary(folder / "summary.json"))):
-        fail(
-            f"{folder} holds a run still in progress: process {pid} on this machine started it "
-            "and is running; two processes training in one folder would mix their checkpoints "
-            f"and logs. Let it finish, or stop it first (kill -TERM {pid} saves a checkpoint "
-            f"that resume={folder} continues from)"
-        )
+        fail(in_progress(folder, pid, f"resume={folder}"))
     given = [arg for arg in argv[1:] if not arg.startswith("resume=")]
     if not given:
         tell_a_completed_trial(folder)

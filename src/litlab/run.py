@@ -41,7 +41,14 @@ from litlab.errors import (
     fail,
     first_line,
 )
-from litlab.files import atomic_file, pid_namespace, resumable_checkpoints, started_s
+from litlab.files import (
+    atomic_file,
+    in_progress,
+    pid_namespace,
+    resumable_checkpoints,
+    run_process,
+    started_s,
+)
 from litlab.folders import restore_saved_config
 from litlab.overrides import RUN_LABELS
 
@@ -566,6 +573,12 @@ class Run:
             # A run that continues this folder (resume=, a requeued job) keeps what the folder's
             # summary said before, and puts it back if it stops before any phase began.
             self._previous = read_summary(self.dir / "summary.json")
+            state, pid = run_process(self._previous)
+            if state == "alive":  # the same command again while it runs: a grid sweep's, a
+                # job of a sweep whose own process was killed (review 187: the live run's
+                # newest rows dropped, a job trained by two processes, then failed in both)
+                restore_saved_config(self.dir)
+                fail(in_progress(self.dir, pid, "this command"))
             self._completed = (self.dir / COMPLETED).is_file()
             self._log_sizes = _log_file_sizes()
             if self._previous is not None:  # (only a run continued here is put back)

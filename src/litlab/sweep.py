@@ -23,6 +23,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from litlab.config import SQLITE, sqlite_file
 from litlab.distributed.launchers import (
+    check_local_tasks,
     global_rank,
     is_rank_scratch,
     launched_processes,
@@ -496,6 +497,50 @@ def _process_started() -> float:
 
 
 _LOADED = time.time()
+
+
+# The sweep folders this process holds (claim_the_sweep_folder), each by its lock.
+_CLAIMED: dict[Path, Any] = {}
+
+
+def claim_the_sweep_folder(config: DictConfig) -> None:
+    """One sweep at a time in a sweep folder: a lock on <sweep dir>/.sweep.lock, held by global
+    rank 0's process while it runs its sweep, which the system lets go however the process
+    ends (kill -9 too). Two sweeps started together into one hydra.sweep.dir each found it
+    empty, and their jobs wrote into the same job folders (review 187: a job's config of one
+    sweep beside the checkpoints of the other's, the best job named with the wrong overrides);
+    the same grid run again while it ran continued its live jobs. Where the file system has
+    no locks (NFS without lockd): said, and the sweep goes on without."""
+    if global_rank() != 0:
+        return
+    from filelock import FileLock, Timeout
+
+    folder = Path(config.hydra.sweep.dir).resolve()
+    if folder in _CLAIMED:
+        return
+    path = folder / ".sweep.lock"
+    lock = FileLock(str(path))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock.acquire(timeout=0)
+    except Timeout:
+        fail(
+            f"hydra.sweep.dir={folder} is in use by a sweep that runs now (another process "
+            f"holds {path}); wait for it to end, or give this sweep another hydra.sweep.dir"
+        )
+    except OSError as e:
+        log.warning(
+            "%s: not locked (%s): a sweep started into it meanwhile is not refused", path, e
+        )
+        return
+    _CLAIMED[folder] = lock
+
+
+def release_the_sweep_folder(config: DictConfig) -> None:
+    """Let go of the sweep folder claim_the_sweep_folder took (the sweep ended)."""
+    lock = _CLAIMED.pop(Path(config.hydra.sweep.dir).resolve(), None)
+    if lock is not None:
+        lock.release()
 
 
 def refuse_a_used_sweep_folder(config: DictConfig) -> None:
@@ -1096,6 +1141,11 @@ class SweepSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         database = sqlite_file(str(config.hydra.sweeper.get("storage") or ""))
         remember_what_exists(database)
+        try:
+            check_local_tasks(config.hydra.get("launcher"))
+        except ConfigError as e:
+            fail(str(e))
+        claim_the_sweep_folder(config)
         refuse_a_used_sweep_folder(config)
         if OmegaConf.select(config, "hydra.launcher._target_") == IN_PROCESS_LAUNCHER:
             atexit.register(self._stopped, config)
@@ -1119,6 +1169,7 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, stopped: bool = False, **kwargs: Any) -> None:
         atexit.unregister(self._stopped)
+        release_the_sweep_folder(config)
         sweep_dir = Path(config.hydra.sweep.dir)
         if global_rank() != 0 and is_rank_scratch(sweep_dir):
             return  # a torchrun or srun rank's scratch copy: rank 0 sums up the sweep (153)

@@ -60,6 +60,23 @@ SHOWS_ONLY = {"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--
 ONE_JOB_ONLY = {"--cfg", "-c", "--info", "-i", "--shell-completion"}
 
 
+def check_local_tasks(launcher: Any) -> None:
+    """Refuse Hydra's submitit_local launcher with tasks_per_node above 1: it starts that many
+    copies of each job's command, which litlab does not take as ranks of one run (each acted
+    as rank 0: the job trained twice in one folder, then failed in the CSV writer, its
+    summary "failed" beside a finished .trained: review 187). Said before any job starts (a
+    job's own output goes to submitit's log files, not to the console)."""
+    target = str((launcher or {}).get("_target_") or "")
+    tasks = (launcher or {}).get("tasks_per_node") or 1
+    if target.endswith("LocalLauncher") and isinstance(tasks, int) and tasks > 1:
+        raise ConfigError(
+            f"hydra/launcher=submitit_local with hydra.launcher.tasks_per_node={tasks} runs each "
+            f"job {tasks} times over in one folder, not as the ranks of one run; leave it at 1 "
+            "(one process a job; trainer.strategy=ddp_spawn for several), or run multi-process "
+            "jobs with torchrun or hydra/launcher=slurm"
+        )
+
+
 def check_submitit_local(trainer: Any) -> None:
     """Refuse a job of Hydra's submitit_local launcher that Lightning would run on several
     processes it starts itself: it starts them by running the command again, which there is

@@ -1087,6 +1087,30 @@ def test_submitit_requeue_continues_in_the_same_folder(tmp_path, straight_classi
 
 
 @pytest.mark.slow
+def test_a_submitit_job_a_signal_stopped_leaves_its_sweeps_summary(tmp_path):
+    """A job of Hydra's submitit launcher that SIGTERM stops (scancel of one job, kill) ends
+    without a result, and submitit's launcher raises for it (UncompletedJobError: the
+    sweep's traceback, exit status 1): the sweep's summary was never written (review 187). It
+    is now written as the sweep's process exits, stopped, naming the job and its resume=."""
+    folder = tmp_path / "sweep"
+    result = run_cli(
+        "-m",
+        "hydra/launcher=submitit_local",
+        *CLF,
+        f"hydra.sweep.dir={folder}",
+        "+callbacks.stop._target_=helpers.SignalAt",
+        "+callbacks.stop.batch=3",
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert summary_status(folder / "0") == "interrupted"
+    summary = json.loads((folder / "sweep_summary.json").read_text())
+    assert summary["stopped"] is True and summary["completed"] == 0
+    (job,) = summary["interrupted"]
+    assert job["job_dir"] == str(folder / "0")
+    assert f"continue with: python train.py resume={folder / '0'}" in job["error"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("start", ["finished", "stopped"])
 def test_resume_with_another_max_epochs_ends_the_lr_schedule_at_the_new_end(tmp_path, start):
     """Train further (or stop sooner) than planned, or on with larger batches from an epoch's

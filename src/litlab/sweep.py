@@ -1147,8 +1147,7 @@ class SweepSummary(Callback):
             fail(str(e))
         claim_the_sweep_folder(config)
         refuse_a_used_sweep_folder(config)
-        if OmegaConf.select(config, "hydra.launcher._target_") == IN_PROCESS_LAUNCHER:
-            atexit.register(self._stopped, config)
+        atexit.register(self._stopped, config)
         # Optuna's SQLite storage (sqlite:///<sweep dir>/optuna.db) needs its folder to exist.
         Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         storage = str(config.hydra.sweeper.get("storage") or "")
@@ -1161,10 +1160,13 @@ class SweepSummary(Callback):
 
     def _stopped(self, config: DictConfig) -> None:
         """At the exit of a process whose sweep ended before Hydra's end of the multirun: where
-        a job was stopped by a signal (an error outside the jobs, which Hydra raises after
-        running them all, writes nothing, as before)."""
+        a job was stopped by a signal, or is still "running" (a job of submitit's launchers
+        killed, or going on after the sweep's process: submitit's launchers raise when a job
+        ends without a result, as one a signal stopped does, and no summary was written:
+        review 187). An error outside the jobs, which Hydra raises after running them all,
+        writes nothing, as before."""
         jobs = read_jobs(Path(config.hydra.sweep.dir))
-        if any(j.get("status") == "interrupted" for j in jobs):
+        if any(j.get("status") in ("interrupted", "running") for j in jobs):
             self.on_multirun_end(config, stopped=True)
 
     def on_multirun_end(self, config: DictConfig, stopped: bool = False, **kwargs: Any) -> None:

@@ -393,6 +393,8 @@ def test_eval_with_a_missing_or_corrupt_checkpoint(tmp_path, capsys, content):
         None: "does not exist",
         "a run folder": f"is a folder; pass a .ckpt file, e.g. {path}",
         "a sweep folder": f"is a folder; pass a .ckpt file, e.g. the sweep's best, {best}",
+        # torch's weights_only advice, cut mid-sentence, said nothing of use (walkthrough 186)
+        b"not a checkpoint": "is not a readable checkpoint (not a file torch.save wrote)",
     }
     fails_with(capsys, eval_task, cfg, needle.get(content, "is not a readable checkpoint"))
 
@@ -526,7 +528,10 @@ def test_training_over_another_runs_checkpoints(tmp_path, capsys):
     written, summarized = last.read_bytes(), summary.read_bytes()
     assert json.loads(summarized)["status"] == "completed"
     other = make_cfg(tmp_path, [*tiny, "model.net.width=8"])  # the same folder, another model
-    refused(capsys, train_task, other, "already holds checkpoints of a run with another config")
+    line = refused(capsys, train_task, other, "already holds checkpoints of a run with another")
+    # completed: how to train it further (its plain resume= is refused: walkthrough 186)
+    further = f"train that run further with: python train.py resume={tmp_path / 'run'} "
+    assert further + "trainer.max_epochs=<more>, or train in a new folder" in line
     assert last.read_bytes() == written and summary.read_bytes() == summarized
     # resume= of a finished run as it was, or asking for fewer epochs than it has
     for epochs in (2, 1):

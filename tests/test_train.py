@@ -988,7 +988,7 @@ def test_an_evaluation_of_part_of_a_split_says_so(tmp_path, caplog, limits, reco
     assert summary.get("evaluation_limits") == recorded
     numbers = "1000" in limits[0]
     assert ("measure only these batches" in caplog.text) == (recorded is not None or numbers)
-    assert ("covered all" in caplog.text) == numbers
+    assert ("covered every batch" in caplog.text) == numbers
     # eval.py: its test split alone (before: neither recorded nor said)
     from litlab.evaluate import eval_task
 

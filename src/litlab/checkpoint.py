@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch.load fails in many ways on a foreign or truncated file
-        reason = first_line(e, 160)
+        # not a zip archive, as torch.save writes: torch's words (its weights_only advice,
+        # cut mid-sentence: walkthrough 186) say nothing of use
+        zipped = zipfile.is_zipfile(path)
+        reason = first_line(e, 160) if zipped else "not a file torch.save wrote"
         raise CheckpointError(
             f"{path} is not a readable checkpoint ({reason}); it may be truncated or from another "
             "program: use a .ckpt file written by litlab"

@@ -492,9 +492,12 @@ def continue_in_place(cfg: DictConfig, run: Run | None = None) -> dict[str, Any]
         with open_dict(stored):
             stored.trainer.precision = now
     if config_digest(stored) != config_digest(cfg):  # where it writes, its loggers aside
+        # (a completed run: its plain resume= is refused as trained to its end: walkthrough 186)
+        further = " trainer.max_epochs=<more>" if completed else ""
+        go_on = "train that run further" if completed else "continue that run"
         raise ConfigError(
-            f"{folder} already holds checkpoints of a run with another config; continue that "
-            f"run with: {as_launched(f'python train.py resume={folder}')}, or train in a new "
+            f"{folder} already holds checkpoints of a run with another config; {go_on} with: "
+            f"{as_launched(f'python train.py resume={folder}{further}')}, or train in a new "
             "folder"
         )
     if completed:

@@ -1230,7 +1230,7 @@ class SweepSummary(Callback):
                 other[0]["job_dir"],
             )
         log.info(
-            "best of %d jobs (%d failed%s): %s=%s in %s; to train it again: %s",
+            "best of %d jobs (%d failed%s): %s=%.4g in %s; to train it again: %s",
             len(jobs),
             len(listed["failed"]),
             f", {len(listed['interrupted'])} interrupted" if listed["interrupted"] else "",

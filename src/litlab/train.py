@@ -483,12 +483,12 @@ def settle_evaluation_limit(trainer: L.Trainer, run: Run, split: str) -> None:
         return
     if measured[0] >= whole:
         log.info(
-            "trainer.limit_%s_batches=%s covered all %d batches of the %s split: %s/* measured "
-            "all of it",
+            "trainer.limit_%s_batches=%s covered every batch of the %s split (%d): %s/* "
+            "measured all of it",
             split,
             limits[split],
-            whole,
             split,
+            whole,
             split,
         )
         del limits[split]

@@ -412,6 +412,7 @@ def drop_empty_sweep_folder(sweep_dir: str) -> None:
     """A sweep refused before any trial: its folder (made for the study's SQLite file) goes
     where nothing was written into it, and its parent (the date's) where that is then empty;
     not a folder that was there before this process started (one the user made)."""
+    release_the_sweep_folder(sweep_dir, remove=True)
     folder, started = Path(sweep_dir), _process_started()
     # By times (Hydra makes the sweep folder before any callback can look); the parent only
     # where it is the date folder of Hydra's default layout: its time changes as the sweep
@@ -536,11 +537,17 @@ def claim_the_sweep_folder(config: DictConfig) -> None:
     _CLAIMED[folder] = lock
 
 
-def release_the_sweep_folder(config: DictConfig) -> None:
-    """Let go of the sweep folder claim_the_sweep_folder took (the sweep ended)."""
-    lock = _CLAIMED.pop(Path(config.hydra.sweep.dir).resolve(), None)
+def release_the_sweep_folder(sweep_dir: str, remove: bool = False) -> None:
+    """Let go of the sweep folder claim_the_sweep_folder took (the sweep ended); ``remove``:
+    its lock file too (a sweep refused before any job: its folder goes if nothing else is in
+    it)."""
+    folder = Path(sweep_dir).resolve()
+    lock = _CLAIMED.pop(folder, None)
     if lock is not None:
         lock.release()
+        if remove:
+            with contextlib.suppress(OSError):
+                (folder / ".sweep.lock").unlink()
 
 
 def refuse_a_used_sweep_folder(config: DictConfig) -> None:
@@ -1171,7 +1178,7 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, stopped: bool = False, **kwargs: Any) -> None:
         atexit.unregister(self._stopped)
-        release_the_sweep_folder(config)
+        release_the_sweep_folder(config.hydra.sweep.dir)
         sweep_dir = Path(config.hydra.sweep.dir)
         if global_rank() != 0 and is_rank_scratch(sweep_dir):
             return  # a torchrun or srun rank's scratch copy: rank 0 sums up the sweep (153)

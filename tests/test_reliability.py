@@ -1792,8 +1792,11 @@ def test_a_resumed_offline_wandb_run_says_to_sync_all_its_parts_together(tmp_pat
     # warm-up of one step over 4 steps) leaves no part of its own: its part held the refusal
     # alone, and syncing it closed the W&B run as failed (walkthrough 137).
     links = {p.name: os.readlink(p) for p in (folder / "wandb").iterdir() if p.is_symlink()}
+    logged = (folder / "train.log").read_bytes()
     refused = run_cli(f"resume={folder}", "trainer.max_epochs=4")
     assert refused.returncode == 2 and "one-cycle warm-up of exactly one step" in refused.stderr
+    assert "is removed with it" in refused.stdout + refused.stderr  # said on the console
+    assert (folder / "train.log").read_bytes() == logged  # (it held that line alone: 186)
     assert list((folder / "wandb").glob("offline-run-*")) == [part]
     assert {p.name: os.readlink(p) for p in (folder / "wandb").iterdir() if p.is_symlink()} == links
     assert summary_status(folder) == "completed"

@@ -811,8 +811,10 @@ class Run:
                 # config the checkpoints do not match, a fit that failed in its setup): the
                 # folder's summary stays what it was
                 write_json(self.dir / "summary.json", self._previous)
-                _cut_log_files(self._log_sizes)  # and its log ends where it ended
                 _drop_offline_wandb_parts(self.dir, self._wandb_parts)  # (its W&B parts too)
+                # and its log ends where it ended (the line of a part dropped on the console
+                # alone: train.log held it without the refusal that dropped it, walkthrough 186)
+                _cut_log_files(self._log_sizes)
             else:
                 self._write()
                 if exc is not None:  # the folder's summary no longer says its run completed

@@ -712,7 +712,7 @@ def test_a_continued_study_counts_the_trials_a_stop_left_running(tmp_path, caplo
         sampler = continued_sampler(None, config, storage, "s")
     assert isinstance(sampler, optuna.samplers.TPESampler)
     assert "its sampler's seed is 7 + 1" in caplog.text
-    assert "trial(s) 0 of the study are still RUNNING" in caplog.text
+    assert "trial(s) 0 of the study are RUNNING since before this sweep" in caplog.text
 
 
 def test_a_study_storage_given_that_does_not_hold_the_study_is_said_to(tmp_path, caplog):

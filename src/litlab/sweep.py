@@ -318,8 +318,9 @@ def continued_sampler(
     running = [t.number for t in held if _running_before(t, started)]
     if running and global_rank() == 0:
         log.info(
-            "trial(s) %s of the study are still RUNNING: a sweep a signal stopped leaves its "
-            "trial so, and the study learns it when its job is continued with resume=<job folder>",
+            "trial(s) %s of the study are RUNNING since before this sweep: in a sweep that runs "
+            "now, or left so by one a signal stopped (the study learns it when its job is "
+            "continued with resume=<job folder>)",
             ", ".join(map(str, running)),
         )
     # Finished ones and those: every rank counts alike (under torchrun or srun another rank's

@@ -467,7 +467,7 @@ def _stop_on_sigusr1(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGUSR1)
         return
-    _SIGTERM["requeue"] = True
+    ask_a_requeue()
     handler = signal.getsignal(signal.SIGTERM)  # Lightning's in the trainer, or the run's
     if callable(handler):
         handler(signal.SIGTERM, frame)
@@ -477,12 +477,19 @@ def hold_a_stop(requeue: bool = False) -> None:
     """A stop for the run to act on where it next can (``Run.stop_if_asked``), as a SIGTERM
     held; ``requeue``: it came as SLURM's warning signal (SIGUSR1), the job is requeued."""
     _SIGTERM["pending"] = True
-    _SIGTERM["requeue"] = _SIGTERM["requeue"] or requeue
+    if requeue:
+        ask_a_requeue()
+
+
+def ask_a_requeue() -> None:
+    """The run's stop came as SLURM's warning signal (SIGUSR1): in training, outside it, or as
+    the fit ended; its SLURM job is requeued once the run has ended on it (stop_requeues)."""
+    _SIGTERM["requeue"] = True
 
 
 def stop_requeues() -> bool:
-    """Whether a stop of this run came as SLURM's warning signal (SIGUSR1) outside training or
-    as the fit ended (``hold_a_stop``): a requeue of the job, once the run has ended on it."""
+    """Whether a stop of this run came as SLURM's warning signal (ask_a_requeue): a requeue of
+    the job, once the run has ended on it (Preemption.hand_over)."""
     return bool(_SIGTERM["requeue"])
 
 

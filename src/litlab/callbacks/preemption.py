@@ -30,7 +30,7 @@ from litlab.distributed.agree import AnyRank, largest_on_any_rank, rank_and_worl
 from litlab.errors import Requeued
 from litlab.loggers import end_wandb_service
 from litlab.rng import mixed_seed, seed_rank
-from litlab.run import hold_a_stop, hold_sigterm, stop_requeues
+from litlab.run import ask_a_requeue, hold_a_stop, hold_sigterm, stop_requeues
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,6 @@ class Preemption(Callback):
     def __init__(self, dirpath: str, filename: str = "last", slurm_requeue: bool = True) -> None:
         self.path = Path(dirpath) / f"{filename}.ckpt"
         self.slurm_requeue = slurm_requeue
-        self._requeue = False  # SIGUSR1 in a SLURM job stopped the run: requeue it
         self._taken: dict[signal.Signals, Any] = {}  # signal -> the handler it had before
         self._received: signal.Signals | None = None
         self._scheduler: Any = None  # submitit's handler, once a preemption was checkpointed
@@ -225,7 +224,6 @@ class Preemption(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._scheduler = self._agreed = self._validated_at = self._left = None
-        self._requeue = False
         self._armed = True
         if not self._taken:  # (taken in the sanity check: a signal there is kept)
             self._received = None
@@ -357,8 +355,8 @@ class Preemption(Callback):
             log.warning("stopped by a signal; saved %s to resume from", self.path)
         if self._received is not None and self._received == _submitit_signal():
             self._scheduler = previous if callable(previous) else None
-        elif self._received == signal.SIGUSR1 and self.slurm_requeue:
-            self._requeue = _slurm_requeues()
+        elif self._received == signal.SIGUSR1:
+            ask_a_requeue()  # (litlab.run's record of a stop's kind: hand_over reads it)
 
     def _agree_on_the_signal(self, trainer: L.Trainer) -> None:
         """Under DDP, the signal every rank acts on, where any received one: a preemption's
@@ -385,9 +383,9 @@ class Preemption(Callback):
         job: global rank 0 requeues it and exits the same way; SLURM ends every rank with
         SIGTERM then, which they now ignore (their part is saved). Otherwise nothing."""
         scheduler, self._scheduler = self._scheduler, None
-        requeue, self._requeue = self._requeue, False
-        # SIGUSR1 outside training, or as the fit ended (litlab.run's, stop_for_a_signal_left)
-        requeue = requeue or (self.slurm_requeue and stop_requeues() and _slurm_requeues())
+        # SIGUSR1 in training (_save_on_stop), outside it (litlab.run's handler) or as the fit
+        # ended (stop_for_a_signal_left)
+        requeue = self.slurm_requeue and stop_requeues() and _slurm_requeues()
         if scheduler is not None or requeue:
             end_wandb_service()
         if scheduler is not None:
